@@ -1,0 +1,83 @@
+# celeriac -- native Celery worker for LLM jobs.
+# Targets: all test unit integration demo bench asan valgrind fuzz format check-src clean
+
+PKGS      := librabbitmq libcurl libcjson hiredis libuv
+CC        ?= cc
+BUILD     ?= build
+WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
+	         -Wno-missing-field-initializers
+OPT       ?= -O2 -g
+CFLAGS    += -std=c11 -D_GNU_SOURCE $(OPT) $(WARNINGS) -MMD -MP \
+	         $(shell pkg-config --cflags $(PKGS)) -I.
+LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lm
+CHECK_LIBS = $(shell pkg-config --libs check)
+CHECK_CFLAGS = $(shell pkg-config --cflags check)
+
+LIB_SRC   := $(wildcard util/*.c protocol/*.c llm/*.c) \
+	         $(filter-out worker/main.c,$(wildcard worker/*.c))
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB       := $(BUILD)/libceleriac.a
+BIN       := $(BUILD)/celeriac
+UNIT_SRC  := $(wildcard tests/unit/test_*.c)
+UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+PY        := /usr/bin/python3
+
+.PHONY: all test unit integration demo bench asan valgrind fuzz format check-src \
+	    clean deps services
+
+all: $(BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(BUILD)/worker/main.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(LIB) $(LDLIBS) $(CHECK_LIBS)
+
+# Installs missing Debian packages (idempotent).
+deps:
+	@bash scripts/install-deps.sh
+
+unit: $(UNIT_BIN)
+	@bash scripts/run-unit.sh $(UNIT_BIN)
+
+integration: $(BIN)
+	@bash scripts/run-integration.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BIN)
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@bash scripts/demo.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	LDFLAGS="-fsanitize=address,undefined" unit
+
+valgrind: $(UNIT_BIN)
+	@for t in $(UNIT_BIN); do CK_FORK=no valgrind -q --leak-check=full --error-exitcode=1 $$t || exit 1; done
+
+format:
+	clang-format -i $(wildcard */*.c */*.h tests/*/*.c)
+
+check-src:
+	@! grep -nE '\b(sprintf|strcpy|strcat|strtok|atoi|gets)\s*\(' $(wildcard */*.c */*.h) \
+	|| (echo "banned function used" && false)
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(LIB_OBJ:.o=.d) $(BUILD)/worker/main.d

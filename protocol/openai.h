@@ -1,0 +1,68 @@
+/* openai.h -- OpenAI-compatible response mapping (chat stream chunks, chat and
+ * embedding responses, error bodies). Pure: no I/O, no clock. */
+#ifndef CR_OPENAI_H
+#define CR_OPENAI_H
+
+#include <stddef.h>
+#include <cjson/cJSON.h>
+
+#include "../util/buf.h"
+#include "../util/err.h"
+
+/* Accumulated state of one chat completion (streamed or not). Embedded by the
+ * caller: openai_stream_init() / openai_stream_release(). */
+struct openai_stream {
+    /* read-only */
+    struct buf content;       /* concatenated text deltas (choice 0) */
+    char finish_reason[32];   /* "" until a finish_reason arrives */
+    char model[128];          /* model named by the server ("" if none) */
+    long prompt_tokens;       /* -1 until usage arrives (last usage wins) */
+    long completion_tokens;
+    long total_tokens;
+    int done;                 /* "[DONE]" seen */
+    int error;                /* an error payload was seen (even if [DONE] follows) */
+    char error_type[64];
+    char error_code[64];      /* string or integer code, as text */
+    char error_message[512];
+    unsigned long chunks;     /* data payloads seen */
+};
+
+void openai_stream_init(struct openai_stream *s);
+void openai_stream_release(struct openai_stream *s);
+
+/* Feeds one SSE data payload (the text after "data:", "[DONE]" included).
+ * On success *delta/*delta_len (if non-NULL) give the text appended by this
+ * payload, borrowed from s->content until the next call. Returns 0; CR_EPROTO
+ * with detail in err when the payload is not valid JSON or not an object;
+ * CR_ENOMEM. An error payload is not a return error: it sets s->error. */
+int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
+                       const char **delta, size_t *delta_len, struct cr_err *err);
+
+/* Completion predicate for a stream whose transfer ended cleanly: no error was
+ * seen and either a finish_reason arrived, or [DONE] arrived after some content.
+ * Returns 1 when complete, else 0. */
+int openai_stream_complete(const struct openai_stream *s);
+
+/* Parses a whole non-streamed chat.completion (or text_completion) body into s.
+ * Returns 0, or CR_EPROTO with detail. */
+int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
+                      struct cr_err *err);
+
+/* Parses an embeddings response. With list_input the result is a new JSON array
+ * of arrays of numbers (ordered by "index"), otherwise a new array of numbers.
+ * Accepts float arrays and base64 little-endian float32 strings. Also fills
+ * *prompt_tokens (or -1). Returns NULL with err set on a malformed body. */
+cJSON *openai_embed_parse(const char *body, size_t len, int list_input,
+                          long *prompt_tokens, struct cr_err *err);
+
+/* Provider error details, from any known error-body shape: {"error":{message,
+ * type, code}}, {"error":"text"}, flat {"message","type","code"}, or raw text
+ * (first 512 bytes, for HTML or empty bodies). */
+struct openai_error {
+    char message[512];
+    char type[64];
+    char code[64];
+};
+void openai_error_parse(const char *body, size_t len, struct openai_error *out);
+
+#endif

@@ -1,0 +1,50 @@
+/* result.h -- Celery result-backend meta JSON and Python-style repr. Pure. */
+#ifndef CR_RESULT_H
+#define CR_RESULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+
+#include "../util/buf.h"
+
+/* Fields of one stored state. Every pointer is borrowed for the call. */
+struct result_meta {
+    const char *task_id;   /* required */
+    const char *status;    /* "SUCCESS", "FAILURE", "RETRY", "STARTED", ... */
+    const cJSON *result;   /* NULL writes null */
+    const char *traceback; /* NULL writes null */
+    int64_t date_done_us;  /* < 0 writes null */
+    const cJSON *children; /* NULL writes [] */
+    const char *group_id;  /* written only when non-NULL */
+    const char *parent_id; /* written only when non-NULL */
+    /* result_extended */
+    int extended;
+    const char *name;
+    const cJSON *args;
+    const cJSON *kwargs;
+    const char *worker;
+    int retries;
+    const char *queue;
+};
+
+/* Returns a new JSON text (cr_free) with the keys Celery writes, in Celery's
+ * order (status, result, traceback, children, date_done, [group_id, parent_id,]
+ * [name, args, kwargs, worker, retries, queue,] task_id), or NULL on OOM. */
+char *result_meta_encode(const struct result_meta *m);
+
+/* Returns a new exception object {"exc_type", "exc_message": [message],
+ * "exc_module"} (message NULL gives an empty list), or NULL on OOM. */
+cJSON *result_exc_new(const char *exc_type, const char *exc_module, const char *message);
+
+/* Reads the "status" of a stored meta JSON into status (NUL-terminated, cut at
+ * size). Returns 0, or CR_EDECODE when it is not a meta object. */
+int result_meta_status(const char *json, size_t len, char *status, size_t size);
+
+/* Appends Python's repr() of a JSON value: strings in single quotes with Python
+ * escaping, true/false/null as True/False/None, lists [..], dicts {'k': v},
+ * integral numbers without a fraction. Stops after max_bytes (0 = no limit) and
+ * then ends with "...". Returns 0 or CR_ENOMEM. */
+int py_repr(const cJSON *v, struct buf *out, size_t max_bytes);
+
+#endif

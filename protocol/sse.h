@@ -1,0 +1,46 @@
+/* sse.h -- text/event-stream parser (WHATWG framing). No I/O, no clock.
+ *
+ * Usage: sse_feed() bytes as they arrive, then call sse_next() until it returns 0.
+ * Lines end at CRLF, LF or a lone CR (a CR at the end of one feed followed by LF
+ * at the start of the next is one line end). A leading UTF-8 BOM is skipped.
+ * Comment lines (":...") are ignored but counted in comments_seen. "data" lines
+ * accumulate joined by '\n'; "event" sets the type; "id" and "retry" are ignored;
+ * a blank line dispatches the event if it had any data line. */
+#ifndef CR_SSE_H
+#define CR_SSE_H
+
+#include <stddef.h>
+
+struct sse_event {
+    /* Both point into the parser and stay valid until the next sse_feed(),
+     * sse_next(), sse_finish() or sse_parser_free() on the same parser. */
+    const char *type; /* "" when the event had no "event:" line */
+    size_t type_len;
+    const char *data; /* NUL-terminated; data lines joined with '\n' */
+    size_t data_len;
+};
+
+struct sse_parser;
+
+/* Returns a new parser, or NULL on OOM. A single event (or line) longer than
+ * max_event_bytes makes the parser fail with CR_ETOOBIG (0 means 16 MiB). */
+struct sse_parser *sse_parser_new(size_t max_event_bytes);
+/* NULL is a no-op. */
+void sse_parser_free(struct sse_parser *p);
+/* Forgets all state (for reuse on a new stream); keeps memory. */
+void sse_parser_reset(struct sse_parser *p);
+
+/* Copies len bytes in. Returns 0, or a sticky negative error (CR_ENOMEM,
+ * CR_ETOOBIG); once failed every call returns the same error. */
+int sse_feed(struct sse_parser *p, const char *buf, size_t len);
+/* Returns 1 and fills *ev with the next complete event, 0 when more input is
+ * needed, or the sticky negative error. */
+int sse_next(struct sse_parser *p, struct sse_event *ev);
+/* At end of stream. Lenient: returns 1 with *ev when an unterminated pending
+ * event's data (including a last line with no line end) is exactly "[DONE]";
+ * otherwise 0 (the spec discards unterminated events). */
+int sse_finish(struct sse_parser *p, struct sse_event *ev);
+/* Number of comment lines seen since creation or reset (keepalive pings). */
+unsigned long sse_comments_seen(const struct sse_parser *p);
+
+#endif

@@ -1,0 +1,124 @@
+/* buf.c -- growable byte buffer. */
+#include "buf.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "err.h"
+
+void buf_init(struct buf *b)
+{
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+    b->max_bytes = 0;
+}
+
+void buf_release(struct buf *b)
+{
+    size_t max = b->max_bytes;
+    cr_free(b->data);
+    buf_init(b);
+    b->max_bytes = max;
+}
+
+void buf_reset(struct buf *b)
+{
+    b->len = 0;
+    if (b->data)
+        b->data[0] = '\0';
+}
+
+int buf_reserve(struct buf *b, size_t extra)
+{
+    size_t need, cap;
+    char *p;
+    if (extra > (size_t)-1 / 2 - b->len)
+        return CR_ETOOBIG;
+    need = b->len + extra + 1;
+    if (b->max_bytes && b->len + extra > b->max_bytes)
+        return CR_ETOOBIG;
+    if (need <= b->cap)
+        return 0;
+    cap = b->cap ? b->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    p = cr_realloc(b->data, cap);
+    if (!p)
+        return CR_ENOMEM;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+int buf_append(struct buf *b, const void *p, size_t n)
+{
+    int rc = buf_reserve(b, n);
+    if (rc)
+        return rc;
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int buf_puts(struct buf *b, const char *s)
+{
+    return buf_append(b, s, strlen(s));
+}
+
+int buf_putc(struct buf *b, char c)
+{
+    return buf_append(b, &c, 1);
+}
+
+int buf_vprintf(struct buf *b, const char *fmt, va_list ap)
+{
+    va_list ap2;
+    int n, rc;
+    va_copy(ap2, ap);
+    n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0)
+        return CR_EINVAL;
+    rc = buf_reserve(b, (size_t)n);
+    if (rc)
+        return rc;
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+int buf_printf(struct buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+    va_start(ap, fmt);
+    rc = buf_vprintf(b, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void buf_consume(struct buf *b, size_t n)
+{
+    if (n >= b->len) {
+        buf_reset(b);
+        return;
+    }
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+    b->data[b->len] = '\0';
+}
+
+char *buf_detach(struct buf *b)
+{
+    char *p = b->data;
+    size_t max = b->max_bytes;
+    if (!p)
+        p = cr_strdup("");
+    buf_init(b);
+    b->max_bytes = max;
+    return p;
+}
