@@ -39,10 +39,10 @@ struct task_msg {
     long group_index;
     int has_group_index;
     int retries;
-    char *eta;          /* ISO text as sent, or NULL */
-    char *expires;      /* ISO text as sent, or NULL */
-    int64_t eta_us;     /* epoch microseconds, or -1 when absent */
-    int64_t expires_us; /* epoch microseconds, or -1 when absent */
+    char *eta;              /* ISO text as sent, or NULL */
+    char *expires;          /* ISO text as sent, or NULL */
+    int64_t eta_us;         /* epoch microseconds, or -1 when absent */
+    int64_t expires_us;     /* epoch microseconds, or -1 when absent */
     double time_limit_hard; /* seconds; 0 when not set */
     double time_limit_soft; /* seconds; 0 when not set */
     int ignore_result;      /* -1 when the message does not say, else 0/1 */
@@ -51,7 +51,8 @@ struct task_msg {
     char *origin;
     cJSON *args;    /* JSON array (never NULL after success) */
     cJSON *kwargs;  /* JSON object (never NULL after success) */
-    cJSON *embed;   /* JSON object, or NULL (v2 embed null, or v1) */
+    cJSON *embed;   /* JSON object, or NULL (v2 embed null/absent; v1 without
+                     * callbacks, errbacks and chord) */
     cJSON *headers; /* every header as received (object), for republishing */
     /* properties */
     char *content_type;
@@ -62,8 +63,10 @@ struct task_msg {
     int priority;
 };
 
-/* Zeroes *m so that task_msg_release() is always safe on it. */
+/* Zeroes *m so that task_msg_release() is always safe on it; eta_us, expires_us
+ * and ignore_result start at -1 ("absent"). */
 void task_msg_init(struct task_msg *m);
+/* Frees everything m owns and re-inits it. */
 void task_msg_release(struct task_msg *m);
 
 /* Decodes one message. Returns 0, or an error with detail in err:
@@ -75,7 +78,32 @@ void task_msg_release(struct task_msg *m);
  *  CR_ENOMEM.
  * Even on error, out->id and out->task are filled when they could be read, so the
  * caller can store a FAILURE for that id. out must be task_msg_init()ed; the
- * caller releases it in every case. */
+ * caller releases it in every case.
+ *
+ * Rules, in order:
+ * - headers that are not an object: CR_EPROTO (Python rejects them too).
+ * - content type: only the media type counts ("application/json; charset=utf-8"
+ *   is JSON, case-insensitive); NULL or "" means JSON. content_encoding is not
+ *   consulted: the body must be UTF-8 whatever it says.
+ * - a "compression" header that is not null: CR_ECONTENT.
+ * - the body is parsed with py_json_parse() (result.h): strict UTF-8 and RFC 8259,
+ *   depth <= 64, float-ness of numbers kept. Failure: CR_EDECODE.
+ * - a body dict is protocol 1 (proto = 1), also when a "task" header exists:
+ *   each field is taken from the headers when present there (even as null),
+ *   else from the body ("hybrid"); args/kwargs/callbacks/errbacks/chord only come
+ *   from the body; args defaults to [], kwargs to {}; group falls back to
+ *   "taskset"; "utc" is ignored (naive times are UTC). callbacks, errbacks and
+ *   chord are moved into embed (v2 key order, chain null).
+ * - a body list is protocol 2 and needs a "task" header; it must have 2 or 3
+ *   items (embed absent, null or an object).
+ * - id and task must be non-empty strings. shadow, root_id, parent_id, group,
+ *   eta and expires must be strings or null; group_index an integral number or
+ *   null; retries an integral number in 0..INT_MAX (null = 0); timelimit null or
+ *   a 2-item list of null or numbers >= 0; ignore_result a bool, number or null.
+ *   Anything else is CR_EPROTO. argsrepr, kwargsrepr and origin are display-only
+ *   and ignored when they are not strings.
+ * - root_id that is absent, null or "" becomes id (as Celery's as_task_v2).
+ * - a repeated key counts with its last value (as Python's dict). */
 int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
                       struct cr_err *err);
 
@@ -83,7 +111,21 @@ int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
  * to *body, and *headers set to a new JSON object holding m->headers with the
  * decoded fields (id, task, retries, eta, expires, root_id, parent_id, group,
  * group_index, timelimit, ...) written over it, so unknown custom headers are
- * kept. Returns 0 or CR_ENOMEM (then *headers is NULL). */
+ * kept. Returns 0 or CR_ENOMEM (then *headers is NULL and *body is unchanged).
+ *
+ * The result has the form Celery 5.2.6's as_task_v2 gives: the body is written
+ * as json.dumps() does (", " separators, ensure_ascii) and the headers are, in
+ * this order, lang ("py"), task, id, shadow, eta, expires, group, group_index,
+ * retries, timelimit [hard, soft], root_id, parent_id, argsrepr, kwargsrepr,
+ * origin, ignore_result, then every other key of m->headers in its original order.
+ * Mapping from m: NULL strings and unset values become null; eta/expires use the
+ * text as received, else eta_us/expires_us formatted as UTC (+00:00) when >= 0;
+ * time limits of 0 are null; root_id NULL becomes id; ignore_result -1 is false
+ * (Celery always sends a bool); a NULL argsrepr/kwargsrepr is computed from
+ * args/kwargs with py_repr (args as a tuple, at most 1024 bytes + "..."); a NULL
+ * embed is written as {"callbacks": null, "errbacks": null, "chain": null,
+ * "chord": null}; NULL args/kwargs as [] / {}. origin is not invented: callers
+ * publishing a new message set it to their nodename first. */
 int celery_msg_encode_v2(const struct task_msg *m, struct buf *body, cJSON **headers);
 
 #endif
