@@ -15,7 +15,8 @@ enum llm_verdict {
  * curl_code: the CURLcode (0 for a transfer that completed at the HTTP level).
  * http_status: 0 when no response arrived.
  * error_code / error_type: from the error body or a stream error payload (may be
- * NULL or ""); "insufficient_quota" in either makes a 429 permanent.
+ * NULL or ""); "insufficient_quota" in either makes a 429 permanent (even with
+ * x-should-retry: true, since waiting cannot add credit).
  * x_should_retry: the header value or NULL; "true"/"false" override the status.
  * stream_incomplete: 1 when the body ended without its completion marker or an
  * error payload arrived in the stream (retryable). */
@@ -30,15 +31,16 @@ int64_t llm_retry_after_ms(const char *retry_after_ms, const char *retry_after,
                            int64_t now_epoch_ms);
 
 struct llm_backoff {
-    int64_t base_ms;  /* default 1000 */
-    double factor;    /* default 2 */
-    int64_t cap_ms;   /* default 60000 */
-    int jitter;       /* 1: full jitter U(0, d]; 0: exact d */
+    int64_t base_ms; /* default 1000 */
+    double factor;   /* default 2 */
+    int64_t cap_ms;  /* default 60000 */
+    int jitter;      /* 1: full jitter U(0, d]; 0: exact d */
 };
 
 /* Delay before retry number `retries` (0 for the first retry):
  * d = min(cap, base * factor^retries), then full jitter drawn from *seed
- * (a xorshift state the caller keeps; never 0). */
+ * (a xorshift state the caller keeps; never 0, though 0 is repaired). With a
+ * NULL seed there is no jitter. */
 int64_t llm_backoff_ms(const struct llm_backoff *b, int retries, uint64_t *seed);
 
 #endif

@@ -13,28 +13,31 @@
  * caller: openai_stream_init() / openai_stream_release(). */
 struct openai_stream {
     /* read-only */
-    struct buf content;       /* concatenated text deltas (choice 0) */
-    char finish_reason[32];   /* "" until a finish_reason arrives */
-    char model[128];          /* model named by the server ("" if none) */
-    long prompt_tokens;       /* -1 until usage arrives (last usage wins) */
+    struct buf content;     /* concatenated text deltas (choice 0) */
+    char finish_reason[32]; /* "" until a finish_reason arrives */
+    char model[128];        /* model named by the server ("" if none) */
+    long prompt_tokens;     /* -1 until usage arrives (last usage wins) */
     long completion_tokens;
     long total_tokens;
-    int done;                 /* "[DONE]" seen */
-    int error;                /* an error payload was seen (even if [DONE] follows) */
+    int done;  /* "[DONE]" seen */
+    int error; /* an error payload was seen (even if [DONE] follows) */
     char error_type[64];
-    char error_code[64];      /* string or integer code, as text */
+    char error_code[64]; /* string or integer code, as text */
     char error_message[512];
-    unsigned long chunks;     /* data payloads seen */
+    unsigned long chunks; /* data payloads seen */
 };
 
 void openai_stream_init(struct openai_stream *s);
 void openai_stream_release(struct openai_stream *s);
 
 /* Feeds one SSE data payload (the text after "data:", "[DONE]" included).
- * On success *delta/*delta_len (if non-NULL) give the text appended by this
+ * On success *delta and *delta_len (if non-NULL) give the text appended by this
  * payload, borrowed from s->content until the next call. Returns 0; CR_EPROTO
  * with detail in err when the payload is not valid JSON or not an object;
- * CR_ENOMEM. An error payload is not a return error: it sets s->error. */
+ * CR_ENOMEM (cJSON cannot tell OOM from bad syntax, so an OOM while parsing
+ * reads as CR_EPROTO); CR_ETOOBIG if the caller set s->content.max_bytes and
+ * it would be exceeded. An error payload is not a return error: it sets
+ * s->error. An empty or all-whitespace payload is ignored (keepalive). */
 int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
                        const char **delta, size_t *delta_len, struct cr_err *err);
 
@@ -43,15 +46,18 @@ int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
  * Returns 1 when complete, else 0. */
 int openai_stream_complete(const struct openai_stream *s);
 
-/* Parses a whole non-streamed chat.completion (or text_completion) body into s.
- * Returns 0, or CR_EPROTO with detail. */
+/* Parses a whole non-streamed chat.completion (or text_completion) body into s
+ * (freshly initialized). Returns 0, or CR_EPROTO with detail (also when there
+ * is no "choices" array). A 200 body that is an error payload returns 0 with
+ * s->error and the error fields set, as in a stream. */
 int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
                       struct cr_err *err);
 
 /* Parses an embeddings response. With list_input the result is a new JSON array
  * of arrays of numbers (ordered by "index"), otherwise a new array of numbers.
  * Accepts float arrays and base64 little-endian float32 strings. Also fills
- * *prompt_tokens (or -1). Returns NULL with err set on a malformed body. */
+ * *prompt_tokens (or -1). Returns NULL with err set: CR_EPROTO on a malformed
+ * body or an error body (its message in err->msg), CR_ENOMEM. */
 cJSON *openai_embed_parse(const char *body, size_t len, int list_input,
                           long *prompt_tokens, struct cr_err *err);
 

@@ -38,7 +38,9 @@ int sse_feed(struct sse_parser *p, const char *buf, size_t len);
 int sse_next(struct sse_parser *p, struct sse_event *ev);
 /* At end of stream. Lenient: returns 1 with *ev when an unterminated pending
  * event's data (including a last line with no line end) is exactly "[DONE]";
- * otherwise 0 (the spec discards unterminated events). */
+ * otherwise 0 (the spec discards unterminated events). Complete events still
+ * buffered (sse_next() not drained) are returned first, one per call, so a
+ * caller may loop until it returns 0. The pending event is gone afterwards. */
 int sse_finish(struct sse_parser *p, struct sse_event *ev);
 /* Number of comment lines seen since creation or reset (keepalive pings). */
 unsigned long sse_comments_seen(const struct sse_parser *p);
