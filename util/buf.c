@@ -47,6 +47,10 @@ int buf_reserve(struct buf *b, size_t extra)
     p = cr_realloc(b->data, cap);
     if (!p)
         return CR_ENOMEM;
+    /* A fresh buffer is an empty string at once, so buf_detach() right after
+     * a reserve hands out "" rather than garbage. */
+    if (!b->data)
+        p[0] = '\0';
     b->data = p;
     b->cap = cap;
     return 0;

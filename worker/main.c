@@ -1,1 +1,73 @@
-int main(void){return 0;}
+/* main.c -- the celeriac command: subcommands and process exit codes. */
+#include <stdio.h>
+#include <string.h>
+#include <curl/curl.h>
+#include <uv.h>
+
+#include "worker/config.h"
+#include "worker/log.h"
+#include "worker/worker.h"
+#include "util/alloc.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: celeriac <command> [options]\n\n"
+                 "commands:\n"
+                 "  worker     run a Celery-compatible worker for LLM tasks\n\n"
+                 "Run 'celeriac <command> --help' for the options of a command.\n");
+}
+
+static int cmd_worker(int argc, char **argv)
+{
+    struct config cfg;
+    struct cr_err err;
+    struct worker *w;
+    uv_loop_t loop;
+    int rc;
+
+    memset(&cfg, 0, sizeof(cfg));
+    memset(&err, 0, sizeof(err));
+    rc = config_load(&cfg, argc, argv, &err);
+    if (rc) {
+        config_release(&cfg);
+        if (rc == 1)
+            return 0;
+        fprintf(stderr, "celeriac worker: %s\n", err.msg);
+        return 2;
+    }
+    log_threshold = log_level_parse(cfg.loglevel);
+    uv_loop_init(&loop);
+    w = worker_new(&cfg, &loop, &err);
+    if (!w || worker_start(w, &err)) {
+        LOG(LOG_CRITICAL, "%s", err.msg);
+        worker_free(w);
+        uv_loop_close(&loop);
+        config_release(&cfg);
+        return 1;
+    }
+    rc = worker_run(w);
+    worker_free(w);
+    uv_loop_close(&loop);
+    config_release(&cfg);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int rc;
+    cr_alloc_init();
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (!strcmp(argv[1], "worker")) {
+        rc = cmd_worker(argc - 1, argv + 1);
+    } else {
+        fprintf(stderr, "celeriac: unknown command '%s'\n", argv[1]);
+        usage(stderr);
+        rc = 2;
+    }
+    curl_global_cleanup();
+    return rc;
+}

@@ -1,0 +1,663 @@
+/* llm_client.c -- libcurl multi interface driven by libuv, for LLM calls.
+ *
+ * The glue follows libcurl's socket-action model: curl tells us which sockets
+ * to watch (socket callback) and when to wake it (timer callback); we tell curl
+ * what happened with curl_multi_socket_action() and then collect finished
+ * transfers with curl_multi_info_read(). */
+#include "llm_client.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "protocol/sse.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+
+#define SWEEP_MS 100
+#define MAX_RAW_BODY (64u << 20) /* a non-streamed body (embeddings) */
+#define MAX_ERR_BODY (64u << 10) /* an error body is only read for its message */
+
+struct sock_ctx {
+    uv_poll_t poll;
+    curl_socket_t fd;
+    struct llm_client *c;
+};
+
+struct llm_req {
+    struct llm_client *c;
+    struct llm_req *prev, *next; /* active list */
+    struct llm_req *done_next;   /* aborted, waiting for on_done */
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body;
+    enum llm_op op;
+    int embed_list;
+    llm_delta_fn *on_delta;
+    llm_done_fn *on_done;
+    void *privdata;
+
+    long status;
+    int headers_done;
+    int is_sse;
+    char retry_after[64];
+    char retry_after_ms[32];
+    char should_retry[8];
+    char content_type[64];
+    struct sse_parser *sse;
+    struct openai_stream chat;
+    struct buf raw;
+
+    uint64_t t_start, t_headers, t_first_token, t_last_byte;
+    int aborted;
+    int removed; /* out of the multi handle and the active list */
+    int abort_code;
+    char abort_exc[48];
+    char abort_msg[256];
+    int proto_error;
+    char proto_msg[320];
+    char errbuf[CURL_ERROR_SIZE];
+};
+
+struct llm_client {
+    uv_loop_t *loop;
+    struct llm_client_config cfg;
+    CURLM *multi;
+    uv_timer_t curl_timer;
+    uv_timer_t sweep_timer;
+    uv_timer_t done_timer;
+    struct llm_req *active;
+    size_t nactive;
+    struct llm_req *done_head;
+    int in_curl;  /* inside a curl callback: aborts are deferred */
+    int closing;
+    int closed_handles;
+};
+
+static uint64_t epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------ curl glue */
+
+static void check_multi_info(struct llm_client *c);
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    cr_free(h->data);
+}
+
+static void on_sock_event(uv_poll_t *p, int status, int events)
+{
+    struct sock_ctx *s = p->data;
+    struct llm_client *c = s->c;
+    int flags = 0, running;
+
+    if (status < 0)
+        flags = CURL_CSELECT_ERR;
+    if (events & UV_READABLE)
+        flags |= CURL_CSELECT_IN;
+    if (events & UV_WRITABLE)
+        flags |= CURL_CSELECT_OUT;
+    c->in_curl++;
+    curl_multi_socket_action(c->multi, s->fd, flags, &running);
+    c->in_curl--;
+    check_multi_info(c);
+}
+
+static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    struct llm_client *c = userp;
+    struct sock_ctx *s = socketp;
+    int events = 0;
+    (void)easy;
+
+    if (what == CURL_POLL_REMOVE) {
+        if (s) {
+            uv_poll_stop(&s->poll);
+            uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+            curl_multi_assign(c->multi, fd, NULL);
+        }
+        return 0;
+    }
+    if (!s) {
+        s = cr_calloc(1, sizeof(*s));
+        if (!s)
+            return -1;
+        s->fd = fd;
+        s->c = c;
+        if (uv_poll_init_socket(c->loop, &s->poll, fd) != 0) {
+            cr_free(s);
+            return -1;
+        }
+        s->poll.data = s;
+        curl_multi_assign(c->multi, fd, s);
+    }
+    if (what & CURL_POLL_IN)
+        events |= UV_READABLE;
+    if (what & CURL_POLL_OUT)
+        events |= UV_WRITABLE;
+    uv_poll_start(&s->poll, events, on_sock_event);
+    return 0;
+}
+
+static void on_curl_timer(uv_timer_t *t)
+{
+    struct llm_client *c = t->data;
+    int running;
+    c->in_curl++;
+    curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    c->in_curl--;
+    check_multi_info(c);
+}
+
+static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
+{
+    struct llm_client *c = userp;
+    (void)multi;
+    if (timeout_ms < 0)
+        uv_timer_stop(&c->curl_timer);
+    else
+        uv_timer_start(&c->curl_timer, on_curl_timer, (uint64_t)timeout_ms, 0);
+    return 0;
+}
+
+/* ------------------------------------------------------------- requests */
+
+static void header_reset(struct llm_req *r)
+{
+    r->retry_after[0] = r->retry_after_ms[0] = r->should_retry[0] = '\0';
+    r->content_type[0] = '\0';
+    r->headers_done = 0;
+}
+
+static void copy_value(char *dst, size_t size, const char *v, size_t n)
+{
+    while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' '))
+        n--;
+    while (n && *v == ' ') {
+        v++;
+        n--;
+    }
+    if (n >= size)
+        n = size - 1;
+    memcpy(dst, v, n);
+    dst[n] = '\0';
+}
+
+static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
+{
+    struct llm_req *r = ud;
+    size_t n = size * nitems;
+    const char *colon;
+
+    if (n >= 5 && !memcmp(line, "HTTP/", 5)) {
+        /* A new status line (100-continue, redirect): start over. */
+        const char *sp = memchr(line, ' ', n);
+        header_reset(r);
+        r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+        return n;
+    }
+    if (n <= 2 && (line[0] == '\r' || line[0] == '\n')) {
+        if (r->status >= 200) {
+            r->headers_done = 1;
+            r->t_headers = uv_now(r->c->loop);
+            r->is_sse = r->op == LLM_OP_CHAT && r->status >= 200 && r->status < 300 &&
+                        strstr(r->content_type, "event-stream") != NULL;
+        }
+        return n;
+    }
+    colon = memchr(line, ':', n);
+    if (!colon)
+        return n;
+#define IS(name) ((size_t)(colon - line) == sizeof(name) - 1 && !strncasecmp(line, name, sizeof(name) - 1))
+    if (IS("retry-after"))
+        copy_value(r->retry_after, sizeof(r->retry_after), colon + 1, n - (size_t)(colon - line) - 1);
+    else if (IS("retry-after-ms"))
+        copy_value(r->retry_after_ms, sizeof(r->retry_after_ms), colon + 1, n - (size_t)(colon - line) - 1);
+    else if (IS("x-should-retry"))
+        copy_value(r->should_retry, sizeof(r->should_retry), colon + 1, n - (size_t)(colon - line) - 1);
+    else if (IS("content-type"))
+        copy_value(r->content_type, sizeof(r->content_type), colon + 1, n - (size_t)(colon - line) - 1);
+#undef IS
+    return n;
+}
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    struct llm_req *r = ud;
+    size_t n = size * nmemb;
+    struct sse_event ev;
+    struct cr_err err;
+    int rc;
+
+    if (r->aborted)
+        return 0; /* makes curl stop with CURLE_WRITE_ERROR */
+    r->t_last_byte = uv_now(r->c->loop);
+    if (!r->is_sse) {
+        if (buf_append(&r->raw, ptr, n)) {
+            r->proto_error = 1;
+            snprintf(r->proto_msg, sizeof(r->proto_msg), "response body over %zu bytes",
+                     r->raw.max_bytes);
+            return 0;
+        }
+        return n;
+    }
+    if ((rc = sse_feed(r->sse, ptr, n)) < 0) {
+        r->proto_error = 1;
+        snprintf(r->proto_msg, sizeof(r->proto_msg), "bad event stream: %s",
+                 cr_strerror(rc));
+        return 0;
+    }
+    while ((rc = sse_next(r->sse, &ev)) == 1) {
+        const char *delta = NULL;
+        size_t dlen = 0;
+        if (openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen, &err)) {
+            r->proto_error = 1;
+            snprintf(r->proto_msg, sizeof(r->proto_msg), "bad stream chunk: %s", err.msg);
+            return 0;
+        }
+        if (dlen) {
+            if (!r->t_first_token)
+                r->t_first_token = r->t_last_byte;
+            if (r->on_delta)
+                r->on_delta(r, delta, dlen, r->privdata);
+            if (r->aborted)
+                return 0;
+        }
+    }
+    if (rc < 0) {
+        r->proto_error = 1;
+        snprintf(r->proto_msg, sizeof(r->proto_msg), "bad event stream: %s",
+                 cr_strerror(rc));
+        return 0;
+    }
+    return n;
+}
+
+static void req_free(struct llm_req *r)
+{
+    if (r->easy)
+        curl_easy_cleanup(r->easy);
+    curl_slist_free_all(r->headers);
+    cr_free(r->body);
+    sse_parser_free(r->sse);
+    openai_stream_release(&r->chat);
+    buf_release(&r->raw);
+    cr_free(r);
+}
+
+static void unlink_active(struct llm_client *c, struct llm_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (c->active == r)
+        c->active = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    c->nactive--;
+}
+
+static const char *exc_for_status(long status)
+{
+    switch (status) {
+    case 400:
+        return "BadRequestError";
+    case 401:
+        return "AuthenticationError";
+    case 403:
+        return "PermissionDeniedError";
+    case 404:
+        return "NotFoundError";
+    case 409:
+        return "ConflictError";
+    case 422:
+        return "UnprocessableEntityError";
+    case 429:
+        return "RateLimitError";
+    }
+    return status >= 500 ? "InternalServerError" : "APIStatusError";
+}
+
+/* Works out the outcome of a finished transfer and calls on_done. */
+static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
+{
+    struct llm_result res;
+    char msg[768];
+    struct cr_err err;
+    uint64_t now = uv_now(c->loop);
+
+    memset(&res, 0, sizeof(res));
+    res.retry_after_ms = -1;
+    res.http_status = r->status;
+    res.curl_code = (int)cc;
+    res.chat = &r->chat;
+    res.elapsed_s = (double)(now - r->t_start) / 1000.0;
+    res.ttft_s = r->t_first_token ? (double)(r->t_first_token - r->t_start) / 1000.0 : -1;
+    res.embed_tokens = -1;
+    msg[0] = '\0';
+
+    if (r->aborted) {
+        res.code = r->abort_code;
+        res.verdict = r->abort_code == CR_ETIMEDOUT ? LLM_RETRYABLE : LLM_PERMANENT;
+        res.exc_type = r->abort_exc;
+        snprintf(msg, sizeof(msg), "%s", r->abort_msg);
+    } else if (r->proto_error) {
+        res.code = CR_ELLM;
+        res.verdict = LLM_RETRYABLE;
+        res.exc_type = "APIError";
+        snprintf(msg, sizeof(msg), "%s", r->proto_msg);
+    } else if (cc != CURLE_OK) {
+        res.code = cc == CURLE_OPERATION_TIMEDOUT ? CR_ETIMEDOUT : CR_ELLM;
+        res.verdict = llm_classify((int)cc, r->status, NULL, NULL, NULL, 0);
+        res.exc_type = cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError"
+                                                      : "APIConnectionError";
+        snprintf(msg, sizeof(msg), "%s%s%s", curl_easy_strerror(cc), r->errbuf[0] ? ": " : "",
+                 r->errbuf);
+    } else if (r->status < 200 || r->status >= 300) {
+        struct openai_error oe;
+        openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
+        res.code = CR_ELLM;
+        res.verdict = llm_classify(0, r->status, oe.code, oe.type,
+                                   r->should_retry[0] ? r->should_retry : NULL, 0);
+        res.exc_type = exc_for_status(r->status);
+        res.retry_after_ms =
+            llm_retry_after_ms(r->retry_after_ms[0] ? r->retry_after_ms : NULL,
+                               r->retry_after[0] ? r->retry_after : NULL,
+                               (int64_t)epoch_ms());
+        snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
+                 oe.message[0] ? oe.message : "(no message)");
+    } else if (r->op == LLM_OP_EMBED) {
+        res.embedding = openai_embed_parse(r->raw.data ? r->raw.data : "", r->raw.len,
+                                           r->embed_list, &res.embed_tokens, &err);
+        if (!res.embedding) {
+            res.code = CR_ELLM;
+            res.verdict = LLM_RETRYABLE;
+            res.exc_type = "APIError";
+            snprintf(msg, sizeof(msg), "bad embeddings response: %s", err.msg);
+        }
+    } else {
+        if (r->is_sse) {
+            struct sse_event ev;
+            if (sse_finish(r->sse, &ev) == 1)
+                openai_stream_feed(&r->chat, ev.data, ev.data_len, NULL, NULL, &err);
+        } else if (openai_chat_parse(&r->chat, r->raw.data ? r->raw.data : "", r->raw.len,
+                                     &err)) {
+            r->chat.error = 1;
+            snprintf(r->chat.error_message, sizeof(r->chat.error_message), "%s", err.msg);
+        }
+        if (r->chat.error) {
+            res.code = CR_ELLM;
+            res.verdict = llm_classify(0, r->status, r->chat.error_code, r->chat.error_type,
+                                       NULL, 1);
+            res.exc_type = "APIError";
+            snprintf(msg, sizeof(msg), "error in stream: %s",
+                     r->chat.error_message[0] ? r->chat.error_message : "(no message)");
+        } else if (r->is_sse && !openai_stream_complete(&r->chat)) {
+            res.code = CR_ELLM;
+            res.verdict = LLM_RETRYABLE;
+            res.exc_type = "APIError";
+            snprintf(msg, sizeof(msg),
+                     "stream ended without a finish reason or [DONE] after %zu bytes of text",
+                     r->chat.content.len);
+        }
+    }
+    if (res.code == 0)
+        res.verdict = LLM_OK;
+    res.message = msg;
+    r->on_done(r, &res, r->privdata);
+    cJSON_Delete(res.embedding);
+    req_free(r);
+}
+
+static void check_multi_info(struct llm_client *c)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(c->multi, &left))) {
+        struct llm_req *r;
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+        {
+            CURLcode cc = m->data.result;
+            curl_multi_remove_handle(c->multi, r->easy);
+            unlink_active(c, r);
+            r->removed = 1;
+            /* An abort from inside a callback already queued it for on_done. */
+            if (!r->aborted)
+                finish(c, r, cc);
+        }
+    }
+}
+
+static void on_done_timer(uv_timer_t *t)
+{
+    struct llm_client *c = t->data;
+    while (c->done_head) {
+        struct llm_req *r = c->done_head;
+        c->done_head = r->done_next;
+        if (!r->removed) {
+            curl_multi_remove_handle(c->multi, r->easy);
+            unlink_active(c, r);
+            r->removed = 1;
+        }
+        finish(c, r, CURLE_ABORTED_BY_CALLBACK);
+    }
+}
+
+void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char *message)
+{
+    struct llm_client *c = r->c;
+    if (r->aborted)
+        return;
+    r->aborted = 1;
+    r->abort_code = code;
+    snprintf(r->abort_exc, sizeof(r->abort_exc), "%s", exc_type ? exc_type : "APIError");
+    snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", message ? message : "aborted");
+    /* libcurl forbids removing a handle from inside its callbacks, so inside
+     * one we only mark the request (its write callback then fails the
+     * transfer) and the 0 ms timer removes it. */
+    if (!c->in_curl) {
+        curl_multi_remove_handle(c->multi, r->easy);
+        unlink_active(c, r);
+        r->removed = 1;
+    }
+    r->done_next = c->done_head;
+    c->done_head = r;
+    uv_timer_start(&c->done_timer, on_done_timer, 0, 0);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    struct llm_client *c = t->data;
+    uint64_t now = uv_now(c->loop);
+    struct llm_req *r, *next;
+    char msg[128];
+
+    for (r = c->active; r; r = next) {
+        next = r->next;
+        if (r->aborted)
+            continue;
+        if (!r->headers_done) {
+            if (now - r->t_start > (uint64_t)(c->cfg.first_byte_timeout_s * 1000)) {
+                snprintf(msg, sizeof(msg), "no response within %gs (first-byte timeout)",
+                         c->cfg.first_byte_timeout_s);
+                llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
+            }
+            continue;
+        }
+        if (r->is_sse && !r->t_first_token &&
+            now - r->t_headers > (uint64_t)(c->cfg.first_token_timeout_s * 1000)) {
+            snprintf(msg, sizeof(msg), "no token within %gs (first-token timeout)",
+                     c->cfg.first_token_timeout_s);
+            llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
+            continue;
+        }
+        {
+            uint64_t last = r->t_last_byte > r->t_headers ? r->t_last_byte : r->t_headers;
+            if (now - last > (uint64_t)(c->cfg.idle_timeout_s * 1000)) {
+                snprintf(msg, sizeof(msg), "no data for %gs (idle timeout)",
+                         c->cfg.idle_timeout_s);
+                llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
+            }
+        }
+    }
+    if (!c->active)
+        uv_timer_stop(&c->sweep_timer);
+}
+
+struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
+                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
+                                  void *privdata, struct cr_err *err)
+{
+    struct llm_req *r = cr_calloc(1, sizeof(*r));
+    struct curl_slist *h;
+    char auth[512];
+
+    if (!r) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->c = c;
+    r->op = rq->op;
+    r->embed_list = rq->embed_list;
+    r->on_delta = on_delta;
+    r->on_done = on_done;
+    r->privdata = privdata;
+    openai_stream_init(&r->chat);
+    buf_init(&r->raw);
+    r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
+    r->body = cr_strndup(rq->body, rq->body_len);
+    r->easy = curl_easy_init();
+    if (rq->op == LLM_OP_CHAT)
+        r->sse = sse_parser_new(0);
+    if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
+        goto oom;
+
+    h = curl_slist_append(NULL, "Content-Type: application/json");
+    if (h)
+        r->headers = h;
+    /* An empty Expect: stops libcurl from waiting for 100-continue. */
+    h = h ? curl_slist_append(r->headers, "Expect:") : NULL;
+    if (h && rq->op == LLM_OP_CHAT)
+        h = curl_slist_append(r->headers, "Accept: text/event-stream");
+    if (h && rq->api_key && *rq->api_key) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", rq->api_key);
+        h = curl_slist_append(r->headers, auth);
+    }
+    if (!h)
+        goto oom;
+
+    curl_easy_setopt(r->easy, CURLOPT_URL, rq->url);
+    curl_easy_setopt(r->easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
+    curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE, (long)rq->body_len);
+    curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
+    curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)(c->cfg.connect_timeout_s * 1000));
+    curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPIDLE, 60L);
+    curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPINTVL, 60L);
+    /* Small receive buffers: streamed chunks are tiny and thousands of
+     * transfers are in flight at once. */
+    curl_easy_setopt(r->easy, CURLOPT_BUFFERSIZE, 4096L);
+
+    if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
+        goto oom;
+    r->t_start = uv_now(c->loop);
+    r->next = c->active;
+    if (c->active)
+        c->active->prev = r;
+    c->active = r;
+    c->nactive++;
+    if (!uv_is_active((uv_handle_t *)&c->sweep_timer))
+        uv_timer_start(&c->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
+    return r;
+oom:
+    req_free(r);
+    cr_err_set(err, CR_ENOMEM, "out of memory");
+    return NULL;
+}
+
+size_t llm_client_active(const struct llm_client *c)
+{
+    return c->nactive;
+}
+
+struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_config *cfg,
+                                  struct cr_err *err)
+{
+    struct llm_client *c = cr_calloc(1, sizeof(*c));
+    if (!c) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->loop = loop;
+    c->cfg = *cfg;
+    c->multi = curl_multi_init();
+    if (!c->multi) {
+        cr_free(c);
+        cr_err_set(err, CR_ENOMEM, "cannot create curl multi handle");
+        return NULL;
+    }
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer_change);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
+    if (cfg->max_connections > 0)
+        curl_multi_setopt(c->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, cfg->max_connections);
+    uv_timer_init(loop, &c->curl_timer);
+    c->curl_timer.data = c;
+    uv_timer_init(loop, &c->sweep_timer);
+    c->sweep_timer.data = c;
+    uv_timer_init(loop, &c->done_timer);
+    c->done_timer.data = c;
+    return c;
+}
+
+static void on_client_handle_closed(uv_handle_t *h)
+{
+    struct llm_client *c = h->data;
+    if (++c->closed_handles == 3)
+        cr_free(c);
+}
+
+void llm_client_free(struct llm_client *c)
+{
+    if (!c)
+        return;
+    c->closing = 1;
+    while (c->active) {
+        struct llm_req *r = c->active;
+        curl_multi_remove_handle(c->multi, r->easy);
+        unlink_active(c, r);
+        r->removed = 1;
+        if (r->aborted)
+            continue; /* already on the done list */
+        r->aborted = 1;
+        r->abort_code = CR_ECANCELED;
+        snprintf(r->abort_exc, sizeof(r->abort_exc), "WorkerShutdown");
+        snprintf(r->abort_msg, sizeof(r->abort_msg), "worker is shutting down");
+        finish(c, r, CURLE_ABORTED_BY_CALLBACK);
+    }
+    on_done_timer(&c->done_timer);
+    curl_multi_cleanup(c->multi);
+    uv_close((uv_handle_t *)&c->curl_timer, on_client_handle_closed);
+    uv_close((uv_handle_t *)&c->sweep_timer, on_client_handle_closed);
+    uv_close((uv_handle_t *)&c->done_timer, on_client_handle_closed);
+}

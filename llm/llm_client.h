@@ -1,0 +1,90 @@
+/* llm_client.h -- many concurrent OpenAI-compatible HTTP calls on the worker loop.
+ *
+ * Owns one CURLM glued to libuv (sockets in uv_poll_t, curl's single timer in a
+ * uv_timer_t). A request is a POST of a JSON body; a streamed chat response is
+ * parsed incrementally (SSE, then chunk mapping) and each text delta is handed
+ * to the caller as it arrives. Phase timeouts (connect, first byte, first token,
+ * idle gap) are enforced here. Not thread-safe: create, use and free on the
+ * loop thread only. */
+#ifndef CR_LLM_CLIENT_H
+#define CR_LLM_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include <cjson/cJSON.h>
+
+#include "llm/policy.h"
+#include "protocol/openai.h"
+#include "util/err.h"
+
+struct llm_client_config {
+    double connect_timeout_s;
+    double first_byte_timeout_s;
+    double first_token_timeout_s;
+    double idle_timeout_s;
+    long max_connections; /* 0: no cap */
+};
+
+enum llm_op {
+    LLM_OP_CHAT,  /* POST /chat/completions, streamed */
+    LLM_OP_EMBED, /* POST /embeddings */
+};
+
+struct llm_request {
+    enum llm_op op;
+    const char *url;     /* full endpoint URL (copied) */
+    const char *api_key; /* may be NULL or "" (copied) */
+    const char *body;    /* JSON body (copied) */
+    size_t body_len;
+    int embed_list;      /* LLM_OP_EMBED: the input was a list */
+};
+
+/* The outcome of one call; everything is borrowed for the callback only. */
+struct llm_result {
+    enum llm_verdict verdict; /* LLM_OK, LLM_RETRYABLE or LLM_PERMANENT */
+    int code;                 /* 0, or CR_ELLM, CR_ETIMEDOUT, CR_ECANCELED */
+    const char *exc_type;     /* Python-style exception name, e.g. RateLimitError */
+    const char *message;      /* one line, for FAILURE and logs */
+    long http_status;         /* 0 when no response */
+    int curl_code;
+    int64_t retry_after_ms;   /* server-given delay, or -1 */
+    const struct openai_stream *chat; /* LLM_OP_CHAT: text, finish, usage */
+    cJSON *embedding;         /* LLM_OP_EMBED on success; callee may detach it */
+    long embed_tokens;
+    double ttft_s;            /* time to first token (or first byte), -1 if none */
+    double elapsed_s;
+};
+
+struct llm_client;
+struct llm_req;
+
+/* A streamed text delta (borrowed for the call). */
+typedef void llm_delta_fn(struct llm_req *r, const char *text, size_t len, void *privdata);
+/* Called exactly once per accepted request, including on abort and on
+ * llm_client_free(); never from inside llm_client_submit() or llm_req_abort().
+ * The request is freed right after it returns. */
+typedef void llm_done_fn(struct llm_req *r, const struct llm_result *res, void *privdata);
+
+/* Returns a new client or NULL with err set. Free with llm_client_free(). */
+struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_config *cfg,
+                                  struct cr_err *err);
+
+/* Starts a request. Returns it, or NULL with err set (then on_done is never
+ * called). on_delta may be NULL. */
+struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
+                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
+                                  void *privdata, struct cr_err *err);
+
+/* Aborts a request's transfer now; on_done follows from the loop with code
+ * (CR_ECANCELED or CR_ETIMEDOUT), exc_type and message as given. */
+void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char *message);
+
+/* Requests in flight. */
+size_t llm_client_active(const struct llm_client *c);
+
+/* Aborts every request (each gets on_done with CR_ECANCELED), then frees once
+ * the loop has closed the handles. NULL is a no-op. */
+void llm_client_free(struct llm_client *c);
+
+#endif

@@ -1,0 +1,497 @@
+/* backend.c -- Redis result backend: hiredis async glued to the libuv loop. */
+#include "backend.h"
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+#include <hiredis/adapters/libuv.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "util/alloc.h"
+
+#define KEY_PREFIX "celery-task-meta-"
+#define CONNECT_TIMEOUT_MS 5000
+#define RECONNECT_MAX_MS 5000
+
+/* Store a state unless SUCCESS is already stored, then publish it on the channel
+ * named like the key. Doing the check and the write in one script makes the
+ * "never overwrite SUCCESS" rule atomic, where Celery's GET-then-SET is not. */
+static const char store_script[] =
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if cur and string.find(cur, '\"status\": *\"SUCCESS\"') then return 0 end\n"
+    "if tonumber(ARGV[2]) > 0 then redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])\n"
+    "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
+    "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
+    "return 1\n";
+
+enum op_kind { OP_STORE, OP_GET };
+
+struct op {
+    struct op *next;
+    struct backend *bk;
+    enum op_kind kind;
+    char *key;
+    char *value; /* OP_STORE */
+    size_t value_len;
+    backend_store_fn *store_cb;
+    backend_get_fn *get_cb;
+    void *privdata;
+};
+
+struct backend {
+    uv_loop_t *loop;
+    char *host;
+    int port;
+    int db;
+    char *user;
+    char *password;
+    int result_expires;
+    char expires_text[24];
+
+    redisAsyncContext *ac; /* NULL while disconnected */
+    int connected;
+    int freeing;
+    unsigned long reconnects;
+    int ever_connected;
+    int64_t backoff_ms;
+    uv_timer_t timer; /* connect timeout and reconnect delay */
+    uv_timer_t retry; /* resends operations Redis refused */
+    char last_error[200];
+
+    struct op *wait_head, *wait_tail; /* not yet sent */
+    size_t inflight;
+    size_t waiting;
+};
+
+static void start_connect(struct backend *bk);
+static void send_op(struct backend *bk, struct op *op);
+
+static void op_free(struct op *op)
+{
+    cr_free(op->key);
+    cr_free(op->value);
+    cr_free(op);
+}
+
+static void wait_push(struct backend *bk, struct op *op)
+{
+    op->next = NULL;
+    if (bk->wait_tail)
+        bk->wait_tail->next = op;
+    else
+        bk->wait_head = op;
+    bk->wait_tail = op;
+    bk->waiting++;
+}
+
+static struct op *wait_pop(struct backend *bk)
+{
+    struct op *op = bk->wait_head;
+    if (op) {
+        bk->wait_head = op->next;
+        if (!bk->wait_head)
+            bk->wait_tail = NULL;
+        bk->waiting--;
+    }
+    return op;
+}
+
+static int parse_url(struct backend *bk, const char *url, struct cr_err *err)
+{
+    const char *p = url + strlen("redis://");
+    const char *at = strrchr(p, '@');
+    const char *hostend;
+    char redacted[512];
+
+    config_redact_url(url, redacted, sizeof(redacted));
+    bk->port = 6379;
+    bk->db = 0;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon) {
+            if (colon > p)
+                bk->user = cr_strndup(p, (size_t)(colon - p));
+            bk->password = cr_strndup(colon + 1, (size_t)(at - colon - 1));
+        } else {
+            /* redis://password@host is how some clients spell it. */
+            bk->password = cr_strndup(p, (size_t)(at - p));
+        }
+        p = at + 1;
+    }
+    hostend = p + strcspn(p, ":/?");
+    bk->host = hostend > p ? cr_strndup(p, (size_t)(hostend - p)) : cr_strdup("localhost");
+    if (!bk->host)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    p = hostend;
+    if (*p == ':') {
+        char *end;
+        long port = strtol(p + 1, &end, 10);
+        if (end == p + 1 || port <= 0 || port > 65535)
+            return cr_err_set(err, CR_EINVAL, "invalid port in result backend URL '%s'",
+                              redacted);
+        bk->port = (int)port;
+        p = end;
+    }
+    if (*p == '/' && p[1] && p[1] != '?') {
+        char *end;
+        long db = strtol(p + 1, &end, 10);
+        if (end == p + 1 || db < 0 || (*end && *end != '?'))
+            return cr_err_set(err, CR_EINVAL, "invalid database in result backend URL '%s'",
+                              redacted);
+        bk->db = (int)db;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------- connection */
+
+static void schedule_reconnect(struct backend *bk)
+{
+    if (bk->freeing)
+        return;
+    bk->backoff_ms = bk->backoff_ms ? bk->backoff_ms * 2 : 250;
+    if (bk->backoff_ms > RECONNECT_MAX_MS)
+        bk->backoff_ms = RECONNECT_MAX_MS;
+    uv_timer_start(&bk->timer, (uv_timer_cb)start_connect, (uint64_t)bk->backoff_ms, 0);
+}
+
+static void on_auth_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    (void)ac;
+    (void)privdata;
+    if (reply && reply->type == REDIS_REPLY_ERROR)
+        LOG(LOG_ERROR, "result backend: %s", reply->str);
+}
+
+static void on_connect(const redisAsyncContext *cac, int status)
+{
+    struct backend *bk = cac->data;
+    redisAsyncContext *ac = (redisAsyncContext *)cac;
+    struct op *op;
+
+    if (!bk)
+        return;
+    uv_timer_stop(&bk->timer);
+    if (status != REDIS_OK) {
+        snprintf(bk->last_error, sizeof(bk->last_error), "%s", ac->errstr);
+        /* hiredis frees the context after this callback. */
+        bk->ac = NULL;
+        LOG(bk->ever_connected ? LOG_ERROR : LOG_DEBUG,
+            "result backend: cannot connect to redis://%s:%d/%d: %s", bk->host, bk->port,
+            bk->db, bk->last_error);
+        schedule_reconnect(bk);
+        return;
+    }
+    if (bk->ever_connected)
+        bk->reconnects++;
+    bk->ever_connected = 1;
+    bk->connected = 1;
+    bk->backoff_ms = 0;
+    LOG(LOG_INFO, "Connected to redis://%s:%d/%d", bk->host, bk->port, bk->db);
+    /* AUTH and SELECT go first on the wire; replies come back in order. */
+    if (bk->password) {
+        if (bk->user)
+            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s %s", bk->user, bk->password);
+        else
+            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s", bk->password);
+    }
+    if (bk->db)
+        redisAsyncCommand(ac, on_auth_reply, NULL, "SELECT %d", bk->db);
+    while ((op = wait_pop(bk)))
+        send_op(bk, op);
+}
+
+static void on_disconnect(const redisAsyncContext *cac, int status)
+{
+    struct backend *bk = cac->data;
+    (void)status;
+    if (!bk)
+        return;
+    if (bk->connected)
+        LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting",
+            cac->errstr[0] ? cac->errstr : "closed");
+    bk->connected = 0;
+    bk->ac = NULL;
+    schedule_reconnect(bk);
+}
+
+static void on_connect_timeout(uv_timer_t *t)
+{
+    struct backend *bk = t->data;
+    if (bk->ac && !bk->connected) {
+        redisAsyncContext *ac = bk->ac;
+        snprintf(bk->last_error, sizeof(bk->last_error), "connection timed out");
+        /* Detach first: redisAsyncFree calls the callbacks, which must not
+         * schedule anything for this attempt. */
+        ac->data = NULL;
+        bk->ac = NULL;
+        redisAsyncFree(ac);
+        schedule_reconnect(bk);
+    }
+}
+
+static void start_connect(struct backend *bk)
+{
+    redisAsyncContext *ac;
+
+    if (bk->freeing || bk->ac)
+        return;
+    ac = redisAsyncConnect(bk->host, bk->port);
+    if (!ac || ac->err) {
+        snprintf(bk->last_error, sizeof(bk->last_error), "%s",
+                 ac ? ac->errstr : "out of memory");
+        if (ac)
+            redisAsyncFree(ac);
+        schedule_reconnect(bk);
+        return;
+    }
+    ac->data = bk;
+    if (redisLibuvAttach(ac, bk->loop) != REDIS_OK) {
+        snprintf(bk->last_error, sizeof(bk->last_error), "cannot attach to loop");
+        redisAsyncFree(ac);
+        schedule_reconnect(bk);
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    bk->ac = ac;
+    uv_timer_start(&bk->timer, on_connect_timeout, CONNECT_TIMEOUT_MS, 0);
+}
+
+/* ------------------------------------------------------------ operations */
+
+static void finish_op(struct op *op, int status, const redisReply *reply)
+{
+    if (op->kind == OP_STORE) {
+        int skipped = reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0;
+        op->store_cb(op->bk, status, skipped, op->privdata);
+    } else if (reply && reply->type == REDIS_REPLY_STRING) {
+        op->get_cb(op->bk, status, reply->str, (size_t)reply->len, op->privdata);
+    } else {
+        op->get_cb(op->bk, status, NULL, 0, op->privdata);
+    }
+    op_free(op);
+}
+
+static void on_retry(uv_timer_t *t)
+{
+    struct backend *bk = t->data;
+    struct op *op;
+    size_t n = bk->waiting;
+    /* Only what was waiting now: an op refused again waits for the next round. */
+    while (bk->connected && n-- && (op = wait_pop(bk)))
+        send_op(bk, op);
+}
+
+static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct op *op = privdata;
+    struct backend *bk = op->bk;
+    redisReply *reply = r;
+    (void)ac;
+
+    bk->inflight--;
+    if (bk->freeing) {
+        finish_op(op, CR_ECANCELED, NULL);
+        return;
+    }
+    if (!reply) {
+        /* The connection went away with this command unanswered: it is
+         * idempotent, so send it again once we are back. */
+        bk->connected = 0;
+        wait_push(bk, op);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        /* Redis said no (OOM, READONLY replica, LOADING...): try again later
+         * rather than lose the result. */
+        LOG(LOG_ERROR, "result backend: %s; will retry", reply->str);
+        wait_push(bk, op);
+        if (!uv_is_active((uv_handle_t *)&bk->retry))
+            uv_timer_start(&bk->retry, on_retry, 1000, 0);
+        return;
+    }
+    finish_op(op, 0, reply);
+}
+
+static void send_op(struct backend *bk, struct op *op)
+{
+    int rc;
+    if (!bk->connected || !bk->ac) {
+        wait_push(bk, op);
+        return;
+    }
+    if (op->kind == OP_STORE) {
+        const char *argv[6] = {"EVAL", store_script, "1", op->key, op->value,
+                               bk->expires_text};
+        size_t lens[6] = {4, sizeof(store_script) - 1, 1, strlen(op->key), op->value_len,
+                          strlen(bk->expires_text)};
+        rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
+    } else {
+        rc = redisAsyncCommand(bk->ac, on_reply, op, "GET %s", op->key);
+    }
+    if (rc != REDIS_OK) {
+        wait_push(bk, op);
+        return;
+    }
+    bk->inflight++;
+}
+
+/* Callbacks never run inside backend_store()/backend_get(): a failed send
+ * only queues the op for later. */
+static int submit(struct backend *bk, struct op *op)
+{
+    if (bk->connected && bk->ac) {
+        send_op(bk, op);
+        return 0;
+    }
+    wait_push(bk, op);
+    return 0;
+}
+
+static struct op *op_new(struct backend *bk, enum op_kind kind, const char *task_id)
+{
+    struct op *op = cr_calloc(1, sizeof(*op));
+    size_t n = strlen(task_id);
+    if (!op)
+        return NULL;
+    op->bk = bk;
+    op->kind = kind;
+    op->key = cr_malloc(sizeof(KEY_PREFIX) + n);
+    if (!op->key) {
+        cr_free(op);
+        return NULL;
+    }
+    memcpy(op->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
+    memcpy(op->key + sizeof(KEY_PREFIX) - 1, task_id, n + 1);
+    return op;
+}
+
+int backend_store(struct backend *bk, const char *task_id, const char *json, size_t len,
+                  backend_store_fn *cb, void *privdata)
+{
+    struct op *op = op_new(bk, OP_STORE, task_id);
+    if (!op)
+        return CR_ENOMEM;
+    op->value = cr_strndup(json, len);
+    if (!op->value) {
+        op_free(op);
+        return CR_ENOMEM;
+    }
+    op->value_len = len;
+    op->store_cb = cb;
+    op->privdata = privdata;
+    return submit(bk, op);
+}
+
+int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
+                void *privdata)
+{
+    struct op *op = op_new(bk, OP_GET, task_id);
+    if (!op)
+        return CR_ENOMEM;
+    op->get_cb = cb;
+    op->privdata = privdata;
+    return submit(bk, op);
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
+                            struct cr_err *err)
+{
+    struct backend *bk = cr_calloc(1, sizeof(*bk));
+    if (!bk) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    bk->loop = loop;
+    bk->result_expires = cfg->result_expires;
+    snprintf(bk->expires_text, sizeof(bk->expires_text), "%d", cfg->result_expires);
+    if (strncmp(cfg->url, "redis://", 8)) {
+        cr_err_set(err, CR_EINVAL, "unsupported result backend URL (want redis://)");
+        cr_free(bk);
+        return NULL;
+    }
+    if (parse_url(bk, cfg->url, err)) {
+        cr_free(bk->host);
+        cr_free(bk->user);
+        cr_free(bk->password);
+        cr_free(bk);
+        return NULL;
+    }
+    uv_timer_init(loop, &bk->timer);
+    bk->timer.data = bk;
+    uv_timer_init(loop, &bk->retry);
+    bk->retry.data = bk;
+    start_connect(bk);
+    return bk;
+}
+
+int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
+                           struct cr_err *err)
+{
+    uint64_t deadline = uv_now(loop) + (uint64_t)timeout_ms;
+    while (!bk->connected) {
+        uv_update_time(loop);
+        if (uv_now(loop) >= deadline)
+            return cr_err_set(err, CR_EBACKEND,
+                              "cannot connect to result backend redis://%s:%d/%d: %s",
+                              bk->host, bk->port, bk->db,
+                              bk->last_error[0] ? bk->last_error : "timed out");
+        uv_run(loop, UV_RUN_ONCE);
+    }
+    return 0;
+}
+
+int backend_connected(const struct backend *bk)
+{
+    return bk->connected;
+}
+
+unsigned long backend_reconnects(const struct backend *bk)
+{
+    return bk->reconnects;
+}
+
+size_t backend_pending(const struct backend *bk)
+{
+    return bk->waiting + bk->inflight;
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    struct backend *bk = h->data;
+    /* Two timers close; the second one frees. */
+    if (bk->freeing++ < 2)
+        return;
+    cr_free(bk->host);
+    cr_free(bk->user);
+    cr_free(bk->password);
+    cr_free(bk);
+}
+
+void backend_free(struct backend *bk)
+{
+    struct op *op;
+    if (!bk)
+        return;
+    bk->freeing = 1;
+    uv_timer_stop(&bk->timer);
+    if (bk->ac) {
+        redisAsyncContext *ac = bk->ac;
+        bk->ac = NULL;
+        /* In-flight callbacks run from here with a NULL reply and see
+         * `freeing`, so they report CR_ECANCELED. */
+        ac->data = NULL;
+        redisAsyncFree(ac);
+    }
+    while ((op = wait_pop(bk)))
+        finish_op(op, CR_ECANCELED, NULL);
+    uv_close((uv_handle_t *)&bk->timer, on_timer_closed);
+    uv_close((uv_handle_t *)&bk->retry, on_timer_closed);
+}

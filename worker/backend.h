@@ -1,0 +1,60 @@
+/* backend.h -- Celery's Redis result backend on the worker loop (hiredis async).
+ *
+ * Writes results exactly as Celery's RedisBackend does: the meta JSON under
+ * "celery-task-meta-<id>" with SETEX (result_expires) and a PUBLISH of the same
+ * bytes on the channel of the same name, never overwriting a stored SUCCESS.
+ * While Redis is unreachable, operations wait and are sent again after the
+ * reconnect: a caller's callback only ever sees success, or CR_ECANCELED when
+ * the backend is freed. Not thread-safe: loop thread only. */
+#ifndef CR_BACKEND_H
+#define CR_BACKEND_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "util/err.h"
+
+struct backend_config {
+    const char *url;    /* redis://[[user]:password@]host[:port][/db] */
+    int result_expires; /* seconds; 0 stores without TTL */
+};
+
+struct backend;
+
+/* status 0: stored (or skipped because SUCCESS was already there, see
+ * *skipped via the skipped argument); CR_ECANCELED on backend_free(). */
+typedef void backend_store_fn(struct backend *bk, int status, int skipped, void *privdata);
+/* value is the stored meta (borrowed for the call) or NULL when the key does not
+ * exist; status 0, or CR_ECANCELED on backend_free(). */
+typedef void backend_get_fn(struct backend *bk, int status, const char *value, size_t len,
+                            void *privdata);
+
+/* Returns a new backend that starts connecting at once, or NULL with err set
+ * (bad URL, OOM). cfg strings are copied. */
+struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
+                            struct cr_err *err);
+
+/* Runs the loop until connected or timeout_ms passes. For start-up only.
+ * Returns 0 or CR_EBACKEND with the last connection error in err. */
+int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
+                           struct cr_err *err);
+
+/* Stores the meta JSON (copied) of task_id. cb is called exactly once, never
+ * from inside this call. Returns 0, or CR_ENOMEM (cb never called). */
+int backend_store(struct backend *bk, const char *task_id, const char *json, size_t len,
+                  backend_store_fn *cb, void *privdata);
+
+/* Reads the stored meta of task_id. Same contract as backend_store(). */
+int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
+                void *privdata);
+
+int backend_connected(const struct backend *bk);
+unsigned long backend_reconnects(const struct backend *bk);
+/* Operations not yet answered (waiting or in flight). */
+size_t backend_pending(const struct backend *bk);
+
+/* Cancels pending operations (callbacks get CR_ECANCELED), disconnects, frees.
+ * NULL is a no-op. */
+void backend_free(struct backend *bk);
+
+#endif

@@ -1,0 +1,831 @@
+/* broker.c -- rabbitmq-c connection pumped from the libuv loop.
+ *
+ * rabbitmq-c owns a non-blocking socket internally; we watch its fd with a
+ * uv_poll_t and, when it is readable, pull frames with a zero timeout until the
+ * library has nothing more. Deliveries (method + header + body frames) are put
+ * together here. Heartbeats are sent by rabbitmq-c whenever we call into it, so
+ * a timer pumps the connection even when the socket is quiet. */
+#include "broker.h"
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "config.h"
+#include "protocol/amqp_json.h"
+#include "util/alloc.h"
+
+#define CHANNEL 1
+#define RPC_TIMEOUT_S 10
+#define RECONNECT_MAX_MS 30000
+
+struct pending_confirm {
+    uint64_t seq;
+    broker_confirm_fn *cb;
+    void *privdata;
+};
+
+struct consumer {
+    char *queue;
+    char *tag;
+};
+
+struct broker {
+    uv_loop_t *loop;
+    struct broker_config cfg;
+    broker_msg_fn *on_msg;
+    broker_conn_fn *on_conn;
+    void *privdata;
+
+    amqp_connection_state_t conn; /* NULL while disconnected */
+    unsigned generation;
+    unsigned long reconnects;
+    int stopping;      /* no reconnect: broker_free() in progress */
+    int consuming;     /* consumers active */
+    uv_poll_t *poll;   /* heap: closed asynchronously */
+    uv_timer_t timer;  /* heartbeat pump and reconnect backoff */
+    uv_check_t check;  /* drains frames rabbitmq-c buffered during writes */
+    int64_t reconnect_delay_ms;
+    int in_pump;
+
+    struct consumer consumers[CONFIG_MAX_LIST];
+    int nconsumers;
+
+    /* delivery being assembled */
+    struct broker_msg *cur;
+    uint64_t cur_body_size;
+    int skip_content; /* a basic.return's content frames are dropped */
+
+    /* publisher confirms, in publish order */
+    uint64_t next_seq;
+    struct pending_confirm *confirms;
+    size_t nconfirms, capconfirms, confirm_head;
+    /* confirms completed from a 0 ms timer, never synchronously */
+    uv_timer_t confirm_timer;
+    struct pending_confirm *failed;
+    size_t nfailed, capfailed;
+};
+
+static void pump(struct broker *b);
+static void connection_lost(struct broker *b, const char *why);
+
+void broker_msg_free(struct broker_msg *m)
+{
+    if (!m)
+        return;
+    cr_free(m->exchange);
+    cr_free(m->routing_key);
+    cr_free(m->queue);
+    cr_free(m->content_type);
+    cr_free(m->content_encoding);
+    cr_free(m->correlation_id);
+    cr_free(m->reply_to);
+    cr_free(m->expiration);
+    cr_free(m->message_id);
+    cJSON_Delete(m->headers);
+    cr_free(m->body);
+    cr_free(m);
+}
+
+static char *bytes_dup(amqp_bytes_t b)
+{
+    return cr_strndup(b.bytes ? (const char *)b.bytes : "", b.len);
+}
+
+static amqp_bytes_t cstr(const char *s)
+{
+    amqp_bytes_t b;
+    b.len = s ? strlen(s) : 0;
+    b.bytes = (void *)(s ? s : "");
+    return b;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static int reply_error(amqp_rpc_reply_t r, const char *what, struct cr_err *err)
+{
+    switch (r.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+        return 0;
+    case AMQP_RESPONSE_NONE:
+        return cr_err_set(err, CR_EBROKER, "%s: no reply from broker", what);
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+        return cr_err_set(err, CR_EBROKER, "%s: %s", what,
+                          amqp_error_string2(r.library_error));
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+        if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+            amqp_connection_close_t *c = r.reply.decoded;
+            return cr_err_set(err, CR_EBROKER, "%s: connection closed: %d %.*s", what,
+                              c->reply_code, (int)c->reply_text.len,
+                              (char *)c->reply_text.bytes);
+        }
+        if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+            amqp_channel_close_t *c = r.reply.decoded;
+            return cr_err_set(err, CR_EPEER, "%s: channel closed: %d %.*s", what,
+                              c->reply_code, (int)c->reply_text.len,
+                              (char *)c->reply_text.bytes);
+        }
+        return cr_err_set(err, CR_EBROKER, "%s: server error (method 0x%08x)", what,
+                          (unsigned)r.reply.id);
+    }
+    return cr_err_set(err, CR_EBROKER, "%s: unknown reply", what);
+}
+
+/* After a channel-level error (406, 404) rabbitmq-c has not answered the close;
+ * answer it and open the channel again so connecting can go on. */
+static int reopen_channel(struct broker *b, struct cr_err *err)
+{
+    amqp_channel_close_ok_t ok = {0};
+    amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    amqp_channel_open(b->conn, CHANNEL);
+    return reply_error(amqp_get_rpc_reply(b->conn), "cannot reopen channel", err);
+}
+
+/* -------------------------------------------------------------- confirms */
+
+static void confirm_push_failed(struct broker *b, struct pending_confirm pc)
+{
+    if (b->nfailed == b->capfailed) {
+        size_t cap = b->capfailed ? b->capfailed * 2 : 16;
+        struct pending_confirm *p = cr_realloc(b->failed, cap * sizeof(*p));
+        if (!p) {
+            /* Out of memory: call it now rather than lose it. */
+            pc.cb(b, 0, pc.privdata);
+            return;
+        }
+        b->failed = p;
+        b->capfailed = cap;
+    }
+    b->failed[b->nfailed++] = pc;
+}
+
+static void on_confirm_timer(uv_timer_t *t)
+{
+    struct broker *b = t->data;
+    while (b->nfailed) {
+        struct pending_confirm pc = b->failed[0];
+        memmove(b->failed, b->failed + 1, (b->nfailed - 1) * sizeof(pc));
+        b->nfailed--;
+        pc.cb(b, 0, pc.privdata);
+    }
+}
+
+/* Resolves every pending confirm with seq <= tag (multiple) or == tag. */
+static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int ok)
+{
+    while (b->confirm_head < b->nconfirms) {
+        struct pending_confirm pc = b->confirms[b->confirm_head];
+        if (pc.seq > tag)
+            break;
+        if (!multiple && pc.seq != tag)
+            break;
+        b->confirm_head++;
+        pc.cb(b, ok, pc.privdata);
+        if (!multiple)
+            break;
+    }
+    if (b->confirm_head == b->nconfirms)
+        b->confirm_head = b->nconfirms = 0;
+}
+
+static void fail_all_confirms(struct broker *b)
+{
+    for (size_t i = b->confirm_head; i < b->nconfirms; i++)
+        confirm_push_failed(b, b->confirms[i]);
+    b->confirm_head = b->nconfirms = 0;
+    if (b->nfailed)
+        uv_timer_start(&b->confirm_timer, on_confirm_timer, 0, 0);
+}
+
+/* ------------------------------------------------------------ connecting */
+
+static int declare_queue(struct broker *b, const char *q, struct cr_err *err)
+{
+    amqp_rpc_reply_t r;
+    struct cr_err e2;
+
+    /* What Celery declares: a durable direct exchange named like the queue, a
+     * durable queue, and a binding with the queue name as routing key. */
+    amqp_exchange_declare(b->conn, CHANNEL, cstr(q), cstr("direct"), 0, 1, 0, 0,
+                          amqp_empty_table);
+    r = amqp_get_rpc_reply(b->conn);
+    if (reply_error(r, "exchange.declare", &e2)) {
+        if (e2.code != CR_EPEER)
+            return cr_err_set(err, CR_EBROKER, "cannot declare exchange '%s': %s", q,
+                              e2.msg);
+        /* Exists with other settings: use it as it is. */
+        LOG(LOG_WARNING, "exchange '%s' exists with other settings; using it (%s)", q,
+            e2.msg);
+        if (reopen_channel(b, err))
+            return err->code;
+    }
+    amqp_queue_declare(b->conn, CHANNEL, cstr(q), 0, 1, 0, 0, amqp_empty_table);
+    r = amqp_get_rpc_reply(b->conn);
+    if (reply_error(r, "queue.declare", &e2)) {
+        if (e2.code != CR_EPEER)
+            return cr_err_set(err, CR_EBROKER, "cannot declare queue '%s': %s", q, e2.msg);
+        /* Declared by the application with other arguments (x-max-priority,
+         * x-queue-type...): a passive declare checks that it exists. */
+        if (reopen_channel(b, err))
+            return err->code;
+        amqp_queue_declare(b->conn, CHANNEL, cstr(q), 1, 0, 0, 0, amqp_empty_table);
+        if (reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err))
+            return cr_err_set(err, CR_EBROKER, "cannot use queue '%s': %s", q, err->msg);
+        return 0;
+    }
+    amqp_queue_bind(b->conn, CHANNEL, cstr(q), cstr(q), cstr(q), amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err))
+        return cr_err_set(err, CR_EBROKER, "cannot bind queue '%s': %s", q, err->msg);
+    return 0;
+}
+
+static int declare_dead_letters(struct broker *b, struct cr_err *err)
+{
+    if (!b->cfg.dlx)
+        return 0;
+    amqp_exchange_declare(b->conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0, 0,
+                          amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err))
+        return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter exchange '%s': %s",
+                          b->cfg.dlx, err->msg);
+    if (!b->cfg.dlq)
+        return 0;
+    amqp_queue_declare(b->conn, CHANNEL, cstr(b->cfg.dlq), 0, 1, 0, 0, amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err))
+        return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
+                          b->cfg.dlq, err->msg);
+    amqp_queue_bind(b->conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),
+                    amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err))
+        return cr_err_set(err, CR_EBROKER, "cannot bind dead-letter queue '%s': %s",
+                          b->cfg.dlq, err->msg);
+    return 0;
+}
+
+static void on_poll(uv_poll_t *p, int status, int events)
+{
+    struct broker *b = p->data;
+    (void)events;
+    if (!b)
+        return;
+    if (status < 0) {
+        connection_lost(b, uv_strerror(status));
+        return;
+    }
+    pump(b);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    cr_free(h);
+}
+
+static void teardown(struct broker *b)
+{
+    if (b->poll) {
+        b->poll->data = NULL;
+        uv_poll_stop(b->poll);
+        uv_close((uv_handle_t *)b->poll, on_poll_closed);
+        b->poll = NULL;
+    }
+    if (b->conn) {
+        amqp_destroy_connection(b->conn);
+        b->conn = NULL;
+    }
+    broker_msg_free(b->cur);
+    b->cur = NULL;
+    b->skip_content = 0;
+    for (int i = 0; i < b->nconsumers; i++) {
+        cr_free(b->consumers[i].queue);
+        cr_free(b->consumers[i].tag);
+    }
+    b->nconsumers = 0;
+    b->consuming = 0;
+}
+
+static void on_timer(uv_timer_t *t);
+
+int broker_connect(struct broker *b, struct cr_err *err)
+{
+    struct amqp_connection_info info;
+    char *url = cr_strdup(b->cfg.url);
+    char redacted[512];
+    amqp_socket_t *sock;
+    struct timeval tv;
+    const char *vhost;
+    int rc, fd;
+
+    config_redact_url(b->cfg.url, redacted, sizeof(redacted));
+    if (!url)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    teardown(b);
+    /* kombu accepts "pyamqp://"; rabbitmq-c only knows "amqp://". */
+    if (!strncmp(url, "pyamqp://", 9))
+        memmove(url, url + 2, strlen(url + 2) + 1);
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        cr_free(url);
+        return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s'", redacted);
+    }
+    vhost = info.vhost && *info.vhost ? info.vhost : "/";
+
+    b->conn = amqp_new_connection();
+    sock = b->conn ? amqp_tcp_socket_new(b->conn) : NULL;
+    if (!sock) {
+        cr_free(url);
+        teardown(b);
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    }
+    tv.tv_sec = (long)b->cfg.connect_timeout;
+    tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
+    rc = amqp_socket_open_noblock(sock, info.host, info.port, &tv);
+    if (rc != AMQP_STATUS_OK) {
+        cr_err_set(err, CR_EBROKER, "cannot connect to broker '%s': %s", redacted,
+                   amqp_error_string2(rc));
+        cr_free(url);
+        teardown(b);
+        return err->code;
+    }
+    tv.tv_sec = RPC_TIMEOUT_S;
+    tv.tv_usec = 0;
+    amqp_set_handshake_timeout(b->conn, &tv);
+    amqp_set_rpc_timeout(b->conn, &tv);
+    if (reply_error(amqp_login(b->conn, vhost, 0, 131072, b->cfg.heartbeat,
+                               AMQP_SASL_METHOD_PLAIN, info.user, info.password),
+                    "login", err)) {
+        cr_err_set(err, CR_EBROKER, "cannot log in to broker '%s': %s", redacted,
+                   err->msg);
+        cr_free(url);
+        teardown(b);
+        return err->code;
+    }
+    cr_free(url);
+    amqp_channel_open(b->conn, CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
+        goto fail;
+    for (int i = 0; i < b->cfg.nqueues; i++)
+        if (declare_queue(b, b->cfg.queues[i], err))
+            goto fail;
+    if (declare_dead_letters(b, err))
+        goto fail;
+    amqp_confirm_select(b->conn, CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "confirm.select", err))
+        goto fail;
+    b->next_seq = 1;
+    amqp_basic_qos(b->conn, CHANNEL, 0,
+                   (uint16_t)(b->cfg.prefetch_count > 65535 ? 65535 : b->cfg.prefetch_count),
+                   0);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "basic.qos", err))
+        goto fail;
+    for (int i = 0; i < b->cfg.nqueues; i++) {
+        amqp_basic_consume_ok_t *ok =
+            amqp_basic_consume(b->conn, CHANNEL, cstr(b->cfg.queues[i]), amqp_empty_bytes, 0,
+                               0, 0, amqp_empty_table);
+        if (!ok) {
+            reply_error(amqp_get_rpc_reply(b->conn), "basic.consume", err);
+            goto fail;
+        }
+        b->consumers[b->nconsumers].queue = cr_strdup(b->cfg.queues[i]);
+        b->consumers[b->nconsumers].tag = bytes_dup(ok->consumer_tag);
+        b->nconsumers++;
+    }
+    b->consuming = 1;
+
+    fd = amqp_get_sockfd(b->conn);
+    b->poll = cr_malloc(sizeof(*b->poll));
+    if (!b->poll || uv_poll_init(b->loop, b->poll, fd) != 0) {
+        cr_free(b->poll);
+        b->poll = NULL;
+        cr_err_set(err, CR_ENOMEM, "cannot watch broker socket");
+        goto fail;
+    }
+    b->poll->data = b;
+    uv_poll_start(b->poll, UV_READABLE, on_poll);
+    b->generation++;
+    b->reconnect_delay_ms = 0;
+    if (b->cfg.heartbeat > 0) {
+        uint64_t every = (uint64_t)b->cfg.heartbeat * 1000 / 4;
+        uv_timer_start(&b->timer, on_timer, every ? every : 250, every ? every : 250);
+    } else {
+        uv_timer_stop(&b->timer);
+    }
+    LOG(LOG_INFO, "Connected to %s", redacted);
+    if (b->on_conn)
+        b->on_conn(b, 1, b->privdata);
+    return 0;
+fail:
+    {
+        struct cr_err e2 = *err;
+        cr_err_set(err, e2.code, "broker '%s': %s", redacted, e2.msg);
+    }
+    teardown(b);
+    return err->code;
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    struct broker *b = t->data;
+    struct cr_err err;
+
+    if (b->conn) {
+        pump(b);
+        return;
+    }
+    if (b->stopping)
+        return;
+    if (broker_connect(b, &err) == 0) {
+        b->reconnects++;
+        return;
+    }
+    LOG(LOG_ERROR, "consumer: cannot connect: %s; trying again in %.1f seconds", err.msg,
+        (double)b->reconnect_delay_ms / 1000.0);
+    b->reconnect_delay_ms = b->reconnect_delay_ms ? b->reconnect_delay_ms * 2 : 1000;
+    if (b->reconnect_delay_ms > RECONNECT_MAX_MS)
+        b->reconnect_delay_ms = RECONNECT_MAX_MS;
+    uv_timer_start(&b->timer, on_timer, (uint64_t)b->reconnect_delay_ms, 0);
+}
+
+static void connection_lost(struct broker *b, const char *why)
+{
+    if (!b->conn)
+        return;
+    LOG(LOG_ERROR, "consumer: connection to broker lost: %s; reconnecting", why);
+    teardown(b);
+    fail_all_confirms(b);
+    if (b->on_conn)
+        b->on_conn(b, 0, b->privdata);
+    if (b->stopping)
+        return;
+    b->reconnect_delay_ms = 1000;
+    uv_timer_start(&b->timer, on_timer, 500, 0);
+}
+
+/* ---------------------------------------------------------------- frames */
+
+static void start_delivery(struct broker *b, const amqp_basic_deliver_t *d)
+{
+    struct broker_msg *m = cr_calloc(1, sizeof(*m));
+    broker_msg_free(b->cur);
+    b->cur = m;
+    if (!m)
+        return;
+    m->delivery_tag = d->delivery_tag;
+    m->generation = b->generation;
+    m->redelivered = d->redelivered;
+    m->exchange = bytes_dup(d->exchange);
+    m->routing_key = bytes_dup(d->routing_key);
+    for (int i = 0; i < b->nconsumers; i++)
+        if (b->consumers[i].tag && strlen(b->consumers[i].tag) == d->consumer_tag.len &&
+            !memcmp(b->consumers[i].tag, d->consumer_tag.bytes, d->consumer_tag.len))
+            m->queue = cr_strdup(b->consumers[i].queue);
+    if (!m->queue)
+        m->queue = cr_strdup(m->routing_key);
+}
+
+static void take_properties(struct broker_msg *m, const amqp_basic_properties_t *p)
+{
+    struct cr_err err;
+    if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
+        m->content_type = bytes_dup(p->content_type);
+    if (p->_flags & AMQP_BASIC_CONTENT_ENCODING_FLAG)
+        m->content_encoding = bytes_dup(p->content_encoding);
+    if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG)
+        m->correlation_id = bytes_dup(p->correlation_id);
+    if (p->_flags & AMQP_BASIC_REPLY_TO_FLAG)
+        m->reply_to = bytes_dup(p->reply_to);
+    if (p->_flags & AMQP_BASIC_EXPIRATION_FLAG)
+        m->expiration = bytes_dup(p->expiration);
+    if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)
+        m->message_id = bytes_dup(p->message_id);
+    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
+        m->delivery_mode = p->delivery_mode;
+    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
+        m->priority = p->priority;
+    if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
+        if (amqp_json_from_table(&p->headers, &m->headers, &err)) {
+            m->headers_bad = 1;
+            snprintf(m->headers_err, sizeof(m->headers_err), "%s", err.msg);
+        }
+    }
+}
+
+static void finish_delivery(struct broker *b)
+{
+    struct broker_msg *m = b->cur;
+    b->cur = NULL;
+    if (!m->body)
+        m->body = cr_strdup("");
+    b->on_msg(b, m, b->privdata);
+}
+
+static void on_method(struct broker *b, amqp_frame_t *f)
+{
+    switch (f->payload.method.id) {
+    case AMQP_BASIC_DELIVER_METHOD:
+        start_delivery(b, f->payload.method.decoded);
+        b->skip_content = 0;
+        break;
+    case AMQP_BASIC_RETURN_METHOD: {
+        amqp_basic_return_t *r = f->payload.method.decoded;
+        LOG(LOG_WARNING, "broker returned an unroutable message: %d %.*s", r->reply_code,
+            (int)r->reply_text.len, (char *)r->reply_text.bytes);
+        b->skip_content = 1;
+        break;
+    }
+    case AMQP_BASIC_ACK_METHOD: {
+        amqp_basic_ack_t *a = f->payload.method.decoded;
+        resolve_confirms(b, a->delivery_tag, a->multiple, 1);
+        break;
+    }
+    case AMQP_BASIC_NACK_METHOD: {
+        amqp_basic_nack_t *a = f->payload.method.decoded;
+        resolve_confirms(b, a->delivery_tag, a->multiple, 0);
+        break;
+    }
+    case AMQP_BASIC_CANCEL_METHOD:
+        connection_lost(b, "the broker cancelled a consumer (queue deleted?)");
+        break;
+    case AMQP_BASIC_CANCEL_OK_METHOD:
+        break;
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+        amqp_channel_close_t *c = f->payload.method.decoded;
+        char why[300];
+        amqp_channel_close_ok_t ok = {0};
+        snprintf(why, sizeof(why), "channel closed by broker: %d %.*s", c->reply_code,
+                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
+        amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+        connection_lost(b, why);
+        break;
+    }
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+        amqp_connection_close_t *c = f->payload.method.decoded;
+        char why[300];
+        amqp_connection_close_ok_t ok = {0};
+        snprintf(why, sizeof(why), "connection closed by broker: %d %.*s", c->reply_code,
+                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
+        amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+        connection_lost(b, why);
+        break;
+    }
+    default:
+        LOG(LOG_DEBUG, "broker: ignoring method 0x%08x", (unsigned)f->payload.method.id);
+        break;
+    }
+}
+
+static void on_frame(struct broker *b, amqp_frame_t *f)
+{
+    switch (f->frame_type) {
+    case AMQP_FRAME_METHOD:
+        on_method(b, f);
+        break;
+    case AMQP_FRAME_HEADER:
+        if (b->skip_content) {
+            b->cur_body_size = f->payload.properties.body_size;
+            if (b->cur_body_size == 0)
+                b->skip_content = 0;
+            break;
+        }
+        if (!b->cur)
+            break;
+        take_properties(b->cur, f->payload.properties.decoded);
+        b->cur_body_size = f->payload.properties.body_size;
+        if (b->cur_body_size == 0) {
+            finish_delivery(b);
+        } else {
+            b->cur->body = cr_malloc(b->cur_body_size + 1);
+            if (!b->cur->body) {
+                LOG(LOG_ERROR, "out of memory for a %llu-byte message",
+                    (unsigned long long)b->cur_body_size);
+                connection_lost(b, "out of memory");
+            }
+        }
+        break;
+    case AMQP_FRAME_BODY: {
+        amqp_bytes_t frag = f->payload.body_fragment;
+        if (b->skip_content) {
+            b->cur_body_size -= frag.len < b->cur_body_size ? frag.len : b->cur_body_size;
+            if (b->cur_body_size == 0)
+                b->skip_content = 0;
+            break;
+        }
+        if (!b->cur || !b->cur->body)
+            break;
+        if (b->cur->body_len + frag.len > b->cur_body_size) {
+            connection_lost(b, "body frame larger than announced");
+            break;
+        }
+        memcpy(b->cur->body + b->cur->body_len, frag.bytes, frag.len);
+        b->cur->body_len += frag.len;
+        if (b->cur->body_len == b->cur_body_size) {
+            b->cur->body[b->cur->body_len] = '\0';
+            finish_delivery(b);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void pump(struct broker *b)
+{
+    struct timeval zero = {0, 0};
+    if (b->in_pump)
+        return;
+    b->in_pump = 1;
+    /* Bounded so that a flood of deliveries cannot starve the rest of the loop. */
+    for (int n = 0; n < 4096 && b->conn; n++) {
+        amqp_frame_t f;
+        int rc = amqp_simple_wait_frame_noblock(b->conn, &f, &zero);
+        if (rc == AMQP_STATUS_TIMEOUT)
+            break;
+        if (rc != AMQP_STATUS_OK) {
+            connection_lost(b, amqp_error_string2(rc));
+            break;
+        }
+        on_frame(b, &f);
+        if (b->conn && !b->cur)
+            amqp_maybe_release_buffers(b->conn);
+    }
+    b->in_pump = 0;
+}
+
+static void on_check(uv_check_t *c)
+{
+    struct broker *b = c->data;
+    if (b->conn && (amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn)))
+        pump(b);
+}
+
+/* ------------------------------------------------------------ public API */
+
+struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata)
+{
+    struct broker *b = cr_calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->loop = loop;
+    b->cfg = *cfg;
+    b->on_msg = on_msg;
+    b->on_conn = on_conn;
+    b->privdata = privdata;
+    uv_timer_init(loop, &b->timer);
+    b->timer.data = b;
+    uv_timer_init(loop, &b->confirm_timer);
+    b->confirm_timer.data = b;
+    uv_check_init(loop, &b->check);
+    b->check.data = b;
+    uv_check_start(&b->check, on_check);
+    /* The check handle must not keep the loop alive on its own. */
+    uv_unref((uv_handle_t *)&b->check);
+    return b;
+}
+
+int broker_connected(const struct broker *b)
+{
+    return b->conn != NULL;
+}
+
+unsigned broker_generation(const struct broker *b)
+{
+    return b->generation;
+}
+
+unsigned long broker_reconnects(const struct broker *b)
+{
+    return b->reconnects;
+}
+
+static int check_status(struct broker *b, int rc, const char *what)
+{
+    if (rc == AMQP_STATUS_OK)
+        return 0;
+    LOG(LOG_ERROR, "broker: %s failed: %s", what, amqp_error_string2(rc));
+    connection_lost(b, amqp_error_string2(rc));
+    return CR_EBROKER;
+}
+
+int broker_ack(struct broker *b, const struct broker_msg *m)
+{
+    if (!b->conn || m->generation != b->generation)
+        return 0;
+    return check_status(b, amqp_basic_ack(b->conn, CHANNEL, m->delivery_tag, 0), "ack");
+}
+
+int broker_reject(struct broker *b, const struct broker_msg *m, int requeue)
+{
+    if (!b->conn || m->generation != b->generation)
+        return 0;
+    return check_status(b, amqp_basic_reject(b->conn, CHANNEL, m->delivery_tag, requeue),
+                        "reject");
+}
+
+int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata)
+{
+    amqp_basic_properties_t p;
+    amqp_pool_t pool;
+    amqp_bytes_t bb;
+    struct cr_err err;
+    int rc;
+
+    if (!b->conn)
+        return CR_EBROKER;
+    if (b->nconfirms == b->capconfirms) {
+        size_t cap = b->capconfirms ? b->capconfirms * 2 : 64;
+        struct pending_confirm *pc = cr_realloc(b->confirms, cap * sizeof(*pc));
+        if (!pc)
+            return CR_ENOMEM;
+        b->confirms = pc;
+        b->capconfirms = cap;
+    }
+    memset(&p, 0, sizeof(p));
+    init_amqp_pool(&pool, 4096);
+#define SETS(field, flag)                                                                \
+    if (props->field) {                                                                  \
+        p._flags |= flag;                                                                \
+        p.field = cstr(props->field);                                                    \
+    }
+    SETS(content_type, AMQP_BASIC_CONTENT_TYPE_FLAG)
+    SETS(content_encoding, AMQP_BASIC_CONTENT_ENCODING_FLAG)
+    SETS(correlation_id, AMQP_BASIC_CORRELATION_ID_FLAG)
+    SETS(reply_to, AMQP_BASIC_REPLY_TO_FLAG)
+    SETS(expiration, AMQP_BASIC_EXPIRATION_FLAG)
+#undef SETS
+    if (props->delivery_mode) {
+        p._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
+        p.delivery_mode = (uint8_t)props->delivery_mode;
+    }
+    if (props->priority >= 0) {
+        p._flags |= AMQP_BASIC_PRIORITY_FLAG;
+        p.priority = (uint8_t)props->priority;
+    }
+    if (props->headers) {
+        if (amqp_json_to_table(props->headers, &pool, &p.headers, &err)) {
+            empty_amqp_pool(&pool);
+            return err.code;
+        }
+        p._flags |= AMQP_BASIC_HEADERS_FLAG;
+    }
+    bb.bytes = (void *)body;
+    bb.len = len;
+    rc = amqp_basic_publish(b->conn, CHANNEL, cstr(exchange), cstr(routing_key), 0, 0, &p,
+                            bb);
+    empty_amqp_pool(&pool);
+    if (check_status(b, rc, "publish"))
+        return CR_EBROKER;
+    b->confirms[b->nconfirms].seq = b->next_seq++;
+    b->confirms[b->nconfirms].cb = cb;
+    b->confirms[b->nconfirms].privdata = privdata;
+    b->nconfirms++;
+    return 0;
+}
+
+void broker_stop_consuming(struct broker *b)
+{
+    if (!b->conn || !b->consuming)
+        return;
+    for (int i = 0; i < b->nconsumers; i++) {
+        amqp_basic_cancel_t req;
+        req.consumer_tag = cstr(b->consumers[i].tag);
+        req.nowait = 0;
+        amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
+    }
+    b->consuming = 0;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct broker *b = h->data;
+    /* Three handles are closed; the last one frees. */
+    if (++b->in_pump == 3) {
+        cr_free(b->failed);
+        cr_free(b->confirms);
+        cr_free(b);
+    }
+}
+
+void broker_free(struct broker *b)
+{
+    if (!b)
+        return;
+    b->stopping = 1;
+    if (b->conn) {
+        /* A clean close: unacked deliveries go back to their queues at once. */
+        amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
+        amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+    }
+    teardown(b);
+    for (size_t i = b->confirm_head; i < b->nconfirms; i++)
+        b->confirms[i].cb(b, 0, b->confirms[i].privdata);
+    b->confirm_head = b->nconfirms = 0;
+    on_confirm_timer(&b->confirm_timer);
+    b->in_pump = 0;
+    uv_close((uv_handle_t *)&b->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&b->confirm_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&b->check, on_handle_closed);
+}

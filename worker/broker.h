@@ -1,0 +1,113 @@
+/* broker.h -- the AMQP 0-9-1 connection (rabbitmq-c) on the worker's libuv loop.
+ *
+ * One connection, one channel. Connecting (TCP, login, declarations, qos,
+ * consume) uses rabbitmq-c's blocking calls with short timeouts; that happens at
+ * start-up and on reconnect only. Afterwards frames are read when the socket is
+ * readable and assembled here into whole deliveries; acks and publishes are
+ * small writes. Not thread-safe: use on the loop thread only. */
+#ifndef CR_BROKER_H
+#define CR_BROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include <cjson/cJSON.h>
+
+#include "util/err.h"
+
+/* One delivery. The receiver owns it and frees it with broker_msg_free(). */
+struct broker_msg {
+    uint64_t delivery_tag;
+    unsigned generation; /* connection it arrived on; acks on another are dropped */
+    int redelivered;
+    char *exchange;
+    char *routing_key;
+    char *queue; /* the queue whose consumer received it */
+    char *content_type;
+    char *content_encoding;
+    char *correlation_id;
+    char *reply_to;
+    char *expiration;
+    char *message_id;
+    int delivery_mode;
+    int priority;
+    cJSON *headers;       /* application headers as JSON, or NULL */
+    int headers_bad;      /* the header table could not be converted */
+    char headers_err[256];
+    char *body;           /* NUL-terminated for convenience; body_len excludes it */
+    size_t body_len;
+};
+
+void broker_msg_free(struct broker_msg *m);
+
+/* Properties for broker_publish(); every pointer borrowed for the call, NULL to
+ * omit the property. */
+struct broker_props {
+    const char *content_type;
+    const char *content_encoding;
+    const char *correlation_id;
+    const char *reply_to;
+    const char *expiration;
+    int delivery_mode; /* 0 omits */
+    int priority;      /* < 0 omits */
+    const cJSON *headers;
+};
+
+struct broker_config {
+    const char *url;           /* amqp://user:pass@host:port/vhost */
+    char *const *queues;       /* names to declare and consume */
+    int nqueues;
+    int prefetch_count;        /* basic.qos; 0 = unlimited */
+    int heartbeat;             /* seconds; 0 disables */
+    double connect_timeout;    /* seconds */
+    const char *dlx;           /* dead-letter exchange to declare, or NULL */
+    const char *dlq;           /* its queue, bound with "#" */
+};
+
+struct broker;
+
+/* Takes m. Called for each complete delivery. */
+typedef void broker_msg_fn(struct broker *b, struct broker_msg *m, void *privdata);
+/* up = 1 after every successful (re)connect, 0 when the connection is lost. */
+typedef void broker_conn_fn(struct broker *b, int up, void *privdata);
+/* Publisher confirm for one broker_publish(): ok = 1 when the broker took the
+ * message, 0 on nack or connection loss. Called exactly once per accepted
+ * publish, never from inside broker_publish(). */
+typedef void broker_confirm_fn(struct broker *b, int ok, void *privdata);
+
+/* Returns a new broker (not yet connected) or NULL on OOM. The config strings
+ * are borrowed and must outlive the broker. */
+struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata);
+
+/* Connects, declares, sets qos and starts consuming. Blocking (bounded by the
+ * connect timeout and a 10 s RPC timeout); call at start-up. Returns 0 or an
+ * error with a one-line reason (password redacted) in err. */
+int broker_connect(struct broker *b, struct cr_err *err);
+
+/* After a lost connection the broker reconnects by itself with backoff; this
+ * says whether it is connected now. */
+int broker_connected(const struct broker *b);
+unsigned broker_generation(const struct broker *b);
+/* Number of reconnects since start. */
+unsigned long broker_reconnects(const struct broker *b);
+
+/* Acks or rejects a delivery. A message from an older connection generation is
+ * silently skipped (the broker already requeued it). Returns 0 or CR_EBROKER. */
+int broker_ack(struct broker *b, const struct broker_msg *m);
+int broker_reject(struct broker *b, const struct broker_msg *m, int requeue);
+
+/* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
+ * or an error (cb never called). */
+int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata);
+
+/* Stops consuming (basic.cancel on every consumer, sent without waiting). */
+void broker_stop_consuming(struct broker *b);
+
+/* Closes the connection (unacked deliveries go back to their queues) and frees.
+ * Pending confirms are called with ok = 0. NULL is a no-op. */
+void broker_free(struct broker *b);
+
+#endif

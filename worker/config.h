@@ -1,0 +1,68 @@
+/* config.h -- the worker's one configuration, filled from a table of options.
+ *
+ * The table in config.c is the documentation: each option has a long name, an
+ * optional short flag, an environment variable, a type, bounds and a default.
+ * config_load() validates everything up front; afterwards the config is const. */
+#ifndef CR_CONFIG_H
+#define CR_CONFIG_H
+
+#include <stdio.h>
+
+#include "util/err.h"
+
+#define CONFIG_MAX_LIST 64
+
+struct config_list {
+    int n;
+    char *items[CONFIG_MAX_LIST];
+};
+
+struct config {
+    char *broker;             /* AMQP URL */
+    char *result_backend;     /* redis:// URL */
+    struct config_list queues;
+    int concurrency;
+    char *hostname;           /* expanded nodename, e.g. celery@host */
+    char *loglevel;
+    int prefetch_multiplier;
+    struct config_list aliases; /* NAME=TASK */
+    int acks_early;
+    int result_expires;       /* seconds; 0 = never expire */
+    int result_extended;
+    int track_started;
+    double shutdown_timeout;  /* seconds */
+    int heartbeat;            /* AMQP heartbeat seconds; 0 disables */
+    char *llm_base_url;
+    char *llm_api_key;
+    char *llm_model;
+    char *llm_embed_model;
+    double llm_connect_timeout;
+    double llm_first_byte_timeout;
+    double llm_first_token_timeout;
+    double llm_idle_timeout;
+    int llm_max_connections;
+    int max_message_size;     /* bytes */
+    int max_retries;          /* per task; -1: no limit */
+    double retry_backoff;     /* base seconds */
+    double retry_backoff_factor;
+    double retry_backoff_max; /* seconds */
+    int retry_jitter;
+    double time_limit;        /* hard, seconds; 0: none */
+    double soft_time_limit;   /* seconds; 0: none */
+    char *dead_letter_exchange; /* "" disables dead-lettering */
+    char *dead_letter_queue;
+};
+
+/* Parses argv (after the subcommand) and the environment into cfg, applying
+ * defaults. Returns 0, 1 when --help was printed (caller exits 0), or
+ * CR_EINVAL with a one-line reason in err. cfg must be zeroed; free with
+ * config_release(). */
+int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err);
+void config_release(struct config *cfg);
+/* Writes --help text, generated from the table. */
+void config_usage(FILE *out);
+
+/* Writes url with any password replaced by "**" into out (size bytes). */
+void config_redact_url(const char *url, char *out, size_t size);
+
+#endif

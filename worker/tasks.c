@@ -1,0 +1,441 @@
+/* tasks.c -- built-in task registry and argument binding (no I/O). */
+#include "tasks.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/alloc.h"
+#include "util/err.h"
+
+const char *const tasks_builtin_names[] = {"celery.accumulate", "llm.chat", "llm.embed",
+                                           "llm.generate", NULL};
+
+static enum task_kind builtin(const char *name)
+{
+    if (!strcmp(name, "llm.generate"))
+        return TASK_GENERATE;
+    if (!strcmp(name, "llm.chat"))
+        return TASK_CHAT;
+    if (!strcmp(name, "llm.embed"))
+        return TASK_EMBED;
+    if (!strcmp(name, "celery.accumulate"))
+        return TASK_ACCUMULATE;
+    return TASK_UNKNOWN;
+}
+
+enum task_kind tasks_lookup(const char *name, char *const *aliases, int naliases)
+{
+    enum task_kind k = builtin(name);
+    size_t n = strlen(name);
+    if (k != TASK_UNKNOWN)
+        return k;
+    for (int i = 0; i < naliases; i++) {
+        const char *a = aliases[i];
+        if (!strncmp(a, name, n) && a[n] == '=')
+            return builtin(a + n + 1);
+    }
+    return TASK_UNKNOWN;
+}
+
+static int fail(struct task_error *te, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(struct task_error *te, const char *type, const char *fmt, ...)
+{
+    va_list ap;
+    snprintf(te->exc_type, sizeof(te->exc_type), "%s", type);
+    va_start(ap, fmt);
+    vsnprintf(te->message, sizeof(te->message), fmt, ap);
+    va_end(ap);
+    return CR_EINVAL;
+}
+
+/* Python-style binding of positional and keyword arguments to named
+ * parameters. Unnamed keywords are left for **params. */
+struct binding {
+    const char *task;
+    const char *const *names;
+    int nnames;
+    int nrequired;
+    const cJSON *values[4];
+};
+
+static int bind_args(struct binding *b, const struct task_msg *m, struct task_error *te)
+{
+    int npos = cJSON_GetArraySize(m->args);
+    const cJSON *kw;
+    memset(b->values, 0, sizeof(b->values));
+    if (npos > b->nnames)
+        return fail(te, "TypeError", "%s() takes from %d to %d positional arguments but %d "
+                                     "were given",
+                    b->task, b->nrequired, b->nnames, npos);
+    for (int i = 0; i < npos; i++)
+        b->values[i] = cJSON_GetArrayItem(m->args, i);
+    cJSON_ArrayForEach(kw, m->kwargs)
+    {
+        for (int i = 0; i < b->nnames; i++) {
+            if (!strcmp(kw->string, b->names[i])) {
+                if (b->values[i])
+                    return fail(te, "TypeError",
+                                "%s() got multiple values for argument '%s'", b->task,
+                                b->names[i]);
+                b->values[i] = kw;
+            }
+        }
+    }
+    for (int i = 0; i < b->nrequired; i++)
+        if (!b->values[i])
+            return fail(te, "TypeError",
+                        "%s() missing 1 required positional argument: '%s'", b->task,
+                        b->names[i]);
+    return 0;
+}
+
+static int is_named(const struct binding *b, const char *key)
+{
+    for (int i = 0; i < b->nnames; i++)
+        if (!strcmp(key, b->names[i]))
+            return 1;
+    return 0;
+}
+
+/* Optional string parameter: absent or null -> NULL. */
+static int opt_string(const struct binding *b, int i, const char **out,
+                      struct task_error *te)
+{
+    const cJSON *v = b->values[i];
+    *out = NULL;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v))
+        return fail(te, "TypeError", "%s() argument '%s' must be a string", b->task,
+                    b->names[i]);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* Adds the pass-through keyword arguments (max_tokens, temperature, ...) to
+ * the request, leaving out the ones that would break streaming. */
+static int add_params(cJSON *req, const struct binding *b, const struct task_msg *m)
+{
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, m->kwargs)
+    {
+        cJSON *dup;
+        if (is_named(b, kw->string) || !strcmp(kw->string, "stream") ||
+            !strcmp(kw->string, "stream_options") || !strcmp(kw->string, "messages"))
+            continue;
+        dup = cJSON_Duplicate(kw, 1);
+        if (!dup)
+            return CR_ENOMEM;
+        cJSON_AddItemToObject(req, kw->string, dup);
+    }
+    return 0;
+}
+
+/* Joins a list prompt (e.g. a chord's results) with newlines; strings are used
+ * as they are, other values as their JSON text. */
+static int prompt_text(const struct binding *b, struct buf *out, struct task_error *te)
+{
+    const cJSON *p = b->values[0], *it;
+    int first = 1;
+    if (cJSON_IsString(p))
+        return buf_puts(out, p->valuestring);
+    if (!cJSON_IsArray(p))
+        return fail(te, "TypeError", "%s() argument 'prompt' must be a string or a list",
+                    b->task);
+    cJSON_ArrayForEach(it, p)
+    {
+        if (!first && buf_putc(out, '\n'))
+            return CR_ENOMEM;
+        first = 0;
+        if (cJSON_IsString(it)) {
+            if (buf_puts(out, it->valuestring))
+                return CR_ENOMEM;
+        } else {
+            char *s = cJSON_PrintUnformatted(it);
+            int rc = s ? buf_puts(out, s) : CR_ENOMEM;
+            cr_free(s);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int apply_template(const char *tpl, const char *input, struct buf *out,
+                          struct task_error *te)
+{
+    const char *p = tpl, *hit;
+    if (!strstr(tpl, "{input}"))
+        return fail(te, "ValueError", "template has no {input} placeholder");
+    while ((hit = strstr(p, "{input}"))) {
+        if (buf_append(out, p, (size_t)(hit - p)) || buf_puts(out, input))
+            return CR_ENOMEM;
+        p = hit + 7;
+    }
+    return buf_puts(out, p);
+}
+
+static cJSON *message(const char *role, const char *content)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m || !cJSON_AddStringToObject(m, "role", role) ||
+        !cJSON_AddStringToObject(m, "content", content)) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int finish_body(cJSON *req, struct task_call *out)
+{
+    out->body = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    if (!out->body)
+        return CR_ENOMEM;
+    out->body_len = strlen(out->body);
+    return 0;
+}
+
+static int set_model(cJSON *req, const char *model, struct task_call *out)
+{
+    snprintf(out->model, sizeof(out->model), "%s", model);
+    return cJSON_AddStringToObject(req, "model", model) ? 0 : CR_ENOMEM;
+}
+
+static int stream_options(cJSON *req)
+{
+    cJSON *so;
+    if (!cJSON_AddTrueToObject(req, "stream"))
+        return CR_ENOMEM;
+    so = cJSON_AddObjectToObject(req, "stream_options");
+    return so && cJSON_AddTrueToObject(so, "include_usage") ? 0 : CR_ENOMEM;
+}
+
+static int build_generate(const struct task_msg *m, const char *default_model,
+                          struct task_call *out, struct task_error *te)
+{
+    static const char *const names[] = {"prompt", "model", "system", "template"};
+    struct binding b = {"llm.generate", names, 4, 1, {0}};
+    const char *model, *system, *tpl;
+    struct buf prompt, wrapped;
+    cJSON *req = NULL, *msgs, *um;
+    int rc;
+
+    if ((rc = bind_args(&b, m, te)) || (rc = opt_string(&b, 1, &model, te)) ||
+        (rc = opt_string(&b, 2, &system, te)) || (rc = opt_string(&b, 3, &tpl, te)))
+        return rc;
+    buf_init(&prompt);
+    buf_init(&wrapped);
+    if ((rc = prompt_text(&b, &prompt, te)))
+        goto out;
+    if (tpl && (rc = apply_template(tpl, prompt.data ? prompt.data : "", &wrapped, te)))
+        goto out;
+    rc = CR_ENOMEM;
+    req = cJSON_CreateObject();
+    if (!req || set_model(req, model ? model : default_model, out))
+        goto out;
+    msgs = cJSON_AddArrayToObject(req, "messages");
+    if (!msgs)
+        goto out;
+    if (system) {
+        cJSON *sm = message("system", system);
+        if (!sm)
+            goto out;
+        cJSON_AddItemToArray(msgs, sm);
+    }
+    um = message("user", tpl ? (wrapped.data ? wrapped.data : "")
+                             : (prompt.data ? prompt.data : ""));
+    if (!um)
+        goto out;
+    cJSON_AddItemToArray(msgs, um);
+    if (add_params(req, &b, m) || stream_options(req))
+        goto out;
+    out->op = LLM_OP_CHAT;
+    rc = finish_body(req, out);
+    req = NULL;
+out:
+    cJSON_Delete(req);
+    buf_release(&prompt);
+    buf_release(&wrapped);
+    return rc;
+}
+
+static int build_chat(const struct task_msg *m, const char *default_model,
+                      struct task_call *out, struct task_error *te)
+{
+    static const char *const names[] = {"messages", "model"};
+    struct binding b = {"llm.chat", names, 2, 1, {0}};
+    const char *model;
+    const cJSON *msgs, *it;
+    cJSON *req, *dup;
+    int rc;
+
+    if ((rc = bind_args(&b, m, te)) || (rc = opt_string(&b, 1, &model, te)))
+        return rc;
+    msgs = b.values[0];
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return fail(te, "TypeError", "llm.chat() argument 'messages' must be a non-empty "
+                                     "list of {'role', 'content'} dicts");
+    cJSON_ArrayForEach(it, msgs)
+    {
+        if (!cJSON_IsObject(it) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "role")))
+            return fail(te, "ValueError", "llm.chat() each message needs a string 'role'");
+    }
+    req = cJSON_CreateObject();
+    if (!req || set_model(req, model ? model : default_model, out))
+        goto oom;
+    dup = cJSON_Duplicate(msgs, 1);
+    if (!dup)
+        goto oom;
+    cJSON_AddItemToObject(req, "messages", dup);
+    if (add_params(req, &b, m) || stream_options(req))
+        goto oom;
+    out->op = LLM_OP_CHAT;
+    return finish_body(req, out);
+oom:
+    cJSON_Delete(req);
+    return CR_ENOMEM;
+}
+
+static int build_embed(const struct task_msg *m, const char *default_model,
+                       struct task_call *out, struct task_error *te)
+{
+    static const char *const names[] = {"input", "model"};
+    struct binding b = {"llm.embed", names, 2, 1, {0}};
+    const char *model;
+    const cJSON *input, *it;
+    cJSON *req, *dup;
+    int rc;
+
+    if ((rc = bind_args(&b, m, te)) || (rc = opt_string(&b, 1, &model, te)))
+        return rc;
+    /* Like Python, llm.embed takes no other keyword arguments. */
+    cJSON_ArrayForEach(it, m->kwargs)
+    {
+        if (!is_named(&b, it->string))
+            return fail(te, "TypeError",
+                        "llm.embed() got an unexpected keyword argument '%s'", it->string);
+    }
+    input = b.values[0];
+    if (cJSON_IsArray(input)) {
+        cJSON_ArrayForEach(it, input)
+        {
+            if (!cJSON_IsString(it))
+                return fail(te, "TypeError",
+                            "llm.embed() argument 'input' must be a string or a list of "
+                            "strings");
+        }
+        out->embed_list = 1;
+    } else if (!cJSON_IsString(input)) {
+        return fail(te, "TypeError",
+                    "llm.embed() argument 'input' must be a string or a list of strings");
+    }
+    req = cJSON_CreateObject();
+    if (!req || set_model(req, model ? model : default_model, out))
+        goto oom;
+    dup = cJSON_Duplicate(input, 1);
+    if (!dup)
+        goto oom;
+    cJSON_AddItemToObject(req, "input", dup);
+    /* Ask for floats: they go straight into the result without decoding. */
+    if (!cJSON_AddStringToObject(req, "encoding_format", "float"))
+        goto oom;
+    out->op = LLM_OP_EMBED;
+    return finish_body(req, out);
+oom:
+    cJSON_Delete(req);
+    return CR_ENOMEM;
+}
+
+int tasks_build_call(enum task_kind kind, const struct task_msg *m,
+                     const char *default_model, const char *default_embed_model,
+                     struct task_call *out, struct task_error *te)
+{
+    memset(out, 0, sizeof(*out));
+    switch (kind) {
+    case TASK_GENERATE:
+        return build_generate(m, default_model, out, te);
+    case TASK_CHAT:
+        return build_chat(m, default_model, out, te);
+    case TASK_EMBED:
+        return build_embed(m, default_embed_model, out, te);
+    default:
+        return fail(te, "TypeError", "task does not call an LLM");
+    }
+}
+
+void task_call_release(struct task_call *c)
+{
+    cr_free(c->body);
+    c->body = NULL;
+}
+
+cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
+{
+    const struct openai_stream *s = res->chat;
+    cJSON *o, *u;
+
+    if (kind == TASK_EMBED) {
+        o = res->embedding;
+        res->embedding = NULL;
+        return o;
+    }
+    if (kind == TASK_GENERATE)
+        return cJSON_CreateString(s->content.data ? s->content.data : "");
+    o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    if (!cJSON_AddStringToObject(o, "content", s->content.data ? s->content.data : "") ||
+        !cJSON_AddStringToObject(o, "model", s->model) ||
+        !(s->finish_reason[0] ? cJSON_AddStringToObject(o, "finish_reason", s->finish_reason)
+                              : cJSON_AddNullToObject(o, "finish_reason")))
+        goto oom;
+    if (s->prompt_tokens >= 0) {
+        u = cJSON_AddObjectToObject(o, "usage");
+        if (!u || !cJSON_AddNumberToObject(u, "prompt_tokens", (double)s->prompt_tokens) ||
+            !cJSON_AddNumberToObject(u, "completion_tokens", (double)s->completion_tokens) ||
+            !cJSON_AddNumberToObject(u, "total_tokens", (double)s->total_tokens))
+            goto oom;
+    } else if (!cJSON_AddNullToObject(o, "usage")) {
+        goto oom;
+    }
+    return o;
+oom:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+cJSON *tasks_accumulate(const struct task_msg *m, struct task_error *te)
+{
+    const cJSON *index = cJSON_GetObjectItemCaseSensitive(m->kwargs, "index");
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, m->kwargs)
+    {
+        if (strcmp(kw->string, "index")) {
+            fail(te, "TypeError", "accumulate() got an unexpected keyword argument '%s'",
+                 kw->string);
+            return NULL;
+        }
+    }
+    if (index && !cJSON_IsNull(index)) {
+        int n = cJSON_GetArraySize(m->args), i;
+        if (!cJSON_IsNumber(index)) {
+            fail(te, "TypeError", "tuple indices must be integers or slices, not %s",
+                 cJSON_IsString(index) ? "str" : "object");
+            return NULL;
+        }
+        i = (int)index->valuedouble;
+        if (i < 0)
+            i += n;
+        if (i < 0 || i >= n) {
+            snprintf(te->exc_type, sizeof(te->exc_type), "IndexError");
+            snprintf(te->message, sizeof(te->message), "tuple index out of range");
+            return NULL;
+        }
+        return cJSON_Duplicate(cJSON_GetArrayItem(m->args, i), 1);
+    }
+    return cJSON_Duplicate(m->args, 1);
+}

@@ -1,0 +1,1236 @@
+/* worker.c -- from delivery to settled outcome, on one libuv loop.
+ *
+ * The way of one task (see ARCHITECTURE.md):
+ *   delivery -> decode -> registry -> [expired?] -> backend GET (already done?)
+ *   -> [eta: held on the cron, no slot] -> ready queue -> slot -> LLM call
+ *   -> outcome: SUCCESS stored | retry republished (confirmed) + RETRY stored |
+ *      FAILURE stored + dead-lettered (confirmed) -> ack.
+ * A job holds every delivery of its task id (a redelivery after a broker
+ * reconnect attaches to the running job) and acks them all once its outcome is
+ * durable: one settle per delivery, never before. */
+#include "worker.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "broker.h"
+#include "log.h"
+#include "tasks.h"
+#include "llm/llm_client.h"
+#include "llm/policy.h"
+#include "protocol/celery_msg.h"
+#include "protocol/isotime.h"
+#include "protocol/result.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/strmap.h"
+
+#define CRON_MS 100
+#define CELERIAC_VERSION "0.1.0"
+#define EXC_MODULE "celeriac.exceptions"
+#define REPR_MAX 1024
+
+enum job_state {
+    JOB_CHECKING, /* waiting for the backend GET */
+    JOB_ETA,      /* held until its eta, no slot */
+    JOB_READY,    /* waiting for a slot */
+    JOB_RUNNING,  /* LLM call in flight (holds a slot) */
+    JOB_SETTLING, /* outcome being made durable, then acked */
+    JOB_DONE,     /* freed when nothing async refers to it */
+};
+
+static const char *const job_state_names[] = {"CHECKING", "ETA", "READY", "RUNNING",
+                                              "SETTLING", "DONE"};
+
+struct job {
+    struct worker *w;
+    struct job *prev, *next; /* ready queue or eta list */
+    struct job *rprev, *rnext; /* running list */
+    enum job_state state;
+    struct task_msg tm;
+    enum task_kind kind;
+    struct broker_msg **msgs; /* every delivery of this task id; [0] the first */
+    int nmsgs;
+    int pending; /* async operations that will call back with this job */
+    int in_map;
+    struct llm_req *req;
+    uint64_t t_received; /* loop ms */
+    uint64_t t_started;
+    int64_t received_epoch_us;
+    int64_t soft_deadline; /* loop ms, 0 none */
+    int64_t hard_deadline;
+    double hard_limit_s;
+    double soft_limit_s;
+    /* outcome */
+    char *meta;            /* JSON to store, or NULL */
+    char exc_type[64];
+    char exc_message[512];
+    long http_status;
+    int dead_letter;       /* publish to the DLX before acking */
+    char dlq_reason[64];
+};
+
+struct worker {
+    const struct config *cfg;
+    uv_loop_t *loop;
+    struct broker *broker;
+    struct backend *backend;
+    struct llm_client *llm;
+    char *chat_url;
+    char *embed_url;
+    struct broker_config bcfg;
+
+    struct strmap jobs; /* task id -> job, for jobs not yet settled */
+    struct job *ready_head, *ready_tail;
+    struct job *eta_head;
+    size_t nready, neta;
+    int active;     /* jobs holding a slot */
+    size_t live;    /* jobs allocated, whatever their state */
+    struct job *run_head; /* jobs holding a slot, for the time-limit sweep */
+    int concurrency;
+    unsigned long processed;
+    int prefetch_sent;
+
+    uv_timer_t cron;
+    uv_signal_t sigterm, sigint;
+    int shutdown;   /* 0 running, 1 warm, 2 cold */
+    uint64_t shutdown_started;
+    int exit_code;
+    uint64_t seed;
+};
+
+static void schedule(struct worker *w);
+static void settle(struct job *j);
+static void job_release_ref(struct job *j);
+static void start_shutdown(struct worker *w, int cold);
+
+static int64_t now_epoch_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+static void job_set_state(struct job *j, enum job_state s)
+{
+    LOG(LOG_DEBUG, "task %s: %s -> [%s]", j->tm.id ? j->tm.id : "?",
+        job_state_names[j->state], job_state_names[s]);
+    j->state = s;
+}
+
+static void job_free(struct job *j)
+{
+    struct worker *w = j->w;
+    if (j->in_map && j->tm.id && strmap_get(&w->jobs, j->tm.id) == j)
+        strmap_del(&w->jobs, j->tm.id);
+    for (int i = 0; i < j->nmsgs; i++)
+        broker_msg_free(j->msgs[i]);
+    cr_free(j->msgs);
+    task_msg_release(&j->tm);
+    cr_free(j->meta);
+    cr_free(j);
+    w->live--;
+    if (w->shutdown == 1 && w->live == 0)
+        uv_stop(w->loop);
+}
+
+static void job_release_ref(struct job *j)
+{
+    if (--j->pending == 0 && j->state == JOB_DONE)
+        job_free(j);
+}
+
+static struct job *job_new(struct worker *w, struct broker_msg *m)
+{
+    struct job *j = cr_calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->w = w;
+    j->msgs = cr_malloc(sizeof(*j->msgs));
+    if (!j->msgs) {
+        cr_free(j);
+        return NULL;
+    }
+    j->msgs[0] = m;
+    j->nmsgs = 1;
+    task_msg_init(&j->tm);
+    j->t_received = uv_now(w->loop);
+    j->received_epoch_us = now_epoch_us();
+    j->state = JOB_CHECKING;
+    w->live++;
+    return j;
+}
+
+static int job_attach(struct job *j, struct broker_msg *m)
+{
+    struct broker_msg **p = cr_realloc(j->msgs, (size_t)(j->nmsgs + 1) * sizeof(*p));
+    if (!p)
+        return CR_ENOMEM;
+    j->msgs = p;
+    j->msgs[j->nmsgs++] = m;
+    return 0;
+}
+
+static const char *job_name(const struct job *j)
+{
+    if (j->tm.shadow)
+        return j->tm.shadow;
+    return j->tm.task ? j->tm.task : "unknown";
+}
+
+static void list_unlink(struct job **head, struct job **tail, struct job *j)
+{
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        *head = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    else if (tail)
+        *tail = j->prev;
+    j->prev = j->next = NULL;
+}
+
+static void ready_push(struct worker *w, struct job *j)
+{
+    job_set_state(j, JOB_READY);
+    j->prev = w->ready_tail;
+    j->next = NULL;
+    if (w->ready_tail)
+        w->ready_tail->next = j;
+    else
+        w->ready_head = j;
+    w->ready_tail = j;
+    w->nready++;
+}
+
+static void eta_push(struct worker *w, struct job *j)
+{
+    job_set_state(j, JOB_ETA);
+    j->prev = NULL;
+    j->next = w->eta_head;
+    if (w->eta_head)
+        w->eta_head->prev = j;
+    w->eta_head = j;
+    w->neta++;
+}
+
+/* ------------------------------------------------------------- outcomes */
+
+static char *make_meta(struct worker *w, struct job *j, const char *status,
+                       const cJSON *result, const char *traceback, int ready)
+{
+    struct result_meta rm;
+    memset(&rm, 0, sizeof(rm));
+    rm.task_id = j->tm.id;
+    rm.status = status;
+    rm.result = result;
+    rm.traceback = traceback;
+    rm.date_done_us = ready ? now_epoch_us() : -1;
+    rm.group_id = j->tm.group;
+    rm.parent_id = j->tm.parent_id;
+    if (w->cfg->result_extended) {
+        rm.extended = 1;
+        rm.name = j->tm.task;
+        rm.args = j->tm.args;
+        rm.kwargs = j->tm.kwargs;
+        rm.worker = w->cfg->hostname;
+        rm.retries = j->tm.retries;
+        rm.queue = j->msgs[0]->routing_key;
+    }
+    return result_meta_encode(&rm);
+}
+
+static char *exc_meta(struct worker *w, struct job *j, const char *status,
+                      const char *exc_type, const char *exc_module, const char *message,
+                      int ready)
+{
+    cJSON *exc = result_exc_new(exc_type, exc_module, message);
+    struct buf tb;
+    char *meta;
+    buf_init(&tb);
+    /* A Python-looking traceback, so tools that print it show something
+     * familiar; the frames are ours, not Python's. */
+    buf_printf(&tb, "Traceback (most recent call last):\n  File \"celeriac\", in %s\n%s%s%s: %s\n",
+               j->tm.task ? j->tm.task : "unknown",
+               strcmp(exc_module, "builtins") ? exc_module : "",
+               strcmp(exc_module, "builtins") ? "." : "", exc_type, message);
+    meta = exc ? make_meta(w, j, status, exc, tb.data, ready) : NULL;
+    cJSON_Delete(exc);
+    buf_release(&tb);
+    return meta;
+}
+
+/* Acks every delivery of the job and lets it go. */
+static void finish_job(struct job *j)
+{
+    struct worker *w = j->w;
+    for (int i = 0; i < j->nmsgs; i++)
+        broker_ack(w->broker, j->msgs[i]);
+    job_set_state(j, JOB_DONE);
+    if (j->in_map) {
+        strmap_del(&w->jobs, j->tm.id);
+        j->in_map = 0;
+    }
+    if (j->pending == 0)
+        job_free(j);
+    if (w->shutdown)
+        schedule(w);
+}
+
+/* Builds the dead-letter headers on top of the original ones. */
+static cJSON *dead_letter_headers(struct worker *w, struct job *j)
+{
+    struct broker_msg *m = j->msgs[0];
+    cJSON *h = m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
+    char when[40];
+    if (!h)
+        return NULL;
+#define SET(key, item)                                                                   \
+    do {                                                                                 \
+        cJSON_DeleteItemFromObjectCaseSensitive(h, key);                                 \
+        cJSON_AddItemToObject(h, key, item);                                             \
+    } while (0)
+    SET("x-celeriac-reason", cJSON_CreateString(j->dlq_reason));
+    SET("x-celeriac-exception-type", cJSON_CreateString(j->exc_type));
+    SET("x-celeriac-exception-message", cJSON_CreateString(j->exc_message));
+    SET("x-celeriac-http-status", cJSON_CreateNumber((double)j->http_status));
+    SET("x-celeriac-retries", cJSON_CreateNumber(j->tm.retries));
+    SET("x-celeriac-original-exchange", cJSON_CreateString(m->exchange ? m->exchange : ""));
+    SET("x-celeriac-original-routing-key",
+        cJSON_CreateString(m->routing_key ? m->routing_key : ""));
+    SET("x-celeriac-original-queue", cJSON_CreateString(m->queue ? m->queue : ""));
+    iso8601_format(j->received_epoch_us, when);
+    SET("x-celeriac-first-received", cJSON_CreateString(when));
+    iso8601_format(now_epoch_us(), when);
+    SET("x-celeriac-failed-at", cJSON_CreateString(when));
+    SET("x-celeriac-worker", cJSON_CreateString(w->cfg->hostname));
+#undef SET
+    return h;
+}
+
+static void on_dead_letter_confirm(struct broker *b, int ok, void *privdata)
+{
+    struct job *j = privdata;
+    (void)b;
+    j->pending--;
+    if (!ok) {
+        /* Not confirmed (nack or connection lost): the original delivery
+         * stays unacked and comes back; its stored outcome stops a rerun. */
+        LOG(LOG_ERROR, "Task %s[%s] dead-letter publish not confirmed; leaving the message "
+                       "unacked",
+            job_name(j), j->tm.id ? j->tm.id : "?");
+        job_set_state(j, JOB_DONE);
+        if (j->in_map) {
+            strmap_del(&j->w->jobs, j->tm.id);
+            j->in_map = 0;
+        }
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    finish_job(j);
+}
+
+static void dead_letter(struct job *j)
+{
+    struct worker *w = j->w;
+    struct broker_msg *m = j->msgs[0];
+    struct broker_props p;
+    cJSON *h;
+    int rc;
+
+    if (!w->cfg->dead_letter_exchange[0]) {
+        finish_job(j);
+        return;
+    }
+    h = dead_letter_headers(w, j);
+    memset(&p, 0, sizeof(p));
+    p.content_type = m->content_type;
+    p.content_encoding = m->content_encoding;
+    p.correlation_id = m->correlation_id;
+    p.reply_to = m->reply_to;
+    p.delivery_mode = 2;
+    p.priority = m->priority;
+    p.headers = h;
+    rc = broker_publish(w->broker, w->cfg->dead_letter_exchange,
+                        m->queue ? m->queue : "", &p, m->body, m->body_len,
+                        on_dead_letter_confirm, j);
+    cJSON_Delete(h);
+    if (rc) {
+        LOG(LOG_ERROR, "Task %s[%s] cannot be dead-lettered now (%s); leaving it unacked",
+            job_name(j), j->tm.id ? j->tm.id : "?", cr_strerror(rc));
+        job_set_state(j, JOB_DONE);
+        if (j->in_map) {
+            strmap_del(&w->jobs, j->tm.id);
+            j->in_map = 0;
+        }
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    j->pending++;
+    LOG(LOG_WARNING, "Task %s[%s] dead-lettered to %s: %s: %s", job_name(j),
+        j->tm.id ? j->tm.id : "?", w->cfg->dead_letter_exchange, j->exc_type,
+        j->exc_message);
+}
+
+static void after_store(struct job *j)
+{
+    if (j->dead_letter)
+        dead_letter(j);
+    else
+        finish_job(j);
+}
+
+static void on_stored(struct backend *bk, int status, int skipped, void *privdata)
+{
+    struct job *j = privdata;
+    (void)bk;
+    if (status) { /* backend freed (cold shutdown): the delivery goes back */
+        job_set_state(j, JOB_DONE);
+        job_release_ref(j);
+        return;
+    }
+    j->pending--;
+    if (skipped)
+        LOG(LOG_INFO, "Task %s[%s] already has SUCCESS stored; not overwriting it",
+            job_name(j), j->tm.id);
+    after_store(j);
+}
+
+/* Makes the outcome durable (store, then maybe dead-letter), then acks. */
+static void settle(struct job *j)
+{
+    struct worker *w = j->w;
+    job_set_state(j, JOB_SETTLING);
+    if (!j->meta || !j->tm.id) {
+        after_store(j);
+        return;
+    }
+    if (backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_stored, j)) {
+        LOG(LOG_ERROR, "Task %s[%s] cannot queue its result: out of memory", job_name(j),
+            j->tm.id);
+        job_set_state(j, JOB_DONE);
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    j->pending++;
+}
+
+/* A final failure: FAILURE stored (unless ignored) and the message dead-lettered. */
+static void fail_job(struct job *j, const char *exc_type, const char *exc_module,
+                     const char *message, const char *reason, int dead_letter)
+{
+    struct worker *w = j->w;
+    snprintf(j->exc_type, sizeof(j->exc_type), "%s", exc_type);
+    snprintf(j->exc_message, sizeof(j->exc_message), "%s", message);
+    snprintf(j->dlq_reason, sizeof(j->dlq_reason), "%s", reason);
+    j->dead_letter = dead_letter;
+    cr_free(j->meta);
+    j->meta = NULL;
+    if (j->tm.id && j->tm.ignore_result != 1) {
+        j->meta = exc_meta(w, j, "FAILURE", exc_type, exc_module, message, 1);
+        if (!j->meta)
+            LOG(LOG_ERROR, "Task %s[%s]: out of memory for its FAILURE", job_name(j),
+                j->tm.id);
+    }
+    settle(j);
+}
+
+/* ------------------------------------------------------------- retries */
+
+static void on_retry_stored(struct backend *bk, int status, int skipped, void *privdata)
+{
+    on_stored(bk, status, skipped, privdata);
+}
+
+static void on_retry_confirm(struct broker *b, int ok, void *privdata)
+{
+    struct job *j = privdata;
+    struct worker *w = j->w;
+    (void)b;
+    j->pending--;
+    if (!ok) {
+        /* The retry message may not exist: leave the original unacked so
+         * it comes back, rather than lose the task. */
+        LOG(LOG_ERROR, "Task %s[%s] retry publish not confirmed; the message will be "
+                       "redelivered",
+            job_name(j), j->tm.id);
+        job_set_state(j, JOB_DONE);
+        if (j->in_map) {
+            strmap_del(&w->jobs, j->tm.id);
+            j->in_map = 0;
+        }
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    if (!j->meta || backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta),
+                                  on_retry_stored, j)) {
+        finish_job(j);
+        return;
+    }
+    j->pending++;
+}
+
+/* Republishes the task with retries + 1 and an eta, as Task.retry does. */
+static int retry_job(struct job *j, int64_t delay_ms)
+{
+    struct worker *w = j->w;
+    struct broker_msg *m = j->msgs[0];
+    struct task_msg *t = &j->tm;
+    struct broker_props p;
+    struct buf body;
+    cJSON *headers = NULL;
+    char eta[40];
+    int rc;
+
+    t->retries++;
+    cr_free(t->eta);
+    iso8601_format(now_epoch_us() + delay_ms * 1000, eta);
+    t->eta = cr_strdup(eta);
+    t->eta_us = now_epoch_us() + delay_ms * 1000;
+    if (!t->parent_id)
+        t->parent_id = cr_strdup(t->id);
+    buf_init(&body);
+    rc = celery_msg_encode_v2(t, &body, &headers);
+    if (rc) {
+        buf_release(&body);
+        t->retries--;
+        return rc;
+    }
+    memset(&p, 0, sizeof(p));
+    p.content_type = "application/json";
+    p.content_encoding = "utf-8";
+    p.correlation_id = t->id;
+    p.reply_to = m->reply_to;
+    p.delivery_mode = m->delivery_mode ? m->delivery_mode : 2;
+    p.priority = m->priority;
+    p.headers = headers;
+    /* Same routing as the original: through "" the routing key is the queue. */
+    rc = broker_publish(w->broker, m->exchange ? m->exchange : "",
+                        m->routing_key ? m->routing_key : "", &p, body.data, body.len,
+                        on_retry_confirm, j);
+    buf_release(&body);
+    cJSON_Delete(headers);
+    if (rc) {
+        t->retries--;
+        return rc;
+    }
+    j->pending++;
+    return 0;
+}
+
+/* ---------------------------------------------------------- LLM results */
+
+static void log_success(struct job *j, const cJSON *result, double runtime)
+{
+    struct buf r;
+    if (LOG_INFO < log_threshold)
+        return;
+    buf_init(&r);
+    py_repr(result, &r, 200);
+    LOG(LOG_INFO, "Task %s[%s] succeeded in %.3fs: %s", job_name(j), j->tm.id, runtime,
+        r.data ? r.data : "None");
+    buf_release(&r);
+}
+
+static void succeed(struct job *j, cJSON *result)
+{
+    struct worker *w = j->w;
+    double runtime = (double)(uv_now(w->loop) - j->t_started) / 1000.0;
+    log_success(j, result, runtime);
+    cr_free(j->meta);
+    j->meta = NULL;
+    if (j->tm.ignore_result != 1) {
+        j->meta = make_meta(w, j, "SUCCESS", result, NULL, 1);
+        if (!j->meta) {
+            cJSON_Delete(result);
+            fail_job(j, "MemoryError", "builtins", "out of memory encoding the result",
+                     "internal", 0);
+            return;
+        }
+    }
+    cJSON_Delete(result);
+    settle(j);
+}
+
+static void release_slot(struct job *j)
+{
+    struct worker *w = j->w;
+    if (j->state == JOB_RUNNING) {
+        w->active--;
+        j->req = NULL;
+        if (j->rprev)
+            j->rprev->rnext = j->rnext;
+        else
+            w->run_head = j->rnext;
+        if (j->rnext)
+            j->rnext->rprev = j->rprev;
+        j->rprev = j->rnext = NULL;
+        /* Not RUNNING any more, so a second call is a no-op. */
+        j->state = JOB_SETTLING;
+    }
+}
+
+static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
+{
+    struct job *j = privdata;
+    struct worker *w = j->w;
+    (void)r;
+
+    release_slot(j);
+    j->pending--;
+    if (w->shutdown == 2) {
+        /* Cold shutdown: the delivery goes back to the queue untouched. */
+        job_set_state(j, JOB_DONE);
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    if (res->verdict == LLM_OK) {
+        cJSON *result = tasks_result(j->kind, (struct llm_result *)res);
+        if (!result)
+            fail_job(j, "MemoryError", "builtins", "out of memory building the result",
+                     "internal", 0);
+        else
+            succeed(j, result);
+        schedule(w);
+        return;
+    }
+    j->http_status = res->http_status;
+    if (res->verdict == LLM_RETRYABLE &&
+        (w->cfg->max_retries < 0 || j->tm.retries < w->cfg->max_retries)) {
+        struct llm_backoff bo = {(int64_t)(w->cfg->retry_backoff * 1000),
+                                 w->cfg->retry_backoff_factor,
+                                 (int64_t)(w->cfg->retry_backoff_max * 1000),
+                                 w->cfg->retry_jitter};
+        int64_t delay = res->retry_after_ms >= 0 ? res->retry_after_ms
+                                                 : llm_backoff_ms(&bo, j->tm.retries, &w->seed);
+        char msg[700];
+        snprintf(msg, sizeof(msg), "Retry in %.3fs: %s('%s')", (double)delay / 1000.0,
+                 res->exc_type, res->message);
+        cr_free(j->meta);
+        j->meta = NULL;
+        if (j->tm.ignore_result != 1)
+            j->meta = exc_meta(w, j, "RETRY", res->exc_type, EXC_MODULE, res->message, 0);
+        job_set_state(j, JOB_SETTLING);
+        if (retry_job(j, delay) == 0) {
+            LOG(LOG_INFO, "Task %s[%s] retry: %s", job_name(j), j->tm.id, msg);
+            schedule(w);
+            return;
+        }
+        LOG(LOG_ERROR, "Task %s[%s] cannot publish its retry; failing it", job_name(j),
+            j->tm.id);
+    }
+    LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+        res->exc_type, res->message);
+    fail_job(j, res->exc_type,
+             !strncmp(res->exc_type, "SoftTimeLimit", 13) ||
+                     !strncmp(res->exc_type, "TimeLimit", 9)
+                 ? "billiard.exceptions"
+                 : EXC_MODULE,
+             res->message,
+             res->verdict == LLM_RETRYABLE ? "retries exhausted" : "permanent failure", 1);
+    schedule(w);
+}
+
+/* --------------------------------------------------------------- running */
+
+static void on_started_stored(struct backend *bk, int status, int skipped, void *privdata)
+{
+    (void)bk;
+    (void)status;
+    (void)skipped;
+    job_release_ref(privdata);
+}
+
+static double effective_limit(double header, double dflt)
+{
+    return header > 0 ? header : dflt;
+}
+
+static void revoke_expired(struct job *j)
+{
+    struct worker *w = j->w;
+    LOG(LOG_INFO, "Discarding revoked task: %s[%s] (expired)", job_name(j), j->tm.id);
+    cr_free(j->meta);
+    j->meta = NULL;
+    if (j->tm.ignore_result != 1)
+        j->meta = exc_meta(w, j, "REVOKED", "TaskRevokedError", "celery.exceptions",
+                           "expired", 1);
+    settle(j);
+}
+
+static int expired(const struct job *j)
+{
+    return j->tm.expires_us >= 0 && now_epoch_us() > j->tm.expires_us;
+}
+
+static void start_job(struct job *j)
+{
+    struct worker *w = j->w;
+    struct task_call call;
+    struct task_error te;
+    struct llm_request rq;
+    struct cr_err err;
+    int rc;
+
+    if (expired(j)) {
+        revoke_expired(j);
+        return;
+    }
+    job_set_state(j, JOB_RUNNING);
+    w->active++;
+    j->rnext = w->run_head;
+    if (w->run_head)
+        w->run_head->rprev = j;
+    w->run_head = j;
+    w->processed++;
+    j->t_started = uv_now(w->loop);
+    j->hard_limit_s = effective_limit(j->tm.time_limit_hard, w->cfg->time_limit);
+    j->soft_limit_s = effective_limit(j->tm.time_limit_soft, w->cfg->soft_time_limit);
+    j->hard_deadline = j->hard_limit_s > 0
+                           ? (int64_t)j->t_started + (int64_t)(j->hard_limit_s * 1000)
+                           : 0;
+    j->soft_deadline = j->soft_limit_s > 0
+                           ? (int64_t)j->t_started + (int64_t)(j->soft_limit_s * 1000)
+                           : 0;
+    if (w->cfg->acks_early) {
+        for (int i = 0; i < j->nmsgs; i++)
+            broker_ack(w->broker, j->msgs[i]);
+    }
+    if (w->cfg->track_started && j->tm.ignore_result != 1) {
+        cJSON *info = cJSON_CreateObject();
+        char *meta;
+        cJSON_AddNumberToObject(info, "pid", (double)getpid());
+        cJSON_AddStringToObject(info, "hostname", w->cfg->hostname);
+        meta = make_meta(w, j, "STARTED", info, NULL, 0);
+        cJSON_Delete(info);
+        /* Redis answers in order on one connection, so STARTED always lands
+         * before the final state; the ack does not wait for it. */
+        if (meta && backend_store(w->backend, j->tm.id, meta, strlen(meta), on_started_stored,
+                                  j) == 0)
+            j->pending++;
+        cr_free(meta);
+    }
+    if (j->kind == TASK_ACCUMULATE) {
+        cJSON *res;
+        memset(&te, 0, sizeof(te));
+        res = tasks_accumulate(&j->tm, &te);
+        release_slot(j);
+        if (res) {
+            succeed(j, res);
+        } else {
+            LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+                te.exc_type[0] ? te.exc_type : "MemoryError", te.message);
+            fail_job(j, te.exc_type[0] ? te.exc_type : "MemoryError", "builtins", te.message,
+                     "task raised", 1);
+        }
+        return;
+    }
+    memset(&te, 0, sizeof(te));
+    rc = tasks_build_call(j->kind, &j->tm, w->cfg->llm_model, w->cfg->llm_embed_model, &call,
+                          &te);
+    if (rc) {
+        release_slot(j);
+        if (rc == CR_ENOMEM)
+            snprintf(te.exc_type, sizeof(te.exc_type), "MemoryError");
+        LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+            te.exc_type, te.message);
+        fail_job(j, te.exc_type, "builtins", te.message, "bad arguments", 1);
+        return;
+    }
+    memset(&rq, 0, sizeof(rq));
+    rq.op = call.op;
+    rq.url = call.op == LLM_OP_EMBED ? w->embed_url : w->chat_url;
+    rq.api_key = w->cfg->llm_api_key;
+    rq.body = call.body;
+    rq.body_len = call.body_len;
+    rq.embed_list = call.embed_list;
+    j->req = llm_client_submit(w->llm, &rq, NULL, on_llm_done, j, &err);
+    task_call_release(&call);
+    if (!j->req) {
+        release_slot(j);
+        fail_job(j, "MemoryError", "builtins", err.msg, "internal", 0);
+        return;
+    }
+    j->pending++;
+}
+
+/* Starts ready jobs while slots are free. */
+static void schedule(struct worker *w)
+{
+    while (w->active < w->concurrency && w->ready_head && w->shutdown != 2) {
+        struct job *j = w->ready_head;
+        list_unlink(&w->ready_head, &w->ready_tail, j);
+        w->nready--;
+        start_job(j);
+    }
+    if (w->shutdown == 1 && w->live == 0)
+        uv_stop(w->loop);
+}
+
+/* ----------------------------------------------------------- receiving */
+
+static void on_meta(struct backend *bk, int status, const char *value, size_t len,
+                    void *privdata)
+{
+    struct job *j = privdata;
+    struct worker *w = j->w;
+    char st[32] = "";
+    (void)bk;
+
+    j->pending--;
+    if (status) {
+        job_set_state(j, JOB_DONE);
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    if (value && result_meta_status(value, len, st, sizeof(st)) == 0) {
+        int redelivered = 0;
+        for (int i = 0; i < j->nmsgs; i++)
+            redelivered |= j->msgs[i]->redelivered;
+        /* A crash after storing but before acking brings the message back:
+         * its outcome is durable, so settle it without paying again. */
+        if (!strcmp(st, "SUCCESS") ||
+            (redelivered && (!strcmp(st, "FAILURE") || !strcmp(st, "REVOKED")))) {
+            LOG(LOG_INFO, "Task %s[%s] already has %s stored; acknowledging without running it",
+                job_name(j), j->tm.id, st);
+            finish_job(j);
+            return;
+        }
+    }
+    if (w->shutdown) {
+        /* Not started: give it back. */
+        for (int i = 0; i < j->nmsgs; i++)
+            broker_reject(w->broker, j->msgs[i], 1);
+        job_set_state(j, JOB_DONE);
+        strmap_del(&w->jobs, j->tm.id);
+        j->in_map = 0;
+        if (j->pending == 0)
+            job_free(j);
+        schedule(w);
+        return;
+    }
+    if (j->tm.eta_us >= 0 && j->tm.eta_us > now_epoch_us())
+        eta_push(w, j);
+    else
+        ready_push(w, j);
+    schedule(w);
+}
+
+/* A message that cannot be run: log once, store FAILURE when the id is known,
+ * dead-letter it, then ack. */
+static void reject_bad(struct worker *w, struct job *j, const char *exc_type,
+                       const char *exc_module, const char *message, const char *reason)
+{
+    (void)w;
+    LOG(LOG_ERROR, "Rejecting message %s[%s]: %s: %s", j->tm.task ? j->tm.task : "?",
+        j->tm.id ? j->tm.id : "?", exc_type, message);
+    fail_job(j, exc_type, exc_module, message, reason, 1);
+}
+
+static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
+{
+    struct worker *w = privdata;
+    struct celery_raw_msg raw;
+    struct cr_err err;
+    struct job *j, *running;
+    char buf[300];
+    int rc;
+    (void)b;
+
+    if (w->shutdown) {
+        broker_reject(w->broker, m, 1);
+        broker_msg_free(m);
+        return;
+    }
+    j = job_new(w, m);
+    if (!j) {
+        LOG(LOG_ERROR, "out of memory receiving a message; requeueing it");
+        broker_reject(w->broker, m, 1);
+        broker_msg_free(m);
+        return;
+    }
+    memset(&raw, 0, sizeof(raw));
+    raw.content_type = m->content_type;
+    raw.content_encoding = m->content_encoding;
+    raw.headers = m->headers;
+    raw.correlation_id = m->correlation_id;
+    raw.reply_to = m->reply_to;
+    raw.delivery_mode = m->delivery_mode;
+    raw.priority = m->priority;
+    raw.body = m->body;
+    raw.body_len = m->body_len;
+    memset(&err, 0, sizeof(err));
+
+    if (m->headers_bad) {
+        rc = CR_EDECODE;
+        cr_err_set(&err, rc, "bad AMQP headers: %s", m->headers_err);
+    } else {
+        rc = celery_msg_decode(&raw, &j->tm, &err);
+    }
+    if (rc == 0 && m->body_len > (size_t)w->cfg->max_message_size) {
+        rc = CR_ETOOBIG;
+        cr_err_set(&err, rc, "message body of %zu bytes is over --max-message-size %d",
+                   m->body_len, w->cfg->max_message_size);
+    }
+    if (rc) {
+        const char *type = rc == CR_ECONTENT ? "ContentDisallowed"
+                           : rc == CR_ETOOBIG ? "MessageTooLarge"
+                           : rc == CR_EPROTO  ? "InvalidTaskError"
+                                              : "DecodeError";
+        const char *module = rc == CR_ECONTENT ? "kombu.exceptions"
+                             : rc == CR_EDECODE ? "kombu.exceptions"
+                             : rc == CR_EPROTO  ? "celery.exceptions"
+                                                : EXC_MODULE;
+        /* An id shared with a running job must not get a FAILURE over it. */
+        if (j->tm.id && strmap_get(&w->jobs, j->tm.id)) {
+            cr_free(j->tm.id);
+            j->tm.id = NULL;
+        }
+        reject_bad(w, j, type, module, err.msg, "cannot decode");
+        return;
+    }
+    j->kind = tasks_lookup(j->tm.task, w->cfg->aliases.items, w->cfg->aliases.n);
+    running = strmap_get(&w->jobs, j->tm.id);
+    if (running) {
+        /* The same task again (a redelivery after a reconnect, or a duplicate
+         * publish): ride on the job already under way. */
+        LOG(LOG_INFO, "Task %s[%s] received again; joining the copy already under way",
+            job_name(j), j->tm.id);
+        j->msgs[0] = NULL;
+        j->nmsgs = 0;
+        if (job_attach(running, m)) {
+            broker_reject(w->broker, m, 1);
+            broker_msg_free(m);
+        }
+        job_free(j);
+        return;
+    }
+    if (j->kind == TASK_UNKNOWN) {
+        LOG(LOG_ERROR, "Received unregistered task of type '%s'.", j->tm.task);
+        snprintf(buf, sizeof(buf), "%s", j->tm.task);
+        fail_job(j, "NotRegistered", "celery.exceptions", buf, "unregistered task", 1);
+        return;
+    }
+    if (strmap_put(&w->jobs, j->tm.id, j)) {
+        broker_reject(w->broker, m, 1);
+        j->msgs[0] = NULL;
+        j->nmsgs = 0;
+        broker_msg_free(m);
+        job_free(j);
+        return;
+    }
+    j->in_map = 1;
+    LOG(LOG_INFO, "Task %s[%s] received", job_name(j), j->tm.id);
+    if (expired(j)) {
+        revoke_expired(j);
+        return;
+    }
+    if (backend_get(w->backend, j->tm.id, on_meta, j)) {
+        broker_reject(w->broker, m, 1);
+        job_set_state(j, JOB_DONE);
+        job_free(j);
+        return;
+    }
+    j->pending++;
+}
+
+static void on_broker_conn(struct broker *b, int up, void *privdata)
+{
+    struct worker *w = privdata;
+    (void)b;
+    if (up)
+        w->prefetch_sent = 0;
+}
+
+/* ------------------------------------------------------------------ cron */
+
+static void on_cron(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    int64_t now_us = now_epoch_us();
+    int64_t now = (int64_t)uv_now(w->loop);
+    struct job *j, *next;
+    char msg[128];
+
+    /* eta jobs whose time has come */
+    for (j = w->eta_head; j; j = next) {
+        next = j->next;
+        if (j->tm.eta_us <= now_us) {
+            list_unlink(&w->eta_head, NULL, j);
+            w->neta--;
+            ready_push(w, j);
+        }
+    }
+    schedule(w);
+    /* Time limits: the transfer is aborted at once; llm_req_abort defers
+     * on_done, so the list is not changed under us. */
+    for (j = w->run_head; j; j = j->rnext) {
+        if (!j->req)
+            continue;
+        if (j->hard_deadline && now >= j->hard_deadline) {
+            snprintf(msg, sizeof(msg), "%g", j->hard_limit_s);
+            LOG(LOG_ERROR, "Hard time limit (%gs) exceeded for %s[%s]", j->hard_limit_s,
+                job_name(j), j->tm.id);
+            llm_req_abort(j->req, CR_ECANCELED, "TimeLimitExceeded", msg);
+            j->req = NULL;
+        } else if (j->soft_deadline && now >= j->soft_deadline) {
+            snprintf(msg, sizeof(msg), "soft time limit (%gs) exceeded", j->soft_limit_s);
+            LOG(LOG_WARNING, "Soft time limit (%gs) exceeded for %s[%s]", j->soft_limit_s,
+                job_name(j), j->tm.id);
+            llm_req_abort(j->req, CR_ECANCELED, "SoftTimeLimitExceeded", msg);
+            j->req = NULL;
+        }
+    }
+    if (w->shutdown == 1 && w->cfg->shutdown_timeout > 0 &&
+        uv_now(w->loop) - w->shutdown_started > (uint64_t)(w->cfg->shutdown_timeout * 1000)) {
+        LOG(LOG_WARNING, "worker: warm shutdown timed out after %.0fs; going cold",
+            w->cfg->shutdown_timeout);
+        start_shutdown(w, 1);
+    }
+}
+
+/* -------------------------------------------------------------- shutdown */
+
+static void drop_list(struct worker *w, struct job **head, struct job **tail, size_t *n)
+{
+    while (*head) {
+        struct job *j = *head;
+        list_unlink(head, tail, j);
+        (*n)--;
+        for (int i = 0; i < j->nmsgs; i++)
+            broker_reject(w->broker, j->msgs[i], 1);
+        job_set_state(j, JOB_DONE);
+        if (j->in_map) {
+            strmap_del(&w->jobs, j->tm.id);
+            j->in_map = 0;
+        }
+        if (j->pending == 0)
+            job_free(j);
+    }
+}
+
+static void start_shutdown(struct worker *w, int cold)
+{
+    if (cold) {
+        if (w->shutdown == 2)
+            return;
+        LOG(LOG_WARNING, "worker: Cold shutdown (MainProcess)");
+        w->shutdown = 2;
+        w->exit_code = 1;
+        uv_stop(w->loop);
+        return;
+    }
+    if (w->shutdown)
+        return;
+    LOG(LOG_WARNING, "worker: Warm shutdown (MainProcess)");
+    w->shutdown = 1;
+    w->shutdown_started = uv_now(w->loop);
+    broker_stop_consuming(w->broker);
+    /* Not started yet: back to the queue now, so other workers can take them. */
+    drop_list(w, &w->ready_head, &w->ready_tail, &w->nready);
+    drop_list(w, &w->eta_head, NULL, &w->neta);
+    schedule(w);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    struct worker *w = s->data;
+    (void)signum;
+    start_shutdown(w, w->shutdown != 0);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static char *join_url(const char *base, const char *path)
+{
+    struct buf b;
+    size_t n = strlen(base);
+    buf_init(&b);
+    while (n && base[n - 1] == '/')
+        n--;
+    if (buf_append(&b, base, n) || buf_puts(&b, path)) {
+        buf_release(&b);
+        return NULL;
+    }
+    return buf_detach(&b);
+}
+
+struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_err *err)
+{
+    struct worker *w = cr_calloc(1, sizeof(*w));
+    struct llm_client_config lc;
+    struct backend_config bc;
+    struct rlimit rl;
+
+    if (!w) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    w->cfg = cfg;
+    w->loop = loop;
+    w->concurrency = cfg->concurrency;
+    w->seed = ((uint64_t)getpid() << 32) ^ (uint64_t)now_epoch_us();
+    if (!w->seed)
+        w->seed = 1;
+    strmap_init(&w->jobs);
+    /* Thousands of provider connections need thousands of descriptors. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    w->chat_url = join_url(cfg->llm_base_url, "/chat/completions");
+    w->embed_url = join_url(cfg->llm_base_url, "/embeddings");
+    if (!w->chat_url || !w->embed_url)
+        goto oom;
+
+    memset(&lc, 0, sizeof(lc));
+    lc.connect_timeout_s = cfg->llm_connect_timeout;
+    lc.first_byte_timeout_s = cfg->llm_first_byte_timeout;
+    lc.first_token_timeout_s = cfg->llm_first_token_timeout;
+    lc.idle_timeout_s = cfg->llm_idle_timeout;
+    lc.max_connections = cfg->llm_max_connections;
+    w->llm = llm_client_new(loop, &lc, err);
+    if (!w->llm)
+        goto fail;
+    bc.url = cfg->result_backend;
+    bc.result_expires = cfg->result_expires;
+    w->backend = backend_new(loop, &bc, err);
+    if (!w->backend)
+        goto fail;
+    w->bcfg.url = cfg->broker;
+    w->bcfg.queues = cfg->queues.items;
+    w->bcfg.nqueues = cfg->queues.n;
+    w->bcfg.prefetch_count = cfg->concurrency * cfg->prefetch_multiplier;
+    w->bcfg.heartbeat = cfg->heartbeat;
+    w->bcfg.connect_timeout = 5;
+    w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
+    w->bcfg.dlq = cfg->dead_letter_queue[0] ? cfg->dead_letter_queue : NULL;
+    w->broker = broker_new(loop, &w->bcfg, on_msg, on_broker_conn, w);
+    if (!w->broker)
+        goto oom;
+    uv_timer_init(loop, &w->cron);
+    w->cron.data = w;
+    uv_signal_init(loop, &w->sigterm);
+    w->sigterm.data = w;
+    uv_signal_init(loop, &w->sigint);
+    w->sigint.data = w;
+    return w;
+oom:
+    cr_err_set(err, CR_ENOMEM, "out of memory");
+fail:
+    llm_client_free(w->llm);
+    backend_free(w->backend);
+    cr_free(w->chat_url);
+    cr_free(w->embed_url);
+    cr_free(w);
+    return NULL;
+}
+
+static void banner(struct worker *w)
+{
+    const struct config *c = w->cfg;
+    char broker[512], backend[512];
+    config_redact_url(c->broker, broker, sizeof(broker));
+    config_redact_url(c->result_backend, backend, sizeof(backend));
+    fprintf(stderr,
+            "\n -------------- %s v%s (celeriac)\n"
+            "--- ***** -----\n"
+            "-- ******* ---- .> transport:   %s\n"
+            "- *** --- * --- .> results:     %s\n"
+            "- ** ---------- .> concurrency: %d (libuv, one thread)\n"
+            "- ** ---------- .> llm:         %s (model %s)\n"
+            "--- ***** ----- \n"
+            " -------------- [queues]\n",
+            c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency, c->llm_base_url,
+            c->llm_model);
+    for (int i = 0; i < c->queues.n; i++)
+        fprintf(stderr, "                .> %-16s exchange=%s(direct) key=%s\n",
+                c->queues.items[i], c->queues.items[i], c->queues.items[i]);
+    fprintf(stderr, "\n[tasks]\n");
+    for (int i = 0; tasks_builtin_names[i]; i++)
+        fprintf(stderr, "  . %s\n", tasks_builtin_names[i]);
+    for (int i = 0; i < c->aliases.n; i++)
+        fprintf(stderr, "  . %s\n", c->aliases.items[i]);
+    fprintf(stderr, "\n");
+}
+
+int worker_start(struct worker *w, struct cr_err *err)
+{
+    banner(w);
+    if (backend_wait_connected(w->backend, w->loop, 10000, err))
+        return err->code;
+    if (broker_connect(w->broker, err))
+        return err->code;
+    uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
+    uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&w->sigint, on_signal, SIGINT);
+    LOG(LOG_INFO, "%s ready.", w->cfg->hostname);
+    return 0;
+}
+
+int worker_run(struct worker *w)
+{
+    uv_run(w->loop, UV_RUN_DEFAULT);
+    return w->exit_code;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void free_job_cb(const char *key, void *value, void *arg)
+{
+    struct job *j = value;
+    (void)key;
+    (void)arg;
+    j->in_map = 0;
+}
+
+void worker_free(struct worker *w)
+{
+    if (!w)
+        return;
+    /* Order matters for a cold stop: the broker connection closes first, so
+     * every unacked delivery is back in its queue before anything else. */
+    w->shutdown = 2;
+    broker_free(w->broker);
+    llm_client_free(w->llm);
+    backend_free(w->backend);
+    strmap_each(&w->jobs, free_job_cb, NULL);
+    strmap_release(&w->jobs);
+    while (w->ready_head) {
+        struct job *j = w->ready_head;
+        list_unlink(&w->ready_head, &w->ready_tail, j);
+        job_free(j);
+    }
+    while (w->eta_head) {
+        struct job *j = w->eta_head;
+        list_unlink(&w->eta_head, NULL, j);
+        job_free(j);
+    }
+    uv_close((uv_handle_t *)&w->cron, on_closed);
+    uv_close((uv_handle_t *)&w->sigterm, on_closed);
+    uv_close((uv_handle_t *)&w->sigint, on_closed);
+    /* Let every closed handle run its close callback. */
+    uv_run(w->loop, UV_RUN_DEFAULT);
+    cr_free(w->chat_url);
+    cr_free(w->embed_url);
+    cr_free(w);
+}
