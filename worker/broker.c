@@ -307,6 +307,32 @@ static void teardown(struct broker *b)
 
 static void on_timer(uv_timer_t *t);
 
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes a vhost (stops at '?', query options are not used). */
+static void decode_vhost(const char *s, char *out, size_t size)
+{
+    size_t n = 0;
+    for (; *s && *s != '?' && n + 1 < size; s++) {
+        if (*s == '%' && hexval(s[1]) >= 0 && hexval(s[2]) >= 0) {
+            out[n++] = (char)(hexval(s[1]) * 16 + hexval(s[2]));
+            s += 2;
+        } else {
+            out[n++] = *s;
+        }
+    }
+    out[n] = '\0';
+}
+
 int broker_connect(struct broker *b, struct cr_err *err)
 {
     struct amqp_connection_info info;
@@ -315,6 +341,7 @@ int broker_connect(struct broker *b, struct cr_err *err)
     amqp_socket_t *sock;
     struct timeval tv;
     const char *vhost;
+    char vhost_buf[256] = "";
     int rc, fd;
 
     config_redact_url(b->cfg.url, redacted, sizeof(redacted));
@@ -324,11 +351,21 @@ int broker_connect(struct broker *b, struct cr_err *err)
     /* kombu accepts "pyamqp://"; rabbitmq-c only knows "amqp://". */
     if (!strncmp(url, "pyamqp://", 9))
         memmove(url, url + 2, strlen(url + 2) + 1);
+    /* kombu's vhost is everything after the first '/' of the path, so
+     * "amqp://h//" is vhost "/", which rabbitmq-c's parser refuses: split it
+     * off and decode it ourselves. */
+    {
+        char *path = strchr(url + strlen("amqp://"), '/');
+        if (path) {
+            decode_vhost(path + 1, vhost_buf, sizeof(vhost_buf));
+            *path = '\0';
+        }
+    }
     if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
         cr_free(url);
         return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s'", redacted);
     }
-    vhost = info.vhost && *info.vhost ? info.vhost : "/";
+    vhost = vhost_buf[0] ? vhost_buf : "/";
 
     b->conn = amqp_new_connection();
     sock = b->conn ? amqp_tcp_socket_new(b->conn) : NULL;

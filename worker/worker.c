@@ -1180,7 +1180,8 @@ int worker_start(struct worker *w, struct cr_err *err)
     uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);
-    LOG(LOG_INFO, "%s ready.", w->cfg->hostname);
+    /* Always printed, whatever the level: scripts wait for this line. */
+    log_write(LOG_INFO, "%s ready.", w->cfg->hostname);
     return 0;
 }
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# install-deps.sh -- installs the Debian packages celeriac needs, if any is missing.
+# Idempotent and quiet when everything is there. Needs root (or sudo) to install.
+set -euo pipefail
+
+PKGS=(
+    gcc make pkg-config clang valgrind
+    librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev libuv1-dev
+    libwebsockets-dev check
+    rabbitmq-server redis-server
+    python3-celery python3-redis python3-amqp python3-pytest python3-websocket
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# Debian's maintainer scripts try to start services through policy-rc.d; we
+# start our own instances, so a refused start is fine.
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

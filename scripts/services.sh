@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# services.sh -- starts private RabbitMQ and Redis instances for tests and the demo.
+#
+#   scripts/services.sh start DIR   starts both under DIR on free ports (idempotent)
+#                                    and writes DIR/env (AMQP_PORT, REDIS_PORT, ...)
+#   scripts/services.sh stop DIR    stops them
+#   scripts/services.sh rabbit-stop DIR / rabbit-start DIR   (outage tests)
+#   scripts/services.sh redis-stop DIR / redis-start DIR
+#
+# Each DIR gets its own RabbitMQ node (own name, ports and data) and its own
+# Redis, so test runs never share state and reruns never see leftovers.
+set -euo pipefail
+
+cmd=${1:?usage: services.sh start|stop|... DIR}
+dir=${2:?usage: services.sh start|stop|... DIR}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+# The RabbitMQ node runs as the rabbitmq user and must reach its data dir.
+chmod 755 "$dir"
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+rabbit_env() {
+    # shellcheck disable=SC1091
+    . "$dir/env"
+    export RABBITMQ_NODENAME="$RABBIT_NODE"
+    export RABBITMQ_NODE_PORT="$AMQP_PORT"
+    export RABBITMQ_DIST_PORT="$RABBIT_DIST_PORT"
+    export RABBITMQ_MNESIA_BASE="$dir/rabbit/mnesia"
+    export RABBITMQ_LOG_BASE="$dir/rabbit/log"
+    export RABBITMQ_PID_FILE="$dir/rabbit/pid"
+    export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/rabbit/enabled_plugins"
+    export RABBITMQ_CONFIG_FILE="$dir/rabbit/rabbitmq"
+}
+
+ctl() { rabbitmqctl -q -n "$RABBIT_NODE" "$@"; }
+
+rabbit_start() {
+    rabbit_env
+    if ctl ping >/dev/null 2>&1; then return 0; fi
+    mkdir -p "$dir/rabbit"
+    echo "[]." > "$dir/rabbit/enabled_plugins"
+    # Loopback only; a short consumer_timeout is set by the tests that need it.
+    cat > "$dir/rabbit/rabbitmq.conf" <<CONF
+listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+loopback_users = none
+CONF
+    # The Debian wrapper runs the server as the rabbitmq user.
+    if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$dir/rabbit"; fi
+    (cd /tmp && rabbitmq-server -detached >/dev/null 2>&1)
+    for _ in $(seq 1 120); do
+        ctl ping >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    ctl await_startup --timeout 120 >/dev/null
+}
+
+rabbit_stop() {
+    rabbit_env
+    ctl stop >/dev/null 2>&1 || true
+    for _ in $(seq 1 60); do
+        ctl ping >/dev/null 2>&1 || break
+        sleep 0.5
+    done
+}
+
+redis_start() {
+    . "$dir/env"
+    if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
+        --appendonly no --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+    for _ in $(seq 1 100); do
+        redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "services: redis did not start on port $REDIS_PORT" >&2
+    return 1
+}
+
+redis_stop() {
+    . "$dir/env"
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    for _ in $(seq 1 50); do
+        redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || return 0
+        sleep 0.1
+    done
+}
+
+case "$cmd" in
+start)
+    if [ ! -f "$dir/env" ]; then
+        tag=$(basename "$dir" | tr -c 'a-zA-Z0-9\n' '_')
+        {
+            echo "AMQP_PORT=${AMQP_PORT:-$(free_port)}"
+            echo "RABBIT_DIST_PORT=$(free_port)"
+            echo "RABBIT_NODE=celeriac_${tag}_$$@localhost"
+            echo "REDIS_PORT=${REDIS_PORT:-$(free_port)}"
+        } > "$dir/env"
+    fi
+    rabbit_start
+    redis_start
+    cat "$dir/env"
+    ;;
+stop)
+    [ -f "$dir/env" ] || exit 0
+    redis_stop
+    rabbit_stop
+    ;;
+rabbit-start) rabbit_start ;;
+rabbit-stop) rabbit_stop ;;
+redis-start) redis_start ;;
+redis-stop) redis_stop ;;
+*)
+    echo "usage: services.sh start|stop|rabbit-start|rabbit-stop|redis-start|redis-stop DIR" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,283 @@
+"""Integration harness: real RabbitMQ, real Redis, the fake LLM server, the real
+celeriac binary and a real Python Celery client.
+
+Run through scripts/run-integration.sh (which starts private RabbitMQ and Redis
+instances and exports CELERIAC_IT_DIR), or by hand with that variable set.
+Every test module gets its own RabbitMQ vhost and its own Redis database, so
+tests never see each other's messages or results.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+
+import pytest
+from celery import Celery
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("CELERIAC_BIN", os.path.join(ROOT, "build", "celeriac"))
+PY = "/usr/bin/python3"
+_db_counter = [0]
+
+
+def _read_env(path):
+    env = {}
+    with open(path) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.strip().split("=", 1)
+                env[k] = v
+    return env
+
+
+class Services:
+    def __init__(self, directory):
+        self.dir = directory
+        env = _read_env(os.path.join(directory, "env"))
+        self.amqp_port = int(env["AMQP_PORT"])
+        self.redis_port = int(env["REDIS_PORT"])
+        self.node = env["RABBIT_NODE"]
+
+    def ctl(self, *args, check=True):
+        return subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], check=check,
+                              capture_output=True, text=True, timeout=120)
+
+    def script(self, action):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "services.sh"), action, self.dir],
+                       check=True, capture_output=True, timeout=300)
+
+    def new_vhost(self):
+        name = "t-" + uuid.uuid4().hex[:10]
+        self.ctl("add_vhost", name)
+        self.ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        return name
+
+    def broker_url(self, vhost):
+        return "amqp://guest:guest@127.0.0.1:%d/%s" % (self.amqp_port, urllib.parse.quote(vhost, safe=""))
+
+    def redis_url(self, db):
+        return "redis://127.0.0.1:%d/%d" % (self.redis_port, db)
+
+    def queue_depth(self, vhost, queue):
+        out = self.ctl("list_queues", "-p", vhost, "name", "messages").stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == queue:
+                return int(parts[1])
+        return None
+
+
+@pytest.fixture(scope="session")
+def services():
+    d = os.environ.get("CELERIAC_IT_DIR")
+    if not d:
+        pytest.skip("CELERIAC_IT_DIR not set: run through scripts/run-integration.sh")
+    return Services(d)
+
+
+class FakeLLM:
+    def __init__(self, proc, port):
+        self.proc = proc
+        self.port = port
+        self.base = "http://127.0.0.1:%d" % port
+
+    def _req(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"null")
+
+    def reset(self):
+        self._req("POST", "/__reset", {})
+
+    def stats(self):
+        return self._req("GET", "/__stats")
+
+    def script(self, scenarios, model="*", replace=True):
+        self._req("POST", "/__script", {"model": model, "scenarios": scenarios, "replace": replace})
+
+    def expected(self, prompt, tokens=16, **kw):
+        q = {"prompt": prompt, "tokens": tokens}
+        q.update(kw)
+        return self._req("GET", "/__expected?" + urllib.parse.urlencode(q))
+
+    def expected_text(self, prompt, tokens=16, **kw):
+        e = self.expected(prompt, tokens, **kw)
+        return e["text"] if isinstance(e, dict) else e
+
+
+@pytest.fixture(scope="session")
+def fake_llm_server():
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "scripts", "fake_llm.py"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    m = re.match(r"PORT (\d+)", line)
+    assert m, "fake llm did not start: %r" % line
+    server = FakeLLM(proc, int(m.group(1)))
+    yield server
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fake_llm(fake_llm_server):
+    fake_llm_server.reset()
+    return fake_llm_server
+
+
+class Worker:
+    """One celeriac worker process, with its log captured line by line."""
+
+    def __init__(self, args, env):
+        self.args = args
+        self.env = env
+        self.lines = []
+        self.proc = None
+        self._cv = threading.Condition()
+
+    def start(self, wait_ready=True, timeout=30):
+        self.lines = []
+        self.proc = subprocess.Popen([BIN, "worker", *self.args], env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace")
+        threading.Thread(target=self._pump, daemon=True).start()
+        if wait_ready:
+            self.wait_for(r" ready\.$", timeout)
+        return self
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            with self._cv:
+                self.lines.append(line.rstrip("\n"))
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    def log(self):
+        with self._cv:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=30, count=1):
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self._cv:
+            while True:
+                n = sum(1 for l in self.lines if rx.search(l))
+                if n >= count:
+                    return
+                if self.proc.poll() is not None and not self._alive_reader():
+                    raise AssertionError("worker exited (%s) before %r:\n%s"
+                                         % (self.proc.returncode, pattern, "\n".join(self.lines[-40:])))
+                left = deadline - time.time()
+                if left <= 0:
+                    raise AssertionError("timed out waiting for %r (%d/%d):\n%s"
+                                         % (pattern, n, count, "\n".join(self.lines[-40:])))
+                self._cv.wait(min(left, 0.2))
+
+    def _alive_reader(self):
+        return False
+
+    def count(self, pattern):
+        rx = re.compile(pattern)
+        with self._cv:
+            return sum(1 for l in self.lines if rx.search(l))
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout=60):
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Env:
+    """A test's world: a vhost, a Redis db, the fake LLM, workers and a client."""
+
+    def __init__(self, services, fake_llm):
+        self.services = services
+        self.fake = fake_llm
+        self.vhost = services.new_vhost()
+        _db_counter[0] = _db_counter[0] % 15 + 1
+        self.db = _db_counter[0]
+        self.broker = services.broker_url(self.vhost)
+        self.backend = services.redis_url(self.db)
+        import redis
+        self.redis = redis.Redis(host="127.0.0.1", port=services.redis_port, db=self.db)
+        self.redis.flushdb()
+        self.workers = []
+        self.app = self.make_app()
+
+    def make_app(self, **conf):
+        app = Celery("it", broker=self.broker, backend=self.backend)
+        app.conf.update(result_expires=3600, broker_connection_retry_on_startup=True, **conf)
+        return app
+
+    def worker(self, *args, start=True, env=None, **kw):
+        e = dict(os.environ)
+        e["OPENAI_BASE_URL"] = self.fake.base + "/v1"
+        e["OPENAI_API_KEY"] = "sk-test-secret-key"
+        e.update(env or {})
+        full = ["-b", self.broker, "--result-backend", self.backend, "-n", "celeriac-%s@%%h" % uuid.uuid4().hex[:6]]
+        full += list(args)
+        w = Worker(full, e)
+        self.workers.append(w)
+        if start:
+            w.start(**kw)
+        return w
+
+    def meta(self, task_id):
+        raw = self.redis.get("celery-task-meta-" + task_id)
+        return json.loads(raw) if raw else None
+
+    def close(self):
+        for w in self.workers:
+            w.stop()
+        try:
+            self.app.close()
+        except Exception:
+            pass
+        try:
+            self.services.ctl("delete_vhost", self.vhost, check=False)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def env(services, fake_llm):
+    e = Env(services, fake_llm)
+    yield e
+    e.close()
+
+
+def wait_until(pred, timeout=30, interval=0.05, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
