@@ -72,7 +72,7 @@ struct llm_client {
     struct llm_req *active;
     size_t nactive;
     struct llm_req *done_head;
-    int in_curl;  /* inside a curl callback: aborts are deferred */
+    int in_curl; /* inside a curl callback: aborts are deferred */
     int closing;
     int closed_handles;
 };
@@ -216,15 +216,21 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
     colon = memchr(line, ':', n);
     if (!colon)
         return n;
-#define IS(name) ((size_t)(colon - line) == sizeof(name) - 1 && !strncasecmp(line, name, sizeof(name) - 1))
+#define IS(name)                                                                         \
+    ((size_t)(colon - line) == sizeof(name) - 1 &&                                       \
+     !strncasecmp(line, name, sizeof(name) - 1))
     if (IS("retry-after"))
-        copy_value(r->retry_after, sizeof(r->retry_after), colon + 1, n - (size_t)(colon - line) - 1);
+        copy_value(r->retry_after, sizeof(r->retry_after), colon + 1,
+                   n - (size_t)(colon - line) - 1);
     else if (IS("retry-after-ms"))
-        copy_value(r->retry_after_ms, sizeof(r->retry_after_ms), colon + 1, n - (size_t)(colon - line) - 1);
+        copy_value(r->retry_after_ms, sizeof(r->retry_after_ms), colon + 1,
+                   n - (size_t)(colon - line) - 1);
     else if (IS("x-should-retry"))
-        copy_value(r->should_retry, sizeof(r->should_retry), colon + 1, n - (size_t)(colon - line) - 1);
+        copy_value(r->should_retry, sizeof(r->should_retry), colon + 1,
+                   n - (size_t)(colon - line) - 1);
     else if (IS("content-type"))
-        copy_value(r->content_type, sizeof(r->content_type), colon + 1, n - (size_t)(colon - line) - 1);
+        copy_value(r->content_type, sizeof(r->content_type), colon + 1,
+                   n - (size_t)(colon - line) - 1);
 #undef IS
     return n;
 }
@@ -357,10 +363,10 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     } else if (cc != CURLE_OK) {
         res.code = cc == CURLE_OPERATION_TIMEDOUT ? CR_ETIMEDOUT : CR_ELLM;
         res.verdict = llm_classify((int)cc, r->status, NULL, NULL, NULL, 0);
-        res.exc_type = cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError"
-                                                      : "APIConnectionError";
-        snprintf(msg, sizeof(msg), "%s%s%s", curl_easy_strerror(cc), r->errbuf[0] ? ": " : "",
-                 r->errbuf);
+        res.exc_type =
+            cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError" : "APIConnectionError";
+        snprintf(msg, sizeof(msg), "%s%s%s", curl_easy_strerror(cc),
+                 r->errbuf[0] ? ": " : "", r->errbuf);
     } else if (r->status < 200 || r->status >= 300) {
         struct openai_error oe;
         openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
@@ -368,10 +374,9 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         res.verdict = llm_classify(0, r->status, oe.code, oe.type,
                                    r->should_retry[0] ? r->should_retry : NULL, 0);
         res.exc_type = exc_for_status(r->status);
-        res.retry_after_ms =
-            llm_retry_after_ms(r->retry_after_ms[0] ? r->retry_after_ms : NULL,
-                               r->retry_after[0] ? r->retry_after : NULL,
-                               (int64_t)epoch_ms());
+        res.retry_after_ms = llm_retry_after_ms(
+            r->retry_after_ms[0] ? r->retry_after_ms : NULL,
+            r->retry_after[0] ? r->retry_after : NULL, (int64_t)epoch_ms());
         snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
                  oe.message[0] ? oe.message : "(no message)");
     } else if (r->op == LLM_OP_EMBED) {
@@ -395,8 +400,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         }
         if (r->chat.error) {
             res.code = CR_ELLM;
-            res.verdict = llm_classify(0, r->status, r->chat.error_code, r->chat.error_type,
-                                       NULL, 1);
+            res.verdict = llm_classify(0, r->status, r->chat.error_code,
+                                       r->chat.error_type, NULL, 1);
             res.exc_type = "APIError";
             snprintf(msg, sizeof(msg), "error in stream: %s",
                      r->chat.error_message[0] ? r->chat.error_message : "(no message)");
@@ -404,9 +409,10 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
             res.code = CR_ELLM;
             res.verdict = LLM_RETRYABLE;
             res.exc_type = "APIError";
-            snprintf(msg, sizeof(msg),
-                     "stream ended without a finish reason or [DONE] after %zu bytes of text",
-                     r->chat.content.len);
+            snprintf(
+                msg, sizeof(msg),
+                "stream ended without a finish reason or [DONE] after %zu bytes of text",
+                r->chat.content.len);
         }
     }
     if (res.code == 0)
@@ -592,6 +598,13 @@ oom:
     req_free(r);
     cr_err_set(err, CR_ENOMEM, "out of memory");
     return NULL;
+}
+
+const char *llm_req_text(const struct llm_req *r, size_t *len)
+{
+    if (len)
+        *len = r->chat.content.len;
+    return r->chat.content.data ? r->chat.content.data : "";
 }
 
 size_t llm_client_active(const struct llm_client *c)

@@ -37,7 +37,7 @@ struct llm_request {
     const char *api_key; /* may be NULL or "" (copied) */
     const char *body;    /* JSON body (copied) */
     size_t body_len;
-    int embed_list;      /* LLM_OP_EMBED: the input was a list */
+    int embed_list; /* LLM_OP_EMBED: the input was a list */
 };
 
 /* The outcome of one call; everything is borrowed for the callback only. */
@@ -48,11 +48,11 @@ struct llm_result {
     const char *message;      /* one line, for FAILURE and logs */
     long http_status;         /* 0 when no response */
     int curl_code;
-    int64_t retry_after_ms;   /* server-given delay, or -1 */
+    int64_t retry_after_ms;           /* server-given delay, or -1 */
     const struct openai_stream *chat; /* LLM_OP_CHAT: text, finish, usage */
-    cJSON *embedding;         /* LLM_OP_EMBED on success; callee may detach it */
+    cJSON *embedding;                 /* LLM_OP_EMBED on success; callee may detach it */
     long embed_tokens;
-    double ttft_s;            /* time to first token (or first byte), -1 if none */
+    double ttft_s; /* time to first token (or first byte), -1 if none */
     double elapsed_s;
 };
 
@@ -60,7 +60,8 @@ struct llm_client;
 struct llm_req;
 
 /* A streamed text delta (borrowed for the call). */
-typedef void llm_delta_fn(struct llm_req *r, const char *text, size_t len, void *privdata);
+typedef void llm_delta_fn(struct llm_req *r, const char *text, size_t len,
+                          void *privdata);
 /* Called exactly once per accepted request, including on abort and on
  * llm_client_free(); never from inside llm_client_submit() or llm_req_abort().
  * The request is freed right after it returns. */
@@ -78,7 +79,12 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
 
 /* Aborts a request's transfer now; on_done follows from the loop with code
  * (CR_ECANCELED or CR_ETIMEDOUT), exc_type and message as given. */
-void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char *message);
+void llm_req_abort(struct llm_req *r, int code, const char *exc_type,
+                   const char *message);
+
+/* The text streamed so far by a chat request (borrowed until the next loop
+ * iteration); "" before the first token. */
+const char *llm_req_text(const struct llm_req *r, size_t *len);
 
 /* Requests in flight. */
 size_t llm_client_active(const struct llm_client *c);

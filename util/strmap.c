@@ -120,8 +120,8 @@ void *strmap_del(struct strmap *m, const char *key)
     return v;
 }
 
-void strmap_each(const struct strmap *m, void (*fn)(const char *key, void *value, void *arg),
-                 void *arg)
+void strmap_each(const struct strmap *m,
+                 void (*fn)(const char *key, void *value, void *arg), void *arg)
 {
     for (size_t i = 0; i < m->nslots; i++)
         for (struct strmap_entry *e = m->slots[i]; e; e = e->next)

@@ -26,7 +26,7 @@ int strmap_put(struct strmap *m, const char *key, void *value);
 /* Removes key; returns its value or NULL. */
 void *strmap_del(struct strmap *m, const char *key);
 /* Calls fn for every entry; fn must not change the map. */
-void strmap_each(const struct strmap *m, void (*fn)(const char *key, void *value, void *arg),
-                 void *arg);
+void strmap_each(const struct strmap *m,
+                 void (*fn)(const char *key, void *value, void *arg), void *arg);
 
 #endif

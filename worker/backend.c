@@ -122,7 +122,8 @@ static int parse_url(struct backend *bk, const char *url, struct cr_err *err)
         p = at + 1;
     }
     hostend = p + strcspn(p, ":/?");
-    bk->host = hostend > p ? cr_strndup(p, (size_t)(hostend - p)) : cr_strdup("localhost");
+    bk->host =
+        hostend > p ? cr_strndup(p, (size_t)(hostend - p)) : cr_strdup("localhost");
     if (!bk->host)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     p = hostend;
@@ -139,8 +140,8 @@ static int parse_url(struct backend *bk, const char *url, struct cr_err *err)
         char *end;
         long db = strtol(p + 1, &end, 10);
         if (end == p + 1 || db < 0 || (*end && *end != '?'))
-            return cr_err_set(err, CR_EINVAL, "invalid database in result backend URL '%s'",
-                              redacted);
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid database in result backend URL '%s'", redacted);
         bk->db = (int)db;
     }
     return 0;
@@ -195,7 +196,8 @@ static void on_connect(const redisAsyncContext *cac, int status)
     /* AUTH and SELECT go first on the wire; replies come back in order. */
     if (bk->password) {
         if (bk->user)
-            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s %s", bk->user, bk->password);
+            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s %s", bk->user,
+                              bk->password);
         else
             redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s", bk->password);
     }
@@ -326,9 +328,13 @@ static void send_op(struct backend *bk, struct op *op)
         return;
     }
     if (op->kind == OP_STORE) {
-        const char *argv[6] = {"EVAL", store_script, "1", op->key, op->value,
-                               bk->expires_text};
-        size_t lens[6] = {4, sizeof(store_script) - 1, 1, strlen(op->key), op->value_len,
+        const char *argv[6] = {"EVAL",  store_script, "1",
+                               op->key, op->value,    bk->expires_text};
+        size_t lens[6] = {4,
+                          sizeof(store_script) - 1,
+                          1,
+                          strlen(op->key),
+                          op->value_len,
                           strlen(bk->expires_text)};
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
     } else {

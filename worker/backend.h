@@ -23,7 +23,8 @@ struct backend;
 
 /* status 0: stored (or skipped because SUCCESS was already there, see
  * *skipped via the skipped argument); CR_ECANCELED on backend_free(). */
-typedef void backend_store_fn(struct backend *bk, int status, int skipped, void *privdata);
+typedef void backend_store_fn(struct backend *bk, int status, int skipped,
+                              void *privdata);
 /* value is the stored meta (borrowed for the call) or NULL when the key does not
  * exist; status 0, or CR_ECANCELED on backend_free(). */
 typedef void backend_get_fn(struct backend *bk, int status, const char *value, size_t len,

@@ -28,9 +28,19 @@ struct pending_confirm {
 };
 
 struct consumer {
-    char *queue;
-    char *tag;
+    struct broker_queue q; /* owned copies of every string and the arguments */
+    char *tag;             /* our consumer tag, stable across reconnects */
+    int active;            /* basic.consume sent on this connection */
 };
+
+struct exchange_decl {
+    char *name;
+    char *type;
+    int durable;
+};
+
+#define MAX_CONSUMERS 64
+#define MAX_EXCHANGES 16
 
 struct broker {
     uv_loop_t *loop;
@@ -42,16 +52,20 @@ struct broker {
     amqp_connection_state_t conn; /* NULL while disconnected */
     unsigned generation;
     unsigned long reconnects;
-    int stopping;      /* no reconnect: broker_free() in progress */
-    int consuming;     /* consumers active */
-    uv_poll_t *poll;   /* heap: closed asynchronously */
-    uv_timer_t timer;  /* heartbeat pump and reconnect backoff */
-    uv_check_t check;  /* drains frames rabbitmq-c buffered during writes */
+    int stopping;     /* no reconnect: broker_free() in progress */
+    int consuming;    /* consumers active */
+    uv_poll_t *poll;  /* heap: closed asynchronously */
+    uv_timer_t timer; /* heartbeat pump and reconnect backoff */
+    uv_check_t check; /* drains frames rabbitmq-c buffered during writes */
     int64_t reconnect_delay_ms;
     int in_pump;
 
-    struct consumer consumers[CONFIG_MAX_LIST];
+    struct consumer consumers[MAX_CONSUMERS];
     int nconsumers;
+    unsigned long next_tag;
+    struct exchange_decl exchanges[MAX_EXCHANGES];
+    int nexchanges;
+    int prefetch;
 
     /* delivery being assembled */
     struct broker_msg *cur;
@@ -201,7 +215,77 @@ static void fail_all_confirms(struct broker *b)
 
 /* ------------------------------------------------------------ connecting */
 
-static int declare_queue(struct broker *b, const char *q, struct cr_err *err)
+/* Declares a custom queue (pidbox, add_consumer) with its arguments. With
+ * wait = 0 the methods go out without waiting (run time, never blocks); a
+ * refusal then closes the channel and the reconnect declares again. */
+static int declare_custom(struct broker *b, const struct broker_queue *q, int wait,
+                          struct cr_err *err)
+{
+    amqp_pool_t pool;
+    amqp_table_t args = amqp_empty_table;
+    int rc = 0;
+
+    init_amqp_pool(&pool, 1024);
+    if (q->arguments && (rc = amqp_json_to_table(q->arguments, &pool, &args, err))) {
+        empty_amqp_pool(&pool);
+        return rc;
+    }
+    if (q->exchange && *q->exchange) {
+        amqp_exchange_declare_t ed;
+        memset(&ed, 0, sizeof(ed));
+        ed.exchange = cstr(q->exchange);
+        ed.type = cstr(q->exchange_type ? q->exchange_type : "direct");
+        ed.durable = q->exchange_durable;
+        ed.nowait = !wait;
+        ed.arguments = amqp_empty_table;
+        if (wait) {
+            amqp_exchange_declare(b->conn, CHANNEL, ed.exchange, ed.type, 0, ed.durable,
+                                  0, 0, amqp_empty_table);
+            if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err)))
+                goto out;
+        } else {
+            amqp_send_method(b->conn, CHANNEL, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
+        }
+    }
+    if (wait) {
+        amqp_queue_declare(b->conn, CHANNEL, cstr(q->name), 0, q->durable, q->exclusive,
+                           q->auto_delete, args);
+        if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err)))
+            goto out;
+        if (q->exchange && *q->exchange) {
+            amqp_queue_bind(b->conn, CHANNEL, cstr(q->name), cstr(q->exchange),
+                            cstr(q->routing_key ? q->routing_key : ""), amqp_empty_table);
+            rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err);
+        }
+    } else {
+        amqp_queue_declare_t qd;
+        memset(&qd, 0, sizeof(qd));
+        qd.queue = cstr(q->name);
+        qd.durable = q->durable;
+        qd.exclusive = q->exclusive;
+        qd.auto_delete = q->auto_delete;
+        qd.nowait = 1;
+        qd.arguments = args;
+        amqp_send_method(b->conn, CHANNEL, AMQP_QUEUE_DECLARE_METHOD, &qd);
+        if (q->exchange && *q->exchange) {
+            amqp_queue_bind_t qb;
+            memset(&qb, 0, sizeof(qb));
+            qb.queue = cstr(q->name);
+            qb.exchange = cstr(q->exchange);
+            qb.routing_key = cstr(q->routing_key ? q->routing_key : "");
+            qb.nowait = 1;
+            qb.arguments = amqp_empty_table;
+            amqp_send_method(b->conn, CHANNEL, AMQP_QUEUE_BIND_METHOD, &qb);
+        }
+    }
+out:
+    empty_amqp_pool(&pool);
+    return rc;
+}
+
+/* A task queue as Celery declares it, tolerating one the application declared
+ * with other arguments. */
+static int declare_task_queue(struct broker *b, const char *q, struct cr_err *err)
 {
     amqp_rpc_reply_t r;
     struct cr_err e2;
@@ -225,7 +309,8 @@ static int declare_queue(struct broker *b, const char *q, struct cr_err *err)
     r = amqp_get_rpc_reply(b->conn);
     if (reply_error(r, "queue.declare", &e2)) {
         if (e2.code != CR_EPEER)
-            return cr_err_set(err, CR_EBROKER, "cannot declare queue '%s': %s", q, e2.msg);
+            return cr_err_set(err, CR_EBROKER, "cannot declare queue '%s': %s", q,
+                              e2.msg);
         /* Declared by the application with other arguments (x-max-priority,
          * x-queue-type...): a passive declare checks that it exists. */
         if (reopen_channel(b, err))
@@ -239,6 +324,22 @@ static int declare_queue(struct broker *b, const char *q, struct cr_err *err)
     if (reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err))
         return cr_err_set(err, CR_EBROKER, "cannot bind queue '%s': %s", q, err->msg);
     return 0;
+}
+
+static int is_task_queue(const struct broker_queue *q)
+{
+    return !q->arguments && q->durable && !q->exclusive && !q->auto_delete &&
+           !q->no_ack && q->exchange && !strcmp(q->exchange, q->name) && q->routing_key &&
+           !strcmp(q->routing_key, q->name) && q->exchange_type &&
+           !strcmp(q->exchange_type, "direct");
+}
+
+static int declare_consumer(struct broker *b, const struct broker_queue *q, int wait,
+                            struct cr_err *err)
+{
+    if (wait && is_task_queue(q))
+        return declare_task_queue(b, q->name, err);
+    return declare_custom(b, q, wait, err);
 }
 
 static int declare_dead_letters(struct broker *b, struct cr_err *err)
@@ -297,11 +398,8 @@ static void teardown(struct broker *b)
     broker_msg_free(b->cur);
     b->cur = NULL;
     b->skip_content = 0;
-    for (int i = 0; i < b->nconsumers; i++) {
-        cr_free(b->consumers[i].queue);
-        cr_free(b->consumers[i].tag);
-    }
-    b->nconsumers = 0;
+    for (int i = 0; i < b->nconsumers; i++)
+        b->consumers[i].active = 0;
     b->consuming = 0;
 }
 
@@ -401,8 +499,15 @@ int broker_connect(struct broker *b, struct cr_err *err)
     amqp_channel_open(b->conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
         goto fail;
-    for (int i = 0; i < b->cfg.nqueues; i++)
-        if (declare_queue(b, b->cfg.queues[i], err))
+    for (int i = 0; i < b->nexchanges; i++) {
+        amqp_exchange_declare(b->conn, CHANNEL, cstr(b->exchanges[i].name),
+                              cstr(b->exchanges[i].type), 0, b->exchanges[i].durable, 0,
+                              0, amqp_empty_table);
+        if (reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err))
+            goto fail;
+    }
+    for (int i = 0; i < b->nconsumers; i++)
+        if (declare_consumer(b, &b->consumers[i].q, 1, err))
             goto fail;
     if (declare_dead_letters(b, err))
         goto fail;
@@ -411,21 +516,17 @@ int broker_connect(struct broker *b, struct cr_err *err)
         goto fail;
     b->next_seq = 1;
     amqp_basic_qos(b->conn, CHANNEL, 0,
-                   (uint16_t)(b->cfg.prefetch_count > 65535 ? 65535 : b->cfg.prefetch_count),
-                   0);
+                   (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch), 0);
     if (reply_error(amqp_get_rpc_reply(b->conn), "basic.qos", err))
         goto fail;
-    for (int i = 0; i < b->cfg.nqueues; i++) {
-        amqp_basic_consume_ok_t *ok =
-            amqp_basic_consume(b->conn, CHANNEL, cstr(b->cfg.queues[i]), amqp_empty_bytes, 0,
-                               0, 0, amqp_empty_table);
-        if (!ok) {
+    for (int i = 0; i < b->nconsumers; i++) {
+        struct consumer *c = &b->consumers[i];
+        if (!amqp_basic_consume(b->conn, CHANNEL, cstr(c->q.name), cstr(c->tag), 0,
+                                c->q.no_ack, 0, amqp_empty_table)) {
             reply_error(amqp_get_rpc_reply(b->conn), "basic.consume", err);
             goto fail;
         }
-        b->consumers[b->nconsumers].queue = cr_strdup(b->cfg.queues[i]);
-        b->consumers[b->nconsumers].tag = bytes_dup(ok->consumer_tag);
-        b->nconsumers++;
+        c->active = 1;
     }
     b->consuming = 1;
 
@@ -451,11 +552,10 @@ int broker_connect(struct broker *b, struct cr_err *err)
     if (b->on_conn)
         b->on_conn(b, 1, b->privdata);
     return 0;
-fail:
-    {
-        struct cr_err e2 = *err;
-        cr_err_set(err, e2.code, "broker '%s': %s", redacted, e2.msg);
-    }
+fail : {
+    struct cr_err e2 = *err;
+    cr_err_set(err, e2.code, "broker '%s': %s", redacted, e2.msg);
+}
     teardown(b);
     return err->code;
 }
@@ -513,9 +613,11 @@ static void start_delivery(struct broker *b, const amqp_basic_deliver_t *d)
     m->exchange = bytes_dup(d->exchange);
     m->routing_key = bytes_dup(d->routing_key);
     for (int i = 0; i < b->nconsumers; i++)
-        if (b->consumers[i].tag && strlen(b->consumers[i].tag) == d->consumer_tag.len &&
-            !memcmp(b->consumers[i].tag, d->consumer_tag.bytes, d->consumer_tag.len))
-            m->queue = cr_strdup(b->consumers[i].queue);
+        if (strlen(b->consumers[i].tag) == d->consumer_tag.len &&
+            !memcmp(b->consumers[i].tag, d->consumer_tag.bytes, d->consumer_tag.len)) {
+            m->queue = cr_strdup(b->consumers[i].q.name);
+            m->no_ack = b->consumers[i].q.no_ack;
+        }
     if (!m->queue)
         m->queue = cr_strdup(m->routing_key);
 }
@@ -718,7 +820,159 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     uv_check_start(&b->check, on_check);
     /* The check handle must not keep the loop alive on its own. */
     uv_unref((uv_handle_t *)&b->check);
+    b->prefetch = cfg->prefetch_count;
+    for (int i = 0; i < cfg->nqueues; i++) {
+        /* What Celery declares for a task queue: a durable direct exchange of
+         * the same name, a durable queue, bound with the queue name. */
+        struct broker_queue q = {cfg->queues[i],
+                                 cfg->queues[i],
+                                 "direct",
+                                 1,
+                                 cfg->queues[i],
+                                 1,
+                                 0,
+                                 0,
+                                 NULL,
+                                 0};
+        if (broker_add_consumer(b, &q)) {
+            broker_free(b);
+            return NULL;
+        }
+    }
     return b;
+}
+
+static void consumer_release(struct consumer *c)
+{
+    cr_free((char *)c->q.name);
+    cr_free((char *)c->q.exchange);
+    cr_free((char *)c->q.exchange_type);
+    cr_free((char *)c->q.routing_key);
+    cJSON_Delete((cJSON *)c->q.arguments);
+    cr_free(c->tag);
+    memset(c, 0, sizeof(*c));
+}
+
+static void send_consume(struct broker *b, struct consumer *c)
+{
+    amqp_basic_consume_t req;
+    memset(&req, 0, sizeof(req));
+    req.queue = cstr(c->q.name);
+    req.consumer_tag = cstr(c->tag);
+    req.no_ack = c->q.no_ack;
+    req.nowait = 1;
+    req.arguments = amqp_empty_table;
+    amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CONSUME_METHOD, &req);
+    c->active = 1;
+}
+
+int broker_add_consumer(struct broker *b, const struct broker_queue *q)
+{
+    struct consumer *c;
+    char tag[96];
+    struct cr_err err;
+
+    for (int i = 0; i < b->nconsumers; i++)
+        if (!strcmp(b->consumers[i].q.name, q->name))
+            return 0;
+    if (b->nconsumers == MAX_CONSUMERS)
+        return CR_ERANGE;
+    c = &b->consumers[b->nconsumers];
+    memset(c, 0, sizeof(*c));
+    c->q = *q;
+    c->q.name = cr_strdup(q->name);
+    c->q.exchange = q->exchange ? cr_strdup(q->exchange) : NULL;
+    c->q.exchange_type = q->exchange_type ? cr_strdup(q->exchange_type) : NULL;
+    c->q.routing_key = q->routing_key ? cr_strdup(q->routing_key) : NULL;
+    c->q.arguments = q->arguments ? cJSON_Duplicate(q->arguments, 1) : NULL;
+    snprintf(tag, sizeof(tag), "celeriac-%lu-%.60s", ++b->next_tag, q->name);
+    c->tag = cr_strdup(tag);
+    if (!c->q.name || !c->tag || (q->exchange && !c->q.exchange) ||
+        (q->exchange_type && !c->q.exchange_type) ||
+        (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments)) {
+        consumer_release(c);
+        return CR_ENOMEM;
+    }
+    b->nconsumers++;
+    if (b->conn) {
+        if (declare_consumer(b, &c->q, 0, &err) == 0)
+            send_consume(b, c);
+    }
+    return 0;
+}
+
+int broker_cancel_consumer(struct broker *b, const char *queue)
+{
+    for (int i = 0; i < b->nconsumers; i++) {
+        struct consumer *c = &b->consumers[i];
+        if (strcmp(c->q.name, queue))
+            continue;
+        if (b->conn && c->active) {
+            amqp_basic_cancel_t req;
+            req.consumer_tag = cstr(c->tag);
+            req.nowait = 0;
+            amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
+        }
+        consumer_release(c);
+        memmove(c, c + 1, (size_t)(b->nconsumers - i - 1) * sizeof(*c));
+        b->nconsumers--;
+        return 0;
+    }
+    return CR_ENOTFOUND;
+}
+
+void broker_each_consumer(const struct broker *b,
+                          void (*fn)(const struct broker_queue *q, void *arg), void *arg)
+{
+    for (int i = 0; i < b->nconsumers; i++)
+        fn(&b->consumers[i].q, arg);
+}
+
+int broker_declare_exchange(struct broker *b, const char *name, const char *type,
+                            int durable)
+{
+    struct exchange_decl *e;
+    for (int i = 0; i < b->nexchanges; i++)
+        if (!strcmp(b->exchanges[i].name, name))
+            return 0;
+    if (b->nexchanges == MAX_EXCHANGES)
+        return CR_ERANGE;
+    e = &b->exchanges[b->nexchanges];
+    e->name = cr_strdup(name);
+    e->type = cr_strdup(type);
+    e->durable = durable;
+    if (!e->name || !e->type) {
+        cr_free(e->name);
+        cr_free(e->type);
+        return CR_ENOMEM;
+    }
+    b->nexchanges++;
+    if (b->conn) {
+        amqp_exchange_declare_t ed;
+        memset(&ed, 0, sizeof(ed));
+        ed.exchange = cstr(name);
+        ed.type = cstr(type);
+        ed.durable = durable;
+        ed.nowait = 1;
+        ed.arguments = amqp_empty_table;
+        amqp_send_method(b->conn, CHANNEL, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
+    }
+    return 0;
+}
+
+void broker_set_prefetch(struct broker *b, int prefetch_count)
+{
+    amqp_basic_qos_t req;
+    if (prefetch_count > 65535)
+        prefetch_count = 65535;
+    if (prefetch_count == b->prefetch)
+        return;
+    b->prefetch = prefetch_count;
+    if (!b->conn)
+        return;
+    memset(&req, 0, sizeof(req));
+    req.prefetch_count = (uint16_t)prefetch_count;
+    amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 
 int broker_connected(const struct broker *b)
@@ -747,14 +1001,14 @@ static int check_status(struct broker *b, int rc, const char *what)
 
 int broker_ack(struct broker *b, const struct broker_msg *m)
 {
-    if (!b->conn || m->generation != b->generation)
+    if (!b->conn || m->generation != b->generation || m->no_ack)
         return 0;
     return check_status(b, amqp_basic_ack(b->conn, CHANNEL, m->delivery_tag, 0), "ack");
 }
 
 int broker_reject(struct broker *b, const struct broker_msg *m, int requeue)
 {
-    if (!b->conn || m->generation != b->generation)
+    if (!b->conn || m->generation != b->generation || m->no_ack)
         return 0;
     return check_status(b, amqp_basic_reject(b->conn, CHANNEL, m->delivery_tag, requeue),
                         "reject");
@@ -828,9 +1082,12 @@ void broker_stop_consuming(struct broker *b)
         return;
     for (int i = 0; i < b->nconsumers; i++) {
         amqp_basic_cancel_t req;
+        if (b->consumers[i].q.no_ack || !b->consumers[i].active)
+            continue; /* control queues keep working during a warm shutdown */
         req.consumer_tag = cstr(b->consumers[i].tag);
         req.nowait = 0;
         amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
+        b->consumers[i].active = 0;
     }
     b->consuming = 0;
 }
@@ -840,6 +1097,12 @@ static void on_handle_closed(uv_handle_t *h)
     struct broker *b = h->data;
     /* Three handles are closed; the last one frees. */
     if (++b->in_pump == 3) {
+        for (int i = 0; i < b->nconsumers; i++)
+            consumer_release(&b->consumers[i]);
+        for (int i = 0; i < b->nexchanges; i++) {
+            cr_free(b->exchanges[i].name);
+            cr_free(b->exchanges[i].type);
+        }
         cr_free(b->failed);
         cr_free(b->confirms);
         cr_free(b);

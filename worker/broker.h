@@ -23,6 +23,7 @@ struct broker_msg {
     char *exchange;
     char *routing_key;
     char *queue; /* the queue whose consumer received it */
+    int no_ack;  /* consumed without acks: broker_ack/reject do nothing */
     char *content_type;
     char *content_encoding;
     char *correlation_id;
@@ -31,10 +32,10 @@ struct broker_msg {
     char *message_id;
     int delivery_mode;
     int priority;
-    cJSON *headers;       /* application headers as JSON, or NULL */
-    int headers_bad;      /* the header table could not be converted */
+    cJSON *headers;  /* application headers as JSON, or NULL */
+    int headers_bad; /* the header table could not be converted */
     char headers_err[256];
-    char *body;           /* NUL-terminated for convenience; body_len excludes it */
+    char *body; /* NUL-terminated for convenience; body_len excludes it */
     size_t body_len;
 };
 
@@ -54,14 +55,14 @@ struct broker_props {
 };
 
 struct broker_config {
-    const char *url;           /* amqp://user:pass@host:port/vhost */
-    char *const *queues;       /* names to declare and consume */
+    const char *url;     /* amqp://user:pass@host:port/vhost */
+    char *const *queues; /* names to declare and consume */
     int nqueues;
-    int prefetch_count;        /* basic.qos; 0 = unlimited */
-    int heartbeat;             /* seconds; 0 disables */
-    double connect_timeout;    /* seconds */
-    const char *dlx;           /* dead-letter exchange to declare, or NULL */
-    const char *dlq;           /* its queue, bound with "#" */
+    int prefetch_count;     /* basic.qos; 0 = unlimited */
+    int heartbeat;          /* seconds; 0 disables */
+    double connect_timeout; /* seconds */
+    const char *dlx;        /* dead-letter exchange to declare, or NULL */
+    const char *dlq;        /* its queue, bound with "#" */
 };
 
 struct broker;
@@ -103,7 +104,41 @@ int broker_publish(struct broker *b, const char *exchange, const char *routing_k
                    const struct broker_props *props, const char *body, size_t len,
                    broker_confirm_fn *cb, void *privdata);
 
-/* Stops consuming (basic.cancel on every consumer, sent without waiting). */
+/* A queue to declare (with its exchange and binding) and consume. */
+struct broker_queue {
+    const char *name;
+    const char *exchange;      /* NULL or "": bind nothing */
+    const char *exchange_type; /* "direct", "fanout" or "topic" */
+    int exchange_durable;
+    const char *routing_key; /* binding key */
+    int durable;
+    int exclusive;
+    int auto_delete;
+    const cJSON *arguments; /* queue arguments (x-expires, ...), or NULL */
+    int no_ack;
+};
+
+/* Adds a consumer (everything in q is copied). It is declared and consumed on
+ * every (re)connect; while connected the declarations and basic.consume go out
+ * at once without waiting for replies, so this never blocks. A queue already
+ * consumed is left as it is. Returns 0, or CR_ENOMEM / CR_ERANGE (too many). */
+int broker_add_consumer(struct broker *b, const struct broker_queue *q);
+/* Stops consuming a queue (basic.cancel) and forgets it. Returns 0, or
+ * CR_ENOTFOUND when the queue is not consumed. */
+int broker_cancel_consumer(struct broker *b, const char *queue);
+/* Names of the consumed queues, for inspect active_queues: calls fn for each. */
+void broker_each_consumer(const struct broker *b,
+                          void (*fn)(const struct broker_queue *q, void *arg), void *arg);
+
+/* Declares an exchange now (nowait) and on every reconnect. Returns 0 or CR_ENOMEM. */
+int broker_declare_exchange(struct broker *b, const char *name, const char *type,
+                            int durable);
+
+/* Sets basic.qos prefetch_count (sent without waiting). */
+void broker_set_prefetch(struct broker *b, int prefetch_count);
+
+/* Stops consuming task queues (basic.cancel on every consumer with acks, sent
+ * without waiting). */
 void broker_stop_consuming(struct broker *b);
 
 /* Closes the connection (unacked deliveries go back to their queues) and frees.

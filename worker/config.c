@@ -17,13 +17,13 @@
 enum opt_type { OPT_STR, OPT_INT, OPT_DBL, OPT_BOOL, OPT_LIST };
 
 struct opt {
-    const char *name;  /* long option */
-    char short_flag;   /* 0 if none */
-    const char *env;   /* environment fallback, or NULL */
+    const char *name; /* long option */
+    char short_flag;  /* 0 if none */
+    const char *env;  /* environment fallback, or NULL */
     enum opt_type type;
     size_t offset;
-    const char *def;   /* default as text, or NULL */
-    double min, max;   /* bounds for numbers */
+    const char *def; /* default as text, or NULL */
+    double min, max; /* bounds for numbers */
     const char *help;
 };
 
@@ -75,17 +75,18 @@ static const struct opt opts[] = {
     {"llm-idle-timeout", 0, "CELERIAC_LLM_IDLE_TIMEOUT", OPT_DBL, OFF(llm_idle_timeout),
      "120", 0.001, 86400, "longest silence between received bytes, in seconds"},
     {"llm-max-connections", 0, "CELERIAC_LLM_MAX_CONNECTIONS", OPT_INT,
-     OFF(llm_max_connections), "0", 0, 100000, "cap on open provider connections (0: none)"},
+     OFF(llm_max_connections), "0", 0, 100000,
+     "cap on open provider connections (0: none)"},
     {"max-message-size", 0, "CELERIAC_MAX_MESSAGE_SIZE", OPT_INT, OFF(max_message_size),
      "10485760", 1024, 1e9, "largest task message body accepted, in bytes"},
-    {"max-retries", 0, "CELERIAC_MAX_RETRIES", OPT_INT, OFF(max_retries), "3", -1, 1000000,
-     "retries of a retryable LLM failure before FAILURE (-1: no limit)"},
+    {"max-retries", 0, "CELERIAC_MAX_RETRIES", OPT_INT, OFF(max_retries), "3", -1,
+     1000000, "retries of a retryable LLM failure before FAILURE (-1: no limit)"},
     {"retry-backoff", 0, "CELERIAC_RETRY_BACKOFF", OPT_DBL, OFF(retry_backoff), "1", 0,
      86400, "first retry delay in seconds, doubled (by the factor) each retry"},
     {"retry-backoff-factor", 0, "CELERIAC_RETRY_BACKOFF_FACTOR", OPT_DBL,
      OFF(retry_backoff_factor), "2", 1, 100, "growth factor of the retry delay"},
-    {"retry-backoff-max", 0, "CELERIAC_RETRY_BACKOFF_MAX", OPT_DBL, OFF(retry_backoff_max),
-     "60", 0, 86400, "cap on the retry delay in seconds"},
+    {"retry-backoff-max", 0, "CELERIAC_RETRY_BACKOFF_MAX", OPT_DBL,
+     OFF(retry_backoff_max), "60", 0, 86400, "cap on the retry delay in seconds"},
     {"retry-jitter", 0, "CELERIAC_RETRY_JITTER", OPT_BOOL, OFF(retry_jitter), "1", 0, 1,
      "full jitter: wait a random time up to the delay"},
     {"time-limit", 0, "CELERIAC_TIME_LIMIT", OPT_DBL, OFF(time_limit), "0", 0, 1e9,
@@ -95,8 +96,23 @@ static const struct opt opts[] = {
     {"dead-letter-exchange", 0, "CELERIAC_DEAD_LETTER_EXCHANGE", OPT_STR,
      OFF(dead_letter_exchange), "celeriac.dlx", 0, 0,
      "topic exchange for tasks that cannot run (\"\": off)"},
-    {"dead-letter-queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPT_STR, OFF(dead_letter_queue),
-     "celeriac.dead", 0, 0, "queue bound to the dead-letter exchange with #"},
+    {"dead-letter-queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPT_STR,
+     OFF(dead_letter_queue), "celeriac.dead", 0, 0,
+     "queue bound to the dead-letter exchange with #"},
+    {"task-events", 'E', "CELERIAC_TASK_EVENTS", OPT_BOOL, OFF(task_events), "0", 0, 1,
+     "send task events (Flower, celery events)"},
+    {"heartbeat-interval", 0, "CELERIAC_HEARTBEAT_INTERVAL", OPT_DBL,
+     OFF(event_heartbeat), "2", 0.1, 3600, "seconds between worker-heartbeat events"},
+    {"metrics-port", 0, "CELERIAC_METRICS_PORT", OPT_INT, OFF(metrics_port), "0", 0,
+     65535, "serve /metrics and /healthz on this port (0: off)"},
+    {"metrics-host", 0, "CELERIAC_METRICS_HOST", OPT_STR, OFF(metrics_host), "127.0.0.1",
+     0, 0, "address the metrics endpoint listens on"},
+    {"statedb", 0, "CELERIAC_STATEDB", OPT_STR, OFF(statedb), "", 0, 0,
+     "file that keeps revoked task ids across restarts"},
+    {"progress", 0, "CELERIAC_PROGRESS", OPT_STR, OFF(progress), "stream", 0, 0,
+     "off, meta (PROGRESS state) or stream (PROGRESS state and a Redis stream)"},
+    {"progress-interval", 0, "CELERIAC_PROGRESS_INTERVAL", OPT_INT,
+     OFF(progress_interval_ms), "100", 1, 60000, "milliseconds between progress writes"},
 };
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
@@ -158,8 +174,9 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *v, int r
         errno = 0;
         l = strtol(v, &end, 10);
         if (errno || end == v || *end || l < o->min || l > o->max)
-            return cr_err_set(err, CR_EINVAL, "invalid value '%s' for --%s (%.0f to %.0f)",
-                              v, o->name, o->min, o->max);
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid value '%s' for --%s (%.0f to %.0f)", v, o->name,
+                              o->min, o->max);
         *(int *)(base + o->offset) = (int)l;
         return 0;
     case OPT_DBL:
@@ -172,8 +189,8 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *v, int r
         return 0;
     case OPT_BOOL:
         if (parse_bool(v, (int *)(base + o->offset)))
-            return cr_err_set(err, CR_EINVAL, "invalid value '%s' for --%s (true or false)",
-                              v, o->name);
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid value '%s' for --%s (true or false)", v, o->name);
         return 0;
     case OPT_LIST: {
         struct config_list *lst = (struct config_list *)(base + o->offset);
@@ -248,9 +265,10 @@ static int expand_hostname(struct config *cfg, struct cr_err *err)
 
 void config_usage(FILE *out)
 {
-    fprintf(out, "usage: celeriac worker [options]\n\n"
-                 "Runs a Celery-compatible worker for LLM tasks (llm.generate, llm.chat,\n"
-                 "llm.embed, celery.accumulate).\n\noptions:\n");
+    fprintf(out,
+            "usage: celeriac worker [options]\n\n"
+            "Runs a Celery-compatible worker for LLM tasks (llm.generate, llm.chat,\n"
+            "llm.embed, celery.accumulate).\n\noptions:\n");
     for (size_t i = 0; i < NOPTS; i++) {
         const struct opt *o = &opts[i];
         char flag[64];
@@ -292,7 +310,8 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
     shorts[ns++] = 'h';
     for (size_t i = 0; i < NOPTS; i++) {
         lopts[i].name = opts[i].name;
-        lopts[i].has_arg = opts[i].type == OPT_BOOL ? optional_argument : required_argument;
+        lopts[i].has_arg =
+            opts[i].type == OPT_BOOL ? optional_argument : required_argument;
         lopts[i].flag = NULL;
         lopts[i].val = 1000 + (int)i;
         if (opts[i].short_flag) {
@@ -340,9 +359,14 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
     for (int i = 0; i < cfg->aliases.n; i++) {
         const char *eq = strchr(cfg->aliases.items[i], '=');
         if (!eq || eq == cfg->aliases.items[i] || !eq[1])
-            return cr_err_set(err, CR_EINVAL, "invalid --task-alias '%s' (want NAME=TASK)",
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid --task-alias '%s' (want NAME=TASK)",
                               cfg->aliases.items[i]);
     }
+    if (strcmp(cfg->progress, "off") && strcmp(cfg->progress, "meta") &&
+        strcmp(cfg->progress, "stream"))
+        return cr_err_set(err, CR_EINVAL, "invalid --progress '%s' (off, meta or stream)",
+                          cfg->progress);
     if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9))
         return cr_err_set(err, CR_EINVAL, "unsupported broker URL scheme (want amqp://)");
     if (strncmp(cfg->result_backend, "redis://", 8))

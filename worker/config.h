@@ -18,20 +18,20 @@ struct config_list {
 };
 
 struct config {
-    char *broker;             /* AMQP URL */
-    char *result_backend;     /* redis:// URL */
+    char *broker;         /* AMQP URL */
+    char *result_backend; /* redis:// URL */
     struct config_list queues;
     int concurrency;
-    char *hostname;           /* expanded nodename, e.g. celery@host */
+    char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
     int prefetch_multiplier;
     struct config_list aliases; /* NAME=TASK */
     int acks_early;
-    int result_expires;       /* seconds; 0 = never expire */
+    int result_expires; /* seconds; 0 = never expire */
     int result_extended;
     int track_started;
-    double shutdown_timeout;  /* seconds */
-    int heartbeat;            /* AMQP heartbeat seconds; 0 disables */
+    double shutdown_timeout; /* seconds */
+    int heartbeat;           /* AMQP heartbeat seconds; 0 disables */
     char *llm_base_url;
     char *llm_api_key;
     char *llm_model;
@@ -41,16 +41,25 @@ struct config {
     double llm_first_token_timeout;
     double llm_idle_timeout;
     int llm_max_connections;
-    int max_message_size;     /* bytes */
-    int max_retries;          /* per task; -1: no limit */
-    double retry_backoff;     /* base seconds */
+    int max_message_size; /* bytes */
+    int max_retries;      /* per task; -1: no limit */
+    double retry_backoff; /* base seconds */
     double retry_backoff_factor;
     double retry_backoff_max; /* seconds */
     int retry_jitter;
-    double time_limit;        /* hard, seconds; 0: none */
-    double soft_time_limit;   /* seconds; 0: none */
+    double time_limit;          /* hard, seconds; 0: none */
+    double soft_time_limit;     /* seconds; 0: none */
     char *dead_letter_exchange; /* "" disables dead-lettering */
     char *dead_letter_queue;
+    /* monitoring (issue 4) */
+    int task_events;        /* -E: send task events */
+    double event_heartbeat; /* worker-heartbeat interval, seconds */
+    int metrics_port;       /* 0: no metrics endpoint */
+    char *metrics_host;
+    char *statedb; /* "" : revoked ids are not persisted */
+    /* progress (issue 5) */
+    char *progress;           /* off, meta or stream */
+    int progress_interval_ms; /* batching window for progress writes */
 };
 
 /* Parses argv (after the subcommand) and the environment into cfg, applying

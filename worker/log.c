@@ -24,7 +24,8 @@ void log_write(int level, const char *fmt, ...)
         level = LOG_ERROR;
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
-    n = snprintf(line, sizeof(line), "[%04d-%02d-%02d %02d:%02d:%02d,%03ld: %s/MainProcess] ",
+    n = snprintf(line, sizeof(line),
+                 "[%04d-%02d-%02d %02d:%02d:%02d,%03ld: %s/MainProcess] ",
                  tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                  tm.tm_sec, (long)(tv.tv_usec / 1000), level_names[level]);
     if (n < 0)

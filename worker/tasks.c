@@ -67,8 +67,9 @@ static int bind_args(struct binding *b, const struct task_msg *m, struct task_er
     const cJSON *kw;
     memset(b->values, 0, sizeof(b->values));
     if (npos > b->nnames)
-        return fail(te, "TypeError", "%s() takes from %d to %d positional arguments but %d "
-                                     "were given",
+        return fail(te, "TypeError",
+                    "%s() takes from %d to %d positional arguments but %d "
+                    "were given",
                     b->task, b->nrequired, b->nnames, npos);
     for (int i = 0; i < npos; i++)
         b->values[i] = cJSON_GetArrayItem(m->args, i);
@@ -277,12 +278,15 @@ static int build_chat(const struct task_msg *m, const char *default_model,
         return rc;
     msgs = b.values[0];
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return fail(te, "TypeError", "llm.chat() argument 'messages' must be a non-empty "
-                                     "list of {'role', 'content'} dicts");
+        return fail(te, "TypeError",
+                    "llm.chat() argument 'messages' must be a non-empty "
+                    "list of {'role', 'content'} dicts");
     cJSON_ArrayForEach(it, msgs)
     {
-        if (!cJSON_IsObject(it) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "role")))
-            return fail(te, "ValueError", "llm.chat() each message needs a string 'role'");
+        if (!cJSON_IsObject(it) ||
+            !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "role")))
+            return fail(te, "ValueError",
+                        "llm.chat() each message needs a string 'role'");
     }
     req = cJSON_CreateObject();
     if (!req || set_model(req, model ? model : default_model, out))
@@ -317,7 +321,8 @@ static int build_embed(const struct task_msg *m, const char *default_model,
     {
         if (!is_named(&b, it->string))
             return fail(te, "TypeError",
-                        "llm.embed() got an unexpected keyword argument '%s'", it->string);
+                        "llm.embed() got an unexpected keyword argument '%s'",
+                        it->string);
     }
     input = b.values[0];
     if (cJSON_IsArray(input)) {
@@ -390,13 +395,16 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
         return NULL;
     if (!cJSON_AddStringToObject(o, "content", s->content.data ? s->content.data : "") ||
         !cJSON_AddStringToObject(o, "model", s->model) ||
-        !(s->finish_reason[0] ? cJSON_AddStringToObject(o, "finish_reason", s->finish_reason)
-                              : cJSON_AddNullToObject(o, "finish_reason")))
+        !(s->finish_reason[0]
+              ? cJSON_AddStringToObject(o, "finish_reason", s->finish_reason)
+              : cJSON_AddNullToObject(o, "finish_reason")))
         goto oom;
     if (s->prompt_tokens >= 0) {
         u = cJSON_AddObjectToObject(o, "usage");
-        if (!u || !cJSON_AddNumberToObject(u, "prompt_tokens", (double)s->prompt_tokens) ||
-            !cJSON_AddNumberToObject(u, "completion_tokens", (double)s->completion_tokens) ||
+        if (!u ||
+            !cJSON_AddNumberToObject(u, "prompt_tokens", (double)s->prompt_tokens) ||
+            !cJSON_AddNumberToObject(u, "completion_tokens",
+                                     (double)s->completion_tokens) ||
             !cJSON_AddNumberToObject(u, "total_tokens", (double)s->total_tokens))
             goto oom;
     } else if (!cJSON_AddNullToObject(o, "usage")) {

@@ -20,6 +20,11 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "events.h"
+#include "metrics.h"
+#include "pidbox.h"
+#include "progress.h"
+#include "worker_int.h"
 #include "broker.h"
 #include "log.h"
 #include "tasks.h"
@@ -37,77 +42,9 @@
 #define EXC_MODULE "celeriac.exceptions"
 #define REPR_MAX 1024
 
-enum job_state {
-    JOB_CHECKING, /* waiting for the backend GET */
-    JOB_ETA,      /* held until its eta, no slot */
-    JOB_READY,    /* waiting for a slot */
-    JOB_RUNNING,  /* LLM call in flight (holds a slot) */
-    JOB_SETTLING, /* outcome being made durable, then acked */
-    JOB_DONE,     /* freed when nothing async refers to it */
-};
-
-static const char *const job_state_names[] = {"CHECKING", "ETA", "READY", "RUNNING",
-                                              "SETTLING", "DONE"};
-
-struct job {
-    struct worker *w;
-    struct job *prev, *next; /* ready queue or eta list */
-    struct job *rprev, *rnext; /* running list */
-    enum job_state state;
-    struct task_msg tm;
-    enum task_kind kind;
-    struct broker_msg **msgs; /* every delivery of this task id; [0] the first */
-    int nmsgs;
-    int pending; /* async operations that will call back with this job */
-    int in_map;
-    struct llm_req *req;
-    uint64_t t_received; /* loop ms */
-    uint64_t t_started;
-    int64_t received_epoch_us;
-    int64_t soft_deadline; /* loop ms, 0 none */
-    int64_t hard_deadline;
-    double hard_limit_s;
-    double soft_limit_s;
-    /* outcome */
-    char *meta;            /* JSON to store, or NULL */
-    char exc_type[64];
-    char exc_message[512];
-    long http_status;
-    int dead_letter;       /* publish to the DLX before acking */
-    char dlq_reason[64];
-};
-
-struct worker {
-    const struct config *cfg;
-    uv_loop_t *loop;
-    struct broker *broker;
-    struct backend *backend;
-    struct llm_client *llm;
-    char *chat_url;
-    char *embed_url;
-    struct broker_config bcfg;
-
-    struct strmap jobs; /* task id -> job, for jobs not yet settled */
-    struct job *ready_head, *ready_tail;
-    struct job *eta_head;
-    size_t nready, neta;
-    int active;     /* jobs holding a slot */
-    size_t live;    /* jobs allocated, whatever their state */
-    struct job *run_head; /* jobs holding a slot, for the time-limit sweep */
-    int concurrency;
-    unsigned long processed;
-    int prefetch_sent;
-
-    uv_timer_t cron;
-    uv_signal_t sigterm, sigint;
-    int shutdown;   /* 0 running, 1 warm, 2 cold */
-    uint64_t shutdown_started;
-    int exit_code;
-    uint64_t seed;
-};
-
 static void schedule(struct worker *w);
 static void settle(struct job *j);
+static void revoke_terminated(struct job *j, const char *partial);
 static void job_release_ref(struct job *j);
 static void start_shutdown(struct worker *w, int cold);
 
@@ -213,6 +150,14 @@ static void ready_push(struct worker *w, struct job *j)
     w->nready++;
 }
 
+/* Held eta tasks are unacked deliveries: raise the prefetch window by one for
+ * each, as Celery does, so ready tasks behind them still arrive. */
+static void sync_prefetch(struct worker *w)
+{
+    broker_set_prefetch(w->broker,
+                        w->concurrency * w->cfg->prefetch_multiplier + (int)w->neta);
+}
+
 static void eta_push(struct worker *w, struct job *j)
 {
     job_set_state(j, JOB_ETA);
@@ -222,6 +167,24 @@ static void eta_push(struct worker *w, struct job *j)
         w->eta_head->prev = j;
     w->eta_head = j;
     w->neta++;
+    sync_prefetch(w);
+}
+
+/* -------------------------------------------------------- notifications */
+
+void worker_notify(struct worker *w, struct job *j, const struct task_event_info *info)
+{
+    events_on_task(w->events, j, info);
+    metrics_on_task(w->metrics, j, info);
+    progress_on_task(w->progress, j, info);
+}
+
+static void notify_simple(struct job *j, enum task_event_type type)
+{
+    struct task_event_info info;
+    memset(&info, 0, sizeof(info));
+    info.type = type;
+    worker_notify(j->w, j, &info);
 }
 
 /* ------------------------------------------------------------- outcomes */
@@ -260,10 +223,12 @@ static char *exc_meta(struct worker *w, struct job *j, const char *status,
     buf_init(&tb);
     /* A Python-looking traceback, so tools that print it show something
      * familiar; the frames are ours, not Python's. */
-    buf_printf(&tb, "Traceback (most recent call last):\n  File \"celeriac\", in %s\n%s%s%s: %s\n",
-               j->tm.task ? j->tm.task : "unknown",
-               strcmp(exc_module, "builtins") ? exc_module : "",
-               strcmp(exc_module, "builtins") ? "." : "", exc_type, message);
+    buf_printf(
+        &tb,
+        "Traceback (most recent call last):\n  File \"celeriac\", in %s\n%s%s%s: %s\n",
+        j->tm.task ? j->tm.task : "unknown",
+        strcmp(exc_module, "builtins") ? exc_module : "",
+        strcmp(exc_module, "builtins") ? "." : "", exc_type, message);
     meta = exc ? make_meta(w, j, status, exc, tb.data, ready) : NULL;
     cJSON_Delete(exc);
     buf_release(&tb);
@@ -305,7 +270,8 @@ static cJSON *dead_letter_headers(struct worker *w, struct job *j)
     SET("x-celeriac-exception-message", cJSON_CreateString(j->exc_message));
     SET("x-celeriac-http-status", cJSON_CreateNumber((double)j->http_status));
     SET("x-celeriac-retries", cJSON_CreateNumber(j->tm.retries));
-    SET("x-celeriac-original-exchange", cJSON_CreateString(m->exchange ? m->exchange : ""));
+    SET("x-celeriac-original-exchange",
+        cJSON_CreateString(m->exchange ? m->exchange : ""));
     SET("x-celeriac-original-routing-key",
         cJSON_CreateString(m->routing_key ? m->routing_key : ""));
     SET("x-celeriac-original-queue", cJSON_CreateString(m->queue ? m->queue : ""));
@@ -326,8 +292,9 @@ static void on_dead_letter_confirm(struct broker *b, int ok, void *privdata)
     if (!ok) {
         /* Not confirmed (nack or connection lost): the original delivery
          * stays unacked and comes back; its stored outcome stops a rerun. */
-        LOG(LOG_ERROR, "Task %s[%s] dead-letter publish not confirmed; leaving the message "
-                       "unacked",
+        LOG(LOG_ERROR,
+            "Task %s[%s] dead-letter publish not confirmed; leaving the message "
+            "unacked",
             job_name(j), j->tm.id ? j->tm.id : "?");
         job_set_state(j, JOB_DONE);
         if (j->in_map) {
@@ -362,9 +329,8 @@ static void dead_letter(struct job *j)
     p.delivery_mode = 2;
     p.priority = m->priority;
     p.headers = h;
-    rc = broker_publish(w->broker, w->cfg->dead_letter_exchange,
-                        m->queue ? m->queue : "", &p, m->body, m->body_len,
-                        on_dead_letter_confirm, j);
+    rc = broker_publish(w->broker, w->cfg->dead_letter_exchange, m->queue ? m->queue : "",
+                        &p, m->body, m->body_len, on_dead_letter_confirm, j);
     cJSON_Delete(h);
     if (rc) {
         LOG(LOG_ERROR, "Task %s[%s] cannot be dead-lettered now (%s); leaving it unacked",
@@ -429,10 +395,22 @@ static void settle(struct job *j)
 }
 
 /* A final failure: FAILURE stored (unless ignored) and the message dead-lettered. */
-static void fail_job(struct job *j, const char *exc_type, const char *exc_module,
-                     const char *message, const char *reason, int dead_letter)
+static void fail_job_llm(struct job *j, const char *exc_type, const char *exc_module,
+                         const char *message, const char *reason, int dead_letter,
+                         const struct llm_result *llm)
 {
     struct worker *w = j->w;
+    struct task_event_info info;
+    memset(&info, 0, sizeof(info));
+    info.type = TEV_FAILED;
+    info.exc_type = exc_type;
+    info.exc_message = message;
+    info.llm = llm;
+    info.runtime_s = j->t_started ? (double)(uv_now(w->loop) - j->t_started) / 1000.0 : 0;
+    if (j->tm.id)
+        worker_notify(w, j, &info);
+    if (dead_letter)
+        metrics_on_dead_letter(w->metrics, j);
     snprintf(j->exc_type, sizeof(j->exc_type), "%s", exc_type);
     snprintf(j->exc_message, sizeof(j->exc_message), "%s", message);
     snprintf(j->dlq_reason, sizeof(j->dlq_reason), "%s", reason);
@@ -446,6 +424,12 @@ static void fail_job(struct job *j, const char *exc_type, const char *exc_module
                 j->tm.id);
     }
     settle(j);
+}
+
+static void fail_job(struct job *j, const char *exc_type, const char *exc_module,
+                     const char *message, const char *reason, int dead_letter)
+{
+    fail_job_llm(j, exc_type, exc_module, message, reason, dead_letter, NULL);
 }
 
 /* ------------------------------------------------------------- retries */
@@ -464,8 +448,9 @@ static void on_retry_confirm(struct broker *b, int ok, void *privdata)
     if (!ok) {
         /* The retry message may not exist: leave the original unacked so
          * it comes back, rather than lose the task. */
-        LOG(LOG_ERROR, "Task %s[%s] retry publish not confirmed; the message will be "
-                       "redelivered",
+        LOG(LOG_ERROR,
+            "Task %s[%s] retry publish not confirmed; the message will be "
+            "redelivered",
             job_name(j), j->tm.id);
         job_set_state(j, JOB_DONE);
         if (j->in_map) {
@@ -546,11 +531,18 @@ static void log_success(struct job *j, const cJSON *result, double runtime)
     buf_release(&r);
 }
 
-static void succeed(struct job *j, cJSON *result)
+static void succeed(struct job *j, cJSON *result, const struct llm_result *llm)
 {
     struct worker *w = j->w;
     double runtime = (double)(uv_now(w->loop) - j->t_started) / 1000.0;
+    struct task_event_info info;
     log_success(j, result, runtime);
+    memset(&info, 0, sizeof(info));
+    info.type = TEV_SUCCEEDED;
+    info.result = result;
+    info.runtime_s = runtime;
+    info.llm = llm;
+    worker_notify(w, j, &info);
     cr_free(j->meta);
     j->meta = NULL;
     if (j->tm.ignore_result != 1) {
@@ -599,25 +591,31 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
             job_free(j);
         return;
     }
+    if (j->revoked) {
+        revoke_terminated(
+            j, res->chat && res->chat->content.data ? res->chat->content.data : NULL);
+        schedule(w);
+        return;
+    }
     if (res->verdict == LLM_OK) {
         cJSON *result = tasks_result(j->kind, (struct llm_result *)res);
         if (!result)
             fail_job(j, "MemoryError", "builtins", "out of memory building the result",
                      "internal", 0);
         else
-            succeed(j, result);
+            succeed(j, result, res);
         schedule(w);
         return;
     }
     j->http_status = res->http_status;
     if (res->verdict == LLM_RETRYABLE &&
         (w->cfg->max_retries < 0 || j->tm.retries < w->cfg->max_retries)) {
-        struct llm_backoff bo = {(int64_t)(w->cfg->retry_backoff * 1000),
-                                 w->cfg->retry_backoff_factor,
-                                 (int64_t)(w->cfg->retry_backoff_max * 1000),
-                                 w->cfg->retry_jitter};
-        int64_t delay = res->retry_after_ms >= 0 ? res->retry_after_ms
-                                                 : llm_backoff_ms(&bo, j->tm.retries, &w->seed);
+        struct llm_backoff bo = {
+            (int64_t)(w->cfg->retry_backoff * 1000), w->cfg->retry_backoff_factor,
+            (int64_t)(w->cfg->retry_backoff_max * 1000), w->cfg->retry_jitter};
+        int64_t delay = res->retry_after_ms >= 0
+                            ? res->retry_after_ms
+                            : llm_backoff_ms(&bo, j->tm.retries, &w->seed);
         char msg[700];
         snprintf(msg, sizeof(msg), "Retry in %.3fs: %s('%s')", (double)delay / 1000.0,
                  res->exc_type, res->message);
@@ -627,7 +625,15 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
             j->meta = exc_meta(w, j, "RETRY", res->exc_type, EXC_MODULE, res->message, 0);
         job_set_state(j, JOB_SETTLING);
         if (retry_job(j, delay) == 0) {
+            struct task_event_info info;
             LOG(LOG_INFO, "Task %s[%s] retry: %s", job_name(j), j->tm.id, msg);
+            memset(&info, 0, sizeof(info));
+            info.type = TEV_RETRIED;
+            info.exc_type = res->exc_type;
+            info.exc_message = res->message;
+            info.llm = res;
+            info.retry_delay_ms = delay;
+            worker_notify(w, j, &info);
             schedule(w);
             return;
         }
@@ -636,17 +642,26 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     }
     LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
         res->exc_type, res->message);
-    fail_job(j, res->exc_type,
-             !strncmp(res->exc_type, "SoftTimeLimit", 13) ||
-                     !strncmp(res->exc_type, "TimeLimit", 9)
-                 ? "billiard.exceptions"
-                 : EXC_MODULE,
-             res->message,
-             res->verdict == LLM_RETRYABLE ? "retries exhausted" : "permanent failure", 1);
+    fail_job_llm(j, res->exc_type,
+                 !strncmp(res->exc_type, "SoftTimeLimit", 13) ||
+                         !strncmp(res->exc_type, "TimeLimit", 9)
+                     ? "billiard.exceptions"
+                     : EXC_MODULE,
+                 res->message,
+                 res->verdict == LLM_RETRYABLE ? "retries exhausted"
+                                               : "permanent failure",
+                 1, res);
     schedule(w);
 }
 
 /* --------------------------------------------------------------- running */
+
+static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *privdata)
+{
+    struct job *j = privdata;
+    (void)r;
+    progress_on_delta(j->w->progress, j, text, len);
+}
 
 static void on_started_stored(struct backend *bk, int status, int skipped, void *privdata)
 {
@@ -661,16 +676,40 @@ static double effective_limit(double header, double dflt)
     return header > 0 ? header : dflt;
 }
 
-static void revoke_expired(struct job *j)
+/* Settles a job as REVOKED: reason "expired", "revoked" or "terminated". */
+static void revoke_job(struct job *j, const char *reason, const char *partial)
 {
     struct worker *w = j->w;
-    LOG(LOG_INFO, "Discarding revoked task: %s[%s] (expired)", job_name(j), j->tm.id);
+    struct task_event_info info;
+    LOG(LOG_INFO, "Discarding revoked task: %s[%s] (%s)", job_name(j), j->tm.id, reason);
+    memset(&info, 0, sizeof(info));
+    info.type = TEV_REVOKED;
+    info.expired = !strcmp(reason, "expired");
+    info.terminated = !strcmp(reason, "terminated");
+    info.partial_text = partial;
+    worker_notify(w, j, &info);
     cr_free(j->meta);
     j->meta = NULL;
-    if (j->tm.ignore_result != 1)
-        j->meta = exc_meta(w, j, "REVOKED", "TaskRevokedError", "celery.exceptions",
-                           "expired", 1);
+    if (j->tm.ignore_result != 1) {
+        cJSON *exc = result_exc_new("TaskRevokedError", "celery.exceptions", reason);
+        /* Extra keys are ignored by Celery's exception decoding, so the text
+         * produced before a terminate can travel with the REVOKED state. */
+        if (exc && partial)
+            cJSON_AddStringToObject(exc, "partial", partial);
+        j->meta = exc ? make_meta(w, j, "REVOKED", exc, NULL, 1) : NULL;
+        cJSON_Delete(exc);
+    }
     settle(j);
+}
+
+static void revoke_expired(struct job *j)
+{
+    revoke_job(j, "expired", NULL);
+}
+
+static void revoke_terminated(struct job *j, const char *partial)
+{
+    revoke_job(j, "terminated", partial);
 }
 
 static int expired(const struct job *j)
@@ -691,6 +730,10 @@ static void start_job(struct job *j)
         revoke_expired(j);
         return;
     }
+    if (worker_is_revoked(w, j->tm.id)) {
+        revoke_job(j, "revoked", NULL);
+        return;
+    }
     job_set_state(j, JOB_RUNNING);
     w->active++;
     j->rnext = w->run_head;
@@ -699,8 +742,24 @@ static void start_job(struct job *j)
     w->run_head = j;
     w->processed++;
     j->t_started = uv_now(w->loop);
-    j->hard_limit_s = effective_limit(j->tm.time_limit_hard, w->cfg->time_limit);
-    j->soft_limit_s = effective_limit(j->tm.time_limit_soft, w->cfg->soft_time_limit);
+    {
+        /* header, else the time_limit control command, else the options */
+        struct task_limits *tl = strmap_get(&w->task_limits, j->tm.task);
+        double hard = tl && tl->hard > 0 ? tl->hard : w->cfg->time_limit;
+        double soft = tl && tl->soft > 0 ? tl->soft : w->cfg->soft_time_limit;
+        j->hard_limit_s = effective_limit(j->tm.time_limit_hard, hard);
+        j->soft_limit_s = effective_limit(j->tm.time_limit_soft, soft);
+    }
+    {
+        struct task_total *tt = strmap_get(&w->totals, j->tm.task);
+        if (!tt && (tt = cr_calloc(1, sizeof(*tt))) &&
+            strmap_put(&w->totals, j->tm.task, tt)) {
+            cr_free(tt);
+            tt = NULL;
+        }
+        if (tt)
+            tt->n++;
+    }
     j->hard_deadline = j->hard_limit_s > 0
                            ? (int64_t)j->t_started + (int64_t)(j->hard_limit_s * 1000)
                            : 0;
@@ -711,6 +770,7 @@ static void start_job(struct job *j)
         for (int i = 0; i < j->nmsgs; i++)
             broker_ack(w->broker, j->msgs[i]);
     }
+    notify_simple(j, TEV_STARTED);
     if (w->cfg->track_started && j->tm.ignore_result != 1) {
         cJSON *info = cJSON_CreateObject();
         char *meta;
@@ -720,8 +780,8 @@ static void start_job(struct job *j)
         cJSON_Delete(info);
         /* Redis answers in order on one connection, so STARTED always lands
          * before the final state; the ack does not wait for it. */
-        if (meta && backend_store(w->backend, j->tm.id, meta, strlen(meta), on_started_stored,
-                                  j) == 0)
+        if (meta && backend_store(w->backend, j->tm.id, meta, strlen(meta),
+                                  on_started_stored, j) == 0)
             j->pending++;
         cr_free(meta);
     }
@@ -731,18 +791,18 @@ static void start_job(struct job *j)
         res = tasks_accumulate(&j->tm, &te);
         release_slot(j);
         if (res) {
-            succeed(j, res);
+            succeed(j, res, NULL);
         } else {
-            LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
-                te.exc_type[0] ? te.exc_type : "MemoryError", te.message);
-            fail_job(j, te.exc_type[0] ? te.exc_type : "MemoryError", "builtins", te.message,
-                     "task raised", 1);
+            LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j),
+                j->tm.id, te.exc_type[0] ? te.exc_type : "MemoryError", te.message);
+            fail_job(j, te.exc_type[0] ? te.exc_type : "MemoryError", "builtins",
+                     te.message, "task raised", 1);
         }
         return;
     }
     memset(&te, 0, sizeof(te));
-    rc = tasks_build_call(j->kind, &j->tm, w->cfg->llm_model, w->cfg->llm_embed_model, &call,
-                          &te);
+    rc = tasks_build_call(j->kind, &j->tm, w->cfg->llm_model, w->cfg->llm_embed_model,
+                          &call, &te);
     if (rc) {
         release_slot(j);
         if (rc == CR_ENOMEM)
@@ -759,7 +819,8 @@ static void start_job(struct job *j)
     rq.body = call.body;
     rq.body_len = call.body_len;
     rq.embed_list = call.embed_list;
-    j->req = llm_client_submit(w->llm, &rq, NULL, on_llm_done, j, &err);
+    j->attempt++;
+    j->req = llm_client_submit(w->llm, &rq, on_llm_delta, on_llm_done, j, &err);
     task_call_release(&call);
     if (!j->req) {
         release_slot(j);
@@ -772,11 +833,22 @@ static void start_job(struct job *j)
 /* Starts ready jobs while slots are free. */
 static void schedule(struct worker *w)
 {
-    while (w->active < w->concurrency && w->ready_head && w->shutdown != 2) {
-        struct job *j = w->ready_head;
+    struct job *j = w->ready_head, *next;
+    int64_t now = (int64_t)uv_now(w->loop);
+    while (j && w->active < w->concurrency && w->shutdown != 2) {
+        struct task_limits *tl =
+            w->task_limits.count ? strmap_get(&w->task_limits, j->tm.task) : NULL;
+        next = j->next;
+        /* A rate-limited task waits in the queue (the cron tries again) and
+         * does not hold up the tasks behind it. */
+        if (tl && tl->has_rate && token_bucket_take(&tl->bucket, now) > 0) {
+            j = next;
+            continue;
+        }
         list_unlink(&w->ready_head, &w->ready_tail, j);
         w->nready--;
         start_job(j);
+        j = next;
     }
     if (w->shutdown == 1 && w->live == 0)
         uv_stop(w->loop);
@@ -807,7 +879,8 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
          * its outcome is durable, so settle it without paying again. */
         if (!strcmp(st, "SUCCESS") ||
             (redelivered && (!strcmp(st, "FAILURE") || !strcmp(st, "REVOKED")))) {
-            LOG(LOG_INFO, "Task %s[%s] already has %s stored; acknowledging without running it",
+            LOG(LOG_INFO,
+                "Task %s[%s] already has %s stored; acknowledging without running it",
                 job_name(j), j->tm.id, st);
             finish_job(j);
             return;
@@ -823,6 +896,10 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         if (j->pending == 0)
             job_free(j);
         schedule(w);
+        return;
+    }
+    if (worker_is_revoked(w, j->tm.id)) {
+        revoke_job(j, "revoked", NULL);
         return;
     }
     if (j->tm.eta_us >= 0 && j->tm.eta_us > now_epoch_us())
@@ -853,6 +930,10 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
     int rc;
     (void)b;
 
+    if (m->no_ack) {
+        pidbox_on_message(w->pidbox, m);
+        return;
+    }
     if (w->shutdown) {
         broker_reject(w->broker, m, 1);
         broker_msg_free(m);
@@ -889,11 +970,11 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
                    m->body_len, w->cfg->max_message_size);
     }
     if (rc) {
-        const char *type = rc == CR_ECONTENT ? "ContentDisallowed"
+        const char *type = rc == CR_ECONTENT  ? "ContentDisallowed"
                            : rc == CR_ETOOBIG ? "MessageTooLarge"
                            : rc == CR_EPROTO  ? "InvalidTaskError"
                                               : "DecodeError";
-        const char *module = rc == CR_ECONTENT ? "kombu.exceptions"
+        const char *module = rc == CR_ECONTENT  ? "kombu.exceptions"
                              : rc == CR_EDECODE ? "kombu.exceptions"
                              : rc == CR_EPROTO  ? "celery.exceptions"
                                                 : EXC_MODULE;
@@ -936,11 +1017,16 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
         return;
     }
     j->in_map = 1;
-    LOG(LOG_INFO, "Task %s[%s] received", job_name(j), j->tm.id);
     if (expired(j)) {
         revoke_expired(j);
         return;
     }
+    if (worker_is_revoked(w, j->tm.id)) {
+        revoke_job(j, "revoked", NULL);
+        return;
+    }
+    LOG(LOG_INFO, "Task %s[%s] received", job_name(j), j->tm.id);
+    notify_simple(j, TEV_RECEIVED);
     if (backend_get(w->backend, j->tm.id, on_meta, j)) {
         broker_reject(w->broker, m, 1);
         job_set_state(j, JOB_DONE);
@@ -974,6 +1060,7 @@ static void on_cron(uv_timer_t *t)
         if (j->tm.eta_us <= now_us) {
             list_unlink(&w->eta_head, NULL, j);
             w->neta--;
+            sync_prefetch(w);
             ready_push(w, j);
         }
     }
@@ -998,11 +1085,180 @@ static void on_cron(uv_timer_t *t)
         }
     }
     if (w->shutdown == 1 && w->cfg->shutdown_timeout > 0 &&
-        uv_now(w->loop) - w->shutdown_started > (uint64_t)(w->cfg->shutdown_timeout * 1000)) {
+        uv_now(w->loop) - w->shutdown_started >
+            (uint64_t)(w->cfg->shutdown_timeout * 1000)) {
         LOG(LOG_WARNING, "worker: warm shutdown timed out after %.0fs; going cold",
             w->cfg->shutdown_timeout);
         start_shutdown(w, 1);
     }
+}
+
+/* --------------------------------------------------------------- control */
+
+static void revoked_drop_expired(struct worker *w, int64_t now_s)
+{
+    while (w->revoked_head && (w->revoked_head->expires_epoch_s <= now_s ||
+                               w->revoked.count > WORKER_REVOKES_MAX)) {
+        struct revoked_id *r = w->revoked_head;
+        w->revoked_head = r->next;
+        if (!w->revoked_head)
+            w->revoked_tail = NULL;
+        if (strmap_get(&w->revoked, r->id) == r)
+            strmap_del(&w->revoked, r->id);
+        cr_free(r);
+    }
+}
+
+void worker_remember_revoked(struct worker *w, const char *id, int64_t expires_epoch_s)
+{
+    size_t n = strlen(id);
+    struct revoked_id *r, *old = strmap_get(&w->revoked, id);
+    if (old) {
+        if (expires_epoch_s > old->expires_epoch_s)
+            old->expires_epoch_s = expires_epoch_s;
+        return;
+    }
+    r = cr_malloc(sizeof(*r) + n + 1);
+    if (!r)
+        return;
+    memcpy(r->id, id, n + 1);
+    r->expires_epoch_s = expires_epoch_s;
+    r->next = NULL;
+    if (strmap_put(&w->revoked, r->id, r)) {
+        cr_free(r);
+        return;
+    }
+    /* Oldest first; an id given a later expiry keeps its place, which only
+     * makes it leave a little early under the size bound. */
+    if (w->revoked_tail)
+        w->revoked_tail->next = r;
+    else
+        w->revoked_head = r;
+    w->revoked_tail = r;
+    revoked_drop_expired(w, now_epoch_us() / 1000000);
+}
+
+int worker_is_revoked(struct worker *w, const char *id)
+{
+    struct revoked_id *r;
+    if (!w->revoked.count || !id)
+        return 0;
+    r = strmap_get(&w->revoked, id);
+    return r && r->expires_epoch_s > now_epoch_us() / 1000000;
+}
+
+void worker_each_revoked(struct worker *w,
+                         void (*fn)(const char *id, int64_t expires_epoch_s, void *arg),
+                         void *arg)
+{
+    revoked_drop_expired(w, now_epoch_us() / 1000000);
+    for (struct revoked_id *r = w->revoked_head; r; r = r->next)
+        if (strmap_get(&w->revoked, r->id) == r)
+            fn(r->id, r->expires_epoch_s, arg);
+}
+
+int worker_revoke(struct worker *w, const char *id, int terminate)
+{
+    struct job *j;
+    worker_remember_revoked(w, id, now_epoch_us() / 1000000 + WORKER_REVOKE_EXPIRES_S);
+    j = strmap_get(&w->jobs, id);
+    if (!j)
+        return 0;
+    switch (j->state) {
+    case JOB_READY:
+        list_unlink(&w->ready_head, &w->ready_tail, j);
+        w->nready--;
+        revoke_job(j, "revoked", NULL);
+        return 0;
+    case JOB_ETA:
+        list_unlink(&w->eta_head, NULL, j);
+        w->neta--;
+        revoke_job(j, "revoked", NULL);
+        return 0;
+    case JOB_RUNNING:
+        if (!terminate || !j->req)
+            return 0;
+        LOG(LOG_INFO, "Terminating %s[%s]", job_name(j), j->tm.id);
+        j->revoked = 1;
+        /* on_done follows from the loop: see on_llm_done's revoked path. */
+        llm_req_abort(j->req, CR_ECANCELED, "TaskRevokedError", "terminated");
+        j->req = NULL;
+        return 1;
+    default:
+        /* CHECKING: on_meta sees the revoked id; SETTLING/DONE: too late. */
+        return 0;
+    }
+}
+
+void worker_set_concurrency(struct worker *w, int n)
+{
+    if (n < 1)
+        n = 1;
+    w->concurrency = n;
+    broker_set_prefetch(w->broker, n * w->cfg->prefetch_multiplier + (int)w->neta);
+    schedule(w);
+}
+
+int worker_knows_task(struct worker *w, const char *name)
+{
+    return tasks_lookup(name, w->cfg->aliases.items, w->cfg->aliases.n) != TASK_UNKNOWN;
+}
+
+static struct task_limits *limits_for(struct worker *w, const char *task)
+{
+    struct task_limits *tl = strmap_get(&w->task_limits, task);
+    if (tl)
+        return tl;
+    tl = cr_calloc(1, sizeof(*tl));
+    if (!tl)
+        return NULL;
+    if (strmap_put(&w->task_limits, task, tl)) {
+        cr_free(tl);
+        return NULL;
+    }
+    return tl;
+}
+
+int worker_set_rate_limit(struct worker *w, const char *task, const char *rate)
+{
+    struct task_limits *tl;
+    double r;
+    if (!worker_knows_task(w, task))
+        return CR_ENOTFOUND;
+    r = ratelimit_parse(rate);
+    if (r < 0)
+        return CR_EINVAL;
+    tl = limits_for(w, task);
+    if (!tl)
+        return CR_ENOMEM;
+    tl->has_rate = r > 0;
+    snprintf(tl->rate_text, sizeof(tl->rate_text), "%s", r > 0 ? rate : "");
+    token_bucket_init(&tl->bucket, r, (int64_t)uv_now(w->loop));
+    schedule(w);
+    return 0;
+}
+
+int worker_set_time_limit(struct worker *w, const char *task, double soft, double hard)
+{
+    struct task_limits *tl;
+    if (!worker_knows_task(w, task))
+        return CR_ENOTFOUND;
+    tl = limits_for(w, task);
+    if (!tl)
+        return CR_ENOMEM;
+    tl->soft = soft > 0 ? soft : 0;
+    tl->hard = hard > 0 ? hard : 0;
+    return 0;
+}
+
+void worker_request_shutdown(struct worker *w)
+{
+    start_shutdown(w, 0);
+}
+
+const char *worker_job_text(const struct job *j)
+{
+    return j->req ? llm_req_text(j->req, NULL) : "";
 }
 
 /* -------------------------------------------------------------- shutdown */
@@ -1089,6 +1345,9 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     if (!w->seed)
         w->seed = 1;
     strmap_init(&w->jobs);
+    strmap_init(&w->revoked);
+    strmap_init(&w->task_limits);
+    strmap_init(&w->totals);
     /* Thousands of provider connections need thousands of descriptors. */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
@@ -1157,8 +1416,8 @@ static void banner(struct worker *w)
             "- ** ---------- .> llm:         %s (model %s)\n"
             "--- ***** ----- \n"
             " -------------- [queues]\n",
-            c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency, c->llm_base_url,
-            c->llm_model);
+            c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency,
+            c->llm_base_url, c->llm_model);
     for (int i = 0; i < c->queues.n; i++)
         fprintf(stderr, "                .> %-16s exchange=%s(direct) key=%s\n",
                 c->queues.items[i], c->queues.items[i], c->queues.items[i]);
@@ -1176,6 +1435,14 @@ int worker_start(struct worker *w, struct cr_err *err)
     if (backend_wait_connected(w->backend, w->loop, 10000, err))
         return err->code;
     if (broker_connect(w->broker, err))
+        return err->code;
+    w->started_ms = uv_now(w->loop);
+    w->started_epoch_us = now_epoch_us();
+    w->events = events_new(w);
+    w->pidbox = pidbox_new(w);
+    w->progress = progress_new(w);
+    w->metrics = metrics_new(w, err);
+    if (!w->metrics && err->code)
         return err->code;
     uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
@@ -1196,6 +1463,13 @@ static void on_closed(uv_handle_t *h)
     (void)h;
 }
 
+static void free_value_cb(const char *key, void *value, void *arg)
+{
+    (void)key;
+    (void)arg;
+    cr_free(value);
+}
+
 static void free_job_cb(const char *key, void *value, void *arg)
 {
     struct job *j = value;
@@ -1211,11 +1485,26 @@ void worker_free(struct worker *w)
     /* Order matters for a cold stop: the broker connection closes first, so
      * every unacked delivery is back in its queue before anything else. */
     w->shutdown = 2;
+    /* worker-offline goes out while the connection is still up */
+    events_free(w->events);
+    pidbox_free(w->pidbox);
+    metrics_free(w->metrics);
+    progress_free(w->progress);
     broker_free(w->broker);
     llm_client_free(w->llm);
     backend_free(w->backend);
     strmap_each(&w->jobs, free_job_cb, NULL);
     strmap_release(&w->jobs);
+    while (w->revoked_head) {
+        struct revoked_id *r = w->revoked_head;
+        w->revoked_head = r->next;
+        cr_free(r);
+    }
+    strmap_release(&w->revoked);
+    strmap_each(&w->task_limits, free_value_cb, NULL);
+    strmap_release(&w->task_limits);
+    strmap_each(&w->totals, free_value_cb, NULL);
+    strmap_release(&w->totals);
     while (w->ready_head) {
         struct job *j = w->ready_head;
         list_unlink(&w->ready_head, &w->ready_tail, j);

@@ -1,0 +1,190 @@
+/* worker_int.h -- the worker's internal structs, shared by the worker's own
+ * modules (events, remote control, metrics, progress). Read these freely on the
+ * loop thread; change job and worker state only through the functions declared
+ * at the end (they keep the one-settle-per-delivery invariant). */
+#ifndef CR_WORKER_INT_H
+#define CR_WORKER_INT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "broker.h"
+#include "config.h"
+#include "tasks.h"
+#include "llm/llm_client.h"
+#include "protocol/celery_msg.h"
+#include "util/strmap.h"
+#include "ratelimit.h"
+
+struct events;
+struct pidbox;
+struct metrics;
+struct progress;
+
+enum job_state {
+    JOB_CHECKING, /* waiting for the backend GET */
+    JOB_ETA,      /* held until its eta, no slot */
+    JOB_READY,    /* waiting for a slot */
+    JOB_RUNNING,  /* LLM call in flight (holds a slot) */
+    JOB_SETTLING, /* outcome being made durable, then acked */
+    JOB_DONE,     /* freed when nothing async refers to it */
+};
+
+/* kept in sync with enum job_state */
+static const char *const job_state_names[]
+    __attribute__((unused)) = {"CHECKING", "ETA", "READY", "RUNNING", "SETTLING", "DONE"};
+
+struct job {
+    struct worker *w;
+    struct job *prev, *next;   /* ready queue or eta list */
+    struct job *rprev, *rnext; /* running list */
+    enum job_state state;
+    struct task_msg tm;
+    enum task_kind kind;
+    struct broker_msg **msgs; /* every delivery of this task id; [0] the first */
+    int nmsgs;
+    int pending; /* async operations that will call back with this job */
+    int in_map;
+    struct llm_req *req;
+    uint64_t t_received; /* loop ms */
+    uint64_t t_started;
+    int64_t received_epoch_us;
+    int64_t soft_deadline; /* loop ms, 0 none */
+    int64_t hard_deadline;
+    double hard_limit_s;
+    double soft_limit_s;
+    /* outcome */
+    char *meta; /* JSON to store, or NULL */
+    char exc_type[64];
+    char exc_message[512];
+    long http_status;
+    int dead_letter; /* publish to the DLX before acking */
+    char dlq_reason[64];
+    int revoked; /* terminated by revoke: settle as REVOKED */
+    int attempt; /* LLM attempts made by this worker for this delivery */
+};
+
+struct worker {
+    const struct config *cfg;
+    uv_loop_t *loop;
+    struct broker *broker;
+    struct backend *backend;
+    struct llm_client *llm;
+    char *chat_url;
+    char *embed_url;
+    struct broker_config bcfg;
+
+    struct strmap jobs; /* task id -> job, for jobs not yet settled */
+    struct job *ready_head, *ready_tail;
+    struct job *eta_head;
+    size_t nready, neta;
+    int active;           /* jobs holding a slot */
+    size_t live;          /* jobs allocated, whatever their state */
+    struct job *run_head; /* jobs holding a slot, for the time-limit sweep */
+    int concurrency;
+    unsigned long processed;
+    int prefetch_sent;
+
+    uv_timer_t cron;
+    uv_signal_t sigterm, sigint;
+    int shutdown; /* 0 running, 1 warm, 2 cold */
+    uint64_t shutdown_started;
+    int exit_code;
+    uint64_t seed;
+
+    /* remote control state */
+    struct strmap revoked;                          /* task id -> struct revoked_id */
+    struct revoked_id *revoked_head, *revoked_tail; /* oldest first */
+    struct strmap task_limits;                      /* task name -> struct task_limits */
+    struct strmap totals; /* task name -> struct task_total (stats "total") */
+    uint64_t started_ms;  /* loop time at start */
+    int64_t started_epoch_us;
+
+    /* observers; each may be NULL */
+    struct events *events;
+    struct pidbox *pidbox;
+    struct metrics *metrics;
+    struct progress *progress;
+};
+
+struct revoked_id {
+    struct revoked_id *next;
+    int64_t expires_epoch_s;
+    char id[];
+};
+
+struct task_limits {
+    double soft, hard; /* 0: not set */
+    int has_rate;
+    char rate_text[32];
+    struct token_bucket bucket;
+};
+
+struct task_total {
+    unsigned long n;
+};
+
+/* ---------------------------------------------------------- notifications */
+
+enum task_event_type {
+    TEV_RECEIVED,
+    TEV_STARTED,
+    TEV_SUCCEEDED,
+    TEV_FAILED,
+    TEV_RETRIED,
+    TEV_REVOKED,
+    TEV_REJECTED,
+};
+
+/* What happened to a job, for events, metrics and progress. Borrowed for the
+ * call. */
+struct task_event_info {
+    enum task_event_type type;
+    const cJSON *result;  /* SUCCEEDED */
+    double runtime_s;     /* SUCCEEDED, FAILED */
+    const char *exc_type; /* FAILED, RETRIED */
+    const char *exc_message;
+    const char *traceback;
+    const struct llm_result *llm; /* the LLM call that ended it, or NULL */
+    int requeue;                  /* REJECTED */
+    int terminated, expired;      /* REVOKED */
+    const char *partial_text;     /* REVOKED by terminate: text so far, or NULL */
+    int64_t retry_delay_ms;       /* RETRIED */
+};
+
+/* Called by worker.c at each step; fans out to events, metrics and progress. */
+void worker_notify(struct worker *w, struct job *j, const struct task_event_info *info);
+
+/* ------------------------------------------------- control (remote or local) */
+
+#define WORKER_REVOKES_MAX 50000
+#define WORKER_REVOKE_EXPIRES_S 10800
+
+/* Remembers id as revoked (bounded, with expiry). A job of that id not yet
+ * started is settled as REVOKED now; a running one is aborted when terminate
+ * is set (its transfer stops within one cron tick) and settled as REVOKED with
+ * its partial text. Returns 1 when a running task was terminated, else 0. */
+int worker_revoke(struct worker *w, const char *id, int terminate);
+int worker_is_revoked(struct worker *w, const char *id);
+/* Adds an id with a given expiry (statedb, mingle) without touching jobs. */
+void worker_remember_revoked(struct worker *w, const char *id, int64_t expires_epoch_s);
+/* Calls fn for each remembered revoked id (expired ones are dropped first). */
+void worker_each_revoked(struct worker *w,
+                         void (*fn)(const char *id, int64_t expires_epoch_s, void *arg),
+                         void *arg);
+/* Live concurrency change (pool_grow/pool_shrink); prefetch follows. n >= 1. */
+void worker_set_concurrency(struct worker *w, int n);
+/* Celery rate_limit: NULL, "" or "0" removes the limit. Returns 0, CR_EINVAL for
+ * a bad rate, CR_ENOTFOUND for an unknown task name. */
+int worker_set_rate_limit(struct worker *w, const char *task, const char *rate);
+/* Celery time_limit for a task name (seconds, 0 = none). 0 or CR_ENOTFOUND. */
+int worker_set_time_limit(struct worker *w, const char *task, double soft, double hard);
+/* Whether name runs here (built-in or alias). */
+int worker_knows_task(struct worker *w, const char *name);
+/* Warm shutdown, as SIGTERM. */
+void worker_request_shutdown(struct worker *w);
+/* Text generated so far by a running job (progress), or "" . Borrowed. */
+const char *worker_job_text(const struct job *j);
+
+#endif
