@@ -1,7 +1,7 @@
 # celeriac -- native Celery worker for LLM jobs.
 # Targets: all test unit integration demo bench asan valgrind fuzz format check-src clean
 
-PKGS      := librabbitmq libcurl libcjson hiredis libuv
+PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets
 CC        ?= cc
 BUILD     ?= build
 WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
@@ -13,7 +13,7 @@ LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lm
 CHECK_LIBS = $(shell pkg-config --libs check)
 CHECK_CFLAGS = $(shell pkg-config --cflags check)
 
-LIB_SRC   := $(wildcard util/*.c protocol/*.c llm/*.c) \
+LIB_SRC   := $(wildcard util/*.c protocol/*.c llm/*.c gateway/*.c) \
 	         $(filter-out worker/main.c,$(wildcard worker/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB       := $(BUILD)/libceleriac.a

@@ -4,20 +4,32 @@
 #include <curl/curl.h>
 #include <uv.h>
 
+#include "worker/commands.h"
 #include "worker/config.h"
 #include "worker/log.h"
 #include "worker/worker.h"
 #include "util/alloc.h"
 
+static const struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"worker", cmd_worker, "run a Celery-compatible worker for LLM tasks"},
+    {"gateway", cmd_gateway, "HTTP and WebSocket gateway: submit tasks, stream progress"},
+    {"dlq", cmd_dlq, "list, show, replay or purge dead-lettered tasks"},
+    {"top", cmd_top, "live terminal view of workers"},
+};
+
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: celeriac <command> [options]\n\n"
-                 "commands:\n"
-                 "  worker     run a Celery-compatible worker for LLM tasks\n\n"
-                 "Run 'celeriac <command> --help' for the options of a command.\n");
+    fprintf(out, "usage: celeriac <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\nRun 'celeriac <command> --help' for the options of a command.\n");
 }
 
-static int cmd_worker(int argc, char **argv)
+int cmd_worker(int argc, char **argv)
 {
     struct config cfg;
     struct cr_err err;
@@ -61,9 +73,11 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (!strcmp(argv[1], "worker")) {
-        rc = cmd_worker(argc - 1, argv + 1);
-    } else {
+    rc = -1;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            rc = commands[i].fn(argc - 1, argv + 1);
+    if (rc == -1) {
         fprintf(stderr, "celeriac: unknown command '%s'\n", argv[1]);
         usage(stderr);
         rc = 2;
