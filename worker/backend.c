@@ -12,7 +12,7 @@
 #include "log.h"
 #include "util/alloc.h"
 
-#define KEY_PREFIX "celery-task-meta-"
+#define KEY_PREFIX BACKEND_META_PREFIX
 #define CONNECT_TIMEOUT_MS 5000
 #define RECONNECT_MAX_MS 5000
 
@@ -27,7 +27,7 @@ static const char store_script[] =
     "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
     "return 1\n";
 
-enum op_kind { OP_STORE, OP_GET };
+enum op_kind { OP_STORE, OP_GET, OP_RAW };
 
 struct op {
     struct op *next;
@@ -38,6 +38,10 @@ struct op {
     size_t value_len;
     backend_store_fn *store_cb;
     backend_get_fn *get_cb;
+    backend_reply_fn *raw_cb;
+    int argc; /* OP_RAW */
+    char **argv;
+    size_t *argvlen;
     void *privdata;
 };
 
@@ -71,6 +75,10 @@ static void send_op(struct backend *bk, struct op *op);
 
 static void op_free(struct op *op)
 {
+    for (int i = 0; i < op->argc; i++)
+        cr_free(op->argv[i]);
+    cr_free(op->argv);
+    cr_free(op->argvlen);
     cr_free(op->key);
     cr_free(op->value);
     cr_free(op);
@@ -268,7 +276,10 @@ static void start_connect(struct backend *bk)
 
 static void finish_op(struct op *op, int status, const redisReply *reply)
 {
-    if (op->kind == OP_STORE) {
+    if (op->kind == OP_RAW) {
+        if (op->raw_cb)
+            op->raw_cb(op->bk, status, (const struct redisReply *)reply, op->privdata);
+    } else if (op->kind == OP_STORE) {
         int skipped = reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0;
         op->store_cb(op->bk, status, skipped, op->privdata);
     } else if (reply && reply->type == REDIS_REPLY_STRING) {
@@ -308,6 +319,10 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_push(bk, op);
         return;
     }
+    if (reply->type == REDIS_REPLY_ERROR && op->kind == OP_RAW) {
+        finish_op(op, 0, reply);
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
         /* Redis said no (OOM, READONLY replica, LOADING...): try again later
          * rather than lose the result. */
@@ -337,6 +352,9 @@ static void send_op(struct backend *bk, struct op *op)
                           op->value_len,
                           strlen(bk->expires_text)};
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
+    } else if (op->kind == OP_RAW) {
+        rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc, (const char **)op->argv,
+                                   op->argvlen);
     } else {
         rc = redisAsyncCommand(bk->ac, on_reply, op, "GET %s", op->key);
     }
@@ -402,6 +420,36 @@ int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
         return CR_ENOMEM;
     op->get_cb = cb;
     op->privdata = privdata;
+    return submit(bk, op);
+}
+
+int backend_command(struct backend *bk, int argc, const char *const *argv,
+                    const size_t *argvlen, backend_reply_fn *cb, void *privdata)
+{
+    struct op *op = cr_calloc(1, sizeof(*op));
+    if (!op)
+        return CR_ENOMEM;
+    op->bk = bk;
+    op->kind = OP_RAW;
+    op->raw_cb = cb;
+    op->privdata = privdata;
+    op->argv = cr_calloc((size_t)argc, sizeof(*op->argv));
+    op->argvlen = cr_calloc((size_t)argc, sizeof(*op->argvlen));
+    if (!op->argv || !op->argvlen) {
+        op_free(op);
+        return CR_ENOMEM;
+    }
+    for (int i = 0; i < argc; i++) {
+        size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
+        op->argv[i] = cr_strndup(argv[i], n);
+        if (!op->argv[i]) {
+            op->argc = i;
+            op_free(op);
+            return CR_ENOMEM;
+        }
+        op->argvlen[i] = n;
+    }
+    op->argc = argc;
     return submit(bk, op);
 }
 

@@ -49,6 +49,21 @@ int backend_store(struct backend *bk, const char *task_id, const char *json, siz
 int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
                 void *privdata);
 
+/* Any Redis command (argv copied), e.g. XADD for progress streams. cb (may be
+ * NULL) gets the hiredis reply (borrowed for the call; an error reply is passed
+ * on, not retried) or NULL with CR_ECANCELED on backend_free(). Like the other
+ * operations it waits for a reconnect and is sent again when a connection
+ * drops unanswered, so use it for idempotent commands. Never calls back from
+ * inside this call. Returns 0 or CR_ENOMEM. */
+struct redisReply;
+typedef void backend_reply_fn(struct backend *bk, int status, const struct redisReply *reply,
+                              void *privdata);
+int backend_command(struct backend *bk, int argc, const char *const *argv,
+                    const size_t *argvlen, backend_reply_fn *cb, void *privdata);
+
+/* The key prefix results are stored under ("celery-task-meta-"). */
+#define BACKEND_META_PREFIX "celery-task-meta-"
+
 int backend_connected(const struct backend *bk);
 unsigned long backend_reconnects(const struct backend *bk);
 /* Operations not yet answered (waiting or in flight). */
