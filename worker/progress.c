@@ -1,29 +1,531 @@
-/* progress.c -- live progress. NEEDSWORK: stub until issue 5 lands. */
+/* progress.c -- live progress: batched Redis Stream entries and throttled
+ * PROGRESS metas for running tasks (see progress.h for the wire format). */
 #include "progress.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "worker_int.h"
+#include "protocol/result.h"
+#include "util/alloc.h"
+#include "util/strmap.h"
+
+/* ================================================================ batching */
+
+void progress_batch_init(struct progress_batch *b)
+{
+    buf_init(&b->text);
+    b->tokens = 0;
+    b->first_ms = -1;
+    b->meta_ms = -1;
+    b->start_ms = -1;
+    b->meta_dirty = 0;
+}
+
+void progress_batch_release(struct progress_batch *b)
+{
+    buf_release(&b->text);
+    progress_batch_init(b);
+}
+
+int progress_batch_add(struct progress_batch *b, const char *text, size_t len,
+                       int64_t now_ms)
+{
+    if (len && buf_append(&b->text, text, len))
+        return CR_ENOMEM;
+    if (b->first_ms < 0 && b->text.len)
+        b->first_ms = now_ms;
+    if (b->start_ms < 0)
+        b->start_ms = now_ms;
+    b->tokens++;
+    b->meta_dirty = 1;
+    return 0;
+}
+
+static int64_t meta_due_at(const struct progress_batch *b,
+                           const struct progress_policy *pol)
+{
+    if (b->meta_ms < 0)
+        return b->start_ms + pol->interval_ms;
+    return b->meta_ms +
+           (pol->meta_gap_ms > pol->interval_ms ? pol->meta_gap_ms : pol->interval_ms);
+}
+
+int progress_batch_due(const struct progress_batch *b, const struct progress_policy *pol,
+                       int64_t now_ms)
+{
+    int due = 0;
+    if (pol->stream && b->text.len &&
+        (b->text.len >= pol->max_bytes || now_ms - b->first_ms >= pol->interval_ms))
+        due |= PROGRESS_DUE_STREAM;
+    if (pol->meta && b->meta_dirty && now_ms >= meta_due_at(b, pol))
+        due |= PROGRESS_DUE_META;
+    return due;
+}
+
+int64_t progress_batch_wait_ms(const struct progress_batch *b,
+                               const struct progress_policy *pol, int64_t now_ms)
+{
+    int64_t at = -1;
+    if (pol->stream && b->text.len)
+        at = b->text.len >= pol->max_bytes ? now_ms : b->first_ms + pol->interval_ms;
+    if (pol->meta && b->meta_dirty) {
+        int64_t m = meta_due_at(b, pol);
+        if (at < 0 || m < at)
+            at = m;
+    }
+    if (at < 0)
+        return -1;
+    return at > now_ms ? at - now_ms : 0;
+}
+
+void progress_batch_took_stream(struct progress_batch *b)
+{
+    buf_reset(&b->text);
+    b->first_ms = -1;
+}
+
+void progress_batch_took_meta(struct progress_batch *b, int64_t now_ms)
+{
+    b->meta_ms = now_ms;
+    b->meta_dirty = 0;
+}
+
+/* ============================================================ the writer */
+
+/* One script does the whole write so that it is atomic and costs one round
+ * trip: it numbers the entry after the stream's last one (so seq continues
+ * across workers and attempts), decides the attempt (a new run of the task
+ * id is a new attempt), drops a command resent after a reconnect (same run,
+ * entry counter not newer), appends, trims, sets the TTL and notifies; then
+ * it stores the PROGRESS meta unless a final state is already there (Celery's
+ * own store only protects SUCCESS, but PROGRESS must never hide a FAILURE).
+ * KEYS: stream, meta. ARGV: run, n, attempt hint, state, text, tokens, maxlen,
+ * ttl, write stream (1/0), meta JSON or "", then extra field/value pairs.
+ * NEEDSWORK: EVALSHA would save sending the script text with every write. */
+static const char write_script[] =
+    "local at=tonumber(ARGV[3]) local seq=0\n"
+    "if ARGV[9]=='1' then\n"
+    " local last=redis.call('XREVRANGE',KEYS[1],'+','-','COUNT',1)[1]\n"
+    " if last then\n"
+    "  seq=tonumber(string.match(last[1],'%-(%d+)$'))\n"
+    "  local f,run,n,la=last[2],nil,0,0\n"
+    "  for i=1,#f,2 do\n"
+    "   if f[i]=='run' then run=f[i+1] elseif f[i]=='n' then n=tonumber(f[i+1])\n"
+    "   elseif f[i]=='attempt' then la=tonumber(f[i+1]) end\n"
+    "  end\n"
+    "  if run==ARGV[1] then\n"
+    "   if n>=tonumber(ARGV[2]) then return -1 end\n"
+    "   at=la\n"
+    "  elseif la>=at then at=la+1 end\n"
+    " end\n"
+    " seq=seq+1\n"
+    " local a={'XADD',KEYS[1],'MAXLEN','~',ARGV[7],'0-'..seq,'seq',seq,'attempt',at,\n"
+    "  'state',ARGV[4],'text',ARGV[5],'tokens',ARGV[6],'run',ARGV[1],'n',ARGV[2]}\n"
+    " for i=11,#ARGV do a[#a+1]=ARGV[i] end\n"
+    " redis.call(unpack(a))\n"
+    " if tonumber(ARGV[8])>0 then redis.call('EXPIRE',KEYS[1],ARGV[8]) end\n"
+    " redis.call('PUBLISH',KEYS[1],seq)\n"
+    "end\n"
+    "if ARGV[10]~='' then\n"
+    " local cur=redis.call('GET',KEYS[2])\n"
+    " if cur and (string.find(cur,'^{\"status\": *\"SUCCESS\"') or\n"
+    "  string.find(cur,'^{\"status\": *\"FAILURE\"') or\n"
+    "  string.find(cur,'^{\"status\": *\"REVOKED\"')) then return seq end\n"
+    " if tonumber(ARGV[8])>0 then redis.call('SETEX',KEYS[2],ARGV[8],ARGV[10])\n"
+    " else redis.call('SET',KEYS[2],ARGV[10]) end\n"
+    " redis.call('PUBLISH',KEYS[2],ARGV[10])\n"
+    "end\n"
+    "return seq\n";
+
+/* Writes are not sent while this many backend operations are unanswered
+ * (Redis slow or away): text keeps collecting in the batch instead, so memory
+ * stays bounded by the text itself. */
+#define BACKLOG_MAX 5000
+
+struct ptask {
+    struct ptask *prev, *next;
+    struct job *j; /* borrowed from STARTED to the closing event */
+    char *id;
+    char run[128];
+    long n; /* entries written by this run */
+    struct progress_batch b;
+};
+
+struct progress {
+    struct worker *w;
+    struct progress_policy pol;
+    struct strmap tasks; /* task id -> struct ptask */
+    struct ptask *head;
+    uv_timer_t *timer; /* heap: freed in its close callback */
+    unsigned long runs;
+    int oom_logged;
+    char ttl[24];
+    char maxlen[24];
+};
+
+static int64_t now_ms(struct progress *p)
+{
+    return (int64_t)uv_now(p->w->loop);
+}
+
+/* Sends one write. state NULL: meta only. extra: NULL-terminated pairs. */
+static void write_entry(struct progress *p, struct ptask *t, const char *state,
+                        const char *text, size_t text_len, long tokens, const char *meta,
+                        const char *const *extra)
+{
+    const char *argv[20];
+    size_t lens[20];
+    char nbuf[24], atbuf[24], tokbuf[24];
+    struct buf key, mkey;
+    int argc = 0, rc;
+
+    buf_init(&key);
+    buf_init(&mkey);
+    if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, t->id) ||
+        buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->id))
+        goto oom;
+    if (state)
+        t->n++;
+    snprintf(nbuf, sizeof(nbuf), "%ld", t->n);
+    snprintf(atbuf, sizeof(atbuf), "%d", t->j ? t->j->tm.retries + 1 : 1);
+    snprintf(tokbuf, sizeof(tokbuf), "%ld", tokens);
+#define ARG(s, l)                                                                        \
+    do {                                                                                 \
+        argv[argc] = (s);                                                                \
+        lens[argc++] = (l);                                                              \
+    } while (0)
+    ARG("EVAL", 4);
+    ARG(write_script, sizeof(write_script) - 1);
+    ARG("2", 1);
+    ARG(key.data, key.len);
+    ARG(mkey.data, mkey.len);
+    ARG(t->run, strlen(t->run));
+    ARG(nbuf, strlen(nbuf));
+    ARG(atbuf, strlen(atbuf));
+    ARG(state ? state : "", state ? strlen(state) : 0);
+    ARG(text ? text : "", text ? text_len : 0);
+    ARG(tokbuf, strlen(tokbuf));
+    ARG(p->maxlen, strlen(p->maxlen));
+    ARG(p->ttl, strlen(p->ttl));
+    ARG(state ? "1" : "0", 1);
+    ARG(meta ? meta : "", meta ? strlen(meta) : 0);
+    for (int i = 0; extra && extra[i] && argc < 18; i += 2) {
+        ARG(extra[i], strlen(extra[i]));
+        ARG(extra[i + 1], strlen(extra[i + 1]));
+    }
+#undef ARG
+    /* No callback: the result is not needed, and a callback would have to
+     * outlive this writer (the backend is freed after it). */
+    rc = backend_command(p->w->backend, argc, argv, lens, NULL, NULL);
+    buf_release(&key);
+    buf_release(&mkey);
+    if (rc == 0)
+        return;
+oom:
+    buf_release(&key);
+    buf_release(&mkey);
+    if (!p->oom_logged++)
+        LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
+}
+
+/* The PROGRESS meta as Celery's update_state(state="PROGRESS", meta=...)
+ * would store it, with the job's usual extra fields. New string or NULL. */
+static char *progress_meta(struct progress *p, struct ptask *t)
+{
+    struct worker *w = p->w;
+    struct job *j = t->j;
+    struct result_meta rm;
+    cJSON *res = cJSON_CreateObject();
+    char *out = NULL;
+
+    if (!res || !cJSON_AddStringToObject(res, "text", worker_job_text(j)) ||
+        !cJSON_AddNumberToObject(res, "tokens", (double)t->b.tokens))
+        goto done;
+    memset(&rm, 0, sizeof(rm));
+    rm.task_id = j->tm.id;
+    rm.status = "PROGRESS";
+    rm.result = res;
+    rm.date_done_us = -1;
+    rm.group_id = j->tm.group;
+    rm.parent_id = j->tm.parent_id;
+    if (w->cfg->result_extended) {
+        rm.extended = 1;
+        rm.name = j->tm.task;
+        rm.args = j->tm.args;
+        rm.kwargs = j->tm.kwargs;
+        rm.worker = w->cfg->hostname;
+        rm.retries = j->tm.retries;
+        rm.queue = j->nmsgs ? j->msgs[0]->routing_key : NULL;
+    }
+    out = result_meta_encode(&rm);
+done:
+    cJSON_Delete(res);
+    return out;
+}
+
+/* Writes what is due (or everything buffered when force is set). */
+static void flush(struct progress *p, struct ptask *t, int force)
+{
+    int64_t now = now_ms(p);
+    int due = progress_batch_due(&t->b, &p->pol, now);
+    char *meta = NULL;
+
+    if (force && p->pol.stream && t->b.text.len)
+        due |= PROGRESS_DUE_STREAM;
+    if (force)
+        due &= ~PROGRESS_DUE_META; /* the final state follows at once */
+    if (!due)
+        return;
+    if (!force && backend_pending(p->w->backend) > BACKLOG_MAX)
+        return;
+    if ((due & PROGRESS_DUE_META) && t->j && t->j->tm.ignore_result != 1)
+        meta = progress_meta(p, t);
+    if (due & PROGRESS_DUE_STREAM)
+        write_entry(p, t, "PROGRESS", t->b.text.data, t->b.text.len, t->b.tokens, meta,
+                    NULL);
+    else if (meta)
+        write_entry(p, t, NULL, NULL, 0, 0, meta, NULL);
+    if (due & PROGRESS_DUE_STREAM)
+        progress_batch_took_stream(&t->b);
+    if (due & PROGRESS_DUE_META)
+        progress_batch_took_meta(&t->b, now);
+    cr_free(meta);
+}
+
+static void arm(struct progress *p);
+
+static void on_timer(uv_timer_t *timer)
+{
+    struct progress *p = timer->data;
+    if (p->w->shutdown == 2)
+        return;
+    for (struct ptask *t = p->head; t; t = t->next)
+        flush(p, t, 0);
+    arm(p);
+}
+
+/* One timer for every task: it fires at the earliest due time. */
+static void arm(struct progress *p)
+{
+    int64_t now = now_ms(p), best = -1;
+    for (struct ptask *t = p->head; t; t = t->next) {
+        int64_t wait = progress_batch_wait_ms(&t->b, &p->pol, now);
+        if (wait >= 0 && (best < 0 || wait < best))
+            best = wait;
+    }
+    if (best < 0) {
+        uv_timer_stop(p->timer);
+        return;
+    }
+    /* Under backpressure the due time stays in the past: poll gently. */
+    if (best == 0)
+        best = p->pol.interval_ms;
+    if (uv_is_active((uv_handle_t *)p->timer) &&
+        uv_timer_get_due_in(p->timer) <= (uint64_t)best)
+        return;
+    uv_timer_start(p->timer, on_timer, (uint64_t)best, 0);
+}
+
+static void ptask_free(struct progress *p, struct ptask *t)
+{
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        p->head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    if (strmap_get(&p->tasks, t->id) == t)
+        strmap_del(&p->tasks, t->id);
+    progress_batch_release(&t->b);
+    cr_free(t->id);
+    cr_free(t);
+}
+
+static struct ptask *ptask_new(struct progress *p, struct job *j)
+{
+    struct ptask *t = cr_calloc(1, sizeof(*t));
+    struct ptask *old = strmap_get(&p->tasks, j->tm.id);
+    if (!t)
+        return NULL;
+    if (old) /* a stale attempt of the same id: its job is gone */
+        ptask_free(p, old);
+    t->id = cr_strdup(j->tm.id);
+    if (!t->id || strmap_put(&p->tasks, t->id, t)) {
+        cr_free(t->id);
+        cr_free(t);
+        return NULL;
+    }
+    t->j = j;
+    progress_batch_init(&t->b);
+    snprintf(t->run, sizeof(t->run), "%s:%ld:%lu", p->w->cfg->hostname, (long)getpid(),
+             ++p->runs);
+    t->next = p->head;
+    if (p->head)
+        p->head->prev = t;
+    p->head = t;
+    return t;
+}
 
 struct progress *progress_new(struct worker *w)
 {
-    (void)w;
-    return NULL;
+    struct progress *p;
+    const char *mode = w->cfg->progress;
+    if (!mode || !strcmp(mode, "off"))
+        return NULL;
+    p = cr_calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->timer = cr_malloc(sizeof(*p->timer));
+    if (!p->timer) {
+        cr_free(p);
+        return NULL;
+    }
+    p->w = w;
+    p->pol.stream = !strcmp(mode, "stream");
+    p->pol.meta = 1;
+    p->pol.interval_ms =
+        w->cfg->progress_interval_ms > 0 ? w->cfg->progress_interval_ms : 100;
+    p->pol.max_bytes = PROGRESS_BATCH_BYTES;
+    p->pol.meta_gap_ms = PROGRESS_META_MIN_MS;
+    snprintf(p->ttl, sizeof(p->ttl), "%d", w->cfg->result_expires);
+    snprintf(p->maxlen, sizeof(p->maxlen), "%d", PROGRESS_STREAM_MAXLEN);
+    strmap_init(&p->tasks);
+    uv_timer_init(w->loop, p->timer);
+    p->timer->data = p;
+    return p;
 }
 
 void progress_on_delta(struct progress *p, struct job *j, const char *text, size_t len)
 {
-    (void)p;
-    (void)j;
-    (void)text;
-    (void)len;
+    struct ptask *t;
+    if (!p || !j->tm.id)
+        return;
+    t = strmap_get(&p->tasks, j->tm.id);
+    if (!t || t->j != j)
+        return;
+    if (progress_batch_add(&t->b, text, len, now_ms(p)) && !p->oom_logged++)
+        LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
+    if (progress_batch_due(&t->b, &p->pol, now_ms(p)))
+        flush(p, t, 0);
+    arm(p);
+}
+
+static const char *final_state(enum task_event_type type)
+{
+    switch (type) {
+    case TEV_SUCCEEDED:
+        return "SUCCESS";
+    case TEV_FAILED:
+        return "FAILURE";
+    case TEV_RETRIED:
+        return "RETRY";
+    case TEV_REVOKED:
+        return "REVOKED";
+    default:
+        return NULL;
+    }
+}
+
+/* Closes the attempt: any buffered text, then the final entry. */
+static void close_attempt(struct progress *p, struct ptask *t, const char *state,
+                          const struct task_event_info *info)
+{
+    const char *extra[5] = {NULL};
+    char err[700];
+    struct buf res;
+    long tokens = t->b.tokens;
+    int k = 0;
+
+    flush(p, t, 1);
+    buf_init(&res);
+    if (info->llm && info->llm->chat && info->llm->chat->completion_tokens > 0)
+        tokens = info->llm->chat->completion_tokens;
+    if (info->type == TEV_REVOKED) {
+        snprintf(err, sizeof(err), "TaskRevokedError: %s",
+                 info->terminated ? "terminated"
+                 : info->expired  ? "expired"
+                                  : "revoked");
+        extra[k++] = "error";
+        extra[k++] = err;
+    } else if (info->exc_type) {
+        snprintf(err, sizeof(err), "%s: %s", info->exc_type,
+                 info->exc_message ? info->exc_message : "");
+        extra[k++] = "error";
+        extra[k++] = err;
+    }
+    if (info->type == TEV_SUCCEEDED && t->j && t->j->tm.ignore_result == 1 &&
+        info->result && py_json_dumps(info->result, &res) == 0 && res.data) {
+        extra[k++] = "result";
+        extra[k++] = res.data;
+    }
+    write_entry(p, t, state, "", 0, tokens, NULL, extra);
+    buf_release(&res);
 }
 
 void progress_on_task(struct progress *p, struct job *j,
                       const struct task_event_info *info)
 {
-    (void)p;
-    (void)j;
-    (void)info;
+    struct ptask *t;
+    const char *state;
+
+    if (!p || !j->tm.id)
+        return;
+    t = strmap_get(&p->tasks, j->tm.id);
+    if (info->type == TEV_STARTED) {
+        t = ptask_new(p, j);
+        if (!t) {
+            if (!p->oom_logged++)
+                LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
+            return;
+        }
+        if (p->pol.stream)
+            write_entry(p, t, "STARTED", "", 0, 0, NULL, NULL);
+        return;
+    }
+    state = final_state(info->type);
+    if (!state)
+        return;
+    if (!p->pol.stream) {
+        if (t)
+            ptask_free(p, t);
+        return;
+    }
+    if (!t || t->j != j) {
+        /* Ended without starting here (revoked, expired, rejected): the
+         * stream still gets its final entry, as a run of its own. */
+        struct ptask tmp;
+        memset(&tmp, 0, sizeof(tmp));
+        tmp.j = j;
+        tmp.id = j->tm.id;
+        progress_batch_init(&tmp.b);
+        snprintf(tmp.run, sizeof(tmp.run), "%s:%ld:%lu", p->w->cfg->hostname,
+                 (long)getpid(), ++p->runs);
+        close_attempt(p, &tmp, state, info);
+        progress_batch_release(&tmp.b);
+        return;
+    }
+    close_attempt(p, t, state, info);
+    ptask_free(p, t);
+    arm(p);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    cr_free(h);
 }
 
 void progress_free(struct progress *p)
 {
-    (void)p;
+    if (!p)
+        return;
+    while (p->head)
+        ptask_free(p, p->head);
+    strmap_release(&p->tasks);
+    uv_timer_stop(p->timer);
+    uv_close((uv_handle_t *)p->timer, on_timer_closed);
+    cr_free(p);
 }

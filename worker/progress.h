@@ -1,21 +1,108 @@
 /* progress.h -- live progress of streaming tasks: a batched Redis Stream per task
- * and a throttled PROGRESS state in the result backend. */
+ * and a throttled PROGRESS state in the result backend.
+ *
+ * Wire format (read by the gateway and by anyone with a Redis client):
+ *   stream key   "celeriac:progress:<task_id>" (PROGRESS_KEY_PREFIX), expiring
+ *                with the result (result_expires) and trimmed to about
+ *                PROGRESS_STREAM_MAXLEN entries.
+ *   entry id     "0-<seq>": seq counts 1, 2, 3... over the whole life of the
+ *                task id, across attempts and workers, so XRANGE "(0-<seq>" "+"
+ *                resumes exactly after a given entry.
+ *   fields       seq, attempt, state, text, tokens, run, n [, error] [, result]
+ *     state    STARTED (opens an attempt, text ""), PROGRESS (new text),
+ *              or the end of an attempt: SUCCESS, FAILURE, RETRY, REVOKED.
+ *     attempt  1 for the first run; every new run of the task id (a retry,
+ *              or a redelivery after a crash) gets a higher number, so text of
+ *              one attempt is never mixed with the next.
+ *     text     text produced since the previous entry of the same attempt.
+ *     tokens   deltas (or, at the end, completion tokens) so far this attempt.
+ *     run, n   writer identity and its entry counter: they make a command sent
+ *              again after a Redis reconnect a no-op instead of a duplicate.
+ *     error    "ExcType: message" on FAILURE, RETRY and REVOKED entries.
+ *     result   the JSON result on SUCCESS when the task ignores results (no
+ *              meta will be stored, so the stream is the only place for it).
+ *   channel      after each entry, PUBLISH "celeriac:progress:<task_id>" <seq>.
+ *   meta         {"status": "PROGRESS", "result": {"text": <all text so far>,
+ *                "tokens": N}, ...} stored like Celery's update_state(), at most
+ *                every PROGRESS_META_MIN_MS, never over SUCCESS/FAILURE/REVOKED.
+ *
+ * Not thread-safe: loop thread only. */
 #ifndef CR_PROGRESS_H
 #define CR_PROGRESS_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "util/buf.h"
+
+#define PROGRESS_KEY_PREFIX "celeriac:progress:"
+#define PROGRESS_STREAM_MAXLEN 10000
+#define PROGRESS_BATCH_BYTES 4096
+#define PROGRESS_META_MIN_MS 500
 
 struct worker;
 struct job;
 struct task_event_info;
+struct progress;
 
-/* Returns a new progress writer for w (--progress), or NULL when off. */
+/* Returns a new progress writer for w (--progress), or NULL when off or on OOM
+ * (progress is then simply not written). Free with progress_free(). */
 struct progress *progress_new(struct worker *w);
-/* A text delta of a running job (borrowed). */
+/* A text delta of a running job (borrowed for the call). */
 void progress_on_delta(struct progress *p, struct job *j, const char *text, size_t len);
-/* Lifecycle: STARTED opens an attempt, SUCCEEDED/FAILED/RETRIED/REVOKED close it. */
+/* Lifecycle: STARTED opens an attempt, SUCCEEDED/FAILED/RETRIED/REVOKED close it
+ * (writing any buffered text first). The job is borrowed from STARTED until the
+ * closing event; a job that ends without one (cold shutdown) must be preceded
+ * by progress_free(). */
 void progress_on_task(struct progress *p, struct job *j,
                       const struct task_event_info *info);
+/* Drops buffered text and frees. NULL is a no-op. */
 void progress_free(struct progress *p);
+
+/* ------------------------------------------------ batching (pure, no clock) */
+
+/* When buffered progress must be written. */
+struct progress_policy {
+    int stream;          /* write stream entries */
+    int meta;            /* write PROGRESS metas */
+    int64_t interval_ms; /* longest a delta waits in the buffer */
+    size_t max_bytes;    /* buffered text that forces a write at once */
+    int64_t meta_gap_ms; /* shortest gap between two PROGRESS metas */
+};
+
+/* One attempt's buffer. Embedded: progress_batch_init() / _release(). */
+struct progress_batch {
+    /* read-only */
+    struct buf text;  /* text not yet written to the stream */
+    long tokens;      /* deltas seen in this attempt */
+    int64_t first_ms; /* arrival of the oldest unwritten delta; -1: none */
+    int64_t meta_ms;  /* last PROGRESS meta write; -1: never */
+    int64_t start_ms; /* first delta of the attempt; -1: none yet */
+    int meta_dirty;   /* text arrived since the last meta write */
+};
+
+#define PROGRESS_DUE_STREAM 1
+#define PROGRESS_DUE_META 2
+
+void progress_batch_init(struct progress_batch *b);
+void progress_batch_release(struct progress_batch *b);
+/* Buffers a delta that arrived at now_ms. Returns 0, or CR_ENOMEM (the batch is
+ * unchanged; the delta is lost for the stream only). */
+int progress_batch_add(struct progress_batch *b, const char *text, size_t len,
+                       int64_t now_ms);
+/* Which writes are due at now_ms: a mask of PROGRESS_DUE_*. The stream is due
+ * when text is buffered and it is max_bytes long or interval_ms old; the meta
+ * when text arrived since the last meta and meta_gap_ms passed since then (the
+ * first meta after interval_ms of text). */
+int progress_batch_due(const struct progress_batch *b, const struct progress_policy *pol,
+                       int64_t now_ms);
+/* Milliseconds until something falls due (0 if now), or -1 when nothing is
+ * pending. */
+int64_t progress_batch_wait_ms(const struct progress_batch *b,
+                               const struct progress_policy *pol, int64_t now_ms);
+/* Marks the buffered text written (empties the buffer, keeps its memory). */
+void progress_batch_took_stream(struct progress_batch *b);
+/* Marks a PROGRESS meta written at now_ms. */
+void progress_batch_took_meta(struct progress_batch *b, int64_t now_ms);
 
 #endif
