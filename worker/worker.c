@@ -514,6 +514,12 @@ static int retry_job(struct job *j, int64_t delay_ms)
         return rc;
     }
     j->pending++;
+    /* The republished message is the task's next attempt: it often arrives
+     * before RETRY is stored, and must not join this settling job. */
+    if (j->in_map) {
+        strmap_del(&w->jobs, t->id);
+        j->in_map = 0;
+    }
     return 0;
 }
 
