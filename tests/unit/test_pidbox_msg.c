@@ -1,0 +1,631 @@
+/* test_pidbox_msg.c -- remote-control requests, matching, reply shapes, statedb. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "protocol/pidbox_msg.h"
+#include "protocol/result.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/err.h"
+
+static char *dump(const cJSON *v)
+{
+    struct buf b;
+    buf_init(&b);
+    ck_assert_int_eq(py_json_dumps(v, &b), 0);
+    return buf_detach(&b);
+}
+
+static void assert_json(cJSON *v, const char *want)
+{
+    char *s;
+    ck_assert_ptr_nonnull(v);
+    s = dump(v);
+    ck_assert_str_eq(s, want);
+    cr_free(s);
+    cJSON_Delete(v);
+}
+
+static cJSON *parse(const char *text)
+{
+    cJSON *v = NULL;
+    ck_assert_int_eq(py_json_parse(text, strlen(text), &v, NULL), 0);
+    return v;
+}
+
+/* ------------------------------------------------------------- requests */
+
+/* What kombu 5.2.4 publishes for `celery inspect ping` (one destination). */
+static const char ping_body[] =
+    "{\"method\": \"ping\", \"arguments\": {}, \"destination\": [\"celery@a\"], "
+    "\"pattern\": null, \"matcher\": null, \"ticket\": \"t-1\", "
+    "\"reply_to\": {\"exchange\": \"reply.celery.pidbox\", \"routing_key\": \"oid-9\"}}";
+
+START_TEST(test_parse_call)
+{
+    struct pidbox_request rq;
+    struct cr_err err;
+    ck_assert_int_eq(pidbox_request_parse(ping_body, strlen(ping_body), &rq, &err), 0);
+    ck_assert_str_eq(rq.method, "ping");
+    ck_assert(cJSON_IsObject(rq.arguments));
+    ck_assert_str_eq(rq.ticket, "t-1");
+    ck_assert_str_eq(rq.reply_exchange, "reply.celery.pidbox");
+    ck_assert_str_eq(rq.reply_routing_key, "oid-9");
+    ck_assert_ptr_null(rq.pattern);
+    ck_assert_int_eq(pidbox_request_matches(&rq, "celery@a"), 1);
+    ck_assert_int_eq(pidbox_request_matches(&rq, "celery@b"), 0);
+    pidbox_request_release(&rq);
+    pidbox_request_release(&rq); /* released twice is harmless */
+}
+END_TEST
+
+START_TEST(test_parse_cast)
+{
+    struct pidbox_request rq;
+    const char *b = "{\"method\": \"enable_events\", \"arguments\": null}";
+    ck_assert_int_eq(pidbox_request_parse(b, strlen(b), &rq, NULL), 0);
+    ck_assert_ptr_null(rq.ticket);
+    ck_assert_ptr_null(rq.reply_exchange);
+    ck_assert_ptr_null(rq.destination);
+    ck_assert_int_eq(cJSON_GetArraySize(rq.arguments), 0);
+    ck_assert_int_eq(pidbox_request_matches(&rq, "anyone@x"), 1);
+    pidbox_request_release(&rq);
+}
+END_TEST
+
+static const struct {
+    const char *body;
+    int rc;
+} bad_requests[] = {
+    {"", CR_EDECODE},
+    {"{", CR_EDECODE},
+    {"{\"method\": \"ping\",}", CR_EDECODE},
+    {"[]", CR_EPROTO},
+    {"\"ping\"", CR_EPROTO},
+    {"{}", CR_EPROTO},
+    {"{\"method\": 1}", CR_EPROTO},
+    {"{\"method\": \"ping\", \"arguments\": []}", CR_EPROTO},
+    {"{\"method\": \"ping\", \"destination\": \"celery@a\"}", CR_EPROTO},
+    {"{\"method\": \"ping\", \"destination\": [1]}", CR_EPROTO},
+    {"{\"method\": \"ping\", \"reply_to\": {\"exchange\": \"x\"}}", CR_EPROTO},
+    {"{\"method\": \"ping\", \"reply_to\": \"x\"}", CR_EPROTO},
+};
+
+START_TEST(test_parse_bad)
+{
+    struct pidbox_request rq;
+    struct cr_err err = {0, ""};
+    const char *b = bad_requests[_i].body;
+    ck_assert_int_eq(pidbox_request_parse(b, strlen(b), &rq, &err), bad_requests[_i].rc);
+    ck_assert_int_ne(err.msg[0], '\0');
+    pidbox_request_release(&rq);
+}
+END_TEST
+
+/* Every prefix of a good request is refused cleanly (never read past len). */
+START_TEST(test_parse_prefixes)
+{
+    size_t n = strlen(ping_body);
+    for (size_t i = 0; i < n; i++) {
+        char *copy = cr_malloc(i ? i : 1);
+        struct pidbox_request rq;
+        memcpy(copy, ping_body, i);
+        ck_assert_int_lt(pidbox_request_parse(copy, i, &rq, NULL), 0);
+        pidbox_request_release(&rq);
+        cr_free(copy);
+    }
+}
+END_TEST
+
+static const struct {
+    const char *extra;
+    const char *node;
+    int want;
+} matches[] = {
+    {"\"destination\": []", "celery@a", 1},
+    {"\"destination\": null", "celery@a", 1},
+    {"\"destination\": [\"x@1\", \"celery@a\"]", "celery@a", 1},
+    {"\"destination\": [\"x@1\"], \"pattern\": \"*\", \"matcher\": \"glob\"", "celery@a",
+     0},
+    {"\"pattern\": \"celery@*\", \"matcher\": \"glob\"", "celery@a", 1},
+    {"\"pattern\": \"celery@?\", \"matcher\": \"glob\"", "celery@ab", 0},
+    {"\"pattern\": \"worker@*\", \"matcher\": \"glob\"", "celery@a", 0},
+    {"\"pattern\": \"cel.*a\", \"matcher\": \"pcre\"", "celery@a", 1},
+    {"\"pattern\": \"ery@a\", \"matcher\": \"pcre\"", "celery@a",
+     0}, /* re.match anchors */
+    {"\"pattern\": \"celery\", \"matcher\": \"pcre\"", "celery@a",
+     1}, /* not at the end */
+    {"\"pattern\": \"(\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"*\", \"matcher\": \"regex\"", "celery@a", 0},
+    {"\"pattern\": \"nomatch\"", "celery@a", 1}, /* pattern without matcher: broadcast */
+};
+
+START_TEST(test_matches)
+{
+    char body[256];
+    struct pidbox_request rq;
+    snprintf(body, sizeof(body), "{\"method\": \"ping\", %s}", matches[_i].extra);
+    ck_assert_int_eq(pidbox_request_parse(body, strlen(body), &rq, NULL), 0);
+    ck_assert_int_eq(pidbox_request_matches(&rq, matches[_i].node), matches[_i].want);
+    pidbox_request_release(&rq);
+}
+END_TEST
+
+/* ------------------------------------------------------------ arguments */
+
+START_TEST(test_arguments)
+{
+    cJSON *a =
+        parse("{\"s\": \"x\", \"n\": 2.5, \"ns\": \"10\", \"bad\": \"1x\", "
+              "\"t\": true, \"z\": 0, \"ts\": \"True\", \"null\": null, "
+              "\"list\": [\"a\", \"b\", \"a\"], \"one\": \"id\", \"mixed\": [\"a\", 1]}");
+    const char *s;
+    double d;
+    int b;
+    cJSON *ids;
+    ck_assert_int_eq(pidbox_arg_str(a, "s", &s), 1);
+    ck_assert_str_eq(s, "x");
+    ck_assert_int_eq(pidbox_arg_str(a, "missing", &s), 0);
+    ck_assert_int_eq(pidbox_arg_str(a, "null", &s), 0);
+    ck_assert_int_eq(pidbox_arg_str(a, "n", &s), CR_EINVAL);
+    ck_assert_int_eq(pidbox_arg_num(a, "n", &d), 1);
+    ck_assert_double_eq(d, 2.5);
+    ck_assert_int_eq(pidbox_arg_num(a, "ns", &d), 1);
+    ck_assert_double_eq(d, 10);
+    ck_assert_int_eq(pidbox_arg_num(a, "bad", &d), CR_EINVAL);
+    ck_assert_int_eq(pidbox_arg_num(a, "list", &d), CR_EINVAL);
+    ck_assert_int_eq(pidbox_arg_num(a, "null", &d), 0);
+    ck_assert_int_eq(pidbox_arg_bool(a, "t", &b), 1);
+    ck_assert_int_eq(b, 1);
+    ck_assert_int_eq(pidbox_arg_bool(a, "z", &b), 1);
+    ck_assert_int_eq(b, 0);
+    ck_assert_int_eq(pidbox_arg_bool(a, "ts", &b), 1);
+    ck_assert_int_eq(b, 1);
+    ck_assert_int_eq(pidbox_arg_bool(a, "s", &b), CR_EINVAL);
+    ck_assert_int_eq(pidbox_arg_bool(a, "missing", &b), 0);
+    ck_assert_int_eq(pidbox_arg_ids(a, "list", &ids), 1);
+    assert_json(ids, "[\"a\", \"b\"]");
+    ck_assert_int_eq(pidbox_arg_ids(a, "one", &ids), 1);
+    assert_json(ids, "[\"id\"]");
+    ck_assert_int_eq(pidbox_arg_ids(a, "mixed", &ids), CR_EINVAL);
+    ck_assert_ptr_null(ids);
+    ck_assert_int_eq(pidbox_arg_ids(a, "n", &ids), CR_EINVAL);
+    ck_assert_int_eq(pidbox_arg_ids(a, "missing", &ids), 0);
+    ck_assert_ptr_null(ids);
+    cJSON_Delete(a);
+}
+END_TEST
+
+/* --------------------------------------------------------------- replies */
+
+START_TEST(test_reply_encode)
+{
+    struct buf b;
+    cJSON *ok = pidbox_ok("pong");
+    buf_init(&b);
+    ck_assert_int_eq(pidbox_reply_encode("celery@a", ok, &b), 0);
+    ck_assert_str_eq(b.data, "{\"celery@a\": {\"ok\": \"pong\"}}");
+    buf_reset(&b);
+    ck_assert_int_eq(pidbox_reply_encode("celery@a", NULL, &b), 0);
+    ck_assert_str_eq(b.data, "{\"celery@a\": null}");
+    buf_release(&b);
+    cJSON_Delete(ok);
+    assert_json(pidbox_error("unknown task"), "{\"error\": \"unknown task\"}");
+    assert_json(pidbox_error_exc("KeyError", "no_such"),
+                "{\"error\": \"KeyError('no_such')\"}");
+}
+END_TEST
+
+START_TEST(test_revoke_replies)
+{
+    cJSON *ids = parse("[\"a\", \"b\"]"), *one = parse("[\"b\"]"), *none = parse("[]");
+    assert_json(pidbox_revoke_reply(ids, 0, NULL),
+                "{\"ok\": \"tasks a, b flagged as revoked\"}");
+    assert_json(pidbox_revoke_reply(ids, 1, one), "{\"ok\": \"terminate: b\"}");
+    assert_json(pidbox_revoke_reply(ids, 1, none),
+                "{\"ok\": \"terminate: tasks unknown\"}");
+    assert_json(pidbox_revoke_reply(ids, 1, NULL),
+                "{\"ok\": \"terminate: tasks unknown\"}");
+    cJSON_Delete(ids);
+    cJSON_Delete(one);
+    cJSON_Delete(none);
+}
+END_TEST
+
+START_TEST(test_task_info)
+{
+    cJSON *args = parse("[\"hi\", 2]"), *kwargs = parse("{\"model\": \"m\"}");
+    struct pidbox_task_info ti = {
+        "id1", "llm.generate", args, kwargs, NULL, NULL, "celery@a", 1700000000.5, 1,
+        "",    "celery",       0,    0,      4242};
+    assert_json(pidbox_task_info_new(&ti, 0),
+                "{\"id\": \"id1\", \"name\": \"llm.generate\", \"args\": [\"hi\", 2], "
+                "\"kwargs\": {\"model\": \"m\"}, \"type\": \"llm.generate\", "
+                "\"hostname\": \"celery@a\", \"time_start\": 1700000000.5, "
+                "\"acknowledged\": true, \"delivery_info\": {\"exchange\": \"\", "
+                "\"routing_key\": \"celery\", \"priority\": 0, \"redelivered\": false}, "
+                "\"worker_pid\": 4242}");
+    assert_json(pidbox_task_info_new(&ti, 1),
+                "{\"id\": \"id1\", \"name\": \"llm.generate\", \"args\": \"('hi', 2)\", "
+                "\"kwargs\": \"{'model': 'm'}\", \"type\": \"llm.generate\", "
+                "\"hostname\": \"celery@a\", \"time_start\": 1700000000.5, "
+                "\"acknowledged\": true, \"delivery_info\": {\"exchange\": \"\", "
+                "\"routing_key\": \"celery\", \"priority\": 0, \"redelivered\": false}, "
+                "\"worker_pid\": 4242}");
+    ti.argsrepr = "('x',)";
+    ti.kwargsrepr = "{}";
+    ti.time_start = -1;
+    ti.worker_pid = 0;
+    ti.args = NULL;
+    ti.kwargs = NULL;
+    ti.redelivered = 1;
+    ti.priority = 3;
+    assert_json(pidbox_task_info_new(&ti, 1),
+                "{\"id\": \"id1\", \"name\": \"llm.generate\", \"args\": \"('x',)\", "
+                "\"kwargs\": \"{}\", \"type\": \"llm.generate\", "
+                "\"hostname\": \"celery@a\", \"time_start\": null, "
+                "\"acknowledged\": true, \"delivery_info\": {\"exchange\": \"\", "
+                "\"routing_key\": \"celery\", \"priority\": 3, \"redelivered\": true}, "
+                "\"worker_pid\": null}");
+    assert_json(pidbox_task_info_new(&ti, 0),
+                "{\"id\": \"id1\", \"name\": \"llm.generate\", \"args\": [], "
+                "\"kwargs\": {}, \"type\": \"llm.generate\", "
+                "\"hostname\": \"celery@a\", \"time_start\": null, "
+                "\"acknowledged\": true, \"delivery_info\": {\"exchange\": \"\", "
+                "\"routing_key\": \"celery\", \"priority\": 3, \"redelivered\": true}, "
+                "\"worker_pid\": null}");
+    ti.argsrepr = ti.kwargsrepr = NULL;
+    {
+        cJSON *o = pidbox_task_info_new(&ti, 1);
+        ck_assert_str_eq(cJSON_GetObjectItem(o, "args")->valuestring, "()");
+        ck_assert_str_eq(cJSON_GetObjectItem(o, "kwargs")->valuestring, "{}");
+        cJSON_Delete(o);
+    }
+    assert_json(pidbox_scheduled_item_new("2030-01-01T00:00:00+00:00", 6, parse("{}")),
+                "{\"eta\": \"2030-01-01T00:00:00+00:00\", \"priority\": 6, "
+                "\"request\": {}}");
+    ck_assert_ptr_null(pidbox_scheduled_item_new("x", 6, NULL));
+    cJSON_Delete(args);
+    cJSON_Delete(kwargs);
+}
+END_TEST
+
+START_TEST(test_registered)
+{
+    const char *names[] = {"llm.generate", "celery.accumulate", "llm.chat", "tasks.x",
+                           "llm.chat"};
+    const char *rates[] = {"10/m", "1/s", NULL, "", NULL};
+    assert_json(pidbox_registered_new(names, rates, 5),
+                "[\"llm.chat\", \"llm.generate [rate_limit=10/m]\", \"tasks.x\"]");
+    assert_json(pidbox_registered_new(names, NULL, 3),
+                "[\"llm.chat\", \"llm.generate\"]");
+    assert_json(pidbox_registered_new(NULL, NULL, 0), "[]");
+}
+END_TEST
+
+START_TEST(test_queue_info)
+{
+    struct pidbox_queue_info q = {"celery", "celery", "direct", 1, "celery",
+                                  1,        0,        0,        0, NULL};
+    cJSON *args = parse("{\"x-expires\": 10000, \"x-message-ttl\": 300000, "
+                        "\"x-queue-type\": \"quorum\"}");
+    assert_json(
+        pidbox_queue_info_new(&q),
+        "{\"name\": \"celery\", \"exchange\": {\"name\": \"celery\", "
+        "\"type\": \"direct\", \"arguments\": null, \"durable\": true, "
+        "\"passive\": false, \"auto_delete\": false, \"delivery_mode\": null, "
+        "\"no_declare\": false}, \"routing_key\": \"celery\", "
+        "\"queue_arguments\": null, \"binding_arguments\": null, "
+        "\"consumer_arguments\": null, \"durable\": true, \"exclusive\": false, "
+        "\"auto_delete\": false, \"no_ack\": false, \"alias\": null, "
+        "\"bindings\": [], \"no_declare\": null, \"expires\": null, "
+        "\"message_ttl\": null, \"max_length\": null, \"max_length_bytes\": null, "
+        "\"max_priority\": null}");
+    q.arguments = args;
+    q.auto_delete = 1;
+    {
+        cJSON *o = pidbox_queue_info_new(&q);
+        char *s = dump(o);
+        ck_assert_ptr_nonnull(
+            strstr(s, "\"queue_arguments\": {\"x-queue-type\": \"quorum\"}"));
+        ck_assert_ptr_nonnull(strstr(s, "\"expires\": 10.0, \"message_ttl\": 300.0"));
+        ck_assert_ptr_nonnull(strstr(s, "\"auto_delete\": true, \"no_ack\""));
+        cr_free(s);
+        cJSON_Delete(o);
+    }
+    cJSON_Delete(args);
+}
+END_TEST
+
+static const struct {
+    const char *url;
+    int rc;
+    const char *host, *user, *vhost;
+    int port, ssl;
+} urls[] = {
+    {"amqp://guest:secret@127.0.0.1:5673/t-1", 0, "127.0.0.1", "guest", "t-1", 5673, 0},
+    {"amqp://h//", 0, "h", "guest", "/", 5672, 0},
+    {"amqp://h/", 0, "h", "guest", "/", 5672, 0},
+    {"amqp://", 0, "localhost", "guest", "/", 5672, 0},
+    {"pyamqp://u@h:1/v%2Fx?heartbeat=5", 0, "h", "u", "v/x", 1, 0},
+    {"amqps://us%40r:p@ss@[::1]:5999/", 0, "::1", "us@r", "/", 5999, 1},
+    {"amqps://h", 0, "h", "guest", "/", 5671, 1},
+    {"amqp://h:notaport/", 0, "h", "guest", "/", 5672, 0},
+    {"redis://h/0", CR_EINVAL, "", "", "", 0, 0},
+};
+
+START_TEST(test_broker_info)
+{
+    struct pidbox_broker_info bi;
+    ck_assert_int_eq(pidbox_broker_info_parse(urls[_i].url, &bi), urls[_i].rc);
+    if (urls[_i].rc)
+        return;
+    ck_assert_str_eq(bi.hostname, urls[_i].host);
+    ck_assert_str_eq(bi.userid, urls[_i].user);
+    ck_assert_str_eq(bi.virtual_host, urls[_i].vhost);
+    ck_assert_int_eq(bi.port, urls[_i].port);
+    ck_assert_int_eq(bi.ssl, urls[_i].ssl);
+}
+END_TEST
+
+START_TEST(test_stats)
+{
+    struct pidbox_broker_info bi;
+    struct pidbox_rusage ru;
+    cJSON *total = parse("{\"llm.generate\": 3}");
+    struct pidbox_stats st;
+    cJSON *o;
+    char *s;
+    memset(&ru, 0, sizeof(ru));
+    ru.utime = 0.25;
+    ru.maxrss = 1000;
+    pidbox_broker_info_parse("amqp://guest:hunter2@localhost:5672//", &bi);
+    memset(&st, 0, sizeof(st));
+    st.total = total;
+    st.pid = 77;
+    st.clock = 35;
+    st.uptime_s = 5;
+    st.pool_implementation = "celeriac:libuv";
+    st.max_concurrency = 100;
+    st.broker = &bi;
+    st.broker_heartbeat = 60;
+    st.broker_connect_timeout = 5;
+    st.prefetch_count = 400;
+    st.rusage = &ru;
+    o = pidbox_stats_new(&st);
+    s = dump(o);
+    ck_assert_ptr_null(strstr(s, "hunter2"));
+    ck_assert_ptr_nonnull(strstr(
+        s, "{\"total\": {\"llm.generate\": 3}, \"pid\": 77, \"clock\": \"35\", "
+           "\"uptime\": 5, \"pool\": {\"implementation\": \"celeriac:libuv\", "
+           "\"max-concurrency\": 100, \"processes\": [77], "
+           "\"max-tasks-per-child\": \"N/A\", \"put-guarded-by-semaphore\": false, "
+           "\"timeouts\": [0.0, 0.0]}, \"broker\": {\"hostname\": \"localhost\", "
+           "\"userid\": \"guest\", \"virtual_host\": \"/\", \"port\": 5672, "));
+    ck_assert_ptr_nonnull(strstr(s,
+                                 "\"prefetch_count\": 400, \"rusage\": {\"utime\": 0.25, "
+                                 "\"stime\": 0.0, \"maxrss\": 1000, "));
+    cr_free(s);
+    cJSON_Delete(o);
+    st.rusage = NULL;
+    st.total = NULL;
+    o = pidbox_stats_new(&st);
+    ck_assert_str_eq(cJSON_GetObjectItem(o, "rusage")->valuestring, "N/A");
+    ck_assert(cJSON_IsObject(cJSON_GetObjectItem(o, "total")));
+    cJSON_Delete(o);
+    cJSON_Delete(total);
+}
+END_TEST
+
+/* ------------------------------------------------------------- statedb */
+
+struct collected {
+    int n;
+    char ids[8][64];
+    int64_t expires[8];
+};
+
+static void collect(const char *id, int64_t expires, void *arg)
+{
+    struct collected *c = arg;
+    if (c->n < 8) {
+        snprintf(c->ids[c->n], sizeof(c->ids[0]), "%s", id);
+        c->expires[c->n] = expires;
+    }
+    c->n++;
+}
+
+START_TEST(test_statedb_round_trip)
+{
+    struct buf b;
+    struct collected c;
+    char long_id[300];
+    memset(long_id, 'x', sizeof(long_id) - 1);
+    long_id[sizeof(long_id) - 1] = '\0';
+    buf_init(&b);
+    ck_assert_int_eq(pidbox_statedb_header(&b), 0);
+    ck_assert_int_eq(pidbox_statedb_line("a1", 2000, &b), 0);
+    ck_assert_int_eq(pidbox_statedb_line("expired", 500, &b), 0);
+    ck_assert_int_eq(pidbox_statedb_line("with space", 2000, &b), 0); /* skipped */
+    ck_assert_int_eq(pidbox_statedb_line(long_id, 2000, &b), 0);      /* skipped */
+    ck_assert_int_eq(pidbox_statedb_line("", 2000, &b), 0);           /* skipped */
+    ck_assert_int_eq(pidbox_statedb_line("b2", 3000, &b), 0);
+    ck_assert_str_eq(b.data, "celeriac-statedb 1\nrevoked 2000 a1\nrevoked 500 expired\n"
+                             "revoked 3000 b2\n");
+    memset(&c, 0, sizeof(c));
+    ck_assert_int_eq(pidbox_statedb_parse(b.data, b.len, 1000, collect, &c), 2);
+    ck_assert_str_eq(c.ids[0], "a1");
+    ck_assert_int_eq(c.expires[0], 2000);
+    ck_assert_str_eq(c.ids[1], "b2");
+    /* a file cut anywhere still gives the whole lines before the cut */
+    for (size_t n = 0; n < b.len; n++) {
+        int rc;
+        memset(&c, 0, sizeof(c));
+        rc = pidbox_statedb_parse(b.data, n, 1000, collect, &c);
+        ck_assert(rc == CR_EPROTO || (rc >= 0 && rc <= 2));
+    }
+    buf_release(&b);
+}
+END_TEST
+
+static const struct {
+    const char *text;
+    int want;
+} statedb_files[] = {
+    {"", CR_EPROTO},
+    {"celeriac-statedb 2\nrevoked 2000 a\n", CR_EPROTO},
+    {"garbage", CR_EPROTO},
+    {"celeriac-statedb 1", 0},
+    {"celeriac-statedb 1\n", 0},
+    {"celeriac-statedb 1\nrevoked 2000 a", 1},
+    {"celeriac-statedb 1\n\nrevoked 2000 a\n\n", 1},
+    {"celeriac-statedb 1\nrevoked  2000 a\nrevoked 2000\nrevoked x a\nrevoke 2000 a\n",
+     0},
+    {"celeriac-statedb 1\nrevoked 99999999999999999999999 a\n", 0},
+    {"celeriac-statedb 1\nrevoked -5 a\nrevoked 2000 b c\nrevoked 2000 d\r\n", 0},
+    {"celeriac-statedb 1\nrevoked 2000 \xc3\xa9t\xc3\xa9\n", 1},
+};
+
+START_TEST(test_statedb_malformed)
+{
+    struct collected c;
+    const char *t = statedb_files[_i].text;
+    memset(&c, 0, sizeof(c));
+    ck_assert_int_eq(pidbox_statedb_parse(t, strlen(t), 1000, collect, &c),
+                     statedb_files[_i].want);
+}
+END_TEST
+
+/* --------------------------------------------------------------------- OOM */
+
+static int oom_case(int which)
+{
+    cJSON *v = NULL, *a = NULL, *ids = NULL;
+    struct pidbox_request rq;
+    struct buf b;
+    int rc = 0;
+    buf_init(&b);
+    switch (which) {
+    case 0:
+        rc = pidbox_request_parse(ping_body, strlen(ping_body), &rq, NULL);
+        pidbox_request_release(&rq);
+        break;
+    case 1: {
+        cJSON *args = cJSON_CreateArray(), *kw = cJSON_CreateObject();
+        struct pidbox_task_info ti = {"id", "n", args, kw,  NULL, NULL, "h",
+                                      1,    0,   "",   "q", 0,    0,    1};
+        if (!args || !kw) {
+            rc = CR_ENOMEM;
+        } else {
+            v = pidbox_task_info_new(&ti, 1);
+            a = v ? pidbox_task_info_new(&ti, 0) : NULL;
+            rc = a ? 0 : CR_ENOMEM;
+        }
+        cJSON_Delete(args);
+        cJSON_Delete(kw);
+        break;
+    }
+    case 2: {
+        const char *names[] = {"b", "a"};
+        const char *rates[] = {"1/s", NULL};
+        v = pidbox_registered_new(names, rates, 2);
+        rc = v ? 0 : CR_ENOMEM;
+        break;
+    }
+    case 3: {
+        struct pidbox_queue_info q = {"q", "q", "direct", 1, "q", 1, 0, 0, 0, NULL};
+        v = pidbox_queue_info_new(&q);
+        rc = v ? 0 : CR_ENOMEM;
+        break;
+    }
+    case 4: {
+        struct pidbox_stats st;
+        struct pidbox_rusage ru;
+        struct pidbox_broker_info bi;
+        memset(&st, 0, sizeof(st));
+        memset(&ru, 0, sizeof(ru));
+        pidbox_broker_info_parse("amqp://h//", &bi);
+        st.broker = &bi;
+        st.rusage = &ru;
+        v = pidbox_stats_new(&st);
+        rc = v ? 0 : CR_ENOMEM;
+        break;
+    }
+    case 5: {
+        cJSON *args = cJSON_Parse("{\"task_id\": [\"a\", \"b\"]}");
+        rc = args ? pidbox_arg_ids(args, "task_id", &ids) : CR_ENOMEM;
+        if (rc == 1) {
+            v = pidbox_revoke_reply(ids, 1, ids);
+            a = v ? pidbox_error_exc("KeyError", "x") : NULL;
+            rc = a ? 0 : CR_ENOMEM;
+        }
+        cJSON_Delete(args);
+        break;
+    }
+    default: {
+        cJSON *ok = pidbox_ok("pong");
+        rc = ok ? pidbox_reply_encode("n@h", ok, &b) : CR_ENOMEM;
+        if (!rc)
+            rc = pidbox_statedb_header(&b);
+        if (!rc)
+            rc = pidbox_statedb_line("abc", 5, &b);
+        cJSON_Delete(ok);
+        break;
+    }
+    }
+    cJSON_Delete(v);
+    cJSON_Delete(a);
+    cJSON_Delete(ids);
+    buf_release(&b);
+    return rc;
+}
+
+START_TEST(test_oom_sweep)
+{
+    long n;
+    for (n = 1;; n++) {
+        int rc;
+        cr_alloc_fail_after(n);
+        rc = oom_case(_i);
+        cr_alloc_fail_after(0);
+        if (rc == 0)
+            break;
+        ck_assert_int_eq(rc, CR_ENOMEM);
+    }
+    ck_assert(n > 1);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("pidbox_msg");
+    TCase *tc = tcase_create("core");
+    SRunner *sr;
+    int failed;
+    cr_alloc_init();
+    tcase_add_test(tc, test_parse_call);
+    tcase_add_test(tc, test_parse_cast);
+    tcase_add_loop_test(tc, test_parse_bad, 0,
+                        sizeof(bad_requests) / sizeof(bad_requests[0]));
+    tcase_add_test(tc, test_parse_prefixes);
+    tcase_add_loop_test(tc, test_matches, 0, sizeof(matches) / sizeof(matches[0]));
+    tcase_add_test(tc, test_arguments);
+    tcase_add_test(tc, test_reply_encode);
+    tcase_add_test(tc, test_revoke_replies);
+    tcase_add_test(tc, test_task_info);
+    tcase_add_test(tc, test_registered);
+    tcase_add_test(tc, test_queue_info);
+    tcase_add_loop_test(tc, test_broker_info, 0, sizeof(urls) / sizeof(urls[0]));
+    tcase_add_test(tc, test_stats);
+    tcase_add_test(tc, test_statedb_round_trip);
+    tcase_add_loop_test(tc, test_statedb_malformed, 0,
+                        sizeof(statedb_files) / sizeof(statedb_files[0]));
+    tcase_add_loop_test(tc, test_oom_sweep, 0, 7);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
