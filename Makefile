@@ -81,3 +81,20 @@ clean:
 	rm -rf build build-asan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(BUILD)/worker/main.d
+
+# Benchmarks (issue 6): bench tools are built on their own, never into $(LIB).
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+
+$(BUILD)/bench/%: bench/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+.PHONY: bench-tools
+bench-tools: $(BENCH_BIN)
+
+# Celeriac against Python Celery on the same machine; BENCH_QUICK=1 for a short run.
+bench: deps
+	@$(MAKE) --no-print-directory all bench-tools
+	@bash scripts/bench.sh
+
+-include $(BENCH_BIN:=.d)
