@@ -18,12 +18,20 @@
 #include "util/alloc.h"
 
 #define CHANNEL 1
+/* Queue-depth polls (passive queue.declare) go on their own channel: a missing
+ * queue closes the channel it was asked on, and that must never be channel 1. */
+#define STATS_CHANNEL 2
 #define RPC_TIMEOUT_S 10
 #define RECONNECT_MAX_MS 30000
 
 struct pending_confirm {
     uint64_t seq;
     broker_confirm_fn *cb;
+    void *privdata;
+};
+
+struct pending_stats {
+    broker_queue_stats_fn *cb; /* NULL once cancelled */
     void *privdata;
 };
 
@@ -80,6 +88,11 @@ struct broker {
     uv_timer_t confirm_timer;
     struct pending_confirm *failed;
     size_t nfailed, capfailed;
+
+    /* queue-depth polls on STATS_CHANNEL, answered in order */
+    struct pending_stats *stats;
+    size_t nstats, capstats, stats_head;
+    int stats_open; /* 0 closed, 1 open, 2 reopening after a channel error */
 };
 
 static void pump(struct broker *b);
@@ -383,6 +396,27 @@ static void on_poll_closed(uv_handle_t *h)
     cr_free(h);
 }
 
+/* Answers the oldest pending queue-depth poll. The entry leaves the queue
+ * before its callback runs, so the callback may poll again. */
+static void stats_pop(struct broker *b, int ok, uint32_t messages, uint32_t consumers)
+{
+    struct pending_stats ps;
+    if (b->stats_head >= b->nstats)
+        return;
+    ps = b->stats[b->stats_head++];
+    if (b->stats_head == b->nstats)
+        b->stats_head = b->nstats = 0;
+    if (ps.cb)
+        ps.cb(b, ok, messages, consumers, ps.privdata);
+}
+
+static void fail_stats(struct broker *b)
+{
+    b->stats_open = 0;
+    while (b->stats_head < b->nstats)
+        stats_pop(b, 0, 0, 0);
+}
+
 static void teardown(struct broker *b)
 {
     if (b->poll) {
@@ -401,6 +435,7 @@ static void teardown(struct broker *b)
     for (int i = 0; i < b->nconsumers; i++)
         b->consumers[i].active = 0;
     b->consuming = 0;
+    fail_stats(b);
 }
 
 static void on_timer(uv_timer_t *t);
@@ -499,6 +534,10 @@ int broker_connect(struct broker *b, struct cr_err *err)
     amqp_channel_open(b->conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
         goto fail;
+    amqp_channel_open(b->conn, STATS_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
+        goto fail;
+    b->stats_open = 1;
     for (int i = 0; i < b->nexchanges; i++) {
         amqp_exchange_declare(b->conn, CHANNEL, cstr(b->exchanges[i].name),
                               cstr(b->exchanges[i].type), 0, b->exchanges[i].durable, 0,
@@ -713,8 +752,47 @@ static void on_method(struct broker *b, amqp_frame_t *f)
     }
 }
 
+/* Frames of the queue-depth channel: replies to polls, and the channel's own
+ * close (a polled queue is missing), which is answered and the channel opened
+ * again; the broker drops whatever else was sent on it meanwhile, so every
+ * poll still pending fails. */
+static void on_stats_frame(struct broker *b, amqp_frame_t *f)
+{
+    if (f->frame_type != AMQP_FRAME_METHOD)
+        return;
+    switch (f->payload.method.id) {
+    case AMQP_QUEUE_DECLARE_OK_METHOD: {
+        amqp_queue_declare_ok_t *ok = f->payload.method.decoded;
+        stats_pop(b, 1, ok->message_count, ok->consumer_count);
+        break;
+    }
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+        amqp_channel_close_ok_t ok = {0};
+        amqp_channel_open_t op;
+        memset(&op, 0, sizeof(op));
+        op.out_of_band = amqp_empty_bytes;
+        amqp_send_method(b->conn, STATS_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+        amqp_send_method(b->conn, STATS_CHANNEL, AMQP_CHANNEL_OPEN_METHOD, &op);
+        b->stats_open = 2;
+        while (b->stats_head < b->nstats)
+            stats_pop(b, 0, 0, 0);
+        break;
+    }
+    case AMQP_CHANNEL_OPEN_OK_METHOD:
+        if (b->stats_open == 2)
+            b->stats_open = 1;
+        break;
+    default:
+        break;
+    }
+}
+
 static void on_frame(struct broker *b, amqp_frame_t *f)
 {
+    if (f->channel == STATS_CHANNEL) {
+        on_stats_frame(b, f);
+        return;
+    }
     switch (f->frame_type) {
     case AMQP_FRAME_METHOD:
         on_method(b, f);
@@ -960,6 +1038,43 @@ int broker_declare_exchange(struct broker *b, const char *name, const char *type
     return 0;
 }
 
+static int check_status(struct broker *b, int rc, const char *what);
+
+int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                       void *privdata)
+{
+    amqp_queue_declare_t qd;
+    int rc;
+    if (!b->conn || b->stats_open != 1)
+        return CR_EBROKER;
+    if (b->nstats == b->capstats) {
+        size_t cap = b->capstats ? b->capstats * 2 : 16;
+        struct pending_stats *p = cr_realloc(b->stats, cap * sizeof(*p));
+        if (!p)
+            return CR_ENOMEM;
+        b->stats = p;
+        b->capstats = cap;
+    }
+    memset(&qd, 0, sizeof(qd));
+    qd.queue = cstr(queue);
+    qd.passive = 1;
+    qd.arguments = amqp_empty_table;
+    rc = amqp_send_method(b->conn, STATS_CHANNEL, AMQP_QUEUE_DECLARE_METHOD, &qd);
+    if (check_status(b, rc, "queue.declare"))
+        return CR_EBROKER;
+    b->stats[b->nstats].cb = cb;
+    b->stats[b->nstats].privdata = privdata;
+    b->nstats++;
+    return 0;
+}
+
+void broker_queue_stats_cancel(struct broker *b, void *privdata)
+{
+    for (size_t i = b->stats_head; i < b->nstats; i++)
+        if (b->stats[i].privdata == privdata)
+            b->stats[i].cb = NULL;
+}
+
 void broker_set_prefetch(struct broker *b, int prefetch_count)
 {
     amqp_basic_qos_t req;
@@ -1105,6 +1220,7 @@ static void on_handle_closed(uv_handle_t *h)
         }
         cr_free(b->failed);
         cr_free(b->confirms);
+        cr_free(b->stats);
         cr_free(b);
     }
 }

@@ -134,6 +134,23 @@ void broker_each_consumer(const struct broker *b,
 int broker_declare_exchange(struct broker *b, const char *name, const char *type,
                             int durable);
 
+/* The answer to one broker_queue_stats(): ok = 1 with the queue's ready
+ * message count and consumer count; ok = 0 when the queue does not exist or
+ * the connection was lost. */
+typedef void broker_queue_stats_fn(struct broker *b, int ok, uint32_t messages,
+                                   uint32_t consumers, void *privdata);
+/* Polls a queue's depth with a passive queue.declare on a second channel, sent
+ * without waiting, so a missing queue (which closes the channel it was asked
+ * on) never disturbs the channel that consumes and acks. cb is called exactly
+ * once, never from inside this call, unless cancelled first. Returns 0, or
+ * CR_EBROKER (not connected, or the poll channel is reopening after an error)
+ * or CR_ENOMEM, and then cb is never called. */
+int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                       void *privdata);
+/* Drops the pending polls made with privdata: their callbacks are never
+ * called (for an owner freed before the broker). */
+void broker_queue_stats_cancel(struct broker *b, void *privdata);
+
 /* Sets basic.qos prefetch_count (sent without waiting). */
 void broker_set_prefetch(struct broker *b, int prefetch_count);
 

@@ -316,7 +316,9 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         lopts[i].val = 1000 + (int)i;
         if (opts[i].short_flag) {
             shorts[ns++] = opts[i].short_flag;
-            shorts[ns++] = ':';
+            /* A bool flag (-E) takes no argument, as its long form. */
+            if (opts[i].type != OPT_BOOL)
+                shorts[ns++] = ':';
         }
     }
     shorts[ns] = '\0';

@@ -1,29 +1,596 @@
-/* metrics.c -- Prometheus metrics. NEEDSWORK: stub until issue 4 lands. */
+/* metrics.c -- Prometheus metrics and /healthz, served by libwebsockets on the
+ * worker's libuv loop (a foreign loop to lws).
+ *
+ * Counters and histograms are updated from worker_notify(); gauges (in-flight,
+ * prefetched, queue depths, connection state) are read when /metrics is
+ * scraped, from the worker and from the last queue-depth poll. The text comes
+ * from protocol/prom (pure). lws does all HTTP parsing; this file only routes
+ * a path to a body and writes it out in chunks from the writeable callback. */
 #include "metrics.h"
 
-#include <stddef.h>
+#include <libwebsockets.h>
+#include <string.h>
 
-struct metrics *metrics_new(struct worker *w, struct cr_err *err)
+#include "events.h"
+#include "log.h"
+#include "worker_int.h"
+#include "protocol/prom.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+
+#define WRITE_CHUNK 16384
+#define MIN_POLL_MS 500
+
+struct queue_depth {
+    char *name;
+    uint32_t messages, consumers;
+    int known; /* 0 until a poll answered, or when the queue is missing */
+};
+
+struct metrics {
+    struct worker *w;
+    struct prom_registry *reg;
+    /* counted as things happen */
+    struct prom_family *received, *tasks, *runtime, *wait, *retries, *dead_letters;
+    struct prom_family *llm_duration, *llm_ttft, *tokens_in, *tokens_out, *llm_errors;
+    /* set at scrape time */
+    struct prom_family *info, *in_flight, *prefetched, *scheduled, *concurrency;
+    struct prom_family *queue_messages, *queue_consumers, *broker_up, *backend_up;
+    struct prom_family *broker_reconnects, *backend_reconnects, *uptime, *events_on;
+
+    uv_timer_t *timer; /* queue polls and loop liveness; heap, freed on close */
+    uint64_t poll_ms;
+    uint64_t last_tick_ms;
+    struct queue_depth *depths;
+    int ndepths;
+    int polling; /* index of the queue being polled, or -1 */
+
+    struct lws_context *lws;
+};
+
+/* ---------------------------------------------------------------- setup */
+
+static const double runtime_buckets[] = {0.1, 0.25, 0.5, 1,   2.5, 5,
+                                         10,  30,   60,  120, 300, 600};
+static const double wait_buckets[] = {0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300};
+static const double ttft_buckets[] = {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30};
+
+#define NB(a) ((int)(sizeof(a) / sizeof(a[0])))
+
+static int add_families(struct metrics *m)
 {
-    (void)w;
-    (void)err;
-    return NULL;
+    static const char *const task[] = {"task"};
+    static const char *const task_state[] = {"task", "state"};
+    static const char *const model[] = {"model"};
+    static const char *const status_type[] = {"model", "status", "type"};
+    static const char *const queue[] = {"queue"};
+    static const char *const info[] = {"hostname", "version"};
+    struct prom_registry *r = m->reg;
+#define F(field, name, help, type, labels, nl, b, nb)                                    \
+    do {                                                                                 \
+        m->field = prom_family_add(r, name, help, type, labels, nl, b, nb);              \
+        if (!m->field)                                                                   \
+            return CR_ENOMEM;                                                            \
+    } while (0)
+    F(info, "celeriac_worker_info", "The worker's node name and version.", PROM_GAUGE,
+      info, 2, NULL, 0);
+    F(uptime, "celeriac_uptime_seconds", "Seconds since the worker started.", PROM_GAUGE,
+      NULL, 0, NULL, 0);
+    F(received, "celeriac_tasks_received_total", "Task messages received, by task name.",
+      PROM_COUNTER, task, 1, NULL, 0);
+    F(tasks, "celeriac_tasks_total",
+      "Tasks finished, by task name and final state (SUCCESS, FAILURE, REVOKED, "
+      "REJECTED).",
+      PROM_COUNTER, task_state, 2, NULL, 0);
+    F(retries, "celeriac_task_retries_total", "Task retries published, by task name.",
+      PROM_COUNTER, task, 1, NULL, 0);
+    F(dead_letters, "celeriac_dead_letters_total",
+      "Messages dead-lettered, by task name.", PROM_COUNTER, task, 1, NULL, 0);
+    F(runtime, "celeriac_task_runtime_seconds",
+      "Time from task start to its outcome, by task name.", PROM_HISTOGRAM, task, 1,
+      runtime_buckets, NB(runtime_buckets));
+    F(wait, "celeriac_task_queue_wait_seconds",
+      "Time from receipt to start (prefetch and eta wait included), by task name.",
+      PROM_HISTOGRAM, task, 1, wait_buckets, NB(wait_buckets));
+    F(in_flight, "celeriac_tasks_in_flight", "Tasks running now (holding a slot).",
+      PROM_GAUGE, NULL, 0, NULL, 0);
+    F(prefetched, "celeriac_tasks_prefetched",
+      "Tasks received and not started yet (eta-held ones included).", PROM_GAUGE, NULL, 0,
+      NULL, 0);
+    F(scheduled, "celeriac_tasks_scheduled", "Tasks held until their eta.", PROM_GAUGE,
+      NULL, 0, NULL, 0);
+    F(concurrency, "celeriac_concurrency", "Task slots (changed by pool_grow/shrink).",
+      PROM_GAUGE, NULL, 0, NULL, 0);
+    F(queue_messages, "celeriac_queue_messages",
+      "Messages ready in each consumed queue (polled).", PROM_GAUGE, queue, 1, NULL, 0);
+    F(queue_consumers, "celeriac_queue_consumers",
+      "Consumers of each consumed queue (polled).", PROM_GAUGE, queue, 1, NULL, 0);
+    F(llm_duration, "celeriac_llm_request_duration_seconds",
+      "LLM request duration, by model.", PROM_HISTOGRAM, model, 1, runtime_buckets,
+      NB(runtime_buckets));
+    F(llm_ttft, "celeriac_llm_time_to_first_token_seconds",
+      "LLM time to first token, by model.", PROM_HISTOGRAM, model, 1, ttft_buckets,
+      NB(ttft_buckets));
+    F(tokens_in, "celeriac_llm_prompt_tokens_total", "Prompt tokens sent, by model.",
+      PROM_COUNTER, model, 1, NULL, 0);
+    F(tokens_out, "celeriac_llm_completion_tokens_total",
+      "Completion tokens received, by model.", PROM_COUNTER, model, 1, NULL, 0);
+    F(llm_errors, "celeriac_llm_errors_total",
+      "Failed LLM requests, by model, HTTP status (0: no response) and error type.",
+      PROM_COUNTER, status_type, 3, NULL, 0);
+    F(broker_up, "celeriac_broker_connected", "1 while connected to the broker.",
+      PROM_GAUGE, NULL, 0, NULL, 0);
+    F(backend_up, "celeriac_backend_connected",
+      "1 while connected to the result backend.", PROM_GAUGE, NULL, 0, NULL, 0);
+    F(broker_reconnects, "celeriac_broker_reconnects_total",
+      "Broker reconnections since start.", PROM_COUNTER, NULL, 0, NULL, 0);
+    F(backend_reconnects, "celeriac_backend_reconnects_total",
+      "Result backend reconnections since start.", PROM_COUNTER, NULL, 0, NULL, 0);
+    F(events_on, "celeriac_task_events_enabled", "1 while task events are sent.",
+      PROM_GAUGE, NULL, 0, NULL, 0);
+#undef F
+    return 0;
+}
+
+/* --------------------------------------------------------- task counters */
+
+static const char *job_task(const struct job *j)
+{
+    if (j->tm.shadow)
+        return j->tm.shadow;
+    return j->tm.task ? j->tm.task : "unknown";
+}
+
+static void count_llm(struct metrics *m, struct job *j, const struct llm_result *llm)
+{
+    const char *model[] = {events_job_model(j)};
+    if (llm->elapsed_s >= 0)
+        prom_observe(m->llm_duration, model, llm->elapsed_s);
+    if (llm->ttft_s >= 0)
+        prom_observe(m->llm_ttft, model, llm->ttft_s);
+    if (llm->chat) {
+        if (llm->chat->prompt_tokens > 0)
+            prom_add(m->tokens_in, model, (double)llm->chat->prompt_tokens);
+        if (llm->chat->completion_tokens > 0)
+            prom_add(m->tokens_out, model, (double)llm->chat->completion_tokens);
+    } else if (llm->embed_tokens > 0) {
+        prom_add(m->tokens_in, model, (double)llm->embed_tokens);
+    }
+    if (llm->verdict != LLM_OK) {
+        char status[16];
+        const char *labels[] = {model[0], status, llm->exc_type ? llm->exc_type : ""};
+        snprintf(status, sizeof(status), "%ld", llm->http_status);
+        prom_add(m->llm_errors, labels, 1);
+    }
+}
+
+static void count_final(struct metrics *m, struct job *j, const char *state)
+{
+    const char *labels[] = {job_task(j), state};
+    prom_add(m->tasks, labels, 1);
 }
 
 void metrics_on_task(struct metrics *m, struct job *j, const struct task_event_info *info)
 {
-    (void)m;
-    (void)j;
-    (void)info;
+    const char *task[1];
+    if (!m)
+        return;
+    task[0] = job_task(j);
+    switch (info->type) {
+    case TEV_RECEIVED:
+        prom_add(m->received, task, 1);
+        break;
+    case TEV_STARTED:
+        prom_observe(m->wait, task, (double)(j->t_started - j->t_received) / 1000.0);
+        break;
+    case TEV_SUCCEEDED:
+        count_final(m, j, "SUCCESS");
+        prom_observe(m->runtime, task, info->runtime_s);
+        break;
+    case TEV_FAILED:
+        count_final(m, j, "FAILURE");
+        if (j->t_started)
+            prom_observe(m->runtime, task, info->runtime_s);
+        break;
+    case TEV_RETRIED:
+        prom_add(m->retries, task, 1);
+        break;
+    case TEV_REVOKED:
+        count_final(m, j, "REVOKED");
+        break;
+    case TEV_REJECTED:
+        count_final(m, j, "REJECTED");
+        break;
+    }
+    if (info->llm)
+        count_llm(m, j, info->llm);
 }
 
 void metrics_on_dead_letter(struct metrics *m, struct job *j)
 {
-    (void)m;
-    (void)j;
+    const char *task[1];
+    if (!m)
+        return;
+    task[0] = job_task(j);
+    prom_add(m->dead_letters, task, 1);
+}
+
+/* ---------------------------------------------------------- queue polls */
+
+static void poll_next(struct metrics *m);
+
+static void on_queue_stats(struct broker *b, int ok, uint32_t messages,
+                           uint32_t consumers, void *privdata)
+{
+    struct metrics *m = privdata;
+    struct queue_depth *d;
+    (void)b;
+    if (m->polling < 0 || m->polling >= m->ndepths)
+        return;
+    d = &m->depths[m->polling];
+    d->known = ok;
+    d->messages = ok ? messages : 0;
+    d->consumers = ok ? consumers : 0;
+    m->polling++;
+    poll_next(m);
+}
+
+/* One poll at a time, chained from each answer: a round costs one round trip
+ * per queue and never floods the channel. */
+static void poll_next(struct metrics *m)
+{
+    while (m->polling >= 0 && m->polling < m->ndepths) {
+        if (broker_queue_stats(m->w->broker, m->depths[m->polling].name, on_queue_stats,
+                               m) == 0)
+            return;
+        m->polling++; /* not connected: keep the last value, try next round */
+    }
+    m->polling = -1;
+}
+
+struct names_arg {
+    struct metrics *m;
+    struct queue_depth *next;
+    int n, cap, oom;
+};
+
+static void add_name(const struct broker_queue *q, void *arg)
+{
+    struct names_arg *a = arg;
+    struct queue_depth *d;
+    if (a->oom || q->no_ack) /* the mailbox is not a task queue */
+        return;
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 8;
+        struct queue_depth *p = cr_realloc(a->next, (size_t)cap * sizeof(*p));
+        if (!p) {
+            a->oom = 1;
+            return;
+        }
+        a->next = p;
+        a->cap = cap;
+    }
+    d = &a->next[a->n];
+    memset(d, 0, sizeof(*d));
+    d->name = cr_strdup(q->name);
+    if (!d->name) {
+        a->oom = 1;
+        return;
+    }
+    /* keep the last known depth of a queue still consumed */
+    for (int i = 0; i < a->m->ndepths; i++)
+        if (!strcmp(a->m->depths[i].name, q->name)) {
+            d->messages = a->m->depths[i].messages;
+            d->consumers = a->m->depths[i].consumers;
+            d->known = a->m->depths[i].known;
+        }
+    a->n++;
+}
+
+static void free_depths(struct queue_depth *d, int n)
+{
+    for (int i = 0; i < n; i++)
+        cr_free(d[i].name);
+    cr_free(d);
+}
+
+static void start_round(struct metrics *m)
+{
+    struct names_arg a = {m, NULL, 0, 0, 0};
+    if (m->polling >= 0)
+        return; /* the last round is still waiting for an answer */
+    broker_each_consumer(m->w->broker, add_name, &a);
+    if (a.oom) {
+        free_depths(a.next, a.n);
+        return;
+    }
+    free_depths(m->depths, m->ndepths);
+    m->depths = a.next;
+    m->ndepths = a.n;
+    m->polling = 0;
+    poll_next(m);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct metrics *m = t->data;
+    if (!m)
+        return;
+    m->last_tick_ms = uv_now(m->w->loop);
+    start_round(m);
+}
+
+/* ------------------------------------------------------------ rendering */
+
+static void count_checking(const char *key, void *value, void *arg)
+{
+    const struct job *j = value;
+    (void)key;
+    if (j->state == JOB_CHECKING)
+        ++*(size_t *)arg;
+}
+
+static void set_gauges(struct metrics *m)
+{
+    struct worker *w = m->w;
+    const char *info[] = {w->cfg->hostname, EVENTS_SW_VER};
+    size_t checking = 0;
+
+    /* received and not started: ready, eta-held, or still asking the backend
+     * whether a result is stored already */
+    strmap_each(&w->jobs, count_checking, &checking);
+    prom_set(m->info, info, 1);
+    prom_set(m->uptime, NULL, (double)(uv_now(w->loop) - w->started_ms) / 1000.0);
+    prom_set(m->in_flight, NULL, w->active);
+    prom_set(m->prefetched, NULL, (double)(w->nready + w->neta + checking));
+    prom_set(m->scheduled, NULL, (double)w->neta);
+    prom_set(m->concurrency, NULL, w->concurrency);
+    prom_set(m->broker_up, NULL, broker_connected(w->broker));
+    prom_set(m->backend_up, NULL, backend_connected(w->backend));
+    prom_set(m->broker_reconnects, NULL, (double)broker_reconnects(w->broker));
+    prom_set(m->backend_reconnects, NULL, (double)backend_reconnects(w->backend));
+    prom_set(m->events_on, NULL, events_enabled(w->events));
+    prom_family_clear(m->queue_messages);
+    prom_family_clear(m->queue_consumers);
+    for (int i = 0; i < m->ndepths; i++) {
+        const char *q[] = {m->depths[i].name};
+        if (!m->depths[i].known)
+            continue;
+        prom_set(m->queue_messages, q, m->depths[i].messages);
+        prom_set(m->queue_consumers, q, m->depths[i].consumers);
+    }
+}
+
+int metrics_render(struct metrics *m, struct buf *out)
+{
+    set_gauges(m);
+    return prom_render(m->reg, out);
+}
+
+/* ----------------------------------------------------------------- HTTP */
+
+/* Per connection: the response body being written, with LWS_PRE bytes of
+ * room before it as lws_write() requires. */
+struct http_pss {
+    unsigned char *buf;
+    size_t len, off;
+};
+
+static int loop_alive(struct metrics *m)
+{
+    uint64_t now = uv_now(m->w->loop);
+    /* the timer fires every poll_ms; a loop stuck for two periods is not alive */
+    return now - m->last_tick_ms <= 2 * m->poll_ms + 1000;
+}
+
+static int make_health(struct metrics *m, struct buf *body)
+{
+    struct worker *w = m->w;
+    int broker = broker_connected(w->broker), backend = backend_connected(w->backend);
+    int loop = loop_alive(m);
+    int ok = broker && backend && loop;
+    if (buf_printf(
+            body, "{\"status\": \"%s\", \"broker\": %s, \"backend\": %s, \"loop\": %s}\n",
+            ok ? "ok" : "fail", broker ? "true" : "false", backend ? "true" : "false",
+            loop ? "true" : "false"))
+        return -1;
+    return ok ? HTTP_STATUS_OK : HTTP_STATUS_SERVICE_UNAVAILABLE;
+}
+
+static int respond(struct lws *wsi, struct http_pss *pss, unsigned status,
+                   const char *ctype, struct buf *body)
+{
+    unsigned char hdr[LWS_PRE + 512], *start = hdr + LWS_PRE, *p = start;
+    unsigned char *end = hdr + sizeof(hdr) - 1;
+
+    pss->buf = cr_malloc(LWS_PRE + body->len + 1);
+    if (!pss->buf)
+        return -1;
+    if (body->len)
+        memcpy(pss->buf + LWS_PRE, body->data, body->len);
+    pss->len = body->len;
+    pss->off = 0;
+    if (lws_add_http_common_headers(wsi, status, ctype, (lws_filepos_t)body->len, &p,
+                                    end) ||
+        lws_add_http_header_by_name(wsi, (const unsigned char *)"cache-control:",
+                                    (const unsigned char *)"no-store", 8, &p, end) ||
+        lws_finalize_write_http_header(wsi, start, &p, end))
+        return -1;
+    lws_callback_on_writable(wsi);
+    return 0;
+}
+
+static int on_request(struct metrics *m, struct lws *wsi, struct http_pss *pss,
+                      const char *path)
+{
+    struct buf body;
+    int status, rc;
+    const char *ctype = "text/plain; charset=utf-8";
+
+    buf_init(&body);
+    if (lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI) <= 0) {
+        status = HTTP_STATUS_METHOD_NOT_ALLOWED;
+        rc = buf_puts(&body, "method not allowed\n");
+    } else if (!strcmp(path, "/metrics")) {
+        status = HTTP_STATUS_OK;
+        ctype = "text/plain; version=0.0.4; charset=utf-8";
+        rc = metrics_render(m, &body);
+    } else if (!strcmp(path, "/healthz")) {
+        ctype = "application/json";
+        status = make_health(m, &body);
+        rc = status < 0 ? CR_ENOMEM : 0;
+    } else if (!strcmp(path, "/")) {
+        status = HTTP_STATUS_OK;
+        rc = buf_puts(&body, "celeriac worker: /metrics /healthz\n");
+    } else {
+        status = HTTP_STATUS_NOT_FOUND;
+        rc = buf_puts(&body, "not found\n");
+    }
+    if (!rc)
+        rc = respond(wsi, pss, (unsigned)status, ctype, &body);
+    buf_release(&body);
+    return rc ? -1 : 0;
+}
+
+static int on_writable(struct lws *wsi, struct http_pss *pss)
+{
+    size_t n;
+    int final;
+    if (!pss->buf)
+        return 0;
+    n = pss->len - pss->off;
+    if (n > WRITE_CHUNK)
+        n = WRITE_CHUNK;
+    final = pss->off + n == pss->len;
+    /* lws_write() may use the LWS_PRE bytes before the pointer; before a later
+     * chunk those are body bytes already sent. */
+    if (lws_write(wsi, pss->buf + LWS_PRE + pss->off, n,
+                  final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < 0)
+        return -1;
+    pss->off += n;
+    if (!final) {
+        lws_callback_on_writable(wsi);
+        return 0;
+    }
+    cr_free(pss->buf);
+    pss->buf = NULL;
+    return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+static int on_http(struct lws *wsi, enum lws_callback_reasons reason, void *user,
+                   void *in, size_t len)
+{
+    struct http_pss *pss = user;
+    struct metrics *m = lws_context_user(lws_get_context(wsi));
+
+    switch (reason) {
+    case LWS_CALLBACK_HTTP:
+        return on_request(m, wsi, pss, in ? (const char *)in : "/");
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+        return on_writable(wsi, pss);
+    case LWS_CALLBACK_CLOSED_HTTP:
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+        if (pss) {
+            cr_free(pss->buf);
+            pss->buf = NULL;
+        }
+        break;
+    default:
+        break;
+    }
+    return lws_callback_http_dummy(wsi, reason, user, in, len);
+}
+
+static const struct lws_protocols protocols[] = {
+    {"http", on_http, sizeof(struct http_pss), 0, 0, NULL, 0},
+    {NULL, NULL, 0, 0, 0, NULL, 0},
+};
+
+/* lws reports through its own logger; its warnings and errors join ours. */
+static void lws_log(int level, const char *line)
+{
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        n--;
+    LOG(level == LLL_ERR ? LOG_ERROR : LOG_WARNING, "metrics: lws: %.*s", (int)n, line);
+}
+
+static int start_server(struct metrics *m, struct cr_err *err)
+{
+    const struct config *c = m->w->cfg;
+    struct lws_context_creation_info info;
+    void *loops[1];
+
+    lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
+    memset(&info, 0, sizeof(info));
+    loops[0] = m->w->loop;
+    info.foreign_loops = loops;
+    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN;
+    if (c->metrics_host && !strchr(c->metrics_host, ':'))
+        info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
+    info.port = c->metrics_port;
+    info.iface = c->metrics_host && *c->metrics_host ? c->metrics_host : NULL;
+    info.protocols = protocols;
+    info.user = m;
+    info.vhost_name = "metrics";
+    info.timeout_secs = 10;
+    m->lws = lws_create_context(&info);
+    if (!m->lws)
+        return cr_err_set(err, CR_EIO, "cannot serve metrics on %s:%d (address in use?)",
+                          info.iface ? info.iface : "*", c->metrics_port);
+    LOG(LOG_INFO, "metrics: serving /metrics and /healthz on http://%s:%d",
+        info.iface ? info.iface : "0.0.0.0", c->metrics_port);
+    return 0;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    cr_free(h);
+}
+
+struct metrics *metrics_new(struct worker *w, struct cr_err *err)
+{
+    struct metrics *m = cr_calloc(1, sizeof(*m));
+    double poll_s = w->cfg->event_heartbeat;
+
+    if (!m || !(m->reg = prom_registry_new()) || add_families(m) ||
+        !(m->timer = cr_malloc(sizeof(*m->timer)))) {
+        if (m)
+            prom_registry_free(m->reg);
+        cr_free(m);
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    m->w = w;
+    m->polling = -1;
+    /* Queues are polled as often as heartbeats go out (2 s by default). */
+    m->poll_ms = (uint64_t)(poll_s * 1000.0);
+    if (m->poll_ms < MIN_POLL_MS)
+        m->poll_ms = MIN_POLL_MS;
+    uv_timer_init(w->loop, m->timer);
+    m->timer->data = m;
+    m->last_tick_ms = uv_now(w->loop);
+    uv_timer_start(m->timer, on_tick, 0, m->poll_ms);
+    if (w->cfg->metrics_port > 0 && start_server(m, err)) {
+        metrics_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 void metrics_free(struct metrics *m)
 {
-    (void)m;
+    if (!m)
+        return;
+    broker_queue_stats_cancel(m->w->broker, m);
+    if (m->lws)
+        lws_context_destroy(m->lws);
+    m->timer->data = NULL;
+    uv_timer_stop(m->timer);
+    uv_close((uv_handle_t *)m->timer, on_timer_closed);
+    free_depths(m->depths, m->ndepths);
+    prom_registry_free(m->reg);
+    cr_free(m);
 }

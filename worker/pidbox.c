@@ -1,19 +1,1246 @@
-/* pidbox.c -- Celery remote control. NEEDSWORK: stub until issue 4 lands. */
+/* pidbox.c -- Celery remote control on the worker loop, and the revoked-ids file.
+ *
+ * A request is decoded and matched by protocol/pidbox_msg (pure), run by one
+ * handler from the table below, and answered on the reply exchange. Handlers
+ * change the worker only through the control API of worker_int.h. Reply shapes
+ * follow the Python worker exactly; Flower's pages break on anything else. */
 #include "pidbox.h"
 
-#include <stddef.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
-#include "broker.h"
+#include "events.h"
+#include "log.h"
+#include "worker_int.h"
+#include "protocol/pidbox_msg.h"
+#include "protocol/result.h"
+#include "util/alloc.h"
+#include "util/buf.h"
 
-struct pidbox *pidbox_new(struct worker *w)
+#define MAILBOX_EXCHANGE "celery.pidbox"
+#define REPLY_EXCHANGE "reply.celery.pidbox"
+#define MAILBOX_EXPIRES_MS 10000
+#define MAILBOX_TTL_MS 300000
+#define STATEDB_SAVE_DELAY_MS 1000
+#define STATEDB_MAX_BYTES (64 * 1024 * 1024)
+/* What Celery's scheduled entries show as the timer priority. */
+#define SCHEDULED_PRIORITY 6
+#define NO_REPLY 1
+
+struct statedb;
+
+struct pidbox {
+    struct worker *w;
+    char *queue;
+    struct statedb *db; /* NULL without --statedb */
+    unsigned long bad_messages;
+};
+
+static int64_t now_epoch_s(void)
 {
-    (void)w;
-    return NULL;
+    return (int64_t)time(NULL);
+}
+
+/* ================================================================ statedb */
+
+/* The state file is written off the loop: a snapshot is taken on the loop
+ * (fast), then written to "<path>.tmp", fsynced and renamed in libuv's thread
+ * pool, so a crash leaves the old file or the new one, never half of one.
+ * Three things keep the struct alive (refs): the owning pidbox, the debounce
+ * timer until closed, and a write in flight. */
+struct statedb {
+    char *path;
+    uv_loop_t *loop;
+    struct worker *w; /* NULL once the pidbox is freed */
+    uv_timer_t timer;
+    uv_work_t work;
+    struct buf snapshot; /* owned by the thread-pool write while inflight */
+    int inflight;
+    int dirty;
+    int write_err; /* errno of the last write, from the thread */
+    int logged_err;
+    int refs;
+    int has_final; /* a final snapshot waits for the write in flight */
+    struct buf final;
+};
+
+static void statedb_unref(struct statedb *db)
+{
+    if (--db->refs > 0)
+        return;
+    buf_release(&db->snapshot);
+    buf_release(&db->final);
+    cr_free(db->path);
+    cr_free(db);
+}
+
+struct snap_arg {
+    struct buf *out;
+    int rc;
+};
+
+static void snap_one(const char *id, int64_t expires, void *arg)
+{
+    struct snap_arg *a = arg;
+    if (!a->rc)
+        a->rc = pidbox_statedb_line(id, expires, a->out);
+}
+
+static int take_snapshot(struct worker *w, struct buf *out)
+{
+    struct snap_arg a = {out, 0};
+    buf_reset(out);
+    a.rc = pidbox_statedb_header(out);
+    if (!a.rc)
+        worker_each_revoked(w, snap_one, &a);
+    return a.rc;
+}
+
+/* Writes data to path atomically. Returns 0 or an errno value. Runs in the
+ * thread pool, or on the loop at exit. */
+static int write_file(const char *path, const char *data, size_t len)
+{
+    char tmp[4096];
+    int fd, e = 0;
+    size_t off = 0;
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp))
+        return ENAMETOOLONG;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errno;
+    while (off < len) {
+        ssize_t n = write(fd, data + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            e = n < 0 ? errno : EIO;
+            break;
+        }
+        off += (size_t)n;
+    }
+    if (!e && fsync(fd))
+        e = errno;
+    if (close(fd) && !e)
+        e = errno;
+    if (!e && rename(tmp, path))
+        e = errno;
+    if (e)
+        unlink(tmp);
+    return e;
+}
+
+static void statedb_work(uv_work_t *req)
+{
+    struct statedb *db = req->data;
+    db->write_err = write_file(db->path, db->snapshot.data ? db->snapshot.data : "",
+                               db->snapshot.len);
+}
+
+static void statedb_log_result(struct statedb *db)
+{
+    if (db->write_err && !db->logged_err) {
+        LOG(LOG_ERROR, "statedb: cannot write '%s': %s", db->path,
+            strerror(db->write_err));
+        db->logged_err = 1;
+    } else if (!db->write_err) {
+        db->logged_err = 0;
+    }
+}
+
+static void statedb_save_now(struct statedb *db);
+
+static void statedb_after_work(uv_work_t *req, int status)
+{
+    struct statedb *db = req->data;
+    (void)status;
+    db->inflight = 0;
+    statedb_log_result(db);
+    if (db->has_final) {
+        /* The pidbox is gone and the loop is winding down: the last state is
+         * written here, after the older write, so it is the one that stays. */
+        db->write_err = write_file(db->path, db->final.data, db->final.len);
+        statedb_log_result(db);
+        db->has_final = 0;
+    } else if (db->dirty && db->w) {
+        statedb_save_now(db);
+    }
+    statedb_unref(db);
+}
+
+static void statedb_save_now(struct statedb *db)
+{
+    if (db->inflight || !db->w)
+        return;
+    if (take_snapshot(db->w, &db->snapshot)) {
+        LOG(LOG_ERROR, "statedb: out of memory taking a snapshot");
+        return;
+    }
+    db->dirty = 0;
+    db->work.data = db;
+    if (uv_queue_work(db->loop, &db->work, statedb_work, statedb_after_work) == 0) {
+        db->inflight = 1;
+        db->refs++;
+    } else {
+        db->dirty = 1;
+    }
+}
+
+static void on_save_timer(uv_timer_t *t)
+{
+    struct statedb *db = t->data;
+    if (db->inflight) {
+        db->dirty = 1; /* after_work saves again */
+        return;
+    }
+    statedb_save_now(db);
+}
+
+static void on_statedb_timer_closed(uv_handle_t *h)
+{
+    statedb_unref(h->data);
+}
+
+struct load_arg {
+    struct worker *w;
+};
+
+static void load_one(const char *id, int64_t expires, void *arg)
+{
+    struct load_arg *a = arg;
+    worker_remember_revoked(a->w, id, expires);
+}
+
+/* Reads the state file at start-up (blocking is fine then). A missing file is
+ * a first start; an unreadable or foreign one is reported and left alone. */
+static void statedb_load(struct statedb *db, struct worker *w)
+{
+    struct load_arg a = {w};
+    struct buf b;
+    char chunk[65536];
+    FILE *f = fopen(db->path, "rb");
+    size_t n;
+    int count;
+
+    if (!f) {
+        if (errno != ENOENT)
+            LOG(LOG_WARNING, "statedb: cannot read '%s': %s", db->path, strerror(errno));
+        return;
+    }
+    buf_init(&b);
+    b.max_bytes = STATEDB_MAX_BYTES;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+        if (buf_append(&b, chunk, n)) {
+            LOG(LOG_WARNING, "statedb: '%s' is too large; ignoring it", db->path);
+            fclose(f);
+            buf_release(&b);
+            return;
+        }
+    }
+    fclose(f);
+    count =
+        pidbox_statedb_parse(b.data ? b.data : "", b.len, now_epoch_s(), load_one, &a);
+    if (count < 0)
+        LOG(LOG_WARNING, "statedb: '%s' is not a celeriac state file; ignoring it",
+            db->path);
+    else
+        LOG(LOG_INFO, "statedb: %d revoked task id(s) loaded from '%s'", count, db->path);
+    buf_release(&b);
+}
+
+static struct statedb *statedb_new(struct worker *w, const char *path)
+{
+    struct statedb *db = cr_calloc(1, sizeof(*db));
+    if (!db)
+        return NULL;
+    db->path = cr_strdup(path);
+    if (!db->path) {
+        cr_free(db);
+        return NULL;
+    }
+    db->loop = w->loop;
+    db->w = w;
+    buf_init(&db->snapshot);
+    buf_init(&db->final);
+    uv_timer_init(w->loop, &db->timer);
+    db->timer.data = db;
+    db->refs = 2; /* the pidbox and the timer */
+    statedb_load(db, w);
+    return db;
+}
+
+static void statedb_close(struct statedb *db)
+{
+    if (!db)
+        return;
+    if (take_snapshot(db->w, &db->final) == 0) {
+        if (db->inflight) {
+            db->has_final = 1;
+        } else {
+            db->write_err = write_file(db->path, db->final.data, db->final.len);
+            statedb_log_result(db);
+        }
+    }
+    db->w = NULL;
+    uv_timer_stop(&db->timer);
+    uv_close((uv_handle_t *)&db->timer, on_statedb_timer_closed);
+    statedb_unref(db);
+}
+
+void pidbox_revoked_changed(struct pidbox *pb)
+{
+    struct statedb *db = pb ? pb->db : NULL;
+    if (!db)
+        return;
+    db->dirty = 1;
+    if (!uv_is_active((uv_handle_t *)&db->timer))
+        uv_timer_start(&db->timer, on_save_timer, STATEDB_SAVE_DELAY_MS, 0);
+}
+
+/* ================================================================ helpers */
+
+static const char *job_task_name(const struct job *j)
+{
+    return j->tm.shadow ? j->tm.shadow : j->tm.task;
+}
+
+static double job_started_epoch(const struct worker *w, const struct job *j)
+{
+    if (!j->t_started)
+        return -1;
+    return (double)w->started_epoch_us / 1e6 +
+           ((double)j->t_started - (double)w->started_ms) / 1000.0;
+}
+
+static cJSON *job_info(struct pidbox *pb, const struct job *j, int safe)
+{
+    struct worker *w = pb->w;
+    const struct broker_msg *m = j->nmsgs > 0 ? j->msgs[0] : NULL;
+    struct pidbox_task_info ti;
+    int running = j->state == JOB_RUNNING;
+
+    memset(&ti, 0, sizeof(ti));
+    ti.id = j->tm.id;
+    ti.name = job_task_name(j);
+    ti.args = j->tm.args;
+    ti.kwargs = j->tm.kwargs;
+    ti.argsrepr = j->tm.argsrepr;
+    ti.kwargsrepr = j->tm.kwargsrepr;
+    ti.hostname = w->cfg->hostname;
+    ti.time_start = running ? job_started_epoch(w, j) : -1;
+    ti.acknowledged = running && w->cfg->acks_early;
+    ti.exchange = m ? m->exchange : "";
+    ti.routing_key = m ? m->routing_key : "";
+    ti.priority = m ? m->priority : 0;
+    ti.redelivered = m ? m->redelivered : 0;
+    ti.worker_pid = running ? (long)getpid() : 0;
+    return pidbox_task_info_new(&ti, safe);
+}
+
+/* Appends v to arr, taking it. 0 or CR_ENOMEM. */
+static int push(cJSON *arr, cJSON *v)
+{
+    if (!v)
+        return CR_ENOMEM;
+    if (!cJSON_AddItemToArray(arr, v)) {
+        cJSON_Delete(v);
+        return CR_ENOMEM;
+    }
+    return 0;
+}
+
+/* A handler's TypeError for a missing argument, as Python words it. */
+static int missing(const char *fn, const char *arg, cJSON **reply)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "%s() missing 1 required positional argument: '%s'", fn,
+             arg);
+    *reply = pidbox_error_exc("TypeError", msg);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int bad_type(const char *fn, const char *arg, cJSON **reply)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "%s(): bad type for argument '%s'", fn, arg);
+    *reply = pidbox_error_exc("TypeError", msg);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int ok_reply(const char *text, cJSON **reply)
+{
+    *reply = pidbox_ok(text);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int error_reply(const char *text, cJSON **reply)
+{
+    *reply = pidbox_error(text);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+/* ================================================================ inspect */
+
+/* A handler fills *reply (NULL means a null reply) and returns 0, NO_REPLY,
+ * or CR_ENOMEM. */
+typedef int cmd_fn(struct pidbox *pb, const cJSON *args, cJSON **reply);
+
+static int cmd_ping(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)pb;
+    (void)args;
+    return ok_reply("pong", reply);
+}
+
+static int cmd_clock(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)args;
+    *reply = cJSON_CreateObject();
+    if (!*reply || !cJSON_AddNumberToObject(*reply, "clock",
+                                            (double)events_clock_value(pb->w->events))) {
+        cJSON_Delete(*reply);
+        return CR_ENOMEM;
+    }
+    return 0;
+}
+
+struct totals_arg {
+    cJSON *o;
+    int rc;
+};
+
+static void total_one(const char *key, void *value, void *arg)
+{
+    struct totals_arg *a = arg;
+    const struct task_total *t = value;
+    if (!a->rc && !cJSON_AddNumberToObject(a->o, key, (double)t->n))
+        a->rc = CR_ENOMEM;
+}
+
+static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    struct worker *w = pb->w;
+    struct pidbox_broker_info bi;
+    struct pidbox_stats st;
+    struct pidbox_rusage ru;
+    struct rusage r;
+    struct totals_arg ta = {cJSON_CreateObject(), 0};
+    (void)args;
+
+    if (!ta.o)
+        return CR_ENOMEM;
+    strmap_each(&w->totals, total_one, &ta);
+    if (ta.rc) {
+        cJSON_Delete(ta.o);
+        return ta.rc;
+    }
+    if (pidbox_broker_info_parse(w->cfg->broker, &bi))
+        pidbox_broker_info_parse("amqp://", &bi);
+    memset(&st, 0, sizeof(st));
+    st.total = ta.o;
+    st.pid = (long)getpid();
+    st.clock = events_clock_value(w->events);
+    st.uptime_s = (long)((uv_now(w->loop) - w->started_ms) / 1000);
+    st.pool_implementation = "celeriac:libuv";
+    st.max_concurrency = w->concurrency;
+    st.soft_time_limit = w->cfg->soft_time_limit;
+    st.hard_time_limit = w->cfg->time_limit;
+    st.broker = &bi;
+    st.broker_heartbeat = w->cfg->heartbeat;
+    st.broker_connect_timeout = w->bcfg.connect_timeout;
+    st.prefetch_count = w->concurrency * w->cfg->prefetch_multiplier + (int)w->neta;
+    if (getrusage(RUSAGE_SELF, &r) == 0) {
+        memset(&ru, 0, sizeof(ru));
+        ru.utime = (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6;
+        ru.stime = (double)r.ru_stime.tv_sec + (double)r.ru_stime.tv_usec / 1e6;
+        ru.maxrss = r.ru_maxrss;
+        ru.ixrss = r.ru_ixrss;
+        ru.idrss = r.ru_idrss;
+        ru.isrss = r.ru_isrss;
+        ru.minflt = r.ru_minflt;
+        ru.majflt = r.ru_majflt;
+        ru.nswap = r.ru_nswap;
+        ru.inblock = r.ru_inblock;
+        ru.oublock = r.ru_oublock;
+        ru.msgsnd = r.ru_msgsnd;
+        ru.msgrcv = r.ru_msgrcv;
+        ru.nsignals = r.ru_nsignals;
+        ru.nvcsw = r.ru_nvcsw;
+        ru.nivcsw = r.ru_nivcsw;
+        st.rusage = &ru;
+    }
+    *reply = pidbox_stats_new(&st);
+    cJSON_Delete(ta.o);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int cmd_active(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    int safe = 0, rc = 0;
+    pidbox_arg_bool(args, "safe", &safe);
+    *reply = cJSON_CreateArray();
+    if (!*reply)
+        return CR_ENOMEM;
+    for (struct job *j = pb->w->run_head; j && !rc; j = j->rnext)
+        rc = push(*reply, job_info(pb, j, safe));
+    return rc;
+}
+
+struct collect_arg {
+    struct pidbox *pb;
+    cJSON *arr;
+    enum job_state state;
+    int safe;
+    int rc;
+};
+
+static void collect_state(const char *key, void *value, void *arg)
+{
+    struct collect_arg *a = arg;
+    const struct job *j = value;
+    (void)key;
+    if (!a->rc && j->state == a->state)
+        a->rc = push(a->arr, job_info(a->pb, j, a->safe));
+}
+
+/* Received and not running, not held for an eta: the ready queue, then the
+ * jobs still checking the backend for a stored result. */
+static int cmd_reserved(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    struct collect_arg a = {pb, NULL, JOB_CHECKING, 0, 0};
+    pidbox_arg_bool(args, "safe", &a.safe);
+    *reply = a.arr = cJSON_CreateArray();
+    if (!a.arr)
+        return CR_ENOMEM;
+    for (struct job *j = pb->w->ready_head; j && !a.rc; j = j->next)
+        a.rc = push(a.arr, job_info(pb, j, a.safe));
+    if (!a.rc)
+        strmap_each(&pb->w->jobs, collect_state, &a);
+    return a.rc;
+}
+
+static int cmd_scheduled(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    int safe = 0, rc = 0;
+    pidbox_arg_bool(args, "safe", &safe);
+    *reply = cJSON_CreateArray();
+    if (!*reply)
+        return CR_ENOMEM;
+    for (struct job *j = pb->w->eta_head; j && !rc; j = j->next)
+        rc = push(*reply, pidbox_scheduled_item_new(j->tm.eta, SCHEDULED_PRIORITY,
+                                                    job_info(pb, j, safe)));
+    return rc;
+}
+
+struct ids_arg {
+    cJSON *arr;
+    int rc;
+};
+
+static void revoked_one(const char *id, int64_t expires, void *arg)
+{
+    struct ids_arg *a = arg;
+    (void)expires;
+    if (!a->rc)
+        a->rc = push(a->arr, cJSON_CreateString(id));
+}
+
+static int cmd_revoked(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    struct ids_arg a = {cJSON_CreateArray(), 0};
+    (void)args;
+    *reply = a.arr;
+    if (!a.arr)
+        return CR_ENOMEM;
+    worker_each_revoked(pb->w, revoked_one, &a);
+    return a.rc;
+}
+
+static int cmd_registered(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const struct config *c = pb->w->cfg;
+    const char *names[64 + CONFIG_MAX_LIST];
+    const char *rates[64 + CONFIG_MAX_LIST];
+    char alias[CONFIG_MAX_LIST][256];
+    int n = 0;
+    (void)args;
+    for (int i = 0; tasks_builtin_names[i] && n < 64; i++)
+        names[n++] = tasks_builtin_names[i];
+    for (int i = 0; i < c->aliases.n; i++) {
+        const char *eq = strchr(c->aliases.items[i], '=');
+        size_t len =
+            eq ? (size_t)(eq - c->aliases.items[i]) : strlen(c->aliases.items[i]);
+        snprintf(alias[i], sizeof(alias[i]), "%.*s", (int)len, c->aliases.items[i]);
+        names[n++] = alias[i];
+    }
+    for (int i = 0; i < n; i++) {
+        const struct task_limits *tl = strmap_get(&pb->w->task_limits, names[i]);
+        rates[i] = tl && tl->has_rate ? tl->rate_text : NULL;
+    }
+    *reply = pidbox_registered_new(names, rates, n);
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+struct queues_arg {
+    cJSON *arr;
+    int rc;
+};
+
+static void queue_one(const struct broker_queue *q, void *arg)
+{
+    struct queues_arg *a = arg;
+    struct pidbox_queue_info qi;
+    if (a->rc || q->no_ack) /* the mailbox is not a task queue */
+        return;
+    qi.name = q->name;
+    qi.exchange = q->exchange ? q->exchange : "";
+    qi.exchange_type = q->exchange_type ? q->exchange_type : "direct";
+    qi.exchange_durable = q->exchange_durable;
+    qi.routing_key = q->routing_key;
+    qi.durable = q->durable;
+    qi.exclusive = q->exclusive;
+    qi.auto_delete = q->auto_delete;
+    qi.no_ack = q->no_ack;
+    qi.arguments = q->arguments;
+    a->rc = push(a->arr, pidbox_queue_info_new(&qi));
+}
+
+static int cmd_active_queues(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    struct queues_arg a = {cJSON_CreateArray(), 0};
+    (void)args;
+    *reply = a.arr;
+    if (!a.arr)
+        return CR_ENOMEM;
+    broker_each_consumer(pb->w->broker, queue_one, &a);
+    return a.rc;
+}
+
+static const char *job_place(const struct job *j)
+{
+    switch (j->state) {
+    case JOB_RUNNING:
+        return "active";
+    case JOB_CHECKING:
+    case JOB_ETA:
+    case JOB_READY:
+        return "reserved";
+    default:
+        return "ready";
+    }
+}
+
+static int cmd_query_task(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    cJSON *ids = NULL;
+    const cJSON *id;
+    int rc = pidbox_arg_ids(args, "ids", &ids);
+    if (rc == CR_ENOMEM)
+        return rc;
+    if (rc < 0)
+        return bad_type("query_task", "ids", reply);
+    *reply = cJSON_CreateObject();
+    rc = *reply ? 0 : CR_ENOMEM;
+    cJSON_ArrayForEach(id, ids)
+    {
+        const struct job *j = strmap_get(&pb->w->jobs, id->valuestring);
+        cJSON *pair;
+        if (rc || !j)
+            continue;
+        pair = cJSON_CreateArray();
+        if (!pair || push(pair, cJSON_CreateString(job_place(j))) ||
+            push(pair, job_info(pb, j, 0))) {
+            cJSON_Delete(pair);
+            rc = CR_ENOMEM;
+            break;
+        }
+        if (!cJSON_AddItemToObject(*reply, id->valuestring, pair)) {
+            cJSON_Delete(pair);
+            rc = CR_ENOMEM;
+        }
+    }
+    cJSON_Delete(ids);
+    return rc;
+}
+
+static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const struct config *c = pb->w->cfg;
+    char broker[512], backend[512];
+    cJSON *o = cJSON_CreateObject();
+    cJSON *queues = cJSON_CreateArray();
+    int ok = o && queues;
+    (void)args;
+    config_redact_url(c->broker, broker, sizeof(broker));
+    config_redact_url(c->result_backend, backend, sizeof(backend));
+    for (int i = 0; ok && i < c->queues.n; i++)
+        ok = push(queues, cJSON_CreateString(c->queues.items[i])) == 0;
+    if (ok) {
+        ok = cJSON_AddItemToObject(o, "celeriac_queues", queues);
+        if (!ok)
+            cJSON_Delete(queues);
+        queues = NULL;
+    }
+#define S(k, v) ok = ok && cJSON_AddStringToObject(o, k, v)
+#define N(k, v) ok = ok && cJSON_AddNumberToObject(o, k, v)
+#define B(k, v) ok = ok && cJSON_AddBoolToObject(o, k, v)
+    S("broker_url", broker);
+    S("result_backend", backend);
+    S("task_default_queue", c->queues.n ? c->queues.items[0] : "celery");
+    N("worker_concurrency", c->concurrency);
+    N("worker_prefetch_multiplier", c->prefetch_multiplier);
+    B("task_acks_late", !c->acks_early);
+    N("result_expires", c->result_expires);
+    B("result_extended", c->result_extended);
+    B("task_track_started", c->track_started);
+    B("worker_send_task_events", events_enabled(pb->w->events));
+    S("event_exchange", "celeryev");
+    S("control_exchange", "celery");
+    N("worker_heartbeat", c->event_heartbeat);
+    N("broker_heartbeat", c->heartbeat);
+    N("task_time_limit", c->time_limit);
+    N("task_soft_time_limit", c->soft_time_limit);
+    N("task_max_retries", c->max_retries);
+    S("worker_state_db", c->statedb);
+    S("celeriac_llm_base_url", c->llm_base_url);
+    S("celeriac_llm_model", c->llm_model);
+    S("celeriac_llm_embed_model", c->llm_embed_model);
+    S("celeriac_dead_letter_exchange", c->dead_letter_exchange);
+#undef S
+#undef N
+#undef B
+    cJSON_Delete(queues);
+    if (!ok) {
+        cJSON_Delete(o);
+        return CR_ENOMEM;
+    }
+    *reply = o;
+    return 0;
+}
+
+static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const struct config *c = pb->w->cfg;
+    char broker[512], backend[512];
+    struct buf b;
+    int rc;
+    (void)args;
+    config_redact_url(c->broker, broker, sizeof(broker));
+    config_redact_url(c->result_backend, backend, sizeof(backend));
+    buf_init(&b);
+    rc = buf_printf(&b,
+                    "\nsoftware -> %s:%s (libuv %s) events:%s\n"
+                    "platform -> pid:%ld node:%s\n"
+                    "settings -> transport:amqp results:redis\n\n"
+                    "broker_url: '%s'\nresult_backend: '%s'\n"
+                    "worker_concurrency: %d\nllm_base_url: '%s'\nllm_model: '%s'\n",
+                    EVENTS_SW_IDENT, EVENTS_SW_VER, uv_version_string(),
+                    events_enabled(pb->w->events) ? "on" : "off", (long)getpid(),
+                    c->hostname, broker, backend, pb->w->concurrency, c->llm_base_url,
+                    c->llm_model);
+    if (!rc)
+        rc = ok_reply(b.data, reply);
+    buf_release(&b);
+    return rc;
+}
+
+struct hello_arg {
+    cJSON *o;
+    int rc;
+};
+
+static void hello_one(const char *id, int64_t expires, void *arg)
+{
+    struct hello_arg *a = arg;
+    /* Celery's LimitedSet sends the time each id was added, as a float. */
+    cJSON *ts = a->rc ? NULL : py_json_float((double)(expires - WORKER_REVOKE_EXPIRES_S));
+    if (a->rc)
+        return;
+    if (!ts || !cJSON_AddItemToObject(a->o, id, ts)) {
+        cJSON_Delete(ts);
+        a->rc = CR_ENOMEM;
+    }
+}
+
+/* Mingle: another node starting up sends its revoked ids and asks for ours. */
+static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    struct worker *w = pb->w;
+    const char *from = NULL;
+    const cJSON *revoked = cJSON_GetObjectItemCaseSensitive(args, "revoked"), *r;
+    struct hello_arg a = {NULL, 0};
+    int merged = 0;
+
+    if (pidbox_arg_str(args, "from_node", &from) != 1)
+        return missing("hello", "from_node", reply);
+    if (!strcmp(from, w->cfg->hostname)) {
+        *reply = NULL;
+        return 0;
+    }
+    LOG(LOG_INFO, "sync with %s", from);
+    if (!cJSON_IsObject(revoked))
+        revoked = NULL;
+    cJSON_ArrayForEach(r, revoked)
+    {
+        const cJSON *t = cJSON_IsArray(r) ? cJSON_GetArrayItem(r, 0) : r;
+        if (cJSON_IsNumber(t) && t->valuedouble > 0) {
+            worker_remember_revoked(w, r->string,
+                                    (int64_t)t->valuedouble + WORKER_REVOKE_EXPIRES_S);
+            merged++;
+        }
+    }
+    if (merged)
+        pidbox_revoked_changed(pb);
+    *reply = cJSON_CreateObject();
+    a.o = cJSON_CreateObject();
+    if (!*reply || !a.o) {
+        cJSON_Delete(a.o);
+        return CR_ENOMEM;
+    }
+    worker_each_revoked(w, hello_one, &a);
+    if (a.rc || !cJSON_AddItemToObject(*reply, "revoked", a.o)) {
+        cJSON_Delete(a.o);
+        return CR_ENOMEM;
+    }
+    if (!cJSON_AddNumberToObject(*reply, "clock", (double)events_clock_tick(w->events)))
+        return CR_ENOMEM;
+    return 0;
+}
+
+/* ================================================================ control */
+
+static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const char *fn,
+                     cJSON **reply)
+{
+    struct worker *w = pb->w;
+    cJSON *ids = NULL, *terminated = NULL;
+    const cJSON *id;
+    const char *sig = NULL;
+    int rc = pidbox_arg_ids(args, "task_id", &ids);
+
+    if (rc == CR_ENOMEM)
+        return rc;
+    if (rc == 0)
+        return missing(fn, "task_id", reply);
+    if (rc < 0)
+        return bad_type(fn, "task_id", reply);
+    pidbox_arg_str(args, "signal", &sig);
+    terminated = cJSON_CreateArray();
+    if (!terminated) {
+        cJSON_Delete(ids);
+        return CR_ENOMEM;
+    }
+    rc = 0;
+    cJSON_ArrayForEach(id, ids)
+    {
+        const struct job *j = strmap_get(&w->jobs, id->valuestring);
+        int known = j && j->state != JOB_SETTLING && j->state != JOB_DONE;
+        /* Any signal ends an LLM call the same way: its transfer is aborted. */
+        if (terminate && known)
+            LOG(LOG_INFO, "Terminating %s (%s)", id->valuestring, sig ? sig : "SIGTERM");
+        worker_revoke(w, id->valuestring, terminate);
+        if (terminate && known && !rc)
+            rc = push(terminated, cJSON_CreateString(id->valuestring));
+    }
+    if (!terminate && cJSON_GetArraySize(ids) > 0) {
+        struct buf b;
+        buf_init(&b);
+        cJSON_ArrayForEach(id, ids)
+        {
+            if (buf_printf(&b, "%s%s", b.len ? ", " : "", id->valuestring))
+                break;
+        }
+        LOG(LOG_INFO, "Tasks flagged as revoked: %s", b.data ? b.data : "");
+        buf_release(&b);
+    }
+    pidbox_revoked_changed(pb);
+    if (!rc) {
+        *reply = pidbox_revoke_reply(ids, terminate, terminated);
+        rc = *reply ? 0 : CR_ENOMEM;
+    }
+    cJSON_Delete(ids);
+    cJSON_Delete(terminated);
+    return rc;
+}
+
+static int cmd_revoke(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    int terminate = 0;
+    pidbox_arg_bool(args, "terminate", &terminate);
+    return do_revoke(pb, args, terminate, "revoke", reply);
+}
+
+static int cmd_terminate(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    return do_revoke(pb, args, 1, "terminate", reply);
+}
+
+static int cmd_enable_events(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)args;
+    return ok_reply(events_set_enabled(pb->w->events, 1) ? "task events enabled"
+                                                         : "task events already enabled",
+                    reply);
+}
+
+static int cmd_disable_events(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)args;
+    return ok_reply(events_set_enabled(pb->w->events, 0) ? "task events disabled"
+                                                         : "task events already disabled",
+                    reply);
+}
+
+static int cmd_heartbeat(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)args;
+    LOG(LOG_DEBUG, "Heartbeat requested by remote.");
+    events_heartbeat_now(pb->w->events);
+    *reply = NULL;
+    return 0;
+}
+
+static int cmd_rate_limit(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const char *task = NULL, *rate = NULL;
+    const cJSON *rv = cJSON_GetObjectItemCaseSensitive(args, "rate_limit");
+    char num[64];
+    int rc;
+
+    if (pidbox_arg_str(args, "task_name", &task) != 1)
+        return missing("rate_limit", "task_name", reply);
+    if (!rv)
+        return missing("rate_limit", "rate_limit", reply);
+    if (cJSON_IsString(rv)) {
+        rate = rv->valuestring;
+    } else if (cJSON_IsNumber(rv)) {
+        snprintf(num, sizeof(num), "%g", rv->valuedouble);
+        rate = num;
+    } else if (!cJSON_IsNull(rv)) {
+        return bad_type("rate_limit", "rate_limit", reply);
+    }
+    rc = worker_set_rate_limit(pb->w, task, rate);
+    if (rc == CR_ENOTFOUND)
+        return error_reply("unknown task", reply);
+    if (rc == CR_EINVAL) {
+        char msg[160];
+        struct buf b;
+        buf_init(&b);
+        snprintf(msg, sizeof(msg), "invalid rate limit '%s'", rate ? rate : "");
+        rc = buf_puts(&b, "Invalid rate limit string: ");
+        if (!rc) {
+            cJSON *s = cJSON_CreateString(msg);
+            /* Python prints the ValueError's repr */
+            rc = s ? buf_puts(&b, "ValueError(") : CR_ENOMEM;
+            if (!rc)
+                rc = py_repr(s, &b, 0);
+            if (!rc)
+                rc = buf_putc(&b, ')');
+            cJSON_Delete(s);
+        }
+        if (!rc)
+            rc = error_reply(b.data, reply);
+        buf_release(&b);
+        return rc;
+    }
+    if (rc)
+        return rc;
+    if (!rate || !*rate || ratelimit_parse(rate) == 0) {
+        LOG(LOG_INFO, "Rate limits disabled for tasks of type %s", task);
+        return ok_reply("rate limit disabled successfully", reply);
+    }
+    LOG(LOG_INFO, "New rate limit for tasks of type %s: %s.", task, rate);
+    return ok_reply("new rate limit set successfully", reply);
+}
+
+static int cmd_time_limit(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const char *task = NULL;
+    double soft = 0, hard = 0;
+    int rc;
+    pidbox_arg_str(args, "task_name", &task);
+    if (pidbox_arg_num(args, "soft", &soft) < 0)
+        return bad_type("time_limit", "soft", reply);
+    if (pidbox_arg_num(args, "hard", &hard) < 0)
+        return bad_type("time_limit", "hard", reply);
+    rc = task ? worker_set_time_limit(pb->w, task, soft, hard) : CR_ENOTFOUND;
+    if (rc == CR_ENOTFOUND)
+        return error_reply("unknown task", reply);
+    if (rc)
+        return rc;
+    LOG(LOG_INFO, "New time limits for tasks of type %s: soft=%g hard=%g", task, soft,
+        hard);
+    return ok_reply("time limits set successfully", reply);
+}
+
+static int pool_n(const cJSON *args, int *n)
+{
+    double d = 1;
+    if (pidbox_arg_num(args, "n", &d) < 0 || d < 0 || d > 100000)
+        return CR_EINVAL;
+    *n = (int)d;
+    return 0;
+}
+
+static int cmd_pool_grow(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    int n;
+    if (pool_n(args, &n))
+        return bad_type("pool_grow", "n", reply);
+    worker_set_concurrency(pb->w, pb->w->concurrency + n);
+    LOG(LOG_INFO, "Concurrency is now %d (pool_grow)", pb->w->concurrency);
+    return ok_reply("pool will grow", reply);
+}
+
+static int cmd_pool_shrink(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    int n;
+    if (pool_n(args, &n))
+        return bad_type("pool_shrink", "n", reply);
+    worker_set_concurrency(pb->w,
+                           pb->w->concurrency - n > 1 ? pb->w->concurrency - n : 1);
+    LOG(LOG_INFO, "Concurrency is now %d (pool_shrink)", pb->w->concurrency);
+    return ok_reply("pool will shrink", reply);
+}
+
+static int cmd_autoscale(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)pb;
+    (void)args;
+    *reply = pidbox_error_exc("ValueError", "Autoscale not enabled");
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int cmd_pool_restart(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)pb;
+    (void)args;
+    *reply = pidbox_error_exc("ValueError", "Pool restarts not enabled");
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static int cmd_add_consumer(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const char *queue = NULL, *exchange = NULL, *type = NULL, *key = NULL;
+    struct broker_queue q;
+    char text[300];
+    int rc;
+
+    if (pidbox_arg_str(args, "queue", &queue) != 1 || !*queue)
+        return missing("add_consumer", "queue", reply);
+    pidbox_arg_str(args, "exchange", &exchange);
+    pidbox_arg_str(args, "exchange_type", &type);
+    pidbox_arg_str(args, "routing_key", &key);
+    /* A task queue as Celery declares one by name: a durable direct exchange
+     * named like the queue, bound with the queue name. */
+    memset(&q, 0, sizeof(q));
+    q.name = queue;
+    q.exchange = exchange && *exchange ? exchange : queue;
+    q.exchange_type = type && *type ? type : "direct";
+    q.exchange_durable = 1;
+    q.routing_key = key && *key ? key : queue;
+    q.durable = 1;
+    rc = broker_add_consumer(pb->w->broker, &q);
+    if (rc == CR_ENOMEM)
+        return rc;
+    if (rc)
+        return error_reply("too many queues consumed", reply);
+    LOG(LOG_INFO, "Started consuming from %s", queue);
+    snprintf(text, sizeof(text), "add consumer %s", queue);
+    return ok_reply(text, reply);
+}
+
+static int cmd_cancel_consumer(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const char *queue = NULL;
+    char text[300];
+    if (pidbox_arg_str(args, "queue", &queue) != 1)
+        return missing("cancel_consumer", "queue", reply);
+    if (broker_cancel_consumer(pb->w->broker, queue) == 0)
+        LOG(LOG_INFO, "Stopped consuming from %s", queue);
+    snprintf(text, sizeof(text), "no longer consuming from %s", queue);
+    return ok_reply(text, reply);
+}
+
+static int cmd_shutdown(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    const char *msg = NULL;
+    pidbox_arg_str(args, "msg", &msg);
+    LOG(LOG_WARNING, "%s", msg ? msg : "Got shutdown from remote");
+    worker_request_shutdown(pb->w);
+    *reply = NULL;
+    return NO_REPLY;
+}
+
+static int cmd_null(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)pb;
+    (void)args;
+    *reply = NULL;
+    return 0;
+}
+
+static int cmd_unsupported(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    (void)pb;
+    (void)args;
+    *reply = pidbox_error_exc("NotImplementedError", "not available in celeriac");
+    return *reply ? 0 : CR_ENOMEM;
+}
+
+static const struct command {
+    const char *name;
+    cmd_fn *fn;
+} commands[] = {
+    /* inspect */
+    {"ping", cmd_ping},
+    {"stats", cmd_stats},
+    {"active", cmd_active},
+    {"dump_active", cmd_active},
+    {"reserved", cmd_reserved},
+    {"dump_reserved", cmd_reserved},
+    {"scheduled", cmd_scheduled},
+    {"dump_schedule", cmd_scheduled},
+    {"registered", cmd_registered},
+    {"dump_tasks", cmd_registered},
+    {"revoked", cmd_revoked},
+    {"dump_revoked", cmd_revoked},
+    {"active_queues", cmd_active_queues},
+    {"query_task", cmd_query_task},
+    {"conf", cmd_conf},
+    {"dump_conf", cmd_conf},
+    {"report", cmd_report},
+    {"clock", cmd_clock},
+    {"hello", cmd_hello},
+    {"memsample", cmd_unsupported},
+    {"memdump", cmd_unsupported},
+    {"objgraph", cmd_unsupported},
+    /* control */
+    {"revoke", cmd_revoke},
+    {"terminate", cmd_terminate},
+    {"enable_events", cmd_enable_events},
+    {"disable_events", cmd_disable_events},
+    {"heartbeat", cmd_heartbeat},
+    {"rate_limit", cmd_rate_limit},
+    {"time_limit", cmd_time_limit},
+    {"pool_grow", cmd_pool_grow},
+    {"pool_shrink", cmd_pool_shrink},
+    {"autoscale", cmd_autoscale},
+    {"pool_restart", cmd_pool_restart},
+    {"add_consumer", cmd_add_consumer},
+    {"cancel_consumer", cmd_cancel_consumer},
+    {"shutdown", cmd_shutdown},
+    {"election", cmd_null},
+};
+
+/* ================================================================ mailbox */
+
+static void on_reply_confirm(struct broker *b, int ok, void *privdata)
+{
+    (void)b;
+    (void)ok;
+    (void)privdata;
+}
+
+static void send_reply(struct pidbox *pb, const struct pidbox_request *rq,
+                       const cJSON *reply)
+{
+    struct worker *w = pb->w;
+    struct broker_props p;
+    struct buf body;
+    cJSON *headers;
+    int ok;
+
+    /* Publishing to an exchange that does not exist closes the channel: make
+     * sure any reply exchange a client names exists, as kombu does. */
+    if (strcmp(rq->reply_exchange, REPLY_EXCHANGE) &&
+        broker_declare_exchange(w->broker, rq->reply_exchange, "direct", 0)) {
+        LOG(LOG_WARNING, "pidbox: cannot declare reply exchange '%s'",
+            rq->reply_exchange);
+        return;
+    }
+    buf_init(&body);
+    headers = cJSON_CreateObject();
+    ok =
+        headers &&
+        cJSON_AddItemToObject(headers, "ticket",
+                              rq->ticket ? cJSON_CreateString(rq->ticket)
+                                         : cJSON_CreateNull()) &&
+        cJSON_AddNumberToObject(headers, "clock", (double)events_clock_tick(w->events)) &&
+        pidbox_reply_encode(w->cfg->hostname, reply, &body) == 0;
+    if (ok) {
+        memset(&p, 0, sizeof(p));
+        p.content_type = "application/json";
+        p.content_encoding = "utf-8";
+        p.delivery_mode = 1;
+        p.priority = -1;
+        p.headers = headers;
+        if (broker_publish(w->broker, rq->reply_exchange, rq->reply_routing_key, &p,
+                           body.data, body.len, on_reply_confirm, NULL))
+            LOG(LOG_WARNING, "pidbox: cannot send the reply to %s", rq->method);
+    } else {
+        LOG(LOG_ERROR, "pidbox: out of memory replying to %s", rq->method);
+    }
+    cJSON_Delete(headers);
+    buf_release(&body);
 }
 
 void pidbox_on_message(struct pidbox *pb, struct broker_msg *m)
 {
-    (void)pb;
+    struct pidbox_request rq;
+    struct cr_err err;
+    const struct command *cmd = NULL;
+    cJSON *reply = NULL;
+    const cJSON *clock;
+    int rc;
+
+    if (!pb) {
+        broker_msg_free(m);
+        return;
+    }
+    memset(&err, 0, sizeof(err));
+    rc = pidbox_request_parse(m->body, m->body_len, &rq, &err);
+    if (rc) {
+        /* Logged once: a broken client must not flood the log. */
+        if (pb->bad_messages++ == 0)
+            LOG(LOG_WARNING, "pidbox: ignoring a bad control message: %s", err.msg);
+        goto out;
+    }
+    if (!pidbox_request_matches(&rq, pb->w->cfg->hostname))
+        goto out;
+    clock = m->headers ? cJSON_GetObjectItemCaseSensitive(m->headers, "clock") : NULL;
+    if (cJSON_IsNumber(clock) && clock->valuedouble > 0)
+        events_clock_adjust(pb->w->events, (unsigned long)clock->valuedouble);
+    else
+        events_clock_tick(pb->w->events);
+    LOG(LOG_DEBUG, "pidbox received method %s [reply_to:%s ticket:%s]", rq.method,
+        rq.reply_routing_key ? rq.reply_routing_key : "None",
+        rq.ticket ? rq.ticket : "None");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(commands[i].name, rq.method))
+            cmd = &commands[i];
+    if (!cmd) {
+        reply = pidbox_error_exc("KeyError", rq.method);
+        rc = reply ? 0 : CR_ENOMEM;
+    } else {
+        rc = cmd->fn(pb, rq.arguments, &reply);
+    }
+    if (rc == CR_ENOMEM) {
+        cJSON_Delete(reply);
+        reply = pidbox_error_exc("MemoryError", NULL);
+        rc = 0;
+    }
+    if (rc == 0 && rq.reply_exchange)
+        send_reply(pb, &rq, reply);
+    cJSON_Delete(reply);
+out:
+    pidbox_request_release(&rq);
     broker_msg_free(m);
 }
 
@@ -23,7 +1250,61 @@ int pidbox_owns(const struct pidbox *pb, const struct broker_msg *m)
     return m->no_ack;
 }
 
+struct pidbox *pidbox_new(struct worker *w)
+{
+    struct pidbox *pb = cr_calloc(1, sizeof(*pb));
+    struct broker_queue q;
+    struct buf name;
+    cJSON *args = NULL;
+
+    if (!pb)
+        return NULL;
+    pb->w = w;
+    buf_init(&name);
+    if (buf_printf(&name, "%s.celery.pidbox", w->cfg->hostname))
+        goto oom;
+    pb->queue = buf_detach(&name);
+    args = cJSON_CreateObject();
+    if (!pb->queue || !args ||
+        !cJSON_AddNumberToObject(args, "x-expires", MAILBOX_EXPIRES_MS) ||
+        !cJSON_AddNumberToObject(args, "x-message-ttl", MAILBOX_TTL_MS))
+        goto oom;
+    if (w->cfg->statedb && w->cfg->statedb[0]) {
+        pb->db = statedb_new(w, w->cfg->statedb);
+        if (!pb->db)
+            goto oom;
+    }
+    if (broker_declare_exchange(w->broker, REPLY_EXCHANGE, "direct", 0))
+        goto oom;
+    memset(&q, 0, sizeof(q));
+    q.name = pb->queue;
+    q.exchange = MAILBOX_EXCHANGE;
+    q.exchange_type = "fanout";
+    q.exchange_durable = 0;
+    q.routing_key = "";
+    q.auto_delete = 1;
+    q.arguments = args;
+    q.no_ack = 1;
+    if (broker_add_consumer(w->broker, &q))
+        goto oom;
+    cJSON_Delete(args);
+    return pb;
+oom:
+    LOG(LOG_ERROR, "pidbox: out of memory; remote control is off");
+    cJSON_Delete(args);
+    buf_release(&name);
+    if (pb->db)
+        statedb_close(pb->db);
+    cr_free(pb->queue);
+    cr_free(pb);
+    return NULL;
+}
+
 void pidbox_free(struct pidbox *pb)
 {
-    (void)pb;
+    if (!pb)
+        return;
+    statedb_close(pb->db);
+    cr_free(pb->queue);
+    cr_free(pb);
 }
