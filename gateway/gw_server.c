@@ -1,0 +1,582 @@
+/* gw_server.c -- libwebsockets on the libuv loop: HTTP transactions and
+ * WebSocket write queues (see gw_server.h). The lws callback is a switch
+ * that moves bytes and calls the handlers; it decides nothing. */
+#include "gw_server.h"
+
+#include <libwebsockets.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "worker/log.h"
+
+#define CHUNK 16384 /* bytes of an HTTP body written per writable event */
+
+struct frame {
+    struct frame *next;
+    size_t len;
+    unsigned char data[]; /* LWS_PRE bytes, then the payload */
+};
+
+struct gw_conn {
+    struct gw_server *srv;
+    struct lws *wsi; /* NULL once the peer is gone */
+    int refs;
+    int ws_open; /* on_ws_open was called, on_ws_close not yet */
+    void *data;
+    char method[8];
+    char *path, *query, *auth, *origin, *ctype;
+    struct buf body;
+    int too_big;
+    /* HTTP response */
+    int responded;
+    int status;
+    char resp_type[64];
+    struct buf resp;
+    size_t sent;
+    int headers_done;
+    /* WebSocket */
+    struct frame *qhead, *qtail;
+    size_t qbytes;
+    int closing;
+    int close_status;
+    char close_reason[64];
+};
+
+struct pss {
+    struct gw_conn *c;
+};
+
+struct gw_server {
+    uv_loop_t *loop;
+    struct lws_context *ctx;
+    struct lws_protocols protocols[2];
+    const struct gw_server_config *cfg;
+    const struct gw_server_handlers *h;
+    void *privdata;
+    int port;
+    size_t nws;
+};
+
+/* --------------------------------------------------------------- conns */
+
+static struct gw_conn *conn_new(struct gw_server *srv, struct lws *wsi)
+{
+    struct gw_conn *c = cr_calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->srv = srv;
+    c->wsi = wsi;
+    c->refs = 1; /* the connection's own */
+    buf_init(&c->body);
+    buf_init(&c->resp);
+    return c;
+}
+
+static void queue_clear(struct gw_conn *c)
+{
+    while (c->qhead) {
+        struct frame *f = c->qhead;
+        c->qhead = f->next;
+        cr_free(f);
+    }
+    c->qtail = NULL;
+    c->qbytes = 0;
+}
+
+void gw_conn_ref(struct gw_conn *c)
+{
+    c->refs++;
+}
+
+void gw_conn_unref(struct gw_conn *c)
+{
+    if (--c->refs > 0)
+        return;
+    queue_clear(c);
+    cr_free(c->path);
+    cr_free(c->query);
+    cr_free(c->auth);
+    cr_free(c->origin);
+    cr_free(c->ctype);
+    buf_release(&c->body);
+    buf_release(&c->resp);
+    cr_free(c);
+}
+
+/* The peer is gone (or the transaction is over): drop the connection's ref. */
+static void conn_detach(struct pss *pss)
+{
+    struct gw_conn *c = pss->c;
+    if (!c)
+        return;
+    pss->c = NULL;
+    c->wsi = NULL;
+    queue_clear(c);
+    gw_conn_unref(c);
+}
+
+int gw_conn_alive(const struct gw_conn *c)
+{
+    return c->wsi != NULL;
+}
+
+const char *gw_conn_method(const struct gw_conn *c)
+{
+    return c->method;
+}
+const char *gw_conn_path(const struct gw_conn *c)
+{
+    return c->path ? c->path : "/";
+}
+const char *gw_conn_query(const struct gw_conn *c)
+{
+    return c->query;
+}
+const char *gw_conn_authorization(const struct gw_conn *c)
+{
+    return c->auth;
+}
+const char *gw_conn_origin(const struct gw_conn *c)
+{
+    return c->origin;
+}
+const char *gw_conn_content_type(const struct gw_conn *c)
+{
+    return c->ctype;
+}
+const char *gw_conn_body(const struct gw_conn *c, size_t *len)
+{
+    *len = c->body.len;
+    return c->body.data ? c->body.data : "";
+}
+int gw_conn_body_too_big(const struct gw_conn *c)
+{
+    return c->too_big;
+}
+void gw_conn_set_data(struct gw_conn *c, void *data)
+{
+    c->data = data;
+}
+void *gw_conn_data(const struct gw_conn *c)
+{
+    return c->data;
+}
+
+int gw_conn_respond(struct gw_conn *c, int status, const char *content_type,
+                    const char *body, size_t len)
+{
+    if (c->responded || !c->wsi)
+        return 0;
+    c->responded = 1;
+    c->status = status;
+    snprintf(c->resp_type, sizeof(c->resp_type), "%s", content_type);
+    if (len && buf_append(&c->resp, body, len)) {
+        /* No memory for the answer: the client sees the connection drop. */
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC);
+        return CR_ENOMEM;
+    }
+    lws_callback_on_writable(c->wsi);
+    return 0;
+}
+
+int gw_conn_send(struct gw_conn *c, const char *text, size_t len)
+{
+    struct frame *f;
+    if (!c->wsi || c->closing)
+        return CR_ECANCELED;
+    if (c->qbytes + len > GW_WS_QUEUE_MAX) {
+        /* Too slow to keep up: free the memory now; it may resume with ?from. */
+        queue_clear(c);
+        gw_conn_close(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "too slow");
+        return CR_ECANCELED;
+    }
+    f = cr_malloc(sizeof(*f) + LWS_PRE + len);
+    if (!f)
+        return CR_ENOMEM;
+    f->next = NULL;
+    f->len = len;
+    memcpy(f->data + LWS_PRE, text, len);
+    if (c->qtail)
+        c->qtail->next = f;
+    else
+        c->qhead = f;
+    c->qtail = f;
+    c->qbytes += len;
+    lws_callback_on_writable(c->wsi);
+    return 0;
+}
+
+void gw_conn_close(struct gw_conn *c, int status, const char *reason)
+{
+    if (!c->wsi || c->closing)
+        return;
+    c->closing = 1;
+    c->close_status = status;
+    snprintf(c->close_reason, sizeof(c->close_reason), "%s", reason ? reason : "");
+    lws_callback_on_writable(c->wsi);
+}
+
+/* ------------------------------------------------------------- requests */
+
+static char *hdr_dup(struct lws *wsi, enum lws_token_indexes t)
+{
+    int n = lws_hdr_total_length(wsi, t);
+    char *s;
+    if (n <= 0)
+        return NULL;
+    s = cr_malloc((size_t)n + 1);
+    if (!s)
+        return NULL;
+    if (lws_hdr_copy(wsi, s, n + 1, t) < 0) {
+        cr_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Reads what the handlers need; 0 or CR_ENOMEM. */
+static int capture(struct gw_conn *c, struct lws *wsi)
+{
+    static const struct {
+        enum lws_token_indexes t;
+        const char *m;
+    } methods[] = {
+        {WSI_TOKEN_GET_URI, "GET"},         {WSI_TOKEN_POST_URI, "POST"},
+        {WSI_TOKEN_OPTIONS_URI, "OPTIONS"}, {WSI_TOKEN_PUT_URI, "PUT"},
+        {WSI_TOKEN_DELETE_URI, "DELETE"},   {WSI_TOKEN_PATCH_URI, "PATCH"},
+        {WSI_TOKEN_HEAD_URI, "HEAD"},
+    };
+    struct buf q;
+    char frag[1024];
+
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        if (lws_hdr_total_length(wsi, methods[i].t) > 0) {
+            snprintf(c->method, sizeof(c->method), "%s", methods[i].m);
+            c->path = hdr_dup(wsi, methods[i].t);
+            if (!c->path)
+                return CR_ENOMEM;
+            break;
+        }
+    }
+    if (!c->method[0])
+        snprintf(c->method, sizeof(c->method), "?");
+    buf_init(&q);
+    for (int i = 0;; i++) {
+        int n =
+            lws_hdr_copy_fragment(wsi, frag, sizeof(frag), WSI_TOKEN_HTTP_URI_ARGS, i);
+        if (n < 0)
+            break;
+        if ((i && buf_putc(&q, '&')) || buf_append(&q, frag, (size_t)n)) {
+            buf_release(&q);
+            return CR_ENOMEM;
+        }
+    }
+    if (q.len) {
+        c->query = buf_detach(&q);
+        if (!c->query)
+            return CR_ENOMEM;
+    }
+    buf_release(&q);
+    c->auth = hdr_dup(wsi, WSI_TOKEN_HTTP_AUTHORIZATION);
+    c->origin = hdr_dup(wsi, WSI_TOKEN_ORIGIN);
+    c->ctype = hdr_dup(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE);
+    return 0;
+}
+
+static void dispatch(struct gw_server *srv, struct gw_conn *c)
+{
+    gw_conn_ref(c);
+    srv->h->on_request(srv, c, srv->privdata);
+    gw_conn_unref(c);
+}
+
+static int on_http(struct gw_server *srv, struct lws *wsi, struct pss *pss)
+{
+    struct gw_conn *c;
+    char cl[32];
+
+    conn_detach(pss); /* a keep-alive connection's previous transaction */
+    c = conn_new(srv, wsi);
+    if (!c)
+        return -1;
+    pss->c = c;
+    if (capture(c, wsi))
+        return -1;
+    c->body.max_bytes = srv->cfg->max_body_bytes;
+    if (!strcmp(c->method, "POST") || !strcmp(c->method, "PUT") ||
+        !strcmp(c->method, "PATCH")) {
+        int has_len =
+            lws_hdr_copy(wsi, cl, sizeof(cl), WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0;
+        unsigned long long n = has_len ? strtoull(cl, NULL, 10) : 0;
+        if (has_len && n > srv->cfg->max_body_bytes) {
+            /* Answer now without reading the body; the connection closes. */
+            c->too_big = 1;
+            dispatch(srv, c);
+            return 0;
+        }
+        if (has_len && n == 0) {
+            dispatch(srv, c);
+            return 0;
+        }
+        if (has_len || lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0)
+            return 0; /* the body follows */
+    }
+    dispatch(srv, c);
+    return 0;
+}
+
+static int add_header(struct lws *wsi, const char *name, const char *value,
+                      unsigned char **p, unsigned char *end)
+{
+    return lws_add_http_header_by_name(wsi, (const unsigned char *)name,
+                                       (const unsigned char *)value, (int)strlen(value),
+                                       p, end);
+}
+
+/* Returns non-zero when the headers do not fit. */
+static int cors_headers(struct gw_server *srv, struct gw_conn *c, struct lws *wsi,
+                        unsigned char **p, unsigned char *end)
+{
+    const char *allow = srv->cfg->cors_origin;
+    if (!allow || !*allow)
+        return 0;
+    if (strcmp(allow, "*") && (!c->origin || strcmp(c->origin, allow)))
+        return 0;
+    return add_header(wsi, "access-control-allow-origin:", allow, p, end) ||
+           add_header(wsi, "access-control-allow-methods:", "GET, POST, OPTIONS", p,
+                      end) ||
+           add_header(wsi, "access-control-allow-headers:", "Authorization, Content-Type",
+                      p, end) ||
+           add_header(wsi, "access-control-max-age:", "600", p, end) ||
+           add_header(wsi, "vary:", "Origin", p, end);
+}
+
+static int on_http_writable(struct gw_server *srv, struct lws *wsi, struct pss *pss)
+{
+    struct gw_conn *c = pss->c;
+    unsigned char hdr[LWS_PRE + 2048];
+    unsigned char *start = hdr + LWS_PRE, *p = start, *end = hdr + sizeof(hdr) - 1;
+    size_t left, n;
+    unsigned char *chunk;
+    int final, too_big;
+
+    if (!c || !c->responded)
+        return 0;
+    if (!c->headers_done) {
+        if (lws_add_http_common_headers(wsi, (unsigned int)c->status, c->resp_type,
+                                        (lws_filepos_t)c->resp.len, &p, end))
+            return 1;
+        if (add_header(wsi, "cache-control:", "no-store", &p, end) ||
+            cors_headers(srv, c, wsi, &p, end) ||
+            (c->too_big && add_header(wsi, "connection:", "close", &p, end)) ||
+            lws_finalize_write_http_header(wsi, start, &p, end))
+            return 1;
+        c->headers_done = 1;
+        lws_callback_on_writable(wsi);
+        return 0;
+    }
+    left = c->resp.len - c->sent;
+    n = left > CHUNK ? CHUNK : left;
+    final = n == left;
+    chunk = cr_malloc(LWS_PRE + n + 1);
+    if (!chunk)
+        return -1;
+    if (n)
+        memcpy(chunk + LWS_PRE, c->resp.data + c->sent, n);
+    if (lws_write(wsi, chunk + LWS_PRE, n,
+                  final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < (int)n) {
+        cr_free(chunk);
+        return -1;
+    }
+    cr_free(chunk);
+    c->sent += n;
+    if (!final) {
+        lws_callback_on_writable(wsi);
+        return 0;
+    }
+    too_big = c->too_big;
+    conn_detach(pss);
+    if (too_big || lws_http_transaction_completed(wsi))
+        return -1;
+    return 0;
+}
+
+/* ----------------------------------------------------------- websockets */
+
+static int on_ws_writable(struct lws *wsi, struct pss *pss)
+{
+    struct gw_conn *c = pss->c;
+    struct frame *f;
+    if (!c)
+        return -1;
+    f = c->qhead;
+    if (f) {
+        c->qhead = f->next;
+        if (!c->qhead)
+            c->qtail = NULL;
+        c->qbytes -= f->len;
+        if (lws_write(wsi, f->data + LWS_PRE, f->len, LWS_WRITE_TEXT) < (int)f->len) {
+            cr_free(f);
+            return -1;
+        }
+        cr_free(f);
+        if (c->qhead || c->closing)
+            lws_callback_on_writable(wsi);
+        return 0;
+    }
+    if (c->closing) {
+        lws_close_reason(wsi, (enum lws_close_status)c->close_status,
+                         (unsigned char *)c->close_reason, strlen(c->close_reason));
+        return -1;
+    }
+    return 0;
+}
+
+static void on_ws_closed(struct gw_server *srv, struct pss *pss)
+{
+    struct gw_conn *c = pss->c;
+    if (!c)
+        return;
+    c->wsi = NULL;
+    queue_clear(c);
+    if (c->ws_open) {
+        c->ws_open = 0;
+        srv->nws--;
+        srv->h->on_ws_close(srv, c, srv->privdata);
+    }
+    conn_detach(pss);
+}
+
+static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user,
+                    void *in, size_t len)
+{
+    struct lws_context *ctx = lws_get_context(wsi);
+    struct gw_server *srv = ctx ? lws_context_user(ctx) : NULL;
+    struct pss *pss = user;
+
+    switch (reason) {
+    case LWS_CALLBACK_HTTP:
+        return on_http(srv, wsi, pss);
+    case LWS_CALLBACK_HTTP_BODY:
+        if (pss->c && !pss->c->too_big && buf_append(&pss->c->body, in, len))
+            pss->c->too_big = 1; /* over max_body_bytes (or out of memory) */
+        return 0;
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        if (pss->c)
+            dispatch(srv, pss->c);
+        return 0;
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+        return on_http_writable(srv, wsi, pss);
+    case LWS_CALLBACK_CLOSED_HTTP:
+        conn_detach(pss);
+        return 0;
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+        conn_detach(pss);
+        pss->c = conn_new(srv, wsi);
+        if (!pss->c || capture(pss->c, wsi))
+            return -1;
+        return 0;
+    case LWS_CALLBACK_ESTABLISHED:
+        if (!pss->c)
+            return -1;
+        pss->c->ws_open = 1;
+        srv->nws++;
+        srv->h->on_ws_open(srv, pss->c, srv->privdata);
+        return 0;
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+        return on_ws_writable(wsi, pss);
+    case LWS_CALLBACK_RECEIVE:
+        return 0; /* nothing to read from clients */
+    case LWS_CALLBACK_CLOSED:
+        on_ws_closed(srv, pss);
+        return 0;
+    case LWS_CALLBACK_WSI_DESTROY:
+        if (pss)
+            on_ws_closed(srv, pss);
+        return 0;
+    default:
+        return lws_callback_http_dummy(wsi, reason, user, in, len);
+    }
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+static void lws_log(int level, const char *line)
+{
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        n--;
+    LOG(level == LLL_ERR ? LOG_ERROR : LOG_WARNING, "lws: %.*s", (int)n, line);
+}
+
+struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *cfg,
+                                const struct gw_server_handlers *h, void *privdata,
+                                struct cr_err *err)
+{
+    struct gw_server *srv = cr_calloc(1, sizeof(*srv));
+    struct lws_context_creation_info info;
+    void *loops[1];
+    struct lws_vhost *vh;
+
+    if (!srv) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    srv->loop = loop;
+    srv->cfg = cfg;
+    srv->h = h;
+    srv->privdata = privdata;
+    srv->protocols[0].name = "celeriac";
+    srv->protocols[0].callback = callback;
+    srv->protocols[0].per_session_data_size = sizeof(struct pss);
+    srv->protocols[0].rx_buffer_size = 4096;
+
+    lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
+    memset(&info, 0, sizeof(info));
+    loops[0] = loop;
+    info.foreign_loops = loops;
+    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN |
+                   LWS_SERVER_OPTION_VALIDATE_UTF8;
+    info.port = cfg->port;
+    info.iface = cfg->host && *cfg->host ? cfg->host : NULL;
+    info.protocols = srv->protocols;
+    info.user = srv;
+    info.timeout_secs = 30;
+    info.keepalive_timeout = 5;
+    info.max_http_header_data = 4096;
+    info.max_http_header_pool = 1024;
+    srv->ctx = lws_create_context(&info);
+    if (!srv->ctx) {
+        cr_err_set(err, CR_EIO, "cannot listen on %s:%d", cfg->host ? cfg->host : "*",
+                   cfg->port);
+        cr_free(srv);
+        return NULL;
+    }
+    vh = lws_get_vhost_by_name(srv->ctx, "default");
+    srv->port = vh ? lws_get_vhost_listen_port(vh) : cfg->port;
+    return srv;
+}
+
+int gw_server_port(const struct gw_server *srv)
+{
+    return srv->port;
+}
+
+size_t gw_server_ws_count(const struct gw_server *srv)
+{
+    return srv->nws;
+}
+
+void gw_server_free(struct gw_server *srv)
+{
+    if (!srv)
+        return;
+    /* With a foreign loop, lws closes its handles from the loop: a few
+     * turns let their close callbacks run before the memory goes. */
+    lws_context_destroy(srv->ctx);
+    for (int i = 0; i < 8; i++)
+        uv_run(srv->loop, UV_RUN_NOWAIT);
+    cr_free(srv);
+}

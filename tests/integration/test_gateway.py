@@ -1,0 +1,458 @@
+"""Issue 5: `celeriac gateway` -- HTTP submissions, task status, and progress over
+WebSockets (replay, live, resume, retries, failures), with real RabbitMQ, Redis,
+the fake LLM, celeriac workers and a Python Celery client."""
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import websocket
+
+from conftest import BIN, ROOT, wait_until
+
+
+class Gateway:
+    def __init__(self, env, *args, extra_env=None):
+        e = dict(os.environ)
+        e.update(extra_env or {})
+        self.lines = []
+        self._cv = threading.Condition()
+        self.proc = subprocess.Popen(
+            [BIN, "gateway", "-b", env.broker, "--result-backend", env.backend,
+             "--port", "0", *args],
+            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace")
+        threading.Thread(target=self._pump, daemon=True).start()
+        m = self.wait_for(r"gateway listening on http://([0-9.]+):(\d+)/")
+        self.base = "http://%s:%s" % (m.group(1), m.group(2))
+        self.ws_base = "ws://%s:%s" % (m.group(1), m.group(2))
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            with self._cv:
+                self.lines.append(line.rstrip("\n"))
+                self._cv.notify_all()
+
+    def wait_for(self, pattern, timeout=20):
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self._cv:
+            while True:
+                for l in self.lines:
+                    m = rx.search(l)
+                    if m:
+                        return m
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise AssertionError("gateway: no %r:\n%s" % (pattern, "\n".join(self.lines)))
+                self._cv.wait(0.1)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    def json(self, method, path, body=None, **kw):
+        st, h, data = self.request(method, path, body, **kw)
+        return st, json.loads(data) if data else None
+
+    def submit(self, **body):
+        st, out = self.json("POST", "/v1/tasks", body)
+        assert st == 202, out
+        return out["task_id"]
+
+    def stream(self, task_id, from_seq=None, token=None, timeout=30):
+        url = "%s/v1/tasks/%s/stream" % (self.ws_base, task_id)
+        q = []
+        if from_seq is not None:
+            q.append("from=%d" % from_seq)
+        if token:
+            q.append("token=" + token)
+        if q:
+            url += "?" + "&".join(q)
+        return websocket.create_connection(url, timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def gateway(env):
+    gws = []
+
+    def start(*args, **kw):
+        g = Gateway(env, *args, **kw)
+        gws.append(g)
+        return g
+    yield start
+    for g in gws:
+        assert g.stop() == 0, "\n".join(g.lines[-30:])
+
+
+def read_all(ws, on_msg=None):
+    """Messages until the server closes (the result message comes last)."""
+    msgs = []
+    while True:
+        try:
+            raw = ws.recv()
+        except websocket.WebSocketConnectionClosedException:
+            break
+        if not raw:
+            break
+        m = json.loads(raw)
+        msgs.append(m)
+        if on_msg:
+            on_msg(m)
+        if m["type"] in ("result", "error"):
+            # the server closes right after; drain the close frame
+            try:
+                ws.recv()
+            except Exception:
+                pass
+            break
+    ws.close()
+    return msgs
+
+
+def text_of(msgs, attempt=None):
+    ps = [m for m in msgs if m["type"] == "progress"]
+    if attempt is None and ps:
+        attempt = ps[-1]["attempt"]
+    return "".join(m["text"] for m in ps if m["attempt"] == attempt)
+
+
+def seqs(msgs):
+    return [m["seq"] for m in msgs if m["type"] == "progress"]
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def test_python_client_task_watched_live(env, gateway):
+    env.worker()
+    gw = gateway()
+    env.fake.script(["tps=40;tokens=40"])
+    r = env.app.send_task("llm.generate", args=["watch me stream"])
+    ws = gw.stream(r.id)
+    stats_when = []
+
+    def on_msg(m):
+        # record whether the fake server was still streaming at each delta
+        if m["type"] == "progress" and m["text"]:
+            stats_when.append(len(env.fake.stats()))
+    msgs = read_all(ws, on_msg)
+    final = msgs[-1]
+    assert final["type"] == "result" and final["state"] == "SUCCESS"
+    assert final["result"] == r.get(timeout=20)
+    assert text_of(msgs) == final["result"]
+    s = seqs(msgs)
+    assert s == list(range(1, len(s) + 1))
+    deltas = [m for m in msgs if m["type"] == "progress" and m["text"]]
+    assert len(deltas) >= 3
+    # deltas arrived over time, before the answer was complete
+    assert msgs.index(deltas[0]) < msgs.index(final)
+    assert len(deltas[0]["text"]) < len(final["result"])
+
+
+def test_deltas_arrive_while_the_llm_is_streaming(env, gateway):
+    env.worker("--progress-interval", "50")
+    gw = gateway()
+    env.fake.script(["tps=20;tokens=40"])  # about 2 s of streaming
+    tid = gw.submit(task="llm.generate", args=["slow stream"])
+    ws = gw.stream(tid)
+    got, first_at, final_at = [], [None], [None]
+
+    def on_msg(m):
+        if m["type"] == "progress" and m["text"] and first_at[0] is None:
+            first_at[0] = time.time()
+        if m["type"] == "result":
+            final_at[0] = time.time()
+    msgs = read_all(ws, on_msg)
+    # the first text came while the fake LLM still had tokens to send:
+    # its tokens field is well below the total
+    firsts = [m for m in msgs if m["type"] == "progress" and m["text"]]
+    assert firsts[0]["tokens"] < 40
+    assert first_at[0] < final_at[0]
+    assert msgs[-1]["state"] == "SUCCESS"
+    assert text_of(msgs) == env.fake.expected_text("slow stream", 40)
+
+
+def test_late_join_and_resume(env, gateway):
+    env.worker()
+    gw = gateway()
+    env.fake.script(["tps=100;tokens=30"])
+    tid = gw.submit(task="llm.generate", args=["late"])
+    first = read_all(gw.stream(tid))
+    assert first[-1]["state"] == "SUCCESS"
+    # after the end: everything again, identical
+    again = read_all(gw.stream(tid))
+    assert [m for m in again if m["type"] == "progress"] == \
+        [m for m in first if m["type"] == "progress"]
+    assert again[-1]["result"] == first[-1]["result"]
+    # resume from a sequence number: only what follows it
+    s = seqs(first)
+    mid = s[len(s) // 2]
+    rest = read_all(gw.stream(tid, from_seq=mid))
+    assert seqs(rest) == [x for x in s if x > mid]
+    assert "".join(m["text"] for m in first if m["type"] == "progress" and m["seq"] <= mid) + \
+        "".join(m["text"] for m in rest if m["type"] == "progress") == first[-1]["result"]
+    # resume past the end: no progress, just the result
+    tail = read_all(gw.stream(tid, from_seq=s[-1]))
+    assert seqs(tail) == [] and tail[-1]["type"] == "result"
+
+
+def test_resume_mid_stream_loses_and_repeats_nothing(env, gateway):
+    env.worker("--progress-interval", "30")
+    gw = gateway()
+    env.fake.script(["tps=30;tokens=45"])
+    tid = gw.submit(task="llm.generate", args=["resume live"])
+    ws = gw.stream(tid)
+    part = []
+    while len([m for m in part if m["type"] == "progress" and m["text"]]) < 3:
+        part.append(json.loads(ws.recv()))
+    ws.close()  # drop mid-stream
+    last = seqs(part)[-1]
+    rest = read_all(gw.stream(tid, from_seq=last))
+    assert rest[-1]["state"] == "SUCCESS"
+    allp = [m for m in part + rest if m["type"] == "progress"]
+    assert [m["seq"] for m in allp] == list(range(1, len(allp) + 1))
+    assert "".join(m["text"] for m in allp) == rest[-1]["result"]
+
+
+def test_retried_task_shows_the_new_attempt(env, gateway):
+    env.worker("--retry-backoff", "0.3", "--retry-jitter", "0")
+    gw = gateway()
+    env.fake.script(["tps=100;tokens=30;cut_after_tokens=8", "tps=100;tokens=30"])
+    tid = gw.submit(task="llm.generate", args=["retry me"])
+    msgs = read_all(gw.stream(tid))
+    ps = [m for m in msgs if m["type"] == "progress"]
+    assert ("RETRY", 1) in [(m["state"], m["attempt"]) for m in ps]
+    assert [m["attempt"] for m in ps if m["state"] == "STARTED"] == [1, 2]
+    final = msgs[-1]
+    assert final["state"] == "SUCCESS"
+    assert text_of(msgs, 2) == final["result"]
+    assert text_of(msgs, 1) != final["result"]
+
+
+def test_failing_task_ends_with_its_error(env, gateway):
+    env.worker("--max-retries", "0")
+    gw = gateway()
+    env.fake.script(["status=400;err_msg=bad%20prompt"])
+    tid = gw.submit(task="llm.generate", args=["fail"])
+    msgs = read_all(gw.stream(tid))
+    final = msgs[-1]
+    assert final["type"] == "result" and final["state"] == "FAILURE"
+    assert final["ready"] is True and final["error"]
+    assert final["result"]["exc_type"]
+    ps = [m for m in msgs if m["type"] == "progress"]
+    assert ps and ps[-1]["state"] == "FAILURE" and ps[-1]["error"]
+    st, out = gw.json("GET", "/v1/tasks/" + tid)
+    assert st == 200 and out["state"] == "FAILURE" and out["error"] == final["error"]
+
+
+def test_unregistered_task_ends_with_its_error_without_stream(env, gateway):
+    env.worker()
+    gw = gateway("--tasks", "*")
+    tid = gw.submit(task="no.such.task", args=[1])
+    msgs = read_all(gw.stream(tid))
+    assert msgs[-1]["state"] == "FAILURE"
+    assert msgs[-1]["result"]["exc_type"] == "NotRegistered"
+
+
+# ---------------------------------------------------------------- HTTP API
+
+
+def test_submit_is_a_real_celery_message(env, gateway):
+    env.worker()
+    gw = gateway()
+    tid = gw.submit(task="llm.generate", args=["from http"], kwargs={"model": "m-x"},
+                    priority=3, expires=120)
+    r = env.app.AsyncResult(tid)
+    assert r.get(timeout=20) == env.fake.expected_text("from http")
+    assert env.fake.stats()[-1]["body"]["model"] == "m-x"
+    st, out = gw.json("GET", "/v1/tasks/" + tid)
+    assert st == 200 and out == {"task_id": tid, "state": "SUCCESS", "result": r.result,
+                                 "traceback": None, "date_done": out["date_done"],
+                                 "ready": True}
+    st, out = gw.json("GET", "/v1/tasks/unknown-id")
+    assert st == 200 and out["state"] == "PENDING" and out["ready"] is False
+
+
+def test_submitted_message_matches_python(env, gateway):
+    """No worker: read the raw message from the queue and compare with Python's."""
+    import kombu
+    gw = gateway()
+    conn = kombu.Connection(env.broker)
+    q = kombu.Queue("celery", kombu.Exchange("celery", "direct"), "celery", durable=True)
+    q(conn.channel()).declare()
+    tid = gw.submit(task="llm.generate", args=["raw", 2], kwargs={"k": 1.5}, countdown=10,
+                    expires=60, priority=2)
+    # a tuple, as delay() and apply_async() pass it (argsrepr "('raw', 2)")
+    env.app.send_task("llm.generate", args=("raw", 2), kwargs={"k": 1.5}, countdown=10,
+                      expires=60, priority=2)
+    got = []
+    sq = q(conn.channel())
+    deadline = time.time() + 10
+    while len(got) < 2 and time.time() < deadline:
+        m = sq.get(no_ack=True)
+        if m:
+            got.append(m)
+        else:
+            time.sleep(0.05)
+    assert len(got) == 2
+    ours, py = (got[0], got[1]) if got[0].headers["id"] == tid else (got[1], got[0])
+    assert list(ours.headers) == list(py.headers)
+    for k in ("lang", "task", "retries", "timelimit", "argsrepr", "kwargsrepr", "shadow",
+              "group", "group_index", "parent_id", "ignore_result"):
+        assert ours.headers[k] == py.headers[k], k
+    assert ours.headers["root_id"] == tid and ours.headers["origin"].startswith("gen")
+    assert ours.headers["eta"].endswith("+00:00") and ours.headers["expires"].endswith("+00:00")
+    assert ours.body == py.body
+    assert json.loads(ours.body) == json.loads(py.body)
+    for k in ("content_type", "content_encoding", "delivery_mode", "priority"):
+        assert ours.properties.get(k) == py.properties.get(k), k
+    assert ours.properties["correlation_id"] == tid
+    assert 55000 < int(ours.properties["expiration"]) <= 60000
+    conn.release()
+
+
+def test_bad_input_gets_clear_4xx_and_gateway_keeps_serving(env, gateway):
+    env.worker()
+    gw = gateway("--max-body-bytes", "2048")
+
+    def err(status, code, *a, **kw):
+        st, h, data = gw.request(*a, **kw)
+        assert st == status, (st, data)
+        body = json.loads(data)
+        assert body["error"]["status"] == status and body["error"]["code"] == code, body
+        assert body["error"]["message"]
+        assert h["Content-Type"].startswith("application/json")
+
+    err(400, "bad_json", "POST", "/v1/tasks", raw=b'{"task": "llm.generate",')
+    err(400, "bad_json", "POST", "/v1/tasks", raw=b"\xff\xfe")
+    err(400, "bad_request", "POST", "/v1/tasks", raw=b"[1, 2]")
+    err(400, "bad_request", "POST", "/v1/tasks", {"task": "llm.generate", "args": "x"})
+    err(400, "bad_request", "POST", "/v1/tasks", {"task": "llm.generate", "priority": 300})
+    err(400, "bad_request", "POST", "/v1/tasks", {"task": "llm.generate", "bogus": 1})
+    err(400, "bad_request", "POST", "/v1/tasks", {"args": []})
+    err(422, "unknown_task", "POST", "/v1/tasks", {"task": "no.such.task"})
+    err(422, "unknown_queue", "POST", "/v1/tasks", {"task": "llm.generate", "queue": "nope"})
+    err(413, "body_too_large", "POST", "/v1/tasks",
+        {"task": "llm.generate", "args": ["x" * 5000]})
+    err(415, "unsupported_media_type", "POST", "/v1/tasks", raw=b"task=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    err(404, "not_found", "GET", "/nope")
+    err(405, "method_not_allowed", "GET", "/v1/tasks")
+    err(400, "bad_task_id", "GET", "/v1/tasks/bad%20id")
+    err(426, "upgrade_required", "GET", "/v1/tasks/abc/stream")
+    # still serving, on the same and on new connections
+    tid = gw.submit(task="llm.generate", args=["after errors"])
+    assert env.app.AsyncResult(tid).get(timeout=20) == env.fake.expected_text("after errors")
+    assert gw.proc.poll() is None
+
+
+def test_bearer_token_and_cors(env, gateway):
+    env.worker()
+    gw = gateway("--cors-origin", "https://app.example", extra_env={"CELERIAC_AUTH_TOKEN": "s3cret"})
+    body = {"task": "llm.generate", "args": ["auth"]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+        st, out = gw.json("POST", "/v1/tasks", body, headers=headers)
+        assert st == 401 and out["error"]["code"] == "unauthorized"
+    st, _ = gw.json("GET", "/v1/tasks/abc")
+    assert st == 401
+    st, _, _ = gw.request("GET", "/")
+    assert st == 401
+    st, h, _ = gw.request("GET", "/?token=s3cret")
+    assert st == 200 and h["Content-Type"].startswith("text/html")
+    st, out = gw.json("POST", "/v1/tasks", body, headers={"Authorization": "Bearer s3cret",
+                                                          "Origin": "https://app.example"})
+    assert st == 202
+    tid = out["task_id"]
+    # CORS preflight without credentials, and the allow headers
+    st, h, _ = gw.request("OPTIONS", "/v1/tasks", headers={"Origin": "https://app.example"})
+    assert st == 204 and h["Access-Control-Allow-Origin"] == "https://app.example"
+    assert "Authorization" in h["Access-Control-Allow-Headers"]
+    st, h, _ = gw.request("OPTIONS", "/v1/tasks", headers={"Origin": "https://evil.example"})
+    assert "Access-Control-Allow-Origin" not in h
+    # the WebSocket wants the token too
+    bad = read_all(gw.stream(tid))
+    assert bad[-1]["type"] == "error" and bad[-1]["status"] == 401
+    good = read_all(gw.stream(tid, token="s3cret"))
+    assert good[-1]["type"] == "result" and good[-1]["state"] == "SUCCESS"
+    st, out = gw.json("GET", "/healthz")
+    assert st == 200 and out["broker"] is True and out["redis"] is True
+
+
+def test_thousand_websocket_clients(env, gateway):
+    """1,000 clients on one gateway, over 10 tasks: each gets the full text."""
+    env.worker("-c", "20", "--progress-interval", "50")
+    gw = gateway()
+    n_tasks, per_task = 10, 100
+    env.fake.script(["tps=25;tokens=40"] * n_tasks)
+    tids = [gw.submit(task="llm.generate", args=["crowd %d" % i]) for i in range(n_tasks)]
+    results = {}
+    lock = threading.Lock()
+    t0 = time.time()
+
+    # one thread per task multiplexing its 100 sockets with select()
+    import select
+
+    def run(tid):
+        socks = [gw.stream(tid, timeout=60) for _ in range(per_task)]
+        texts = {s: [] for s in socks}
+        done = {}
+        open_socks = list(socks)
+        deadline = time.time() + 90
+        while open_socks and time.time() < deadline:
+            rd, _, _ = select.select(open_socks, [], [], 1)
+            for s in rd:
+                try:
+                    raw = s.recv()
+                except Exception:
+                    raw = None
+                if not raw:
+                    open_socks.remove(s)
+                    continue
+                m = json.loads(raw)
+                if m["type"] == "progress":
+                    texts[s].append(m["text"])
+                elif m["type"] == "result":
+                    done[s] = m["result"]
+                    open_socks.remove(s)
+        for s in socks:
+            s.close()
+        with lock:
+            results[tid] = [("".join(texts[s]), done.get(s)) for s in socks]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in tids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.time() - t0
+    total = 0
+    for i, tid in enumerate(tids):
+        want = env.fake.expected_text("crowd %d" % i, 40)
+        for text, res in results[tid]:
+            assert res == want and text == want
+            total += 1
+    assert total == n_tasks * per_task
+    print("\n1000 WebSocket clients: all received the full text in %.1f s" % elapsed)
