@@ -98,3 +98,6 @@ bench: deps
 	@bash scripts/bench.sh
 
 -include $(BENCH_BIN:=.d)
+
+# gateway/gw_page.c embeds the web page with .incbin, which -MMD cannot see.
+$(BUILD)/gateway/gw_page.o: gateway/page.html
