@@ -71,6 +71,12 @@ struct backend {
 };
 
 static void start_connect(struct backend *bk);
+
+/* A timer callback gets the timer, not the backend: go through its data. */
+static void on_reconnect_timer(uv_timer_t *t)
+{
+    start_connect(t->data);
+}
 static void send_op(struct backend *bk, struct op *op);
 
 static void op_free(struct op *op)
@@ -164,7 +170,7 @@ static void schedule_reconnect(struct backend *bk)
     bk->backoff_ms = bk->backoff_ms ? bk->backoff_ms * 2 : 250;
     if (bk->backoff_ms > RECONNECT_MAX_MS)
         bk->backoff_ms = RECONNECT_MAX_MS;
-    uv_timer_start(&bk->timer, (uv_timer_cb)start_connect, (uint64_t)bk->backoff_ms, 0);
+    uv_timer_start(&bk->timer, on_reconnect_timer, (uint64_t)bk->backoff_ms, 0);
 }
 
 static void on_auth_reply(redisAsyncContext *ac, void *r, void *privdata)
