@@ -32,6 +32,11 @@ struct gw_sub {
 
 static void start_connect(struct gw_sub *s);
 
+static void on_reconnect_timer(uv_timer_t *t)
+{
+    start_connect(t->data);
+}
+
 static int parse_url(struct gw_sub *s, const char *url, struct cr_err *err)
 {
     const char *p, *at, *end;
@@ -75,7 +80,7 @@ static void schedule_reconnect(struct gw_sub *s)
     s->backoff_ms = s->backoff_ms ? s->backoff_ms * 2 : 250;
     if (s->backoff_ms > RECONNECT_MAX_MS)
         s->backoff_ms = RECONNECT_MAX_MS;
-    uv_timer_start(s->timer, (uv_timer_cb)start_connect, (uint64_t)s->backoff_ms, 0);
+    uv_timer_start(s->timer, on_reconnect_timer, (uint64_t)s->backoff_ms, 0);
 }
 
 static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
