@@ -70,7 +70,7 @@ redis_start() {
     . "$dir/env"
     if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
     redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
-        --appendonly no --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+        --appendonly no --dbfilename dump.rdb --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
     for _ in $(seq 1 100); do
         redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
         sleep 0.1
@@ -81,7 +81,7 @@ redis_start() {
 
 redis_stop() {
     . "$dir/env"
-    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    redis-cli -p "$REDIS_PORT" shutdown save >/dev/null 2>&1 || true
     for _ in $(seq 1 50); do
         redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || return 0
         sleep 0.1

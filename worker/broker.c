@@ -554,8 +554,11 @@ int broker_connect(struct broker *b, struct cr_err *err)
     if (reply_error(amqp_get_rpc_reply(b->conn), "confirm.select", err))
         goto fail;
     b->next_seq = 1;
+    /* global = 1 (a channel-wide limit, as Celery uses with RabbitMQ 3.x):
+     * RabbitMQ applies a per-consumer qos only to consumers started after it,
+     * while a channel-wide one can be raised live for held eta tasks. */
     amqp_basic_qos(b->conn, CHANNEL, 0,
-                   (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch), 0);
+                   (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch), 1);
     if (reply_error(amqp_get_rpc_reply(b->conn), "basic.qos", err))
         goto fail;
     for (int i = 0; i < b->nconsumers; i++) {
@@ -1087,6 +1090,7 @@ void broker_set_prefetch(struct broker *b, int prefetch_count)
         return;
     memset(&req, 0, sizeof(req));
     req.prefetch_count = (uint16_t)prefetch_count;
+    req.global = 1;
     amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 

@@ -344,8 +344,14 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
             if (i == NOPTS)
                 return cr_err_set(err, CR_EINVAL, "unknown option '-%c'", c);
         }
-        if (opts[i].type == OPT_BOOL && !optarg)
-            rc = set_opt(cfg, &opts[i], "1", 0, err);
+        if (opts[i].type == OPT_BOOL && !optarg) {
+            int dummy;
+            /* "--flag false" as well as "--flag=false" and a bare "--flag". */
+            if (optind < argc && parse_bool(argv[optind], &dummy) == 0)
+                rc = set_opt(cfg, &opts[i], argv[optind++], 0, err);
+            else
+                rc = set_opt(cfg, &opts[i], "1", 0, err);
+        }
         else
             rc = set_opt(cfg, &opts[i], optarg, !given[i], err);
         if (rc)

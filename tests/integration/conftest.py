@@ -258,10 +258,23 @@ class Env:
             pass
 
 
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
 @pytest.fixture
-def env(services, fake_llm):
+def env(request, services, fake_llm):
     e = Env(services, fake_llm)
     yield e
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        # The worker's own words are the fastest way to see why.
+        for i, w in enumerate(e.workers):
+            print("\n----- worker %d log (last 60 lines) -----" % i)
+            print("\n".join(w.lines[-60:]))
     e.close()
 
 

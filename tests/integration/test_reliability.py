@@ -1,0 +1,433 @@
+"""Issue 3: no task is ever lost -- retries, Retry-After, time limits, eta,
+expiry, dead letters, bad input, and broker/backend outages."""
+import base64
+import glob
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+import amqp
+import pytest
+
+from conftest import ROOT, wait_until
+
+FAST = ["--retry-backoff", "0.2", "--retry-backoff-factor", "2", "--retry-jitter", "false"]
+
+
+def amqp_conn(env):
+    c = amqp.Connection(host="127.0.0.1:%d" % env.services.amqp_port, userid="guest",
+                        password="guest", virtual_host=env.vhost)
+    c.connect()
+    return c
+
+
+def publish_raw(env, body, headers=None, content_type="application/json",
+                content_encoding="utf-8", routing_key="celery", correlation_id=None, **props):
+    with amqp_conn(env) as c:
+        ch = c.channel()
+        msg = amqp.Message(body=body, content_type=content_type,
+                           content_encoding=content_encoding, application_headers=headers,
+                           delivery_mode=2, correlation_id=correlation_id, **props)
+        ch.basic_publish(msg, exchange="", routing_key=routing_key)
+
+
+def drain_dead_letters(env, timeout=20, want=1, match=None):
+    """Reads dead letters (acking them) until `want` matching ones arrived."""
+    got = []
+    deadline = time.time() + timeout
+    with amqp_conn(env) as c:
+        ch = c.channel()
+        while time.time() < deadline and len(got) < want:
+            m = ch.basic_get("celeriac.dead", no_ack=True)
+            if m is None:
+                time.sleep(0.05)
+                continue
+            if match is None or match(m):
+                got.append(m)
+    return got
+
+
+def calls(env):
+    return [e for e in env.fake.stats() if e["path"].startswith("/v1/")]
+
+
+def states_of(result, timeout=30):
+    seen = []
+    try:
+        result.get(timeout=timeout, on_message=lambda m: seen.append(m["status"]),
+                   propagate=False)
+    except Exception:
+        pass
+    return seen
+
+
+# ----------------------------------------------------------------- retries
+
+def test_retry_honours_retry_after_then_succeeds(env):
+    env.worker(*FAST)
+    env.fake.script(["status=429;ra=1", "status=503;ra_ms=700", "tokens=5"])
+    r = env.app.send_task("llm.generate", args=["retry me"])
+    seen = states_of(r)
+    assert r.get(timeout=1) == env.fake.expected_text("retry me", tokens=5)
+    assert seen.count("RETRY") == 2 and seen[-1] == "SUCCESS"
+    c = calls(env)
+    assert [e["status"] for e in c] == [429, 503, 200]
+    gap1 = c[1]["t"] - c[0]["t"]
+    gap2 = c[2]["t"] - c[1]["t"]
+    assert 1.0 <= gap1 < 2.0, gap1       # Retry-After: 1 s overrides the 0.2 s backoff
+    assert 0.7 <= gap2 < 1.7, gap2       # retry-after-ms wins over everything
+
+
+def test_backoff_policy_delays(env):
+    env.worker(*FAST, "--max-retries", "3")
+    env.fake.script(["status=500"] * 3 + ["tokens=3"])
+    r = env.app.send_task("llm.generate", args=["backoff"])
+    assert r.get(timeout=30)
+    c = calls(env)
+    assert len(c) == 4
+    gaps = [c[i + 1]["t"] - c[i]["t"] for i in range(3)]
+    for got, want in zip(gaps, [0.2, 0.4, 0.8]):
+        assert want <= got < want + 0.8, gaps
+
+
+def test_full_jitter_stays_under_the_cap(env):
+    env.worker("--retry-backoff", "0.4", "--retry-backoff-max", "0.5", "--max-retries", "4")
+    env.fake.script(["status=502"] * 4 + ["tokens=2"])
+    r = env.app.send_task("llm.generate", args=["jitter"])
+    assert r.get(timeout=30)
+    c = calls(env)
+    gaps = [c[i + 1]["t"] - c[i]["t"] for i in range(len(c) - 1)]
+    assert len(gaps) == 4 and all(g < 0.5 + 0.8 for g in gaps), gaps
+
+
+def test_retries_exhausted_fail_and_dead_letter(env):
+    env.worker(*FAST, "--max-retries", "2")
+    env.fake.script(["status=503;err_msg=overloaded"] * 3)
+    r = env.app.send_task("llm.generate", args=["always 503"], queue="celery")
+    with pytest.raises(Exception) as ei:
+        r.get(timeout=30)
+    assert type(ei.value).__name__ == "InternalServerError"
+    assert "overloaded" in str(ei.value)
+    meta = env.meta(r.id)
+    assert meta["status"] == "FAILURE"
+    assert meta["result"]["exc_type"] == "InternalServerError"
+    assert meta["result"]["exc_module"] == "celeriac.exceptions"
+    assert "Traceback" in meta["traceback"]
+    assert len(calls(env)) == 3
+    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
+    assert dl, "no dead letter"
+    h = dl[0].headers
+    assert h["x-celeriac-reason"] == "retries exhausted"
+    assert h["x-celeriac-exception-type"] == "InternalServerError"
+    assert "overloaded" in h["x-celeriac-exception-message"]
+    assert h["x-celeriac-http-status"] == 503
+    assert h["x-celeriac-retries"] == 2
+    assert h["x-celeriac-original-queue"] == "celery"
+    assert h["x-celeriac-original-routing-key"] == "celery"
+    assert h["x-celeriac-worker"].startswith("celeriac-")
+    assert h["x-celeriac-first-received"] and h["x-celeriac-failed-at"]
+    assert h["task"] == "llm.generate"          # original headers kept
+    body = json.loads(dl[0].body)
+    assert body[0] == ["always 503"]            # original body kept
+
+
+@pytest.mark.parametrize("scenario,exc", [
+    ("status=400;err_msg=context_length_exceeded", "BadRequestError"),
+    ("status=401;err_msg=bad key", "AuthenticationError"),
+    ("status=403", "PermissionDeniedError"),
+    ("status=404", "NotFoundError"),
+    ("status=422", "UnprocessableEntityError"),
+    ("status=429;code=insufficient_quota;err_msg=no credit", "RateLimitError"),
+])
+def test_permanent_failures_are_not_retried(env, scenario, exc):
+    env.worker(*FAST)
+    env.fake.script([scenario, "tokens=2"])
+    r = env.app.send_task("llm.generate", args=["perm"])
+    with pytest.raises(Exception) as ei:
+        r.get(timeout=20)
+    assert type(ei.value).__name__ == exc
+    assert len(calls(env)) == 1
+    assert env.meta(r.id)["status"] == "FAILURE"
+    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
+    assert dl and dl[0].headers["x-celeriac-reason"] == "permanent failure"
+
+
+def test_x_should_retry_header_overrides_status(env):
+    env.worker(*FAST)
+    env.fake.script(["status=400;should_retry=true", "status=500;should_retry=false", "tokens=2"])
+    r1 = env.app.send_task("llm.generate", args=["a"])
+    # 400 + x-should-retry: true is retried, then 500 + false fails for good
+    with pytest.raises(Exception) as ei:
+        r1.get(timeout=20)
+    assert type(ei.value).__name__ == "InternalServerError"
+    assert [e["status"] for e in calls(env)] == [400, 500]
+
+
+@pytest.mark.parametrize("fault", [
+    "cut_after_tokens=3;cut_mode=fin_raw",
+    "cut_after_tokens=3;cut_mode=fin_clean",
+    "cut_after_tokens=3;cut_mode=rst",
+    "fail_after_tokens=2;fail_fmt=data_error",
+    "fail_after_tokens=2;fail_fmt=data_error_then_done",
+    "garbage=2",
+    "finish_style=none;done=no",
+])
+def test_broken_streams_are_retried(env, fault):
+    env.worker(*FAST)
+    env.fake.script([fault + ";tokens=8", "tokens=8"])
+    r = env.app.send_task("llm.generate", args=["fragile"])
+    assert r.get(timeout=20) == env.fake.expected_text("fragile", tokens=8)
+    assert len(calls(env)) == 2
+
+
+def test_stream_quirks_still_succeed(env):
+    env.worker()
+    quirks = ["eol=crlf;write_bytes=3;split_utf8=1;unicode=1",
+              "eol=cr;bom=1;ping_ms=1;event_lines=1",
+              "finish_style=merged;done=no_blank_line;role_content=null",
+              "usage=never;multiline_data=1", "json_ascii=1;unicode=1;write_bytes=random"]
+    env.fake.script(quirks)
+    for q in quirks:
+        r = env.app.send_task("llm.generate", args=["quirk"])
+        uni = 1 if "unicode=1" in q else 0
+        assert r.get(timeout=20) == env.fake.expected_text("quirk", unicode=uni), q
+
+
+# ----------------------------------------------------------- time and eta
+
+def test_countdown_and_eta(env):
+    from datetime import datetime, timedelta, timezone
+    env.worker()
+    t0 = time.time()
+    a = env.app.send_task("llm.generate", args=["later"], countdown=2)
+    b = env.app.send_task("llm.generate", args=["at eta"],
+                          eta=datetime.now(timezone.utc) + timedelta(seconds=1.5))
+    assert a.get(timeout=20) and b.get(timeout=20)
+    by_prompt = {e["prompt"]: e["t"] for e in calls(env)}
+    assert by_prompt["later"] - t0 >= 1.9
+    assert by_prompt["at eta"] - t0 >= 1.4
+
+
+def test_eta_tasks_hold_no_slot_and_do_not_starve(env):
+    env.worker("-c", "1", "--prefetch-multiplier", "1")
+    held = [env.app.send_task("llm.generate", args=["held %d" % i], countdown=3) for i in range(3)]
+    ready = [env.app.send_task("llm.generate", args=["now %d" % i]) for i in range(5)]
+    for r in ready:
+        r.get(timeout=10)
+    assert all(env.meta(r.id) is None for r in held)   # still waiting for their eta
+    for r in held:
+        r.get(timeout=20)
+
+
+def test_expired_tasks_are_revoked(env):
+    from celery.exceptions import TaskRevokedError
+    env.worker()
+    # expires before its eta arrives: revoked when the eta fires
+    r = env.app.send_task("llm.generate", args=["too late"], countdown=2, expires=1)
+    with pytest.raises(TaskRevokedError):
+        r.get(timeout=20)
+    assert env.meta(r.id)["result"]["exc_message"] == ["expired"]
+    # expires header in the past but no AMQP TTL (another producer): revoked on receipt
+    tid = str(uuid.uuid4())
+    hdr = {"lang": "py", "task": "llm.generate", "id": tid, "retries": 0, "root_id": tid,
+           "parent_id": None, "group": None, "eta": None, "timelimit": [None, None],
+           "expires": "2020-01-01T00:00:00+00:00", "argsrepr": "()", "kwargsrepr": "{}"}
+    publish_raw(env, json.dumps([["x"], {}, None]), headers=hdr)
+    wait_until(lambda: env.meta(tid), 20, what="REVOKED for expired raw message")
+    assert env.meta(tid)["status"] == "REVOKED"
+    assert calls(env) == []
+
+
+def test_time_limits(env):
+    from celery.exceptions import TimeLimitExceeded, SoftTimeLimitExceeded
+    w = env.worker()
+    env.fake.script(["latency_ms=8000"] * 3)
+    t0 = time.time()
+    r = env.app.send_task("llm.generate", args=["slow"], time_limit=1)
+    with pytest.raises(TimeLimitExceeded):
+        r.get(timeout=20)
+    assert time.time() - t0 < 5
+    r = env.app.send_task("llm.generate", args=["slow soft"], soft_time_limit=1)
+    with pytest.raises(SoftTimeLimitExceeded):
+        r.get(timeout=20)
+    w.stop()
+    env.worker("--time-limit", "1")
+    r = env.app.send_task("llm.generate", args=["default limit"])
+    with pytest.raises(TimeLimitExceeded):
+        r.get(timeout=20)
+
+
+def blackhole():
+    """A listening socket whose accept queue is full, so connects hang."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(0)
+    fillers = []
+    for _ in range(8):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(s.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(c)
+    return s, fillers
+
+
+@pytest.mark.parametrize("phase,scenario,option", [
+    ("first byte", "latency_ms=5000", "--llm-first-byte-timeout"),
+    ("first token", "ttft_ms=5000", "--llm-first-token-timeout"),
+    ("idle", "stall_after_tokens=2", "--llm-idle-timeout"),
+])
+def test_phase_timeouts_are_retryable(env, phase, scenario, option):
+    env.worker(*FAST, option, "0.5")
+    env.fake.script([scenario + ";tokens=6", "tokens=6"])
+    t0 = time.time()
+    r = env.app.send_task("llm.generate", args=["phase"])
+    assert r.get(timeout=20) == env.fake.expected_text("phase", tokens=6)
+    assert len(calls(env)) == 2
+    assert time.time() - t0 < 4.5
+
+
+def test_connect_timeout(env):
+    s, fillers = blackhole()
+    try:
+        port = s.getsockname()[1]
+        env.worker("--llm-connect-timeout", "0.5", "--max-retries", "0",
+                   env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1" % port})
+        t0 = time.time()
+        r = env.app.send_task("llm.generate", args=["unreachable"])
+        with pytest.raises(Exception) as ei:
+            r.get(timeout=20)
+        assert type(ei.value).__name__ in ("APITimeoutError", "APIConnectionError")
+        assert time.time() - t0 < 10
+    finally:
+        for c in fillers:
+            c.close()
+        s.close()
+
+
+# ------------------------------------------------------------ bad input
+
+CORPUS = sorted(glob.glob(os.path.join(ROOT, "tests", "corpus", "bad", "*.json")))
+
+
+def test_bad_message_corpus(env):
+    assert len(CORPUS) >= 20
+    w = env.worker()
+    cases = {}
+    for path in CORPUS:
+        doc = json.load(open(path))
+        tid = str(uuid.uuid4())
+        body = base64.b64decode(doc["body_b64"]).replace(b'"ID"', json.dumps(tid).encode())
+        headers = doc["headers"]
+        if headers is not None:
+            headers = json.loads(json.dumps(headers).replace('"ID"', json.dumps(tid)))
+        corr = "case-" + doc["name"]
+        publish_raw(env, body, headers=headers, content_type=doc["content_type"],
+                    correlation_id=corr)
+        cases[corr] = (doc, tid)
+    # a huge payload, over --max-message-size (10 MiB by default)
+    tid = str(uuid.uuid4())
+    huge = json.dumps([["x" * (11 << 20)], {}, None])
+    publish_raw(env, huge, headers={"lang": "py", "task": "llm.generate", "id": tid,
+                                    "root_id": tid}, correlation_id="case-huge")
+    cases["case-huge"] = ({"name": "huge", "id_known": True, "exc_type": "MessageTooLarge",
+                           "expect_reason": "cannot decode"}, tid)
+    dead = drain_dead_letters(env, timeout=60, want=len(cases),
+                              match=lambda m: m.properties.get("correlation_id", "") in cases)
+    got = {m.properties["correlation_id"]: m for m in dead}
+    missing = sorted(set(cases) - set(got))
+    assert not missing, "not dead-lettered: %s\n%s" % (missing, w.log()[-3000:])
+    for corr, (doc, tid) in cases.items():
+        h = got[corr].headers
+        assert h["x-celeriac-reason"] == doc["expect_reason"], (corr, h["x-celeriac-reason"])
+        assert h["x-celeriac-exception-message"], corr
+        if doc.get("exc_type"):
+            assert h["x-celeriac-exception-type"] == doc["exc_type"], (corr, h)
+        if doc["id_known"]:
+            meta = env.meta(tid)
+            assert meta and meta["status"] == "FAILURE", (corr, meta)
+            assert meta["result"]["exc_type"] == doc["exc_type"], (corr, meta)
+    assert w.proc.poll() is None
+    assert env.services.queue_depth(env.vhost, "celery") == 0
+    # and a valid task right after succeeds
+    r = env.app.send_task("llm.generate", args=["still alive"])
+    assert r.get(timeout=20) == env.fake.expected_text("still alive")
+    assert calls(env)[-1]["prompt"] == "still alive"
+
+
+# -------------------------------------------------------------- outages
+
+def count_publishes(env, stop):
+    """Counts final-state publishes per task id on the result channels."""
+    import redis
+    seen = {}
+
+    def run():
+        while not stop.is_set():
+            try:
+                r = redis.Redis(host="127.0.0.1", port=env.services.redis_port, db=env.db)
+                p = r.pubsub()
+                p.psubscribe("celery-task-meta-*")
+                while not stop.is_set():
+                    m = p.get_message(timeout=0.2)
+                    if m and m["type"] == "pmessage":
+                        meta = json.loads(m["data"])
+                        if meta["status"] in ("SUCCESS", "FAILURE", "REVOKED"):
+                            seen[meta["task_id"]] = seen.get(meta["task_id"], 0) + 1
+            except Exception:
+                time.sleep(0.2)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    return seen, t
+
+
+def test_rabbitmq_restart_mid_run(env):
+    n = 1000
+    stop = threading.Event()
+    seen, t = count_publishes(env, stop)
+    w = env.worker("-c", "100", "--loglevel", "warning")
+    env.fake.script(["latency_ms=150;tokens=3"] * (2 * n))
+    results = [env.app.send_task("llm.generate", args=["rmq-%d" % i]) for i in range(n)]
+    wait_until(lambda: len(seen) >= n // 4, 60, what="a quarter done")
+    env.services.script("rabbit-stop")
+    time.sleep(1)
+    env.services.script("rabbit-start")
+    wait_until(lambda: all(env.meta(r.id) for r in results), 180, interval=0.5,
+               what="every result after the restart")
+    time.sleep(1)
+    stop.set()
+    t.join(5)
+    assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+    twice = [k for k, v in seen.items() if v > 1]
+    assert not twice, "stored twice: %s" % twice[:5]
+    assert "connection to broker lost" in w.log()
+    assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
+
+
+def test_redis_outage_mid_run(env):
+    n = 1000
+    w = env.worker("-c", "100", "--loglevel", "warning")
+    env.fake.script(["latency_ms=100;tokens=3"] * (2 * n))
+    results = [env.app.send_task("llm.generate", args=["redis-%d" % i]) for i in range(n)]
+    wait_until(lambda: sum(1 for r in results[::10] if env.meta(r.id)) >= 20, 60,
+               what="some results")
+    env.services.script("redis-stop")
+    time.sleep(5)
+    env.services.script("redis-start")
+    env.redis.connection_pool.disconnect()
+    wait_until(lambda: all(env.meta(r.id) for r in results), 60, interval=0.5,
+               what="every result after the outage")
+    assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+    assert "result backend: connection lost" in w.log()
+    # nothing was acked before its result was stored, nothing is left behind
+    assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
+    per_prompt = {}
+    for e in calls(env):
+        per_prompt[e["prompt"]] = per_prompt.get(e["prompt"], 0) + 1
+    assert len(per_prompt) == n
