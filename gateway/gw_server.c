@@ -456,6 +456,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     struct gw_server *srv = ctx ? lws_context_user(ctx) : NULL;
     struct pss *pss = user;
 
+    /* lws may report on a connection that never got per-session memory
+     * (a browser's speculative connect closed before its first request). */
+    if (!pss || !srv)
+        return lws_callback_http_dummy(wsi, reason, user, in, len);
     switch (reason) {
     case LWS_CALLBACK_HTTP:
         return on_http(srv, wsi, pss);
@@ -493,8 +497,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         on_ws_closed(srv, pss);
         return 0;
     case LWS_CALLBACK_WSI_DESTROY:
-        if (pss)
-            on_ws_closed(srv, pss);
+        on_ws_closed(srv, pss);
         return 0;
     default:
         return lws_callback_http_dummy(wsi, reason, user, in, len);
@@ -578,5 +581,8 @@ void gw_server_free(struct gw_server *srv)
     lws_context_destroy(srv->ctx);
     for (int i = 0; i < 8; i++)
         uv_run(srv->loop, UV_RUN_NOWAIT);
+    /* lws 4.1 finishes a foreign-loop context on a second call, once its
+     * handles are closed. */
+    lws_context_destroy(srv->ctx);
     cr_free(srv);
 }

@@ -456,3 +456,24 @@ def test_thousand_websocket_clients(env, gateway):
             total += 1
     assert total == n_tasks * per_task
     print("\n1000 WebSocket clients: all received the full text in %.1f s" % elapsed)
+
+
+# ---------------------------------------------------------------- the web page
+
+BROWSER_DIR = os.path.join(ROOT, "tests", "browser")
+
+
+def test_web_page_in_headless_chromium(env, gateway):
+    """Debian's chromium driven by playwright-core: the answer grows, then SUCCESS."""
+    if not os.path.exists("/usr/bin/chromium") or \
+            not os.path.isdir(os.path.join(BROWSER_DIR, "node_modules", "playwright-core")):
+        pytest.fail("chromium or playwright-core missing: run scripts/install-deps.sh")
+    env.worker("--progress-interval", "50")
+    gw = gateway("--auth-token", "pagetok")
+    env.fake.script(["tps=25;tokens=40"])
+    e = dict(os.environ, GATEWAY_URL=gw.base + "/", PROMPT="Tell me a story", TOKEN="pagetok",
+             EXPECTED=env.fake.expected_text("Tell me a story", 40))
+    p = subprocess.run(["node", os.path.join(BROWSER_DIR, "page_test.js")], env=e,
+                       capture_output=True, text=True, timeout=120)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stdout + p.stderr
