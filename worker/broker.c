@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "config.h"
+#include "amqp_url.h"
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
 
@@ -21,6 +22,11 @@
 /* Queue-depth polls (passive queue.declare) go on their own channel: a missing
  * queue closes the channel it was asked on, and that must never be channel 1. */
 #define STATS_CHANNEL 2
+/* Consumers without acks (the remote-control mailbox) get a channel of their
+ * own, as kombu gives them, so that the task channel's prefetch window and
+ * flow never hold back a revoke or an inspect while the worker is busy. */
+#define CONTROL_CHANNEL 3
+#define CONSUMER_CHANNEL(q) ((q)->no_ack ? CONTROL_CHANNEL : CHANNEL)
 #define RPC_TIMEOUT_S 10
 #define RECONNECT_MAX_MS 30000
 
@@ -440,80 +446,31 @@ static void teardown(struct broker *b)
 
 static void on_timer(uv_timer_t *t);
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Percent-decodes a vhost (stops at '?', query options are not used). */
-static void decode_vhost(const char *s, char *out, size_t size)
-{
-    size_t n = 0;
-    for (; *s && *s != '?' && n + 1 < size; s++) {
-        if (*s == '%' && hexval(s[1]) >= 0 && hexval(s[2]) >= 0) {
-            out[n++] = (char)(hexval(s[1]) * 16 + hexval(s[2]));
-            s += 2;
-        } else {
-            out[n++] = *s;
-        }
-    }
-    out[n] = '\0';
-}
-
 int broker_connect(struct broker *b, struct cr_err *err)
 {
-    struct amqp_connection_info info;
-    char *url = cr_strdup(b->cfg.url);
+    struct amqp_url u;
     char redacted[512];
     amqp_socket_t *sock;
     struct timeval tv;
-    const char *vhost;
-    char vhost_buf[256] = "";
     int rc, fd;
 
     config_redact_url(b->cfg.url, redacted, sizeof(redacted));
-    if (!url)
-        return cr_err_set(err, CR_ENOMEM, "out of memory");
     teardown(b);
-    /* kombu accepts "pyamqp://"; rabbitmq-c only knows "amqp://". */
-    if (!strncmp(url, "pyamqp://", 9))
-        memmove(url, url + 2, strlen(url + 2) + 1);
-    /* kombu's vhost is everything after the first '/' of the path, so
-     * "amqp://h//" is vhost "/", which rabbitmq-c's parser refuses: split it
-     * off and decode it ourselves. */
-    {
-        char *path = strchr(url + strlen("amqp://"), '/');
-        if (path) {
-            decode_vhost(path + 1, vhost_buf, sizeof(vhost_buf));
-            *path = '\0';
-        }
-    }
-    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
-        cr_free(url);
-        return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s'", redacted);
-    }
-    vhost = vhost_buf[0] ? vhost_buf : "/";
+    if (amqp_url_parse(b->cfg.url, &u, err))
+        return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted, err->msg);
 
     b->conn = amqp_new_connection();
     sock = b->conn ? amqp_tcp_socket_new(b->conn) : NULL;
     if (!sock) {
-        cr_free(url);
         teardown(b);
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     }
     tv.tv_sec = (long)b->cfg.connect_timeout;
     tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
-    rc = amqp_socket_open_noblock(sock, info.host, info.port, &tv);
+    rc = amqp_socket_open_noblock(sock, u.host, u.port, &tv);
     if (rc != AMQP_STATUS_OK) {
         cr_err_set(err, CR_EBROKER, "cannot connect to broker '%s': %s", redacted,
                    amqp_error_string2(rc));
-        cr_free(url);
         teardown(b);
         return err->code;
     }
@@ -521,16 +478,14 @@ int broker_connect(struct broker *b, struct cr_err *err)
     tv.tv_usec = 0;
     amqp_set_handshake_timeout(b->conn, &tv);
     amqp_set_rpc_timeout(b->conn, &tv);
-    if (reply_error(amqp_login(b->conn, vhost, 0, 131072, b->cfg.heartbeat,
-                               AMQP_SASL_METHOD_PLAIN, info.user, info.password),
+    if (reply_error(amqp_login(b->conn, u.vhost, 0, 131072, b->cfg.heartbeat,
+                               AMQP_SASL_METHOD_PLAIN, u.user, u.password),
                     "login", err)) {
         cr_err_set(err, CR_EBROKER, "cannot log in to broker '%s': %s", redacted,
                    err->msg);
-        cr_free(url);
         teardown(b);
         return err->code;
     }
-    cr_free(url);
     amqp_channel_open(b->conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
         goto fail;
@@ -538,6 +493,9 @@ int broker_connect(struct broker *b, struct cr_err *err)
     if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
         goto fail;
     b->stats_open = 1;
+    amqp_channel_open(b->conn, CONTROL_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
+        goto fail;
     for (int i = 0; i < b->nexchanges; i++) {
         amqp_exchange_declare(b->conn, CHANNEL, cstr(b->exchanges[i].name),
                               cstr(b->exchanges[i].type), 0, b->exchanges[i].durable, 0,
@@ -563,8 +521,8 @@ int broker_connect(struct broker *b, struct cr_err *err)
         goto fail;
     for (int i = 0; i < b->nconsumers; i++) {
         struct consumer *c = &b->consumers[i];
-        if (!amqp_basic_consume(b->conn, CHANNEL, cstr(c->q.name), cstr(c->tag), 0,
-                                c->q.no_ack, 0, amqp_empty_table)) {
+        if (!amqp_basic_consume(b->conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
+                                cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
             reply_error(amqp_get_rpc_reply(b->conn), "basic.consume", err);
             goto fail;
         }
@@ -943,7 +901,7 @@ static void send_consume(struct broker *b, struct consumer *c)
     req.no_ack = c->q.no_ack;
     req.nowait = 1;
     req.arguments = amqp_empty_table;
-    amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CONSUME_METHOD, &req);
+    amqp_send_method(b->conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CONSUME_METHOD, &req);
     c->active = 1;
 }
 
@@ -992,7 +950,8 @@ int broker_cancel_consumer(struct broker *b, const char *queue)
             amqp_basic_cancel_t req;
             req.consumer_tag = cstr(c->tag);
             req.nowait = 0;
-            amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
+            amqp_send_method(b->conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CANCEL_METHOD,
+                             &req);
         }
         consumer_release(c);
         memmove(c, c + 1, (size_t)(b->nconsumers - i - 1) * sizeof(*c));

@@ -1,0 +1,101 @@
+/* amqp_url.c -- broker URL parsing (no I/O). */
+#include "amqp_url.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Copies [s, s+n) percent-decoded into out (size bytes). 0 or CR_EINVAL. */
+static int decode(const char *s, size_t n, char *out, size_t size)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
+            c = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            i += 2;
+        }
+        if (o + 1 >= size)
+            return CR_EINVAL;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
+{
+    const char *p, *at, *hostend, *path;
+    size_t n;
+
+    memset(out, 0, sizeof(*out));
+    snprintf(out->user, sizeof(out->user), "guest");
+    snprintf(out->password, sizeof(out->password), "guest");
+    snprintf(out->host, sizeof(out->host), "localhost");
+    snprintf(out->vhost, sizeof(out->vhost), "/");
+    out->port = 5672;
+    if (!strncmp(url, "amqp://", 7))
+        p = url + 7;
+    else if (!strncmp(url, "pyamqp://", 9))
+        p = url + 9;
+    else
+        return cr_err_set(err, CR_EINVAL, "unsupported broker URL scheme (want amqp://)");
+    path = strchr(p, '/');
+    n = path ? (size_t)(path - p) : strlen(p);
+    at = memchr(p, '@', n);
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (decode(p, colon ? (size_t)(colon - p) : (size_t)(at - p), out->user,
+                   sizeof(out->user)))
+            return cr_err_set(err, CR_EINVAL, "broker URL user name too long");
+        if (colon && decode(colon + 1, (size_t)(at - colon - 1), out->password,
+                            sizeof(out->password)))
+            return cr_err_set(err, CR_EINVAL, "broker URL password too long");
+        n -= (size_t)(at + 1 - p);
+        p = at + 1;
+    }
+    if (n && *p == '[') { /* [v6]:port */
+        const char *close = memchr(p, ']', n);
+        if (!close)
+            return cr_err_set(err, CR_EINVAL, "broker URL has an unclosed '['");
+        hostend = close + 1;
+        if ((size_t)(close - p - 1) >= sizeof(out->host))
+            return cr_err_set(err, CR_EINVAL, "broker host name too long");
+        memcpy(out->host, p + 1, (size_t)(close - p - 1));
+        out->host[close - p - 1] = '\0';
+    } else {
+        hostend = memchr(p, ':', n);
+        if (!hostend)
+            hostend = p + n;
+        if (hostend > p) {
+            if ((size_t)(hostend - p) >= sizeof(out->host))
+                return cr_err_set(err, CR_EINVAL, "broker host name too long");
+            memcpy(out->host, p, (size_t)(hostend - p));
+            out->host[hostend - p] = '\0';
+        }
+    }
+    if (hostend < p + n && *hostend == ':') {
+        char *end;
+        long port = strtol(hostend + 1, &end, 10);
+        if (end == hostend + 1 || end != p + n || port <= 0 || port > 65535)
+            return cr_err_set(err, CR_EINVAL, "invalid port in broker URL");
+        out->port = (int)port;
+    }
+    if (path && path[1]) {
+        size_t vn = strcspn(path + 1, "?");
+        if (vn && decode(path + 1, vn, out->vhost, sizeof(out->vhost)))
+            return cr_err_set(err, CR_EINVAL, "broker URL vhost too long");
+    }
+    return 0;
+}
