@@ -551,10 +551,10 @@ cJSON *gw_meta_summary(const char *task_id, const char *meta, size_t len)
         cJSON *v = m ? cJSON_DetachItemFromObjectCaseSensitive(m, key) : NULL;           \
         if (!v)                                                                          \
             v = cJSON_CreateNull();                                                      \
-        if (!v)                                                                          \
+        if (!v || !cJSON_AddItemToObject(out, key, v)) {                                 \
+            cJSON_Delete(v);                                                             \
             ok = 0;                                                                      \
-        else                                                                             \
-            cJSON_AddItemToObject(out, key, v);                                          \
+        }                                                                                \
     } while (0)
     MOVE("result");
     MOVE("traceback");
@@ -564,8 +564,8 @@ cJSON *gw_meta_summary(const char *task_id, const char *meta, size_t len)
     if (ok && (!strcmp(state, "FAILURE") || !strcmp(state, "REVOKED") ||
                !strcmp(state, "RETRY"))) {
         cJSON *x = exc_text(cJSON_GetObjectItemCaseSensitive(out, "result"));
-        if (x)
-            cJSON_AddItemToObject(out, "error", x);
+        if (x && !cJSON_AddItemToObject(out, "error", x))
+            cJSON_Delete(x);
     }
     cJSON_Delete(m);
     if (!ok) {

@@ -157,7 +157,12 @@ static char *result_msg(cJSON *summary)
     while (summary->child) {
         cJSON *it = summary->child;
         cJSON_DetachItemViaPointer(summary, it);
-        cJSON_AddItemToObject(msg, it->string, it);
+        if (!cJSON_AddItemToObject(msg, it->string, it)) {
+            cJSON_Delete(it);
+            cJSON_Delete(summary);
+            cJSON_Delete(msg);
+            return NULL;
+        }
     }
     cJSON_Delete(summary);
     buf_init(&b);
@@ -177,9 +182,23 @@ static char *stream_result_msg(const char *task_id, const struct gw_entry *e)
     if (!s)
         return NULL;
     if (py_json_parse(e->result, e->result_len, &res, &err) == 0) {
-        cJSON_ReplaceItemInObjectCaseSensitive(s, "result", res);
-        cJSON_ReplaceItemInObjectCaseSensitive(s, "state", cJSON_CreateString(e->state));
-        cJSON_ReplaceItemInObjectCaseSensitive(s, "ready", cJSON_CreateTrue());
+        cJSON *st = cJSON_CreateString(e->state), *ready = cJSON_CreateTrue();
+        int ok = 1;
+        ok &= res && cJSON_ReplaceItemInObjectCaseSensitive(s, "result", res);
+        if (!ok)
+            cJSON_Delete(res);
+        if (!st || !cJSON_ReplaceItemInObjectCaseSensitive(s, "state", st)) {
+            cJSON_Delete(st);
+            ok = 0;
+        }
+        if (!ready || !cJSON_ReplaceItemInObjectCaseSensitive(s, "ready", ready)) {
+            cJSON_Delete(ready);
+            ok = 0;
+        }
+        if (!ok) {
+            cJSON_Delete(s);
+            return NULL;
+        }
     }
     return result_msg(s);
 }
