@@ -1,13 +1,399 @@
-/* dlq.c -- `celeriac dlq`: inspect, replay and purge dead letters.
- * NEEDSWORK: stub until issue 3's tooling lands. */
+/* dlq.c -- `celeriac dlq`: list, show, replay and purge dead-lettered tasks.
+ *
+ * A command-line client, not part of the worker loop, so it uses rabbitmq-c's
+ * blocking calls. Dead letters are read with basic.get and left unacked unless
+ * acted on; closing the connection puts every untouched one back in place. */
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "amqp_url.h"
 #include "commands.h"
+#include "config.h"
+#include "protocol/amqp_json.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+
+#define CH 1
+
+struct dlq_opts {
+    const char *broker;
+    const char *queue;
+    const char *task;   /* filter, or NULL */
+    const char *reason; /* substring filter, or NULL */
+    char **ids;
+    int nids;
+    int json;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(
+        out,
+        "usage: celeriac dlq [options] list | show ID | replay [ID...] | purge "
+        "[ID...]\n\n"
+        "  list      one line per dead letter: id, task, reason, exception, failed at\n"
+        "  show ID   every header and the body of one dead letter\n"
+        "  replay    put dead letters back on their original queue, retries reset\n"
+        "  purge     drop dead letters (all of them when no filter is given)\n\n"
+        "options:\n"
+        "  -b, --broker URL     AMQP URL [env: CELERY_BROKER_URL]\n"
+        "      --queue NAME     dead-letter queue [default: celeriac.dead]\n"
+        "      --task NAME      only dead letters of this task\n"
+        "      --reason TEXT    only dead letters whose reason or exception contains "
+        "TEXT\n"
+        "      --json           list as JSON lines\n");
+}
+
+static amqp_bytes_t cs(const char *s)
+{
+    amqp_bytes_t b;
+    b.len = strlen(s);
+    b.bytes = (void *)s;
+    return b;
+}
+
+static int rpc_ok(amqp_connection_state_t c, const char *what)
+{
+    amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
+    if (r.reply_type == AMQP_RESPONSE_NORMAL)
+        return 1;
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
+        fprintf(stderr, "celeriac dlq: %s: %s\n", what,
+                amqp_error_string2(r.library_error));
+    else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+        amqp_channel_close_t *m = r.reply.decoded;
+        fprintf(stderr, "celeriac dlq: %s: %d %.*s\n", what, m->reply_code,
+                (int)m->reply_text.len, (char *)m->reply_text.bytes);
+    } else {
+        fprintf(stderr, "celeriac dlq: %s failed\n", what);
+    }
+    return 0;
+}
+
+static amqp_connection_state_t open_conn(const char *url)
+{
+    struct amqp_url u;
+    struct cr_err err;
+    char red[512];
+    amqp_connection_state_t c;
+    amqp_socket_t *s;
+    struct timeval tv = {10, 0};
+
+    config_redact_url(url, red, sizeof(red));
+    if (amqp_url_parse(url, &u, &err)) {
+        fprintf(stderr, "celeriac dlq: invalid broker URL '%s': %s\n", red, err.msg);
+        return NULL;
+    }
+    c = amqp_new_connection();
+    s = c ? amqp_tcp_socket_new(c) : NULL;
+    if (!s || amqp_socket_open_noblock(s, u.host, u.port, &tv) != AMQP_STATUS_OK) {
+        fprintf(stderr, "celeriac dlq: cannot connect to broker '%s'\n", red);
+        if (c)
+            amqp_destroy_connection(c);
+        return NULL;
+    }
+    if (amqp_login(c, u.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, u.user, u.password)
+            .reply_type != AMQP_RESPONSE_NORMAL) {
+        fprintf(stderr, "celeriac dlq: cannot log in to broker '%s'\n", red);
+        amqp_destroy_connection(c);
+        return NULL;
+    }
+    amqp_channel_open(c, CH);
+    if (!rpc_ok(c, "channel.open")) {
+        amqp_destroy_connection(c);
+        return NULL;
+    }
+    return c;
+}
+
+static const char *hstr(const cJSON *h, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static int matches(const struct dlq_opts *o, const cJSON *h)
+{
+    const char *id = hstr(h, "id");
+    if (o->task && strcmp(hstr(h, "task"), o->task))
+        return 0;
+    if (o->reason && !strstr(hstr(h, "x-celeriac-reason"), o->reason) &&
+        !strstr(hstr(h, "x-celeriac-exception-type"), o->reason) &&
+        !strstr(hstr(h, "x-celeriac-exception-message"), o->reason))
+        return 0;
+    if (o->nids) {
+        for (int i = 0; i < o->nids; i++)
+            if (!strcmp(o->ids[i], id))
+                return 1;
+        return 0;
+    }
+    return 1;
+}
+
+/* Waits for the broker's confirm of the last publish. */
+static int wait_confirm(amqp_connection_state_t c)
+{
+    for (;;) {
+        amqp_frame_t f;
+        if (amqp_simple_wait_frame(c, &f) != AMQP_STATUS_OK)
+            return 0;
+        if (f.frame_type != AMQP_FRAME_METHOD)
+            continue;
+        if (f.payload.method.id == AMQP_BASIC_ACK_METHOD)
+            return 1;
+        if (f.payload.method.id == AMQP_BASIC_NACK_METHOD)
+            return 0;
+    }
+}
+
+/* Republishes a dead letter where it first came from, without our headers and
+ * with the retry count back at 0. */
+static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSON *h)
+{
+    amqp_basic_properties_t p = msg->properties;
+    amqp_pool_t pool;
+    struct cr_err err;
+    char *exchange = cr_strdup(hstr(h, "x-celeriac-original-exchange"));
+    char *rk = cr_strdup(hstr(h, "x-celeriac-original-routing-key"));
+    const cJSON *item, *next;
+    int ok;
+
+    if (!exchange || !rk) {
+        cr_free(exchange);
+        cr_free(rk);
+        return 0;
+    }
+    for (item = h->child; item; item = next) {
+        next = item->next;
+        if (!strncmp(item->string, "x-celeriac-", 11))
+            cJSON_DeleteItemFromObjectCaseSensitive(h, item->string);
+    }
+    if (cJSON_GetObjectItemCaseSensitive(h, "retries"))
+        cJSON_ReplaceItemInObjectCaseSensitive(h, "retries", cJSON_CreateNumber(0));
+    init_amqp_pool(&pool, 4096);
+    if (amqp_json_to_table(h, &pool, &p.headers, &err)) {
+        empty_amqp_pool(&pool);
+        cr_free(exchange);
+        cr_free(rk);
+        return 0;
+    }
+    p._flags |= AMQP_BASIC_HEADERS_FLAG;
+    ok = amqp_basic_publish(c, CH, cs(exchange), cs(rk), 0, 0, &p, msg->body) ==
+             AMQP_STATUS_OK &&
+         wait_confirm(c);
+    empty_amqp_pool(&pool);
+    cr_free(exchange);
+    cr_free(rk);
+    return ok;
+}
+
+static void print_show(const cJSON *h, const amqp_message_t *msg)
+{
+    char *text = cJSON_Print(h);
+    printf("headers: %s\n", text ? text : "{}");
+    printf("content-type: %.*s\n", (int)msg->properties.content_type.len,
+           (char *)msg->properties.content_type.bytes);
+    printf("body (%zu bytes): %.*s\n", msg->body.len,
+           (int)(msg->body.len > 65536 ? 65536 : msg->body.len), (char *)msg->body.bytes);
+    cr_free(text);
+}
+
+static void print_line(const struct dlq_opts *o, const cJSON *h)
+{
+    if (o->json) {
+        cJSON *line = cJSON_CreateObject();
+        char *text;
+        cJSON_AddStringToObject(line, "id", hstr(h, "id"));
+        cJSON_AddStringToObject(line, "task", hstr(h, "task"));
+        cJSON_AddStringToObject(line, "reason", hstr(h, "x-celeriac-reason"));
+        cJSON_AddStringToObject(line, "exception", hstr(h, "x-celeriac-exception-type"));
+        cJSON_AddStringToObject(line, "message", hstr(h, "x-celeriac-exception-message"));
+        cJSON_AddStringToObject(line, "queue", hstr(h, "x-celeriac-original-queue"));
+        cJSON_AddStringToObject(line, "failed_at", hstr(h, "x-celeriac-failed-at"));
+        text = cJSON_PrintUnformatted(line);
+        printf("%s\n", text ? text : "{}");
+        cr_free(text);
+        cJSON_Delete(line);
+        return;
+    }
+    printf("%-36s  %-24s  %-18s  %-24s  %s\n", *hstr(h, "id") ? hstr(h, "id") : "-",
+           *hstr(h, "task") ? hstr(h, "task") : "-", hstr(h, "x-celeriac-reason"),
+           hstr(h, "x-celeriac-exception-type"), hstr(h, "x-celeriac-failed-at"));
+}
+
+enum action { A_LIST, A_SHOW, A_REPLAY, A_PURGE };
+
+static int run(const struct dlq_opts *o, enum action a)
+{
+    amqp_connection_state_t c = open_conn(o->broker);
+    unsigned long seen = 0, acted = 0;
+    int rc = 0;
+
+    if (!c)
+        return 1;
+    if (a == A_PURGE && !o->task && !o->reason && !o->nids) {
+        amqp_queue_purge_ok_t *ok = amqp_queue_purge(c, CH, cs(o->queue));
+        if (!ok || !rpc_ok(c, "queue.purge"))
+            rc = 1;
+        else
+            printf("purged %u dead letters\n", ok->message_count);
+        amqp_connection_close(c, AMQP_REPLY_SUCCESS);
+        amqp_destroy_connection(c);
+        return rc;
+    }
+    if (a == A_REPLAY) {
+        amqp_confirm_select(c, CH);
+        if (!rpc_ok(c, "confirm.select"))
+            goto out;
+    }
+    if (a == A_LIST && !o->json)
+        printf("%-36s  %-24s  %-18s  %-24s  %s\n", "ID", "TASK", "REASON", "EXCEPTION",
+               "FAILED AT");
+    for (;;) {
+        amqp_rpc_reply_t r = amqp_basic_get(c, CH, cs(o->queue), 0);
+        amqp_basic_get_ok_t *g;
+        amqp_message_t msg;
+        cJSON *h = NULL;
+        struct cr_err err;
+
+        if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+            rpc_ok(c, "basic.get");
+            rc = 1;
+            break;
+        }
+        if (r.reply.id != AMQP_BASIC_GET_OK_METHOD)
+            break; /* get-empty: every message has been looked at */
+        g = r.reply.decoded;
+        if (amqp_read_message(c, CH, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL) {
+            rc = 1;
+            break;
+        }
+        seen++;
+        if ((msg.properties._flags & AMQP_BASIC_HEADERS_FLAG) &&
+            amqp_json_from_table(&msg.properties.headers, &h, &err))
+            h = NULL;
+        if (!h)
+            h = cJSON_CreateObject();
+        if (matches(o, h)) {
+            if (a == A_LIST)
+                print_line(o, h);
+            else if (a == A_SHOW) {
+                print_show(h, &msg);
+                acted++;
+            } else if (a == A_REPLAY) {
+                char *id = cr_strdup(hstr(h, "id"));
+                if (replay_one(c, &msg, h)) {
+                    amqp_basic_ack(c, CH, g->delivery_tag, 0);
+                    printf("replayed %s\n", id ? id : "?");
+                    acted++;
+                } else {
+                    fprintf(stderr, "celeriac dlq: cannot replay %s\n", id ? id : "?");
+                    rc = 1;
+                }
+                cr_free(id);
+            } else {
+                amqp_basic_ack(c, CH, g->delivery_tag, 0);
+                acted++;
+            }
+        }
+        cJSON_Delete(h);
+        amqp_destroy_message(&msg);
+        amqp_maybe_release_buffers(c);
+    }
+    if (a == A_SHOW && !acted) {
+        fprintf(stderr, "celeriac dlq: no dead letter with id %s\n",
+                o->nids ? o->ids[0] : "?");
+        rc = 1;
+    } else if (a == A_REPLAY) {
+        printf("replayed %lu of %lu dead letters\n", acted, seen);
+    } else if (a == A_PURGE) {
+        printf("purged %lu of %lu dead letters\n", acted, seen);
+    }
+out:
+    /* Closing returns every unacked dead letter to the queue. */
+    amqp_channel_close(c, CH, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(c, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(c);
+    return rc;
+}
 
 int cmd_dlq(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "celeriac dlq: not implemented yet\n");
-    return 2;
+    static const struct option lo[] = {{"broker", required_argument, NULL, 'b'},
+                                       {"queue", required_argument, NULL, 'q'},
+                                       {"task", required_argument, NULL, 't'},
+                                       {"reason", required_argument, NULL, 'r'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+    struct dlq_opts o;
+    enum action a;
+    const char *verb;
+    int c;
+
+    memset(&o, 0, sizeof(o));
+    o.broker = getenv("CELERY_BROKER_URL");
+    if (!o.broker || !*o.broker)
+        o.broker = "amqp://guest:guest@localhost:5672//";
+    o.queue = getenv("CELERIAC_DEAD_LETTER_QUEUE");
+    if (!o.queue || !*o.queue)
+        o.queue = "celeriac.dead";
+    optind = 1;
+    opterr = 0;
+    /* Options may come before or after the verb. */
+    while ((c = getopt_long(argc, argv, "b:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'b':
+            o.broker = optarg;
+            break;
+        case 'q':
+            o.queue = optarg;
+            break;
+        case 't':
+            o.task = optarg;
+            break;
+        case 'r':
+            o.reason = optarg;
+            break;
+        case 'j':
+            o.json = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            fprintf(stderr, "celeriac dlq: unknown or incomplete option '%s'\n",
+                    argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    verb = argv[optind++];
+    o.ids = argv + optind;
+    o.nids = argc - optind;
+    if (!strcmp(verb, "list"))
+        a = A_LIST;
+    else if (!strcmp(verb, "show"))
+        a = A_SHOW;
+    else if (!strcmp(verb, "replay"))
+        a = A_REPLAY;
+    else if (!strcmp(verb, "purge"))
+        a = A_PURGE;
+    else {
+        fprintf(stderr, "celeriac dlq: unknown action '%s'\n", verb);
+        usage(stderr);
+        return 2;
+    }
+    if (a == A_SHOW && o.nids != 1) {
+        fprintf(stderr, "celeriac dlq: show takes one task id\n");
+        return 2;
+    }
+    return run(&o, a);
 }

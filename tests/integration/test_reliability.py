@@ -431,3 +431,50 @@ def test_redis_outage_mid_run(env):
     for e in calls(env):
         per_prompt[e["prompt"]] = per_prompt.get(e["prompt"], 0) + 1
     assert len(per_prompt) == n
+
+
+# ------------------------------------------------------------ dlq command
+
+def dlq(env, *args):
+    import subprocess
+    from conftest import BIN
+    return subprocess.run([BIN, "dlq", "-b", env.broker, *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_dlq_list_show_replay_purge(env):
+    w = env.worker(*FAST, "--max-retries", "0")
+    env.fake.script(["status=500"] * 3)
+    failed = [env.app.send_task("llm.generate", args=["dead %d" % i]) for i in range(3)]
+    unknown = env.app.send_task("no.such.task", args=[1])
+    for r in failed + [unknown]:
+        wait_until(lambda: env.meta(r.id), 20, what="FAILURE")
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 4, 20)
+    out = dlq(env, "list")
+    assert out.returncode == 0, out.stderr
+    for r in failed + [unknown]:
+        assert r.id in out.stdout
+    assert "retries exhausted" in out.stdout and "unregistered task" in out.stdout
+    lines = dlq(env, "list", "--json").stdout.strip().splitlines()
+    assert len(lines) == 4 and {json.loads(l)["task"] for l in lines} == {"llm.generate", "no.such.task"}
+    shown = dlq(env, "show", failed[0].id)
+    assert shown.returncode == 0 and "InternalServerError" in shown.stdout and "dead 0" in shown.stdout
+    assert dlq(env, "show", "no-such-id").returncode != 0
+    # listing and showing consumed nothing
+    assert env.services.queue_depth(env.vhost, "celeriac.dead") == 4
+    # replay one by id: it runs again (the provider now answers) and succeeds
+    out = dlq(env, "replay", failed[0].id)
+    assert out.returncode == 0 and "replayed 1 of" in out.stdout, out.stdout + out.stderr
+    wait_until(lambda: env.meta(failed[0].id)["status"] == "SUCCESS", 20, what="replayed success")
+    assert env.fake.stats()[-1]["prompt"] == "dead 0"
+    # replay by filter (task and reason)
+    out = dlq(env, "replay", "--task", "llm.generate", "--reason", "retries")
+    assert "replayed 2 of 3" in out.stdout, out.stdout
+    for r in failed[1:]:
+        wait_until(lambda: env.meta(r.id)["status"] == "SUCCESS", 20, what="replayed success")
+    # the unknown task was left alone by the filter; purge drops it
+    assert env.services.queue_depth(env.vhost, "celeriac.dead") == 1
+    out = dlq(env, "purge")
+    assert out.returncode == 0 and "purged 1" in out.stdout
+    assert env.services.queue_depth(env.vhost, "celeriac.dead") == 0
+    assert w.proc.poll() is None
