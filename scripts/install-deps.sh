@@ -9,7 +9,22 @@ PKGS=(
     libwebsockets-dev check
     rabbitmq-server redis-server
     python3-celery python3-redis python3-amqp python3-pytest python3-websocket
+    chromium
 )
+
+# The gateway's browser test (tests/browser) drives Debian's chromium with
+# playwright-core from npm; node and npm may come from elsewhere (NodeSource).
+command -v npm >/dev/null || PKGS+=(nodejs npm)
+
+# playwright-core into tests/browser, once (no browser download: the test
+# uses /usr/bin/chromium).
+npm_deps() {
+    local dir
+    dir="$(cd "$(dirname "$0")/.." && pwd)/tests/browser"
+    [ -d "$dir/node_modules/playwright-core" ] && return 0
+    echo "install-deps: npm ci in tests/browser"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+}
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -17,7 +32,7 @@ for p in "${PKGS[@]}"; do
         missing+=("$p")
     fi
 done
-[ "${#missing[@]}" -eq 0 ] && exit 0
+[ "${#missing[@]}" -eq 0 ] && { npm_deps; exit 0; }
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -30,3 +45,4 @@ $SUDO apt-get update -qq
 # Debian's maintainer scripts try to start services through policy-rc.d; we
 # start our own instances, so a refused start is fine.
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+npm_deps
