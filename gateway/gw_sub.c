@@ -3,7 +3,7 @@
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libuv.h>
+#include "worker/redis_uv.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,7 +183,7 @@ static void start_connect(struct gw_sub *s)
         return;
     }
     ac->data = s;
-    if (redisLibuvAttach(ac, s->loop) != REDIS_OK) {
+    if (redis_uv_attach(ac, s->loop) != REDIS_OK) {
         redisAsyncFree(ac);
         schedule_reconnect(s);
         return;

@@ -3,13 +3,13 @@
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libuv.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "log.h"
+#include "redis_uv.h"
 #include "util/alloc.h"
 
 #define KEY_PREFIX BACKEND_META_PREFIX
@@ -266,7 +266,7 @@ static void start_connect(struct backend *bk)
         return;
     }
     ac->data = bk;
-    if (redisLibuvAttach(ac, bk->loop) != REDIS_OK) {
+    if (redis_uv_attach(ac, bk->loop) != REDIS_OK) {
         snprintf(bk->last_error, sizeof(bk->last_error), "cannot attach to loop");
         redisAsyncFree(ac);
         schedule_reconnect(bk);
