@@ -23,7 +23,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 PY        := /usr/bin/python3
 
-.PHONY: all test unit integration demo bench asan valgrind fuzz format check-src \
+.PHONY: all test unit integration demo bench asan asan-integration valgrind fuzz format check-src \
 	    clean deps services
 
 all: $(BIN)
@@ -57,15 +57,50 @@ integration: $(BIN)
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_QUICK_SECONDS)
 	@$(MAKE) --no-print-directory integration
 
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@bash scripts/demo.sh
 
+# The unit suite under AddressSanitizer, UndefinedBehaviorSanitizer and
+# LeakSanitizer (Check runs each test in a child: leaks are reported per test).
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	LDFLAGS="-fsanitize=address,undefined" unit
+	@$(MAKE) --no-print-directory BUILD=build-asan \
+	    OPT="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	    build-asan/celeriac unit
+
+# The integration suite against an ASan+UBSan worker binary.
+asan-integration:
+	@$(MAKE) --no-print-directory BUILD=build-asan \
+	    OPT="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	    build-asan/celeriac
+	@CELERIAC_BIN=$(CURDIR)/build-asan/celeriac bash scripts/run-integration.sh
+
+# libFuzzer targets (clang): each runs FUZZ_SECONDS on a copy of its seed corpus.
+FUZZ_SECONDS ?= 120
+FUZZ_QUICK_SECONDS ?= 15
+FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c)
+FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+              -I. $(shell pkg-config --cflags libcjson librabbitmq)
+
+build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) \
+	    $(shell pkg-config --libs libcjson librabbitmq) -lm
+
+fuzz: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do \
+	    name=$${f#build-fuzz/fuzz_}; tmp=$$(mktemp -d); \
+	    cp tests/fuzz/corpus/$$name/* $$tmp/ 2>/dev/null; \
+	    echo "fuzz $$name for $(FUZZ_SECONDS)s"; \
+	    $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=0 $$tmp \
+	        > $$tmp.log 2>&1 || { tail -40 $$tmp.log; rm -rf $$tmp $$tmp.log; exit 1; }; \
+	    grep -E "^(#[0-9]+ *DONE|Done)" $$tmp.log | tail -1; rm -rf $$tmp $$tmp.log; \
+	done
 
 valgrind: $(UNIT_BIN)
 	@for t in $(UNIT_BIN); do CK_FORK=no valgrind -q --leak-check=full --error-exitcode=1 $$t || exit 1; done

@@ -245,3 +245,15 @@ def test_heartbeats_keep_idle_worker_connected(env):
     time.sleep(4)
     assert env.app.send_task("celery.accumulate", args=[1]).get(timeout=20) == [1]
     assert "connection to broker lost" not in w.log()
+
+
+def test_readme_lists_every_option():
+    import os
+    from conftest import ROOT
+    out = subprocess.run([BIN, "worker", "--help"], capture_output=True, text=True).stdout
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    import re
+    opts = re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", out, re.M)
+    assert len(opts) > 30
+    missing = [o for o in opts if o != "--help" and "`" + o not in readme and ", " + o not in readme]
+    assert not missing, "README lacks %s (run scripts/readme-options.py)" % missing
