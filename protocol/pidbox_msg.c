@@ -454,7 +454,8 @@ cJSON *pidbox_registered_new(const char *const *names, const char *const *rate_l
     for (int i = 0; i < n; i++)
         if (names[i] && strncmp(names[i], "celery.", 7))
             sorted[m++] = names[i];
-    qsort(sorted, (size_t)m, sizeof(*sorted), cmp_names);
+    if (m > 1) /* qsort(NULL, 0, ...) is undefined behaviour */
+        qsort(sorted, (size_t)m, sizeof(*sorted), cmp_names);
     for (int i = 0; i < m; i++) {
         const char *rl = NULL;
         struct buf b;
