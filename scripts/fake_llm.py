@@ -8,7 +8,7 @@ streams, so chunk framing, write boundaries and connection teardown are exact.
         [--latency-ms N] [--ttft-ms N] [--tokens N] [--tps N] [--defaults 'k=v;k=v']
         [--rpm N] [--tpm N] [-v]
 
-Prints exactly one line "PORT <n>" on stdout once listening (127.0.0.1 only).
+Prints exactly one line "PORT <n>" on stdout once listening (127.0.0.1 unless --host).
 
 ENDPOINTS
   POST /v1/chat/completions   stream and non-stream (stream_options.include_usage)
@@ -1479,7 +1479,7 @@ def raise_nofile():
 
 async def amain(args):
     srv = Server(args)
-    server = await asyncio.start_server(srv.handle, "127.0.0.1", args.port, backlog=4096,
+    server = await asyncio.start_server(srv.handle, args.host, args.port, backlog=4096,
                                         limit=1 << 20, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     if args.port_file:
@@ -1500,6 +1500,8 @@ async def amain(args):
 def main(argv=None):
     global VERBOSE
     ap = argparse.ArgumentParser(description="fake OpenAI-compatible LLM server")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default loopback; 0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--port-file")
     ap.add_argument("--time-scale", type=float, default=1.0)
