@@ -412,24 +412,33 @@ def test_thousand_websocket_clients(env, gateway):
     lock = threading.Lock()
     t0 = time.time()
 
-    # one thread per task multiplexing its 100 sockets with select()
-    import select
+    # one thread per task multiplexing its 100 sockets (epoll: descriptors
+    # may be numbered past select()'s 1024)
+    import resource
+    import selectors
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096 <= hard or (hard == resource.RLIM_INFINITY and soft < 4096):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
 
     def run(tid):
         socks = [gw.stream(tid, timeout=60) for _ in range(per_task)]
         texts = {s: [] for s in socks}
         done = {}
         open_socks = list(socks)
+        sel = selectors.DefaultSelector()
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
         deadline = time.time() + 90
         while open_socks and time.time() < deadline:
-            rd, _, _ = select.select(open_socks, [], [], 1)
-            for s in rd:
+            for key, _ in sel.select(1):
+                s = key.fileobj
                 try:
                     raw = s.recv()
                 except Exception:
                     raw = None
                 if not raw:
                     open_socks.remove(s)
+                    sel.unregister(s)
                     continue
                 m = json.loads(raw)
                 if m["type"] == "progress":
@@ -437,6 +446,8 @@ def test_thousand_websocket_clients(env, gateway):
                 elif m["type"] == "result":
                     done[s] = m["result"]
                     open_socks.remove(s)
+                    sel.unregister(s)
+        sel.close()
         for s in socks:
             s.close()
         with lock:
