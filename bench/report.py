@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""report.py -- turns one bench run (results.json) into the table, the target verdicts and the chart.
+
+    /usr/bin/python3 bench/report.py OUT_DIR [DOC]
+
+Writes OUT_DIR/table.md and OUT_DIR/bench.png (gnuplot, from OUT_DIR/*.dat)
+and prints the table. With DOC (docs/benchmarks.md), also replaces the text
+between "<!-- bench:begin -->" and "<!-- bench:end -->" in it with the table
+and copies the chart next to it as benchmarks.png, so that the page always
+shows one run's figures and that run's chart together.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def med(xs):
+    return statistics.median(xs) if xs else 0
+
+
+def spread(xs):
+    """'median (min-max)' of a list of rates."""
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return "%.0f" % xs[0]
+    return "%.0f (%.0f-%.0f)" % (med(xs), min(xs), max(xs))
+
+
+def fmt_rate(r):
+    s = "%.0f" % r["rate"]
+    if not r["complete"]:
+        s += " (%d/%d in %.0f s)" % (r["done"], r["n"], r["wall_s"])
+    return s
+
+
+def busy(r, key):
+    return 100.0 * r.get(key, 0) / r["wall_s"] if r["wall_s"] else 0
+
+
+def build(res, out):
+    L = []
+    verdicts = []
+    m = res.get("machine", {})
+    L.append("Run: %s, git %s, %s%s; load average before %s, after %s." % (
+        m.get("date"), m.get("git"), "QUICK mode, " if res.get("quick") else "",
+        "%s s" % res.get("elapsed_s"), " ".join(m.get("load_before", [])),
+        " ".join(m.get("load_after", []))))
+    L.append("")
+    L.append("Machine: %s, %s cores, %s MB RAM, %s, kernel %s; RabbitMQ %s, Redis %s, "
+             "libcurl %s; Python %s, Celery %s, gevent %s." % (
+                 m.get("cpu"), m.get("cores"), m.get("mem_mb"), m.get("os"), m.get("kernel"),
+                 m.get("rabbitmq"), m.get("redis"), m.get("libcurl"), m.get("python"),
+                 m.get("celery"), m.get("gevent")))
+    L.append("")
+
+    lim = res.get("limits")
+    if lim:
+        L.append("### 5. The machine's limits (bare loops, %s messages, prefetch %d)" % (
+            "repeated %d times" % len(lim["ack_each"]), lim["prefetch"]))
+        L.append("")
+        L.append("| loop | rate/s: median (min-max) |")
+        L.append("|---|---|")
+        L.append("| rabbitmq-c consume + ack each | %s |" % spread(lim["ack_each"]))
+        L.append("| rabbitmq-c consume + ack multiple (every 50) | %s |" % spread(lim["ack_multiple"]))
+        L.append("| hiredis SETEX+PUBLISH, pipelined | %s |" % spread(lim["redis"]))
+        L.append("| hiredis EVAL store script (celeriac's), pipelined | %s |" % spread(lim["redis_eval"]))
+        L.append("")
+
+    disp = res.get("dispatch")
+    if disp:
+        L.append("### 1. Dispatch: pre-published tasks, tasks/s from worker ready to last result stored")
+        L.append("")
+        L.append("| workload | celeriac: median (min-max) | Python prefork -c2 | solo | threads -c8 "
+                 "| gevent -c100 | ratio to best Python |")
+        L.append("|---|---|---|---|---|---|---|")
+        for label, title in (("accumulate", "(a) celery.accumulate"),
+                             ("llm_zero", "(b) llm.generate, 0 ms fake LLM, 16 tokens")):
+            rows = disp.get(label, [])
+            cel = [r["rate"] for r in rows if r["impl"] == "celeriac" and r["complete"]]
+            py = {r["pool"]: r for r in rows if r["impl"] == "python"}
+            best = max((r["rate"] for r in py.values()), default=0)
+            ratio = med(cel) / best if best else 0
+            L.append("| %s | %s | %s | %s | %s | %s | **%.1fx** |" % (
+                title, spread(cel), *[fmt_rate(py[p]) if p in py else "-" for p in
+                                       ("prefork", "solo", "threads", "gevent")], ratio))
+            if label == "accumulate" and best:
+                verdicts.append(("Dispatch (a) >= 10x Python's best pool",
+                                 "%.1fx (%.0f vs %.0f/s)" % (ratio, med(cel), best), ratio >= 10))
+                if lim:
+                    frac = med(cel) / med(lim["ack_each"])
+                    verdicts.append(("Dispatch (a) >= 70% of bare consume-and-ack",
+                                     "%.0f%% (%.0f vs %.0f/s)" % (100 * frac, med(cel),
+                                                                  med(lim["ack_each"])),
+                                     frac >= 0.7))
+            if label == "llm_zero" and best:
+                verdicts.append(("Dispatch (b) >= 20x Python's best pool",
+                                 "%.1fx (%.0f vs %.0f/s)" % (ratio, med(cel), best), ratio >= 20))
+        L.append("")
+        L.append("CPU busy during the median celeriac run and the best Python run "
+                 "(percent of one core; the machine has %s):" % m.get("cores"))
+        L.append("")
+        L.append("| run | tasks/s | worker | RabbitMQ | Redis | fake LLM |")
+        L.append("|---|---|---|---|---|---|")
+        for label in ("accumulate", "llm_zero"):
+            rows = disp.get(label, [])
+            cel = sorted((r for r in rows if r["impl"] == "celeriac"), key=lambda r: r["rate"])
+            py = sorted((r for r in rows if r["impl"] == "python"), key=lambda r: r["rate"])
+            for r in ([cel[len(cel) // 2]] if cel else []) + (py[-1:] if py else []):
+                L.append("| %s %s %s | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% |" % (
+                    label, r["impl"], r["pool"], r["rate"], busy(r, "cpu_s"),
+                    busy(r, "rabbitmq_cpu_s"), busy(r, "redis_cpu_s"), busy(r, "fake_cpu_s")))
+        L.append("")
+
+    conc = res.get("concurrency")
+    if conc:
+        L.append("### 2. Concurrency: %d LLM tasks, 1 s each at the fake server, 32 streamed tokens" %
+                 conc[0]["n"])
+        L.append("")
+        L.append("| worker | concurrency | wall s | ideal s | wall/ideal | tasks/s | peak RSS MB | "
+                 "max streams open | CPU% worker / fake |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for r in conc:
+            L.append("| %s %s | %d | %.2f%s | %.2f | %.2f | %.0f | %.1f | %d | %.0f / %.0f |" % (
+                r["impl"], r["pool"], r["c"], r["wall_s"],
+                "" if r["complete"] else " (%d/%d done)" % (r["done"], r["n"]), r["ideal_s"],
+                r["wall_s"] / r["ideal_s"] if r["complete"] else float("nan"), r["rate"],
+                r["peak_rss_kb"] / 1024, r.get("fake_max_open", 0), busy(r, "cpu_s"),
+                busy(r, "fake_cpu_s")))
+        L.append("")
+        cel = [r for r in conc if r["impl"] == "celeriac"]
+        py = [r for r in conc if r["impl"] == "python"]
+        top = max(cel, key=lambda r: r["c"]) if cel else None
+        if top:
+            ok = top["complete"] and top["wall_s"] <= 1.3 * top["ideal_s"]
+            verdicts.append(("Concurrency: %d in flight within 1.3x ideal" % top["c"],
+                             "%.2fx (%.2f s vs %.2f s)" % (top["wall_s"] / top["ideal_s"],
+                                                           top["wall_s"], top["ideal_s"]), ok))
+        if cel and py:
+            best = max(cel, key=lambda r: r["rate"])
+            ratio = best["rate"] / py[0]["rate"]
+            verdicts.append(("Concurrency throughput >= 20x Python gevent -c1000",
+                             "%.1fx (%.0f vs %.0f tasks/s)" % (ratio, best["rate"],
+                                                               py[0]["rate"]), ratio >= 20))
+
+    mem = res.get("memory")
+    if mem:
+        L.append("### 3. Memory: celeriac with N streams in flight at once (headers received, "
+                 "tokens pending)")
+        L.append("")
+        L.append("Idle (ready, nothing to do): **%.1f MB**." % (mem["idle_kb"] / 1024))
+        L.append("")
+        L.append("| streams in flight | max open at the server | peak RSS MB | (peak - idle) per stream | "
+                 "RSS while all held, per stream |")
+        L.append("|---|---|---|---|---|")
+        for r in mem["runs"]:
+            L.append("| %d | %d | %.1f | %.1f KB | %.1f KB |" % (
+                r["c"], r.get("fake_max_open", 0), r["hwm_kb"] / 1024, r["per_stream_b"] / 1024,
+                r["held_per_stream_b"] / 1024))
+        L.append("")
+        L.append("The floor, a bare libcurl multi client holding idle streaming POSTs "
+                 "(bench/idle_streams.c):")
+        L.append("")
+        L.append("| streams | CURLOPT_BUFFERSIZE | per stream |")
+        L.append("|---|---|---|")
+        for f in mem["floor"]:
+            L.append("| %d | %s | %.1f KB |" % (f["streams"], f["buffersize"] or "default",
+                                              f["per_stream_bytes"] / 1024))
+        L.append("")
+        if mem["runs"]:
+            worst = max(r["per_stream_b"] for r in mem["runs"])
+            verdicts.append(("Memory <= 16 KB per in-flight stream", "%.1f KB (worst level)" %
+                             (worst / 1024), worst <= 16384))
+            top = max(mem["runs"], key=lambda r: r["c"])
+            verdicts.append(("Memory: peak RSS at %d in flight" % top["c"],
+                             "%.0f MB" % (top["hwm_kb"] / 1024),
+                             top["hwm_kb"] <= 16 * top["c"] + mem["idle_kb"]))
+        verdicts.append(("Memory: idle < 15 MB", "%.1f MB" % (mem["idle_kb"] / 1024),
+                         mem["idle_kb"] < 15 * 1024))
+
+    lat = res.get("latency")
+    if lat:
+        L.append("### 4. Latency: sequential send_task -> get() round trips of celery.accumulate "
+                 "(Python client)")
+        L.append("")
+        L.append("| worker | n | p50 ms | p90 ms | p99 ms | max ms |")
+        L.append("|---|---|---|---|---|---|")
+        for r in lat:
+            L.append("| %s %s | %d | %.2f | %.2f | %.2f | %.2f |" % (
+                r["impl"], r["pool"], r["n"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"]))
+        L.append("")
+        cel = [r for r in lat if r["impl"] == "celeriac"]
+        py = [r for r in lat if r["impl"] == "python"]
+        if cel and py:
+            best = min(py, key=lambda r: r["p50_ms"])
+            c = cel[0]
+            verdicts.append(("Latency p50 <= half of Python's best",
+                             "%.2f ms vs %.2f ms (%s): %.0f%%" % (
+                                 c["p50_ms"], best["p50_ms"], best["pool"],
+                                 100 * c["p50_ms"] / best["p50_ms"]),
+                             c["p50_ms"] <= best["p50_ms"] / 2))
+            verdicts.append(("Latency p99 < 2x p50", "%.2f ms vs %.2f ms" % (
+                c["p99_ms"], c["p50_ms"]), c["p99_ms"] < 2 * c["p50_ms"]))
+
+    cpt = res.get("cpu_per_token")
+    if cpt:
+        L.append("### 6. CPU per streamed token (marginal: same tasks with 257 tokens against 1)")
+        L.append("")
+        L.append("| worker | tasks | CPU s, 1 token | CPU s, 257 tokens | us per token | "
+                 "us per task (1 token) |")
+        L.append("|---|---|---|---|---|---|")
+        for r in cpt:
+            L.append("| %s %s | %d | %.2f | %.2f | %s | %.0f |" % (
+                r["impl"], r["pool"], r["n"], r["cpu_1tok_s"], r["cpu_257tok_s"],
+                "%.2f" % r["us_per_token"] if r["us_per_token"] is not None else "-",
+                r["us_per_task_1tok"]))
+        L.append("")
+
+    if verdicts:
+        L.append("### Targets")
+        L.append("")
+        L.append("| target | measured | |")
+        L.append("|---|---|---|")
+        for name, val, ok in verdicts:
+            L.append("| %s | %s | %s |" % (name, val, "met" if ok else "**missed**"))
+        L.append("")
+    return "\n".join(L)
+
+
+def chart(res, out):
+    """Writes the .dat files and runs gnuplot; returns the PNG path or None."""
+    disp = res.get("dispatch", {})
+    with open(os.path.join(out, "dispatch.dat"), "w") as f:
+        f.write("# worker accumulate llm_zero\n")
+        names = [("celeriac", "libuv", "celeriac"), ("python", "prefork", "prefork -c2"),
+                 ("python", "solo", "solo"), ("python", "threads", "threads -c8"),
+                 ("python", "gevent", "gevent -c100")]
+        for impl, pool, label in names:
+            vals = []
+            for key in ("accumulate", "llm_zero"):
+                rs = [r["rate"] for r in disp.get(key, []) if r["impl"] == impl and r["pool"] == pool]
+                vals.append(med(rs) if rs else 0)
+            f.write('"%s" %.1f %.1f\n' % (label, vals[0], vals[1]))
+    with open(os.path.join(out, "conc.dat"), "w") as f:
+        f.write("# label wall ideal\n")
+        for r in res.get("concurrency", []):
+            label = "celeriac c=%d" % r["c"] if r["impl"] == "celeriac" else "gevent c=%d" % r["c"]
+            wall = r["wall_s"] if r["complete"] else r["n"] / max(r["rate"], 1e-9)
+            f.write('"%s" %.3f %.3f\n' % (label, wall, r["ideal_s"]))
+    mem = res.get("memory")
+    with open(os.path.join(out, "mem.dat"), "w") as f:
+        f.write("# streams peak_mb floor_mb\n")
+        if mem:
+            floor = [x for x in mem["floor"] if x["buffersize"]] or mem["floor"]
+            per = floor[0]["per_stream_bytes"] if floor else 0
+            for r in mem["runs"]:
+                f.write("%d %.1f %.1f\n" % (r["c"], r["hwm_kb"] / 1024,
+                                            (mem["idle_kb"] * 1024 + per * r["c"]) / 2**20))
+    with open(os.path.join(out, "latency.dat"), "w") as f:
+        f.write("# worker p50 p99\n")
+        for r in res.get("latency", []):
+            f.write('"%s" %.3f %.3f\n' % (r["impl"] if r["impl"] == "celeriac" else r["pool"],
+                                         r["p50_ms"], r["p99_ms"]))
+    png = os.path.join(out, "bench.png")
+    try:
+        subprocess.run(["gnuplot", "-e", "dir='%s'; out='%s'" % (out, png),
+                        os.path.join(HERE, "chart.gp")], check=True, timeout=60,
+                       capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        print("report: no chart: %s" % getattr(e, "stderr", e), file=sys.stderr)
+        return None
+    return png
+
+
+def main():
+    out = sys.argv[1]
+    with open(os.path.join(out, "results.json")) as f:
+        res = json.load(f)
+    table = build(res, out)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table + "\n")
+    png = chart(res, out)
+    print(table)
+    if len(sys.argv) > 2:
+        doc = sys.argv[2]
+        with open(doc) as f:
+            text = f.read()
+        a, b = "<!-- bench:begin -->", "<!-- bench:end -->"
+        if a in text and b in text:
+            text = text[:text.index(a) + len(a)] + "\n" + table + "\n" + text[text.index(b):]
+            with open(doc, "w") as f:
+                f.write(text)
+            if png:
+                shutil.copy(png, os.path.join(os.path.dirname(doc), "benchmarks.png"))
+            print("report: updated %s" % doc, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,589 @@
+#!/usr/bin/python3
+"""run.py -- runs every workload of `make bench` on celeriac and on Python Celery, in one run.
+
+    /usr/bin/python3 bench/run.py SERVICES_DIR OUT_DIR     (scripts/bench.sh calls this)
+
+Needs the services of scripts/services.sh running (SERVICES_DIR/env), build/celeriac
+and build/bench/*. Starts its own fast fake LLM server (build/bench/fake_fast).
+Writes OUT_DIR/results.json, OUT_DIR/table.md and the chart's data files, and
+prints the table. BENCH_QUICK=1 shrinks every workload so that a run checks
+the harness in under three minutes. Every load loop is bounded in count and
+time; every process started here is stopped here.
+"""
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "celeriac")
+TOOLS = os.path.join(ROOT, "build", "bench")
+PY = "/usr/bin/python3"
+QUICK = os.environ.get("BENCH_QUICK", "0") not in ("", "0")
+HZ = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+# Workload sizes: (full, quick).
+N_DISPATCH = int(os.environ.get("BENCH_N_DISPATCH", 3000 if QUICK else 20000))
+N_CONC = 2000 if QUICK else 10000
+CONC_LEVELS = [1000] if QUICK else [1000, 5000, 10000]
+MEM_LEVELS = [1000] if QUICK else [1000, 5000, 10000]
+PY_BOUND_S = 8 if QUICK else 45         # a Python dispatch run stops after this
+PY_CONC_BOUND_S = 15 if QUICK else 120  # the Python concurrency run
+REPEAT = 1 if QUICK else 3              # celeriac dispatch and limit runs
+LAT_N = 100 if QUICK else 400
+IMPLS = os.environ.get("BENCH_IMPL", "celeriac,python").split(",")
+DISPATCH_C = int(os.environ.get("BENCH_DISPATCH_C", "100"))
+# The concurrency workload: 1.0 s per request at the server. Headers and the
+# role chunk at once, first token at 380 ms, then 50 tokens/s: the 32nd token
+# leaves at 380 + 31 * 20 = 1000 ms.
+LLM_1S = "fake/ttft_ms=380,tps=50,tokens=32"
+LLM_1S_S = 1.0
+LLM_ZERO = "fake/tokens=16"
+MEM_HOLD_MS = 3000 if QUICK else 6000
+
+started = []  # every Popen we own, stopped in cleanup()
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------- /proc
+
+def proc_children():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+        except OSError:
+            continue
+        ppid = int(st[st.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def tree(pid):
+    kids, out, todo = proc_children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def cpu_s(pids):
+    total = 0
+    for p in pids:
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / HZ
+
+
+def status_kb(pid, field):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def rss_kb(pids):
+    return sum(status_kb(p, "VmRSS") for p in pids)
+
+
+# ----------------------------------------------------------------- services
+
+def read_env(path):
+    env = {}
+    with open(path) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.strip().split("=", 1)
+                env[k] = v
+    return env
+
+
+class Redis:
+    """A tiny RESP client: enough for SELECT, FLUSHDB and DBSIZE."""
+
+    def __init__(self, port, db):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.f = self.s.makefile("rb")
+        self.cmd("SELECT", str(db))
+
+    def cmd(self, *args):
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a.encode() if isinstance(a, str) else a
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.s.sendall(out)
+        line = self.f.readline()
+        if line[:1] == b"-":
+            raise RuntimeError(line.decode().strip())
+        if line[:1] == b":":
+            return int(line[1:])
+        if line[:1] == b"$":
+            n = int(line[1:])
+            return None if n < 0 else self.f.read(n + 2)[:-2]
+        return line[1:].strip()
+
+
+class ResultCounter:
+    """Counts final results (SUCCESS or FAILURE) as they are stored.
+
+    Celery's Redis backend and celeriac both PUBLISH every stored state on a
+    channel named like its key, right after the SET, so a pattern subscriber
+    sees each result land without scanning keys. DBSIZE would also count the
+    worker's other keys (celeriac's progress streams), and a plain message
+    count would also count PROGRESS states, hence the status markers."""
+
+    OK = b'"status": "SUCCESS"'
+    FAIL = b'"status": "FAILURE"'
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.s.sendall(b"*2\r\n$10\r\nPSUBSCRIBE\r\n$18\r\ncelery-task-meta-*\r\n")
+        self.ok = self.failed = 0
+        self.s.settimeout(5)
+        got = b""
+        while b"psubscribe" not in got:
+            got += self.s.recv(4096)
+        self.tail = b""
+        self.s.settimeout(0.02)
+
+    def poll(self):
+        try:
+            data = self.s.recv(1 << 20)
+        except socket.timeout:
+            return self.ok + self.failed
+        if not data:
+            raise RuntimeError("redis closed the subscription")
+        buf = self.tail + data
+        self.ok += buf.count(self.OK)
+        self.failed += buf.count(self.FAIL)
+        # Neither marker overlaps itself or the other, so a carried tail one
+        # byte shorter than a marker never makes one count twice.
+        self.tail = buf[-(len(self.OK) - 1):]
+        return self.ok + self.failed
+
+    def close(self):
+        self.s.close()
+
+
+class Proc:
+    """A started process whose output lines are watched for a ready marker."""
+
+    def __init__(self, name, cmd, env=None, cwd=None, ready=None):
+        self.name = name
+        self.lines = []
+        self.ready_at = None
+        self._ready_rx = re.compile(ready) if ready else None
+        self._ev = threading.Event()
+        self.p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace",
+                                  start_new_session=True)
+        started.append(self.p)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.p.stdout:
+            if self._ready_rx and self.ready_at is None and self._ready_rx.search(line):
+                self.ready_at = time.time()
+                self._ev.set()
+            if len(self.lines) < 2000:
+                self.lines.append(line.rstrip())
+        self._ev.set()
+
+    def wait_ready(self, timeout=90):
+        self._ev.wait(timeout)
+        if self.ready_at is None:
+            raise RuntimeError("%s not ready:\n%s" % (self.name, "\n".join(self.lines[-30:])))
+        return self.ready_at
+
+    def stop(self, grace=5.0):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(grace)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.p.wait(10)
+        # Kill leftovers of the group (prefork children) as well.
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def cleanup():
+    for p in started:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Bench:
+    def __init__(self, svc_dir, out_dir):
+        env = read_env(os.path.join(svc_dir, "env"))
+        self.amqp_port = int(env["AMQP_PORT"])
+        self.redis_port = int(env["REDIS_PORT"])
+        self.broker = "amqp://guest:guest@127.0.0.1:%d//" % self.amqp_port
+        self.db = 1
+        self.backend = "redis://127.0.0.1:%d/%d" % (self.redis_port, self.db)
+        self.redis = Redis(self.redis_port, self.db)
+        # The services' own CPU, to show which process limits a run.
+        self.svc_pids = {}
+        for name, path in (("rabbitmq", "rabbit/pid"), ("redis", "redis.pid")):
+            try:
+                with open(os.path.join(svc_dir, path)) as f:
+                    self.svc_pids[name] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        self.out = out_dir
+        self.runs = 0
+        self.results = {"quick": QUICK}
+        self.fake = Proc("fake_fast", [os.path.join(TOOLS, "fake_fast")], ready=r"^PORT \d+")
+        self.fake.wait_ready(10)
+        self.fake_port = int(self.fake.lines[0].split()[1])
+        self.llm_base = "http://127.0.0.1:%d/v1" % self.fake_port
+
+    # ------------------------------------------------------------ helpers
+
+    def fake_stats(self, reset=False):
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d/%s" % (self.fake_port, "__reset" if reset else "__stats"),
+            data=b"{}" if reset else None, method="POST" if reset else "GET")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def tool(self, *args, timeout=180):
+        r = subprocess.run([os.path.join(TOOLS, args[0])] + [str(a) for a in args[1:]],
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode:
+            raise RuntimeError("%s failed: %s" % (args[0], r.stderr.strip()))
+        return r.stdout.strip()
+
+    def publish(self, queue, n, task, args, kwargs):
+        out = self.tool("publish", self.amqp_port, queue, n, task, json.dumps(args),
+                        json.dumps(kwargs))
+        m = re.search(r"\(([\d.]+) msg/s\)", out)
+        return float(m.group(1))
+
+    def new_queue(self):
+        self.runs += 1
+        return "bench%d" % self.runs
+
+    def celeriac(self, queue, c, extra=()):
+        env = dict(os.environ, OPENAI_BASE_URL=self.llm_base)
+        wrap = os.environ.get("BENCH_CELERIAC_WRAP", "").split()  # e.g. perf record -g --
+        cmd = wrap + [BIN, "worker", "-b", self.broker, "--result-backend", self.backend,
+               "-c", str(c), "-Q", queue, "-l", "warning", "-n", "celeriac@bench"] + list(extra)
+        return Proc("celeriac", cmd, env=env, ready=r" ready\.$")
+
+    def python(self, queue, pool, c):
+        """Python Celery with its defaults, except the prefetch window of solo
+        and threads: with Celery's default (4 x c) both stall on this stack
+        (Celery 5.2.6, kombu 5.2.4, Python 3.11) after a few hundred tasks,
+        consuming nothing more, so they get a 1,000-message window."""
+        env = dict(os.environ, BENCH_BROKER=self.broker, BENCH_BACKEND=self.backend,
+                   OPENAI_BASE_URL=self.llm_base, PYTHONWARNINGS="ignore")
+        cmd = [PY, "-m", "celery", "-A", "pyapp", "worker", "-P", pool, "-c", str(c),
+               "-Q", queue, "-l", "warning", "--without-gossip", "--without-mingle",
+               "--without-heartbeat", "-n", "py@bench"]
+        if pool in ("solo", "threads"):
+            cmd += ["--prefetch-multiplier", str(max(1, 1000 // c))]
+        return Proc("python-" + pool, cmd, env=env, cwd=os.path.join(ROOT, "bench"),
+                    ready=r"BENCH-READY")
+
+    def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None):
+        if impl not in IMPLS:
+            return None
+        """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
+
+        Samples the worker's RSS and CPU and the fake's CPU every 50 ms. With
+        hold_for, also records the worker's RSS once the fake has that many
+        streams open at once."""
+        queue = self.new_queue()
+        pub_rate = self.publish(queue, n, task, args, kwargs)
+        self.redis.cmd("FLUSHDB")
+        self.fake_stats(reset=True)
+        counter = ResultCounter(self.redis_port)
+        w = self.celeriac(queue, c) if impl == "celeriac" else self.python(queue, pool, c)
+        rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
+               "model": kwargs.get("model"), "publish_rate": round(pub_rate)}
+        try:
+            t0 = w.wait_ready()
+            pids = tree(w.p.pid)
+            cpu0, fcpu0 = cpu_s(pids), cpu_s([self.fake.p.pid])
+            scpu0 = {k: cpu_s([v]) for k, v in self.svc_pids.items()}
+            peak_rss, held_rss, done, last_sample = 0, None, 0, 0.0
+            while True:
+                now = time.time()
+                done = counter.poll()
+                if done >= n or now - t0 > bound_s or w.p.poll() is not None:
+                    break
+                if now - last_sample > 0.05:
+                    last_sample = now
+                    if impl == "python" and pool == "prefork":
+                        pids = tree(w.p.pid)
+                    peak_rss = max(peak_rss, rss_kb(pids))
+                    if hold_for and held_rss is None and \
+                            self.fake_stats()["open"] >= hold_for:
+                        time.sleep(0.3)
+                        held_rss = rss_kb(pids)
+            t_end = time.time()
+            rec["cpu_s"] = round(cpu_s(pids) - cpu0, 3)
+            rec["fake_cpu_s"] = round(cpu_s([self.fake.p.pid]) - fcpu0, 3)
+            for k, v in self.svc_pids.items():
+                rec[k + "_cpu_s"] = round(cpu_s([v]) - scpu0[k], 3)
+            rec["hwm_kb"] = status_kb(w.p.pid, "VmHWM") if impl == "celeriac" else None
+            rec["peak_rss_kb"] = max(peak_rss, rss_kb(pids))
+            rec["held_rss_kb"] = held_rss
+            fs = self.fake_stats()
+            rec["fake_max_open"] = fs["max_open"]
+            rec["fake_tokens"] = fs["tokens"]
+        finally:
+            w.stop()
+            counter.close()
+        rec["done"] = done
+        rec["failed"] = counter.failed
+        rec["wall_s"] = round(t_end - t0, 3)
+        rec["rate"] = round(done / (t_end - t0), 1)
+        rec["fake_util"] = round(rec["fake_cpu_s"] / (t_end - t0), 3)
+        rec["complete"] = done >= n
+        if w.p.returncode not in (0, -9, -15, None) and impl == "celeriac":
+            rec["exit"] = w.p.returncode
+        self.tool("publish", self.amqp_port, queue, "purge")
+        busy = lambda k: 100 * rec.get(k, 0) / rec["wall_s"]
+        log("  %-8s %-8s c=%-6d %-18s %6d/%-6d in %7.2f s: %9.1f tasks/s  rss %6.1f MB  "
+            "cpu%%: worker %3.0f rabbit %3.0f redis %3.0f fake %3.0f" % (
+                impl, pool, c, task, done, n, rec["wall_s"], rec["rate"],
+                rec["peak_rss_kb"] / 1024, busy("cpu_s"), busy("rabbitmq_cpu_s"),
+                busy("redis_cpu_s"), busy("fake_cpu_s")))
+        return rec
+
+    # ---------------------------------------------------------- workloads
+
+    def limits(self):
+        log("5. limits: bare consume-and-ack, bare SETEX+PUBLISH")
+        prefetch = DISPATCH_C * 4
+        res = {"prefetch": prefetch, "ack_each": [], "ack_multiple": [], "redis": [],
+               "redis_eval": []}
+        for _ in range(REPEAT):
+            for key, every in (("ack_each", 1), ("ack_multiple", 50)):
+                q = self.new_queue()
+                self.publish(q, N_DISPATCH, "celery.accumulate", [1], {})
+                out = self.tool("consume_ack", self.amqp_port, q, N_DISPATCH, prefetch, every)
+                res[key].append(float(re.search(r"\(([\d.]+) msg/s\)", out).group(1)))
+                self.tool("publish", self.amqp_port, q, "purge")
+            for key, extra in (("redis", []), ("redis_eval", [200, "eval"])):
+                out = self.tool("redis_limit", self.redis_port, self.db, N_DISPATCH, prefetch,
+                                *(extra or [200]))
+                res[key].append(float(re.search(r"\(([\d.]+) results/s\)", out).group(1)))
+        for k in ("ack_each", "ack_multiple", "redis", "redis_eval"):
+            log("  %-13s %s" % (k, " ".join("%.0f" % v for v in res[k])))
+        self.results["limits"] = res
+
+    def dispatch(self):
+        log("1. dispatch: %d pre-published tasks, ready -> last result stored" % N_DISPATCH)
+        out = {}
+        for label, task, args, kwargs in (
+                ("accumulate", "celery.accumulate", [1], {}),
+                ("llm_zero", "llm.generate", ["bench"], {"model": LLM_ZERO})):
+            rows = []
+            for _ in range(REPEAT):
+                rows.append(self.run_tasks("celeriac", "libuv", DISPATCH_C, task, args, kwargs,
+                                           N_DISPATCH, 120))
+            for pool, c in (("prefork", 2), ("solo", 1), ("threads", 8), ("gevent", 100)):
+                rows.append(self.run_tasks("python", pool, c, task, args, kwargs, N_DISPATCH,
+                                           PY_BOUND_S))
+            out[label] = [r for r in rows if r]
+        self.results["dispatch"] = out
+
+    def concurrency(self):
+        log("2. concurrency: %d LLM tasks, 1 s each at the server (%s)" % (N_CONC, LLM_1S))
+        rows = []
+        for c in CONC_LEVELS:
+            rows.append(self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
+                                       {"model": LLM_1S}, N_CONC, 300))
+        rows.append(self.run_tasks("python", "gevent", 1000, "llm.generate", ["bench"],
+                                   {"model": LLM_1S}, N_CONC, PY_CONC_BOUND_S))
+        rows = [r for r in rows if r]
+        for r in rows:
+            r["ideal_s"] = N_CONC * LLM_1S_S / r["c"]
+        self.results["concurrency"] = rows
+
+    def memory(self):
+        log("3. memory: peak RSS with N streams in flight (held %d ms)" % MEM_HOLD_MS)
+        q = self.new_queue()
+        w = self.celeriac(q, max(MEM_LEVELS))
+        try:
+            w.wait_ready()
+            time.sleep(1.0)
+            idle = status_kb(w.p.pid, "VmRSS")
+        finally:
+            w.stop()
+        rows = []
+        model = "fake/ttft_ms=%d,tokens=32,tps=0" % MEM_HOLD_MS
+        for c in MEM_LEVELS:
+            r = self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
+                               {"model": model}, c, 120, hold_for=c)
+            r["idle_kb"] = idle
+            r["per_stream_b"] = round((r["hwm_kb"] - idle) * 1024 / c)
+            r["held_per_stream_b"] = round(((r["held_rss_kb"] or 0) - idle) * 1024 / c)
+            rows.append(r)
+        floor = []
+        for n, buf in ((3000, 0), (3000, 4096), (max(MEM_LEVELS), 4096)):
+            out = self.tool("idle_streams", "%s/chat/completions" % self.llm_base, n, 4, buf)
+            f = dict(zip(out.split()[::2], (int(x) for x in out.split()[1::2])))
+            f["buffersize"] = buf
+            floor.append(f)
+            log("  bare libcurl: %d streams (%d open), buffersize %s: %d B per stream" % (
+                n, f["open"], buf or "default", f["per_stream_bytes"]))
+        self.results["memory"] = {"idle_kb": idle, "runs": rows, "floor": floor}
+        log("  celeriac idle: %.1f MB" % (idle / 1024))
+
+    def latency(self):
+        log("4. latency: %d sequential apply_async -> get() round trips" % LAT_N)
+        from celery import Celery
+        res = []
+        for impl, pool, c in (("celeriac", "libuv", 10), ("python", "solo", 1),
+                              ("python", "prefork", 2), ("python", "gevent", 100)):
+            if impl not in IMPLS:
+                continue
+            queue = self.new_queue()
+            self.redis.cmd("FLUSHDB")
+            w = self.celeriac(queue, c) if impl == "celeriac" else self.python(queue, pool, c)
+            app = Celery("lat", broker=self.broker, backend=self.backend)
+            app.conf.update(result_expires=3600)
+            try:
+                w.wait_ready()
+                times = []
+                for i in range(LAT_N + 20):
+                    t = time.perf_counter()
+                    r = app.send_task("celery.accumulate", args=(i,), queue=queue)
+                    r.get(timeout=10)
+                    if i >= 20:
+                        times.append((time.perf_counter() - t) * 1000)
+                    r.forget()
+            finally:
+                w.stop()
+                app.close()
+            times.sort()
+            rec = {"impl": impl, "pool": pool, "n": len(times),
+                   "p50_ms": round(statistics.median(times), 3),
+                   "p90_ms": round(times[int(0.90 * len(times)) - 1], 3),
+                   "p99_ms": round(times[int(0.99 * len(times)) - 1], 3),
+                   "max_ms": round(times[-1], 3)}
+            log("  %-8s %-8s p50 %.2f ms  p99 %.2f ms  max %.2f ms" % (
+                impl, pool, rec["p50_ms"], rec["p99_ms"], rec["max_ms"]))
+            res.append(rec)
+            self.tool("publish", self.amqp_port, queue, "purge")
+        self.results["latency"] = res
+
+    def cpu_per_token(self):
+        log("6. CPU per streamed token (marginal: 256 tokens against 1)")
+        out = []
+        for impl, pool, c, n in (("celeriac", "libuv", 1000, 1000 if QUICK else 4000),
+                                 ("python", "gevent", 100, 200 if QUICK else 500)):
+            if impl not in IMPLS:
+                continue
+            runs = {}
+            for tok in (1, 257):
+                runs[tok] = self.run_tasks(impl, pool, c, "llm.generate", ["bench"],
+                                           {"model": "fake/tokens=%d" % tok}, n, 120)
+            a, b = runs[1], runs[257]
+            if a["complete"] and b["complete"]:
+                per = (b["cpu_s"] - a["cpu_s"]) / (n * 256)
+            else:
+                per = None
+            rec = {"impl": impl, "pool": pool, "n": n, "cpu_1tok_s": a["cpu_s"],
+                   "cpu_257tok_s": b["cpu_s"],
+                   "us_per_token": round(per * 1e6, 3) if per is not None else None,
+                   "us_per_task_1tok": round(a["cpu_s"] / n * 1e6, 1)}
+            out.append(rec)
+        self.results["cpu_per_token"] = out
+
+
+def machine():
+    def first(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                                  shell=True).stdout.strip().splitlines()[0]
+        except Exception:
+            return "?"
+    mem = first("free -m | awk '/Mem:/ {print $2}'")
+    return {
+        "cpu": first("lscpu | sed -n 's/^Model name: *//p'"),
+        "cores": os.cpu_count(),
+        "mem_mb": mem,
+        "kernel": platform.release(),
+        "os": first(". /etc/os-release && echo $PRETTY_NAME"),
+        "rabbitmq": first("dpkg-query -W -f='${Version}' rabbitmq-server"),
+        "redis": first("dpkg-query -W -f='${Version}' redis-server"),
+        "libcurl": first("dpkg-query -W -f='${Version}' libcurl4"),
+        "celery": first("dpkg-query -W -f='${Version}' python3-celery"),
+        "python": platform.python_version(),
+        "gevent": first("dpkg-query -W -f='${Version}' python3-gevent"),
+        "load_before": open("/proc/loadavg").read().split()[:3],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git": first("git -C %s rev-parse --short HEAD" % ROOT),
+    }
+
+
+def main():
+    svc, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    b = None
+    t0 = time.time()
+    try:
+        b = Bench(svc, out)
+        b.results["machine"] = machine()
+        only = os.environ.get("BENCH_ONLY", "limits,dispatch,concurrency,memory,latency,cpu")
+        for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
+                         ("concurrency", b.concurrency), ("memory", b.memory),
+                         ("latency", b.latency), ("cpu", b.cpu_per_token)):
+            if name in only.split(","):
+                fn()
+        b.results["elapsed_s"] = round(time.time() - t0, 1)
+        b.results["machine"]["load_after"] = open("/proc/loadavg").read().split()[:3]
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(b.results, f, indent=1)
+    finally:
+        cleanup()
+    log("bench: done in %.0f s; results in %s" % (time.time() - t0, out))
+
+
+if __name__ == "__main__":
+    main()
