@@ -320,7 +320,11 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
     if (!reply) {
         /* The connection went away with this command unanswered: it is
-         * idempotent, so send it again once we are back. */
+         * idempotent, so send it again once we are back. hiredis calls this
+         * before the disconnect callback, so say it here while we know. */
+        if (bk->connected)
+            LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting",
+                ac->errstr[0] ? ac->errstr : "closed");
         bk->connected = 0;
         wait_push(bk, op);
         return;
