@@ -24,6 +24,9 @@ struct broker_msg {
     char *routing_key;
     char *queue; /* the queue whose consumer received it */
     int no_ack;  /* consumed without acks: broker_ack/reject do nothing */
+    int settled; /* acked or rejected already: later calls do nothing */
+    uint64_t received_ms; /* loop time the delivery completed */
+    unsigned owner_flags; /* free for the receiver's own bookkeeping */
     char *content_type;
     char *content_encoding;
     char *correlation_id;
@@ -94,9 +97,10 @@ unsigned broker_generation(const struct broker *b);
 unsigned long broker_reconnects(const struct broker *b);
 
 /* Acks or rejects a delivery. A message from an older connection generation is
- * silently skipped (the broker already requeued it). Returns 0 or CR_EBROKER. */
-int broker_ack(struct broker *b, const struct broker_msg *m);
-int broker_reject(struct broker *b, const struct broker_msg *m, int requeue);
+ * silently skipped (the broker already requeued it), and so is a second settle
+ * of the same delivery (m->settled). Returns 0 or CR_EBROKER. */
+int broker_ack(struct broker *b, struct broker_msg *m);
+int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
 
 /* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
  * or an error (cb never called). */
@@ -116,6 +120,7 @@ struct broker_queue {
     int auto_delete;
     const cJSON *arguments; /* queue arguments (x-expires, ...), or NULL */
     int no_ack;
+    int no_consume; /* declare (and redeclare on reconnect) but never consume */
 };
 
 /* Adds a consumer (everything in q is copied). It is declared and consumed on

@@ -99,6 +99,9 @@ static const struct opt opts[] = {
     {"dead-letter-queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPT_STR,
      OFF(dead_letter_queue), "celeriac.dead", 0, 0,
      "queue bound to the dead-letter exchange with #"},
+    {"park-after", 0, "CELERIAC_PARK_AFTER", OPT_DBL, OFF(park_after), "900", 0, 86400,
+     "seconds a delivery may stay unacked (long eta, long task) before it is parked in "
+     "celeriac.park.<queue> and acked, so RabbitMQ's consumer_timeout never fires (0: off)"},
     {"task-events", 'E', "CELERIAC_TASK_EVENTS", OPT_BOOL, OFF(task_events), "0", 0, 1,
      "send task events (Flower, celery events)"},
     {"heartbeat-interval", 0, "CELERIAC_HEARTBEAT_INTERVAL", OPT_DBL,

@@ -10,6 +10,7 @@
  * durable: one settle per delivery, never before. */
 #include "worker.h"
 
+#include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -45,6 +46,9 @@
 static void schedule(struct worker *w);
 static void settle(struct job *j);
 static void revoke_terminated(struct job *j, const char *partial);
+static void queue_job(struct job *j);
+static void lease_drop(struct job *j);
+static void eta_push(struct worker *w, struct job *j);
 static void job_release_ref(struct job *j);
 static void start_shutdown(struct worker *w, int cold);
 
@@ -241,6 +245,8 @@ static void finish_job(struct job *j)
     struct worker *w = j->w;
     for (int i = 0; i < j->nmsgs; i++)
         broker_ack(w->broker, j->msgs[i]);
+    if (j->leased)
+        lease_drop(j);
     job_set_state(j, JOB_DONE);
     if (j->in_map) {
         strmap_del(&w->jobs, j->tm.id);
@@ -660,6 +666,175 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     schedule(w);
 }
 
+/* --------------------------------------------------------------- parking */
+
+/* RabbitMQ closes a channel whose delivery stays unacked longer than its
+ * consumer_timeout (30 min by default), which a long eta or a long generation
+ * can exceed. Such a delivery is "parked" instead: a copy goes to
+ * celeriac.park.<queue>, a durable queue whose fixed message TTL dead-letters
+ * it back to <queue>, and once the broker confirms the copy the original is
+ * acked. An eta task simply comes back later (held again or parked again). A
+ * running task keeps running; its copy carries x-celeriac-parked and a lease
+ * key in Redis names the worker running it, so the copy is parked again while
+ * that worker lives, joins the job if it comes back here, and runs elsewhere
+ * only if the lease lapsed (the worker died): nothing is lost, nothing runs
+ * twice while its runner is alive. */
+
+#define PARK_PREFIX "celeriac.park."
+#define LEASE_PREFIX "celeriac-lease-"
+#define MSG_PARKING 1u
+
+struct park {
+    struct job *j;
+    struct broker_msg *m;
+    int release_job; /* eta park: the job ends once the copy is confirmed */
+};
+
+static int park_queue_name(struct worker *w, const char *queue, char *out, size_t size)
+{
+    for (int i = 0; i < w->cfg->queues.n; i++)
+        if (queue && !strcmp(w->cfg->queues.items[i], queue))
+            return snprintf(out, size, PARK_PREFIX "%s", queue) < (int)size;
+    return 0; /* a queue added at run time has no park queue: never park it */
+}
+
+static void lease_set(struct job *j)
+{
+    struct worker *w = j->w;
+    char key[300], ttl[32];
+    const char *argv[5];
+    snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+    /* Three park periods: a live runner renews it every period. */
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)(w->cfg->park_after * 3 + 1));
+    argv[0] = "SET";
+    argv[1] = key;
+    argv[2] = w->cfg->hostname;
+    argv[3] = "EX";
+    argv[4] = ttl;
+    if (backend_command(w->backend, 5, argv, NULL, NULL, NULL) == 0)
+        j->leased = 1;
+}
+
+static void lease_drop(struct job *j)
+{
+    char key[300];
+    const char *argv[2] = {"DEL", key};
+    snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+    backend_command(j->w->backend, 2, argv, NULL, NULL, NULL);
+    j->leased = 0;
+}
+
+static void on_park_confirm(struct broker *b, int ok, void *privdata)
+{
+    struct park *p = privdata;
+    struct job *j = p->j;
+    p->m->owner_flags &= ~MSG_PARKING;
+    j->pending--;
+    if (ok) {
+        broker_ack(b, p->m);
+        LOG(LOG_DEBUG, "Task %s[%s] parked", job_name(j), j->tm.id);
+    }
+    if (p->release_job) {
+        /* On a nack the delivery stays unacked and is simply held here. */
+        if (ok) {
+            job_set_state(j, JOB_DONE);
+            if (j->in_map) {
+                strmap_del(&j->w->jobs, j->tm.id);
+                j->in_map = 0;
+            }
+        }
+        if (ok && j->pending == 0)
+            job_free(j);
+        else if (!ok)
+            eta_push(j->w, j);
+    } else if (j->state == JOB_DONE && j->pending == 0) {
+        job_free(j);
+    }
+    cr_free(p);
+}
+
+/* Publishes a copy of m to its park queue. Returns 0 when the copy is on its way. */
+static int park_msg(struct job *j, struct broker_msg *m, int release_job,
+                    int mark_running)
+{
+    struct worker *w = j->w;
+    struct broker_props props;
+    struct park *p;
+    char queue[300];
+    cJSON *h;
+    int rc;
+
+    if (!park_queue_name(w, m->queue, queue, sizeof(queue)) ||
+        (m->owner_flags & MSG_PARKING))
+        return CR_EINVAL;
+    p = cr_calloc(1, sizeof(*p));
+    h = m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
+    if (!p || !h) {
+        cr_free(p);
+        cJSON_Delete(h);
+        return CR_ENOMEM;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "x-celeriac-parked");
+    if (mark_running)
+        cJSON_AddStringToObject(h, "x-celeriac-parked", w->cfg->hostname);
+    memset(&props, 0, sizeof(props));
+    props.content_type = m->content_type;
+    props.content_encoding = m->content_encoding;
+    props.correlation_id = m->correlation_id;
+    props.reply_to = m->reply_to;
+    props.delivery_mode = 2;
+    props.priority = m->priority;
+    props.headers = h;
+    p->j = j;
+    p->m = m;
+    p->release_job = release_job;
+    rc = broker_publish(w->broker, "", queue, &props, m->body, m->body_len,
+                        on_park_confirm, p);
+    cJSON_Delete(h);
+    if (rc) {
+        cr_free(p);
+        return rc;
+    }
+    m->owner_flags |= MSG_PARKING;
+    j->pending++;
+    return 0;
+}
+
+/* An eta too far away to hold: park every delivery of the job, then let it go. */
+static int park_eta_job(struct job *j)
+{
+    if (j->nmsgs != 1 || park_msg(j, j->msgs[0], 1, 0))
+        return -1;
+    LOG(LOG_INFO, "Task %s[%s] parked until closer to its eta (%s)", job_name(j),
+        j->tm.id, j->tm.eta ? j->tm.eta : "?");
+    job_set_state(j, JOB_SETTLING);
+    return 0;
+}
+
+/* Called from the cron: parks deliveries of running jobs held too long. */
+static void park_running(struct worker *w, uint64_t now)
+{
+    uint64_t limit = (uint64_t)(w->cfg->park_after * 1000);
+    for (struct job *j = w->run_head; j; j = j->rnext) {
+        for (int i = 0; i < j->nmsgs; i++) {
+            struct broker_msg *m = j->msgs[i];
+            if (m->settled || (m->owner_flags & MSG_PARKING) ||
+                now - m->received_ms < limit)
+                continue;
+            if (park_msg(j, m, 0, 1) == 0) {
+                lease_set(j);
+                LOG(LOG_INFO,
+                    "Task %s[%s] still running after %.0fs: delivery parked, lease "
+                    "kept",
+                    job_name(j), j->tm.id, (double)(now - m->received_ms) / 1000.0);
+            }
+        }
+    }
+}
+
+static void on_lease(struct backend *bk, int status, const struct redisReply *reply,
+                     void *privdata);
+
 /* --------------------------------------------------------------- running */
 
 static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *privdata)
@@ -908,11 +1083,66 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         revoke_job(j, "revoked", NULL);
         return;
     }
-    if (j->tm.eta_us >= 0 && j->tm.eta_us > now_epoch_us())
+    if (w->cfg->park_after > 0 && j->msgs[0]->headers &&
+        cJSON_IsString(
+            cJSON_GetObjectItemCaseSensitive(j->msgs[0]->headers, "x-celeriac-parked"))) {
+        /* A parked copy of a task that was running somewhere: ask the lease. */
+        char key[300];
+        const char *argv[2] = {"GET", key};
+        snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+        if (backend_command(w->backend, 2, argv, NULL, on_lease, j) == 0) {
+            j->pending++;
+            return;
+        }
+    }
+    queue_job(j);
+}
+
+/* Holds, parks or queues a checked job. */
+static void queue_job(struct job *j)
+{
+    struct worker *w = j->w;
+    if (j->tm.eta_us >= 0 && j->tm.eta_us > now_epoch_us()) {
+        if (w->cfg->park_after > 0 &&
+            j->tm.eta_us - now_epoch_us() > (int64_t)(w->cfg->park_after * 1e6) &&
+            park_eta_job(j) == 0)
+            return;
         eta_push(w, j);
-    else
+    } else {
         ready_push(w, j);
+    }
     schedule(w);
+}
+
+static void on_lease(struct backend *bk, int status, const struct redisReply *reply,
+                     void *privdata)
+{
+    struct job *j = privdata;
+    struct worker *w = j->w;
+    (void)bk;
+    j->pending--;
+    if (status || w->shutdown) {
+        job_set_state(j, JOB_DONE);
+        if (j->in_map) {
+            strmap_del(&w->jobs, j->tm.id);
+            j->in_map = 0;
+        }
+        if (!status)
+            for (int i = 0; i < j->nmsgs; i++)
+                broker_reject(w->broker, j->msgs[i], 1);
+        if (j->pending == 0)
+            job_free(j);
+        return;
+    }
+    if (reply && reply->type == REDIS_REPLY_STRING &&
+        strcmp(reply->str, w->cfg->hostname) != 0) {
+        /* Its runner is alive elsewhere: back to the park queue. */
+        if (j->nmsgs == 1 && park_msg(j, j->msgs[0], 1, 1) == 0) {
+            job_set_state(j, JOB_SETTLING);
+            return;
+        }
+    }
+    queue_job(j);
 }
 
 /* A message that cannot be run: log once, store FAILURE when the id is known,
@@ -1071,6 +1301,8 @@ static void on_cron(uv_timer_t *t)
         }
     }
     schedule(w);
+    if (w->cfg->park_after > 0 && w->run_head)
+        park_running(w, uv_now(w->loop));
     /* Time limits: the transfer is aborted at once; llm_req_abort defers
      * on_done, so the list is not changed under us. */
     for (j = w->run_head; j; j = j->rnext) {
@@ -1333,6 +1565,38 @@ static char *join_url(const char *base, const char *path)
     return buf_detach(&b);
 }
 
+/* One park queue per task queue: a fixed TTL (so expiry is in order) that
+ * dead-letters back to the task queue through the default exchange. */
+static int declare_park_queues(struct worker *w)
+{
+    for (int i = 0; i < w->cfg->queues.n; i++) {
+        const char *q = w->cfg->queues.items[i];
+        char name[300];
+        cJSON *args = cJSON_CreateObject();
+        struct broker_queue bq;
+        int rc;
+        snprintf(name, sizeof(name), PARK_PREFIX "%s", q);
+        if (!args ||
+            !cJSON_AddNumberToObject(args, "x-message-ttl",
+                                     (double)(int64_t)(w->cfg->park_after * 1000)) ||
+            !cJSON_AddStringToObject(args, "x-dead-letter-exchange", "") ||
+            !cJSON_AddStringToObject(args, "x-dead-letter-routing-key", q)) {
+            cJSON_Delete(args);
+            return CR_ENOMEM;
+        }
+        memset(&bq, 0, sizeof(bq));
+        bq.name = name;
+        bq.durable = 1;
+        bq.arguments = args;
+        bq.no_consume = 1;
+        rc = broker_add_consumer(w->broker, &bq);
+        cJSON_Delete(args);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_err *err)
 {
     struct worker *w = cr_calloc(1, sizeof(*w));
@@ -1388,6 +1652,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->bcfg.dlq = cfg->dead_letter_queue[0] ? cfg->dead_letter_queue : NULL;
     w->broker = broker_new(loop, &w->bcfg, on_msg, on_broker_conn, w);
     if (!w->broker)
+        goto oom;
+    if (cfg->park_after > 0 && declare_park_queues(w))
         goto oom;
     uv_timer_init(loop, &w->cron);
     w->cron.data = w;

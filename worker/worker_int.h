@@ -63,6 +63,7 @@ struct job {
     char dlq_reason[64];
     int revoked; /* terminated by revoke: settle as REVOKED */
     int attempt; /* LLM attempts made by this worker for this delivery */
+    int leased;  /* a parked copy exists: the lease key names us as its runner */
 };
 
 struct worker {

@@ -478,3 +478,50 @@ def test_dlq_list_show_replay_purge(env):
     assert out.returncode == 0 and "purged 1" in out.stdout
     assert env.services.queue_depth(env.vhost, "celeriac.dead") == 0
     assert w.proc.poll() is None
+
+
+# ----------------------------------------------- consumer_timeout: parking
+
+def park_depth(env):
+    return env.services.queue_depth(env.vhost, "celeriac.park.celery") or 0
+
+
+def test_long_eta_is_parked_not_held(env):
+    w = env.worker("--park-after", "1")
+    t0 = time.time()
+    r = env.app.send_task("llm.generate", args=["parked eta"], countdown=3.5)
+    wait_until(lambda: park_depth(env) == 1, 10, what="the copy in the park queue")
+    # nothing is held unacked meanwhile
+    assert env.services.queue_depth(env.vhost, "celery") == 0
+    assert r.get(timeout=20) == env.fake.expected_text("parked eta")
+    assert calls(env)[0]["t"] - t0 >= 3.4
+    assert len(calls(env)) == 1
+    assert "parked until closer to its eta" in w.log()
+
+
+def test_long_running_task_is_parked_and_runs_once(env):
+    w = env.worker("--park-after", "1")
+    env.fake.script(["latency_ms=4500;tokens=4"])
+    r = env.app.send_task("llm.generate", args=["long call"])
+    wait_until(lambda: "delivery parked" in w.log(), 10, what="the delivery parked")
+    lease = env.redis.get("celeriac-lease-" + r.id)
+    assert lease and lease.decode().startswith("celeriac-")
+    assert r.get(timeout=30) == env.fake.expected_text("long call", tokens=4)
+    # the copies that come back find SUCCESS and are dropped; one call in all
+    wait_until(lambda: park_depth(env) == 0 and
+               env.services.queue_depth(env.vhost, "celery") == 0, 20, what="queues empty")
+    assert len(calls(env)) == 1
+    assert env.redis.get("celeriac-lease-" + r.id) is None
+
+
+def test_parked_task_runs_again_when_its_worker_dies(env):
+    w = env.worker("--park-after", "1")
+    env.fake.script(["latency_ms=30000;tokens=4", "tokens=4"])
+    r = env.app.send_task("llm.generate", args=["orphan"])
+    wait_until(lambda: "delivery parked" in w.log(), 10, what="the delivery parked")
+    w.proc.kill()
+    w.wait()
+    env.worker("--park-after", "1")
+    # the lease lapses (3 park periods), the copy runs on the new worker
+    assert r.get(timeout=40) == env.fake.expected_text("orphan", tokens=4)
+    assert len(calls(env)) == 2
