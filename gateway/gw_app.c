@@ -147,6 +147,12 @@ static void submit(struct gw_app *app, struct gw_conn *c)
     char id[GW_TASK_ID_MAX + 1];
     int rc;
 
+    if (gw_conn_length_required(c)) {
+        gw_error_set(&e, 411, "length_required",
+                     "send the body with a Content-Length (chunked bodies are not read)");
+        respond_error(c, &e);
+        return;
+    }
     if (gw_conn_body_too_big(c)) {
         gw_error_set(&e, 413, "body_too_large", "request body is over %zu bytes",
                      app->cfg->max_body_bytes);

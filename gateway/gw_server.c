@@ -29,6 +29,7 @@ struct gw_conn {
     char *path, *query, *auth, *origin, *ctype;
     struct buf body;
     int too_big;
+    int length_required; /* a body without Content-Length (chunked) */
     /* HTTP response */
     int responded;
     int status;
@@ -153,7 +154,11 @@ const char *gw_conn_body(const struct gw_conn *c, size_t *len)
 }
 int gw_conn_body_too_big(const struct gw_conn *c)
 {
-    return c->too_big;
+    return c->too_big && !c->length_required;
+}
+int gw_conn_length_required(const struct gw_conn *c)
+{
+    return c->length_required;
 }
 void gw_conn_set_data(struct gw_conn *c, void *data)
 {
@@ -320,8 +325,13 @@ static int on_http(struct gw_server *srv, struct lws *wsi, struct pss *pss)
             dispatch(srv, c);
             return 0;
         }
-        if (has_len || lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0)
+        if (has_len)
             return 0; /* the body follows */
+        if (lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0) {
+            /* lws 4.1 drops chunked request bodies: say so, then close. */
+            c->length_required = 1;
+            c->too_big = 1;
+        }
     }
     dispatch(srv, c);
     return 0;

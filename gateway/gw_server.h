@@ -60,6 +60,8 @@ const char *gw_conn_origin(const struct gw_conn *c);
 const char *gw_conn_content_type(const struct gw_conn *c);
 const char *gw_conn_body(const struct gw_conn *c, size_t *len);
 int gw_conn_body_too_big(const struct gw_conn *c);
+/* The body came without a Content-Length (chunked), which is not read. */
+int gw_conn_length_required(const struct gw_conn *c);
 
 /* Keeps c allocated after the handler returns (for a later response); every
  * ref needs one unref. */

@@ -358,6 +358,15 @@ def test_bad_input_gets_clear_4xx_and_gateway_keeps_serving(env, gateway):
     err(405, "method_not_allowed", "GET", "/v1/tasks")
     err(400, "bad_task_id", "GET", "/v1/tasks/bad%20id")
     err(426, "upgrade_required", "GET", "/v1/tasks/abc/stream")
+    # a chunked body (no Content-Length) is refused clearly, not dropped
+    import http.client
+    host, port = gw.base[len("http://"):].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=10)
+    c.request("POST", "/v1/tasks", body=iter([b'{"task": "llm.generate"}']),
+              headers={"Content-Type": "application/json"}, encode_chunked=True)
+    r = c.getresponse()
+    assert r.status == 411 and json.loads(r.read())["error"]["code"] == "length_required"
+    c.close()
     # still serving, on the same and on new connections
     tid = gw.submit(task="llm.generate", args=["after errors"])
     assert env.app.AsyncResult(tid).get(timeout=20) == env.fake.expected_text("after errors")
