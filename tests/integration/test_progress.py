@@ -40,6 +40,8 @@ def test_stream_entries_are_batched_and_complete(env):
     assert attempt_text(es, 1) == out
     # batched: far fewer entries than tokens, but more than one while streaming
     assert 3 <= len(es) - 2 < 60
+    print("\n60 tokens at 80/s with --progress-interval 100: %d PROGRESS entries"
+          % (len(es) - 2))
     tokens = [int(e["tokens"]) for e in es[1:-1]]
     assert tokens == sorted(tokens) and tokens[-1] == 60
     ttl = env.redis.ttl(KEY + r.id)
