@@ -10,6 +10,7 @@ PKGS=(
     rabbitmq-server redis-server
     python3-celery python3-redis python3-amqp python3-pytest python3-websocket
     chromium
+    python3-prometheus-client
 )
 
 # The gateway's browser test (tests/browser) drives Debian's chromium with

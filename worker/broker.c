@@ -208,17 +208,24 @@ static void on_confirm_timer(uv_timer_t *t)
 /* Resolves every pending confirm with seq <= tag (multiple) or == tag. */
 static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int ok)
 {
-    while (b->confirm_head < b->nconfirms) {
-        struct pending_confirm pc = b->confirms[b->confirm_head];
+    /* RabbitMQ may confirm out of publish order (a transient message routed to
+     * a non-durable queue, such as an event, is confirmed before an earlier
+     * persistent one), so a single confirm resolves its own entry wherever it
+     * is; resolved entries are marked (cb = NULL) and skipped. Indices, not
+     * pointers: a callback may publish and grow the array. */
+    for (size_t i = b->confirm_head; i < b->nconfirms; i++) {
+        struct pending_confirm pc = b->confirms[i];
         if (pc.seq > tag)
             break;
-        if (!multiple && pc.seq != tag)
-            break;
-        b->confirm_head++;
+        if (!pc.cb || (!multiple && pc.seq != tag))
+            continue;
+        b->confirms[i].cb = NULL;
         pc.cb(b, ok, pc.privdata);
         if (!multiple)
             break;
     }
+    while (b->confirm_head < b->nconfirms && !b->confirms[b->confirm_head].cb)
+        b->confirm_head++;
     if (b->confirm_head == b->nconfirms)
         b->confirm_head = b->nconfirms = 0;
 }
@@ -226,7 +233,8 @@ static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int o
 static void fail_all_confirms(struct broker *b)
 {
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
-        confirm_push_failed(b, b->confirms[i]);
+        if (b->confirms[i].cb) /* NULL: confirmed out of order already */
+            confirm_push_failed(b, b->confirms[i]);
     b->confirm_head = b->nconfirms = 0;
     if (b->nfailed)
         uv_timer_start(&b->confirm_timer, on_confirm_timer, 0, 0);
@@ -242,6 +250,8 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
 {
     amqp_pool_t pool;
     amqp_table_t args = amqp_empty_table;
+    /* on the channel that consumes it, so the consume never overtakes it */
+    const int ch = CONSUMER_CHANNEL(q);
     int rc = 0;
 
     init_amqp_pool(&pool, 1024);
@@ -258,21 +268,21 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
         ed.nowait = !wait;
         ed.arguments = amqp_empty_table;
         if (wait) {
-            amqp_exchange_declare(b->conn, CHANNEL, ed.exchange, ed.type, 0, ed.durable,
-                                  0, 0, amqp_empty_table);
+            amqp_exchange_declare(b->conn, ch, ed.exchange, ed.type, 0, ed.durable, 0, 0,
+                                  amqp_empty_table);
             if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err)))
                 goto out;
         } else {
-            amqp_send_method(b->conn, CHANNEL, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
+            amqp_send_method(b->conn, ch, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
         }
     }
     if (wait) {
-        amqp_queue_declare(b->conn, CHANNEL, cstr(q->name), 0, q->durable, q->exclusive,
+        amqp_queue_declare(b->conn, ch, cstr(q->name), 0, q->durable, q->exclusive,
                            q->auto_delete, args);
         if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err)))
             goto out;
         if (q->exchange && *q->exchange) {
-            amqp_queue_bind(b->conn, CHANNEL, cstr(q->name), cstr(q->exchange),
+            amqp_queue_bind(b->conn, ch, cstr(q->name), cstr(q->exchange),
                             cstr(q->routing_key ? q->routing_key : ""), amqp_empty_table);
             rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err);
         }
@@ -285,7 +295,7 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
         qd.auto_delete = q->auto_delete;
         qd.nowait = 1;
         qd.arguments = args;
-        amqp_send_method(b->conn, CHANNEL, AMQP_QUEUE_DECLARE_METHOD, &qd);
+        amqp_send_method(b->conn, ch, AMQP_QUEUE_DECLARE_METHOD, &qd);
         if (q->exchange && *q->exchange) {
             amqp_queue_bind_t qb;
             memset(&qb, 0, sizeof(qb));
@@ -294,7 +304,7 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
             qb.routing_key = cstr(q->routing_key ? q->routing_key : "");
             qb.nowait = 1;
             qb.arguments = amqp_empty_table;
-            amqp_send_method(b->conn, CHANNEL, AMQP_QUEUE_BIND_METHOD, &qb);
+            amqp_send_method(b->conn, ch, AMQP_QUEUE_BIND_METHOD, &qb);
         }
     }
 out:
@@ -1200,7 +1210,8 @@ void broker_free(struct broker *b)
     }
     teardown(b);
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
-        b->confirms[i].cb(b, 0, b->confirms[i].privdata);
+        if (b->confirms[i].cb)
+            b->confirms[i].cb(b, 0, b->confirms[i].privdata);
     b->confirm_head = b->nconfirms = 0;
     on_confirm_timer(&b->confirm_timer);
     b->in_pump = 0;

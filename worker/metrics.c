@@ -525,7 +525,10 @@ static int start_server(struct metrics *m, struct cr_err *err)
     memset(&info, 0, sizeof(info));
     loops[0] = m->w->loop;
     info.foreign_loops = loops;
-    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN;
+    /* An explicit vhost: lws 4.1 keeps a context whose default vhost could not
+     * listen, while lws_create_vhost() says so. */
+    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN |
+                   LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
     if (c->metrics_host && !strchr(c->metrics_host, ':'))
         info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
     info.port = c->metrics_port;
@@ -535,7 +538,7 @@ static int start_server(struct metrics *m, struct cr_err *err)
     info.vhost_name = "metrics";
     info.timeout_secs = 10;
     m->lws = lws_create_context(&info);
-    if (!m->lws)
+    if (!m->lws || !lws_create_vhost(m->lws, &info))
         return cr_err_set(err, CR_EIO, "cannot serve metrics on %s:%d (address in use?)",
                           info.iface ? info.iface : "*", c->metrics_port);
     LOG(LOG_INFO, "metrics: serving /metrics and /healthz on http://%s:%d",

@@ -830,7 +830,8 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
         return missing(fn, "task_id", reply);
     if (rc < 0)
         return bad_type(fn, "task_id", reply);
-    pidbox_arg_str(args, "signal", &sig);
+    if (pidbox_arg_str(args, "signal", &sig) == 1 && terminate)
+        LOG(LOG_DEBUG, "revoke: signal %s (an LLM call is aborted whatever the signal)", sig);
     terminated = cJSON_CreateArray();
     if (!terminated) {
         cJSON_Delete(ids);
@@ -841,9 +842,8 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
     {
         const struct job *j = strmap_get(&w->jobs, id->valuestring);
         int known = j && j->state != JOB_SETTLING && j->state != JOB_DONE;
-        /* Any signal ends an LLM call the same way: its transfer is aborted. */
-        if (terminate && known)
-            LOG(LOG_INFO, "Terminating %s (%s)", id->valuestring, sig ? sig : "SIGTERM");
+        /* Any signal ends an LLM call the same way: its transfer is aborted
+         * (worker_revoke logs it). */
         worker_revoke(w, id->valuestring, terminate);
         if (terminate && known && !rc)
             rc = push(terminated, cJSON_CreateString(id->valuestring));

@@ -1,13 +1,330 @@
-/* top.c -- `celeriac top`: a live terminal view of workers.
- * NEEDSWORK: stub until issue 4 lands. */
+/* top.c -- `celeriac top`: a live terminal view of one or more workers.
+ *
+ * Scrapes each worker's /metrics endpoint (--metrics-port) and shows, per
+ * worker, slots in use, prefetched tasks, throughput, tokens per second and
+ * errors, and per consumed queue its depth and consumers. Rates are the
+ * difference between two scrapes over the time between them. A command-line
+ * tool, not part of the worker loop: it may block on its HTTP requests
+ * (bounded by a 2 s timeout each). */
+#include <curl/curl.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "commands.h"
+#include "protocol/prom.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+
+#define TOP_MAX_WORKERS 32
+#define TOP_MAX_QUEUES 32
+#define TOP_FETCH_TIMEOUT_MS 2000
+#define TOP_MAX_BODY (8 * 1024 * 1024)
+
+struct top_queue {
+    char name[128];
+    double messages, consumers;
+};
+
+/* What one scrape of one worker says. */
+struct top_sample {
+    int up; /* the endpoint answered */
+    char hostname[128];
+    double t; /* monotonic seconds of the scrape */
+    double active, prefetched, concurrency, uptime;
+    double ok, failed, revoked, retries, received;
+    double tokens_out, llm_errors;
+    double broker_up, backend_up;
+    int nqueues;
+    struct top_queue queues[TOP_MAX_QUEUES];
+};
+
+struct top_worker {
+    char *url;
+    struct top_sample prev, cur;
+    int have_prev;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *userp)
+{
+    struct buf *b = userp;
+    return buf_append(b, data, size * n) ? 0 : size * n;
+}
+
+static int fetch(const char *url, struct buf *out)
+{
+    CURL *c = curl_easy_init();
+    long code = 0;
+    CURLcode rc;
+    if (!c)
+        return -1;
+    out->max_bytes = TOP_MAX_BODY;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)TOP_FETCH_TIMEOUT_MS);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    rc = curl_easy_perform(c);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    return rc == CURLE_OK && code == 200 ? 0 : -1;
+}
+
+static struct top_queue *queue_of(struct top_sample *s, const char *name)
+{
+    for (int i = 0; i < s->nqueues; i++)
+        if (!strcmp(s->queues[i].name, name))
+            return &s->queues[i];
+    if (s->nqueues == TOP_MAX_QUEUES)
+        return NULL;
+    memset(&s->queues[s->nqueues], 0, sizeof(s->queues[0]));
+    snprintf(s->queues[s->nqueues].name, sizeof(s->queues[0].name), "%s", name);
+    return &s->queues[s->nqueues++];
+}
+
+static void take(struct top_sample *s, const struct prom_sample *p)
+{
+    const char *state = prom_sample_label(p, "state");
+    const char *q = prom_sample_label(p, "queue");
+    struct top_queue *tq;
+    if (!strcmp(p->name, "celeriac_worker_info") && prom_sample_label(p, "hostname"))
+        snprintf(s->hostname, sizeof(s->hostname), "%s",
+                 prom_sample_label(p, "hostname"));
+    else if (!strcmp(p->name, "celeriac_tasks_in_flight"))
+        s->active = p->value;
+    else if (!strcmp(p->name, "celeriac_tasks_prefetched"))
+        s->prefetched = p->value;
+    else if (!strcmp(p->name, "celeriac_concurrency"))
+        s->concurrency = p->value;
+    else if (!strcmp(p->name, "celeriac_uptime_seconds"))
+        s->uptime = p->value;
+    else if (!strcmp(p->name, "celeriac_tasks_received_total"))
+        s->received += p->value;
+    else if (!strcmp(p->name, "celeriac_tasks_total") && state) {
+        if (!strcmp(state, "SUCCESS"))
+            s->ok += p->value;
+        else if (!strcmp(state, "REVOKED"))
+            s->revoked += p->value;
+        else
+            s->failed += p->value;
+    } else if (!strcmp(p->name, "celeriac_task_retries_total"))
+        s->retries += p->value;
+    else if (!strcmp(p->name, "celeriac_llm_completion_tokens_total"))
+        s->tokens_out += p->value;
+    else if (!strcmp(p->name, "celeriac_llm_errors_total"))
+        s->llm_errors += p->value;
+    else if (!strcmp(p->name, "celeriac_broker_connected"))
+        s->broker_up = p->value;
+    else if (!strcmp(p->name, "celeriac_backend_connected"))
+        s->backend_up = p->value;
+    else if (!strcmp(p->name, "celeriac_queue_messages") && q && (tq = queue_of(s, q)))
+        tq->messages = p->value;
+    else if (!strcmp(p->name, "celeriac_queue_consumers") && q && (tq = queue_of(s, q)))
+        tq->consumers = p->value;
+}
+
+static void scrape(struct top_worker *w)
+{
+    struct top_sample *s = &w->cur;
+    struct buf body;
+    memset(s, 0, sizeof(*s));
+    buf_init(&body);
+    s->t = mono_s();
+    if (fetch(w->url, &body) == 0 && body.data) {
+        const char *p = body.data, *end = body.data + body.len;
+        s->up = 1;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            struct prom_sample ps;
+            if (prom_parse_line(p, n, &ps) == 1)
+                take(s, &ps);
+            p += n + 1;
+        }
+    }
+    buf_release(&body);
+}
+
+static void rate(char *out, size_t size, const struct top_worker *w, double now,
+                 double before)
+{
+    double dt = w->cur.t - w->prev.t;
+    if (!w->have_prev || !w->prev.up || !w->cur.up || dt <= 0 || now < before)
+        snprintf(out, size, "-");
+    else
+        snprintf(out, size, "%.1f", (now - before) / dt);
+}
+
+static void render(FILE *out, struct top_worker *ws, int n, double interval, int clear)
+{
+    char when[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+    if (clear)
+        fputs("\033[H\033[2J", out);
+    fprintf(out, "celeriac top - %d worker%s - %s (every %.1fs)\n\n", n,
+            n == 1 ? "" : "s", when, interval);
+    fprintf(out, "%-28s %-6s %-9s %8s %8s %8s %9s %8s %8s %8s %8s\n", "WORKER", "STATE",
+            "SLOTS", "PREFETCH", "TASKS/S", "TOKENS/S", "SUCCEEDED", "FAILED", "REVOKED",
+            "RETRIES", "LLM-ERR");
+    for (int i = 0; i < n; i++) {
+        struct top_worker *w = &ws[i];
+        const struct top_sample *s = &w->cur;
+        char slots[32], tps[32], tok[32];
+        const char *state = !s->up                            ? "DOWN"
+                            : !s->broker_up || !s->backend_up ? "DEGR"
+                                                              : "up";
+        if (!s->up) {
+            fprintf(out, "%-28.28s %-6s (%s unreachable)\n", w->url, state, w->url);
+            continue;
+        }
+        snprintf(slots, sizeof(slots), "%.0f/%.0f", s->active, s->concurrency);
+        rate(tps, sizeof(tps), w, s->ok + s->failed + s->revoked,
+             w->prev.ok + w->prev.failed + w->prev.revoked);
+        rate(tok, sizeof(tok), w, s->tokens_out, w->prev.tokens_out);
+        fprintf(out, "%-28.28s %-6s %-9s %8.0f %8s %8s %9.0f %8.0f %8.0f %8.0f %8.0f\n",
+                s->hostname[0] ? s->hostname : w->url, state, slots, s->prefetched, tps,
+                tok, s->ok, s->failed, s->revoked, s->retries, s->llm_errors);
+    }
+    fprintf(out, "\n%-28s %10s %10s  %s\n", "QUEUE", "DEPTH", "CONSUMERS", "SEEN BY");
+    for (int i = 0; i < n; i++) {
+        const struct top_sample *s = &ws[i].cur;
+        for (int k = 0; s->up && k < s->nqueues; k++)
+            fprintf(out, "%-28.28s %10.0f %10.0f  %s\n", s->queues[k].name,
+                    s->queues[k].messages, s->queues[k].consumers,
+                    s->hostname[0] ? s->hostname : ws[i].url);
+    }
+    fflush(out);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: celeriac top [options] URL...\n\n"
+            "Live view of celeriac workers, read from their metrics endpoints\n"
+            "(start workers with --metrics-port). URL is http://host:port[/metrics]\n"
+            "or host:port.\n\n"
+            "  -i, --interval S     seconds between refreshes (default 2)\n"
+            "  -n, --iterations N   stop after N refreshes (default: until interrupted)\n"
+            "      --once           one refresh, rates measured over one interval\n"
+            "  -h, --help           this text\n");
+}
+
+static char *metrics_url(const char *arg)
+{
+    struct buf b;
+    const char *rest;
+    buf_init(&b);
+    if (strncmp(arg, "http://", 7) && strncmp(arg, "https://", 8) &&
+        buf_puts(&b, "http://"))
+        goto oom;
+    if (buf_puts(&b, arg))
+        goto oom;
+    rest = strstr(b.data, "://") + 3;
+    if (!strchr(rest, '/') && buf_puts(&b, "/metrics"))
+        goto oom;
+    return buf_detach(&b);
+oom:
+    buf_release(&b);
+    return NULL;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+}
 
 int cmd_top(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "celeriac top: not implemented yet\n");
-    return 2;
+    struct top_worker ws[TOP_MAX_WORKERS];
+    double interval = 2.0;
+    long iterations = -1;
+    int n = 0, once = 0, rc = 0;
+
+    memset(ws, 0, sizeof(ws));
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            goto out;
+        } else if ((!strcmp(a, "-i") || !strcmp(a, "--interval")) && i + 1 < argc) {
+            char *end;
+            interval = strtod(argv[++i], &end);
+            if (*end || !(interval >= 0.1) || interval > 3600) {
+                fprintf(stderr, "celeriac top: invalid interval '%s'\n", argv[i]);
+                rc = 2;
+                goto out;
+            }
+        } else if ((!strcmp(a, "-n") || !strcmp(a, "--iterations")) && i + 1 < argc) {
+            char *end;
+            iterations = strtol(argv[++i], &end, 10);
+            if (*end || iterations < 1) {
+                fprintf(stderr, "celeriac top: invalid iterations '%s'\n", argv[i]);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--once")) {
+            once = 1;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "celeriac top: unknown option '%s'\n", a);
+            rc = 2;
+            goto out;
+        } else if (n == TOP_MAX_WORKERS) {
+            fprintf(stderr, "celeriac top: at most %d workers\n", TOP_MAX_WORKERS);
+            rc = 2;
+            goto out;
+        } else if (!(ws[n++].url = metrics_url(a))) {
+            fprintf(stderr, "celeriac top: out of memory\n");
+            rc = 1;
+            goto out;
+        }
+    }
+    if (n == 0) {
+        usage(stderr);
+        rc = 2;
+        goto out;
+    }
+    if (once) {
+        /* two scrapes one interval apart, so the rates mean something */
+        for (int i = 0; i < n; i++)
+            scrape(&ws[i]);
+        sleep_s(interval);
+        iterations = 1;
+    }
+    for (long it = 0; iterations < 0 || it < iterations; it++) {
+        for (int i = 0; i < n; i++) {
+            if (ws[i].cur.t > 0) {
+                ws[i].prev = ws[i].cur;
+                ws[i].have_prev = 1;
+            }
+            scrape(&ws[i]);
+        }
+        render(stdout, ws, n, interval, !once && isatty(STDOUT_FILENO));
+        if (iterations < 0 || it + 1 < iterations)
+            sleep_s(interval);
+    }
+    for (int i = 0; i < n; i++)
+        if (!ws[i].cur.up)
+            rc = 1;
+out:
+    for (int i = 0; i < n; i++)
+        cr_free(ws[i].url);
+    return rc;
 }
