@@ -548,6 +548,71 @@ static int start_server(struct metrics *m, struct cr_err *err)
 
 /* ------------------------------------------------------------- lifecycle */
 
+/* lws 4.1 on a foreign loop destroys a context in phases: the first
+ * lws_context_destroy() closes its handles, and a second call, once their
+ * close callbacks have run, frees the context. That happens during the
+ * worker's last loop run, after metrics_free(); this timer waits for it.
+ * lws marks its static handles with handle->data == context: when no such
+ * handle is left, the second call is safe. If that never shows, or the
+ * convention is not seen at all, the context is left to the process exit
+ * rather than freed under a live handle. */
+#define REAP_TICK_MS 1
+#define REAP_MAX_TICKS 2000
+
+struct lws_reaper {
+    uv_timer_t timer;
+    struct lws_context *ctx;
+    int ticks;
+};
+
+struct ctx_walk {
+    const void *ctx;
+    int n;
+};
+
+static void count_ctx_handles(uv_handle_t *h, void *arg)
+{
+    struct ctx_walk *cw = arg;
+    if (h->data == cw->ctx)
+        cw->n++;
+}
+
+static int lws_handles(uv_loop_t *loop, const void *ctx)
+{
+    struct ctx_walk cw = {ctx, 0};
+    uv_walk(loop, count_ctx_handles, &cw);
+    return cw.n;
+}
+
+static void on_reaper_closed(uv_handle_t *h)
+{
+    cr_free(h->data);
+}
+
+static void on_reap(uv_timer_t *t)
+{
+    struct lws_reaper *r = t->data;
+    int left = lws_handles(t->loop, r->ctx);
+    if (left && ++r->ticks < REAP_MAX_TICKS)
+        return;
+    if (!left)
+        lws_context_destroy(r->ctx);
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, on_reaper_closed);
+}
+
+static void destroy_lws(uv_loop_t *loop, struct lws_context *ctx)
+{
+    struct lws_reaper *r = lws_handles(loop, ctx) ? cr_calloc(1, sizeof(*r)) : NULL;
+    lws_context_destroy(ctx);
+    if (!r)
+        return;
+    r->ctx = ctx;
+    uv_timer_init(loop, &r->timer);
+    r->timer.data = r;
+    uv_timer_start(&r->timer, on_reap, REAP_TICK_MS, REAP_TICK_MS);
+}
+
 static void on_timer_closed(uv_handle_t *h)
 {
     cr_free(h);
@@ -589,7 +654,7 @@ void metrics_free(struct metrics *m)
         return;
     broker_queue_stats_cancel(m->w->broker, m);
     if (m->lws)
-        lws_context_destroy(m->lws);
+        destroy_lws(m->w->loop, m->lws);
     m->timer->data = NULL;
     uv_timer_stop(m->timer);
     uv_close((uv_handle_t *)m->timer, on_timer_closed);

@@ -831,7 +831,8 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
     if (rc < 0)
         return bad_type(fn, "task_id", reply);
     if (pidbox_arg_str(args, "signal", &sig) == 1 && terminate)
-        LOG(LOG_DEBUG, "revoke: signal %s (an LLM call is aborted whatever the signal)", sig);
+        LOG(LOG_DEBUG, "revoke: signal %s (an LLM call is aborted whatever the signal)",
+            sig);
     terminated = cJSON_CreateArray();
     if (!terminated) {
         cJSON_Delete(ids);
