@@ -11,7 +11,8 @@
 #include "util/buf.h"
 #include "worker/log.h"
 
-#define CHUNK 16384 /* bytes of an HTTP body written per writable event */
+#define CHUNK 16384             /* bytes of an HTTP body written per writable event */
+#define DISCARD_MAX (16u << 20) /* oversize bodies up to this are read, then 413 */
 
 struct frame {
     struct frame *next;
@@ -316,8 +317,12 @@ static int on_http(struct gw_server *srv, struct lws *wsi, struct pss *pss)
             lws_hdr_copy(wsi, cl, sizeof(cl), WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0;
         unsigned long long n = has_len ? strtoull(cl, NULL, 10) : 0;
         if (has_len && n > srv->cfg->max_body_bytes) {
-            /* Answer now without reading the body; the connection closes. */
             c->too_big = 1;
+            /* A body of reasonable size is read and dropped before the 413,
+             * so a client still sending it is not reset mid-write; a huge
+             * one is answered at once and the connection closed. */
+            if (n <= DISCARD_MAX)
+                return 0;
             dispatch(srv, c);
             return 0;
         }
