@@ -65,7 +65,7 @@ struct conn {
 };
 
 struct stats {
-    unsigned long long requests, tokens, bytes, writes;
+    unsigned long long requests, tokens, bytes, writes, accepted;
     long open, max_open, conns, max_conns;
 };
 
@@ -419,9 +419,10 @@ static void serve(struct conn *c)
         char js[400];
         snprintf(js, sizeof(js),
                  "{\"requests\":%llu,\"tokens\":%llu,\"bytes\":%llu,\"writes\":%llu,"
-                 "\"open\":%ld,\"max_open\":%ld,\"conns\":%ld,\"max_conns\":%ld}",
-                 st.requests, st.tokens, st.bytes, st.writes, st.open, st.max_open,
-                 st.conns, st.max_conns);
+                 "\"accepted\":%llu,\"open\":%ld,\"max_open\":%ld,\"conns\":%ld,"
+                 "\"max_conns\":%ld}",
+                 st.requests, st.tokens, st.bytes, st.writes, st.accepted, st.open,
+                 st.max_open, st.conns, st.max_conns);
         simple_reply(c, 200, "application/json", js);
         request_done(c);
         return;
@@ -537,6 +538,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    st.accepted++;
     if (++st.conns > st.max_conns)
         st.max_conns = st.conns;
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);

@@ -33,8 +33,8 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 # Workload sizes: (full, quick).
 N_DISPATCH = int(os.environ.get("BENCH_N_DISPATCH", 3000 if QUICK else 20000))
-N_CONC = 2000 if QUICK else 10000
-CONC_LEVELS = [1000] if QUICK else [1000, 5000, 10000]
+N_CONC = int(os.environ.get("BENCH_N_CONC", 2000 if QUICK else 10000))
+CONC_LEVELS = [int(x) for x in os.environ.get("BENCH_CONC_LEVELS", "1000" if QUICK else "1000,5000,10000").split(",")]
 MEM_LEVELS = [1000] if QUICK else [1000, 5000, 10000]
 PY_BOUND_S = 8 if QUICK else 45         # a Python dispatch run stops after this
 PY_CONC_BOUND_S = 15 if QUICK else 120  # the Python concurrency run
@@ -48,7 +48,7 @@ DISPATCH_C = int(os.environ.get("BENCH_DISPATCH_C", "100"))
 LLM_1S = "fake/ttft_ms=380,tps=50,tokens=32"
 LLM_1S_S = 1.0
 LLM_ZERO = "fake/tokens=16"
-MEM_HOLD_MS = 3000 if QUICK else 6000
+MEM_HOLD_MS = 3000 if QUICK else 12000  # longer than the ramp to 10,000 streams
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -348,18 +348,23 @@ class Bench:
             cpu0, fcpu0 = cpu_s(pids), cpu_s([self.fake.p.pid])
             scpu0 = {k: cpu_s([v]) for k, v in self.svc_pids.items()}
             peak_rss, held_rss, done, last_sample = 0, None, 0, 0.0
+            timeline = []
             while True:
                 now = time.time()
                 done = counter.poll()
                 if done >= n or now - t0 > bound_s or w.p.poll() is not None:
                     break
-                if now - last_sample > 0.05:
+                if now - last_sample > 0.1:
                     last_sample = now
                     if impl == "python" and pool == "prefork":
                         pids = tree(w.p.pid)
-                    peak_rss = max(peak_rss, rss_kb(pids))
-                    if hold_for and held_rss is None and \
-                            self.fake_stats()["open"] >= hold_for:
+                    rss = rss_kb(pids)
+                    peak_rss = max(peak_rss, rss)
+                    fs = self.fake_stats()
+                    # time, results, streams open at the server, worker CPU, RSS
+                    timeline.append((round(now - t0, 2), done, fs["open"],
+                                     round(cpu_s(pids) - cpu0, 2), rss))
+                    if hold_for and held_rss is None and fs["open"] >= hold_for:
                         time.sleep(0.3)
                         held_rss = rss_kb(pids)
             t_end = time.time()
@@ -373,6 +378,8 @@ class Bench:
             fs = self.fake_stats()
             rec["fake_max_open"] = fs["max_open"]
             rec["fake_tokens"] = fs["tokens"]
+            rec["fake_accepted"] = fs.get("accepted")
+            rec["timeline"] = timeline
         finally:
             w.stop()
             counter.close()
@@ -464,7 +471,8 @@ class Bench:
             r["held_per_stream_b"] = round(((r["held_rss_kb"] or 0) - idle) * 1024 / c)
             rows.append(r)
         floor = []
-        for n, buf in ((3000, 0), (3000, 4096), (max(MEM_LEVELS), 4096)):
+        # libcurl's default buffer, then 1 KB as the worker sets it.
+        for n, buf in ((3000, 0), (3000, 4096), (3000, 1024), (max(MEM_LEVELS), 1024)):
             out = self.tool("idle_streams", "%s/chat/completions" % self.llm_base, n, 4, buf)
             f = dict(zip(out.split()[::2], (int(x) for x in out.split()[1::2])))
             f["buffersize"] = buf
@@ -478,13 +486,21 @@ class Bench:
         log("4. latency: %d sequential apply_async -> get() round trips" % LAT_N)
         from celery import Celery
         res = []
-        for impl, pool, c in (("celeriac", "libuv", 10), ("python", "solo", 1),
-                              ("python", "prefork", 2), ("python", "gevent", 100)):
-            if impl not in IMPLS:
+        for impl, pool, c in (("floor", "null_worker", 1), ("celeriac", "libuv", 10),
+                              ("python", "solo", 1), ("python", "prefork", 2),
+                              ("python", "gevent", 100)):
+            if impl not in IMPLS and impl != "floor":
                 continue
             queue = self.new_queue()
             self.redis.cmd("FLUSHDB")
-            w = self.celeriac(queue, c) if impl == "celeriac" else self.python(queue, pool, c)
+            if impl == "floor":
+                w = Proc("null_worker", [os.path.join(TOOLS, "null_worker"), str(self.amqp_port),
+                                         queue, str(self.redis_port), str(self.db), "120"],
+                         ready=r"ready\.$")
+            elif impl == "celeriac":
+                w = self.celeriac(queue, c)
+            else:
+                w = self.python(queue, pool, c)
             app = Celery("lat", broker=self.broker, backend=self.backend)
             app.conf.update(result_expires=3600)
             try:
