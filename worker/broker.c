@@ -531,6 +531,8 @@ int broker_connect(struct broker *b, struct cr_err *err)
         goto fail;
     for (int i = 0; i < b->nconsumers; i++) {
         struct consumer *c = &b->consumers[i];
+        if (c->q.no_consume)
+            continue;
         if (!amqp_basic_consume(b->conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
                                 cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
             reply_error(amqp_get_rpc_reply(b->conn), "basic.consume", err);
@@ -665,6 +667,7 @@ static void finish_delivery(struct broker *b)
     b->cur = NULL;
     if (!m->body)
         m->body = cr_strdup("");
+    m->received_ms = uv_now(b->loop);
     b->on_msg(b, m, b->privdata);
 }
 
@@ -944,7 +947,7 @@ int broker_add_consumer(struct broker *b, const struct broker_queue *q)
     }
     b->nconsumers++;
     if (b->conn) {
-        if (declare_consumer(b, &c->q, 0, &err) == 0)
+        if (declare_consumer(b, &c->q, 0, &err) == 0 && !c->q.no_consume)
             send_consume(b, c);
     }
     return 0;
@@ -975,7 +978,8 @@ void broker_each_consumer(const struct broker *b,
                           void (*fn)(const struct broker_queue *q, void *arg), void *arg)
 {
     for (int i = 0; i < b->nconsumers; i++)
-        fn(&b->consumers[i].q, arg);
+        if (!b->consumers[i].q.no_consume)
+            fn(&b->consumers[i].q, arg);
 }
 
 int broker_declare_exchange(struct broker *b, const char *name, const char *type,
@@ -1087,17 +1091,19 @@ static int check_status(struct broker *b, int rc, const char *what)
     return CR_EBROKER;
 }
 
-int broker_ack(struct broker *b, const struct broker_msg *m)
+int broker_ack(struct broker *b, struct broker_msg *m)
 {
-    if (!b->conn || m->generation != b->generation || m->no_ack)
+    if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
+    m->settled = 1;
     return check_status(b, amqp_basic_ack(b->conn, CHANNEL, m->delivery_tag, 0), "ack");
 }
 
-int broker_reject(struct broker *b, const struct broker_msg *m, int requeue)
+int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
 {
-    if (!b->conn || m->generation != b->generation || m->no_ack)
+    if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
+    m->settled = 1;
     return check_status(b, amqp_basic_reject(b->conn, CHANNEL, m->delivery_tag, requeue),
                         "reject");
 }
