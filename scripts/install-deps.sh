@@ -8,7 +8,7 @@ PKGS=(
     librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev libuv1-dev
     libwebsockets-dev check
     rabbitmq-server redis-server
-    python3-celery python3-redis python3-amqp python3-pytest python3-websocket
+    python3-celery python3-redis python3-amqp python3-pytest python3-websocket python3-yaml
     chromium
     python3-prometheus-client
 )
@@ -16,6 +16,9 @@ PKGS=(
 # The gateway's browser test (tests/browser) drives Debian's chromium with
 # playwright-core from npm; node and npm may come from elsewhere (NodeSource).
 command -v npm >/dev/null || PKGS+=(nodejs npm)
+
+# make bench: Python Celery's gevent pool and HTTP client, and the chart.
+PKGS+=(python3-gevent python3-requests gnuplot-nox)
 
 # playwright-core into tests/browser, once (no browser download: the test
 # uses /usr/bin/chromium).
