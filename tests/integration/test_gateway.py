@@ -291,6 +291,16 @@ def test_submit_is_a_real_celery_message(env, gateway):
     assert st == 200 and out["state"] == "PENDING" and out["ready"] is False
 
 
+def test_task_sent_before_any_worker_is_kept(env, gateway):
+    # the gateway declares its queues as Celery's producer does
+    gw = gateway("-Q", "celery,fresh")
+    tid = gw.submit(task="llm.generate", args=["early bird"], queue="fresh")
+    time.sleep(0.5)
+    assert env.services.queue_depth(env.vhost, "fresh") == 1
+    env.worker("-Q", "fresh")
+    assert env.app.AsyncResult(tid).get(timeout=20) == env.fake.expected_text("early bird")
+
+
 def test_submitted_message_matches_python(env, gateway):
     """No worker: read the raw message from the queue and compare with Python's."""
     import kombu
