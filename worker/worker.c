@@ -258,6 +258,20 @@ static void finish_job(struct job *j)
         schedule(w);
 }
 
+/* The properties of a copy of m (dead letter, parked copy): m's own, made
+ * persistent, with the given headers (borrowed). */
+static void props_of(struct broker_props *p, const struct broker_msg *m, const cJSON *headers)
+{
+    memset(p, 0, sizeof(*p));
+    p->content_type = m->content_type;
+    p->content_encoding = m->content_encoding;
+    p->correlation_id = m->correlation_id;
+    p->reply_to = m->reply_to;
+    p->delivery_mode = 2;
+    p->priority = m->priority;
+    p->headers = headers;
+}
+
 /* Builds the dead-letter headers on top of the original ones. */
 static cJSON *dead_letter_headers(struct worker *w, struct job *j)
 {
@@ -327,14 +341,7 @@ static void dead_letter(struct job *j)
         return;
     }
     h = dead_letter_headers(w, j);
-    memset(&p, 0, sizeof(p));
-    p.content_type = m->content_type;
-    p.content_encoding = m->content_encoding;
-    p.correlation_id = m->correlation_id;
-    p.reply_to = m->reply_to;
-    p.delivery_mode = 2;
-    p.priority = m->priority;
-    p.headers = h;
+    props_of(&p, m, h);
     rc = broker_publish(w->broker, w->cfg->dead_letter_exchange, m->queue ? m->queue : "",
                         &p, m->body, m->body_len, on_dead_letter_confirm, j);
     cJSON_Delete(h);
@@ -777,14 +784,7 @@ static int park_msg(struct job *j, struct broker_msg *m, int release_job,
     cJSON_DeleteItemFromObjectCaseSensitive(h, "x-celeriac-parked");
     if (mark_running)
         cJSON_AddStringToObject(h, "x-celeriac-parked", w->cfg->hostname);
-    memset(&props, 0, sizeof(props));
-    props.content_type = m->content_type;
-    props.content_encoding = m->content_encoding;
-    props.correlation_id = m->correlation_id;
-    props.reply_to = m->reply_to;
-    props.delivery_mode = 2;
-    props.priority = m->priority;
-    props.headers = h;
+    props_of(&props, m, h);
     p->j = j;
     p->m = m;
     p->release_job = release_job;
