@@ -173,6 +173,7 @@ def test_events_worker_online_and_every_task_event(env, events):
     events.wait("worker-heartbeat")
     assert events.worker(node).alive
 
+    env.fake.script(["tps=200"])  # a measurable generation: tokens per second is known
     ok = env.app.send_task("llm.generate", args=["events ok"], kwargs={"model": "m-ok"})
     assert ok.get(timeout=20) == env.fake.expected_text("events ok")
     env.fake.script(["status=400;err_msg=bad%20request"])
@@ -200,7 +201,8 @@ def test_events_worker_online_and_every_task_event(env, events):
     assert suc["result"] == repr(env.fake.expected_text("events ok"))
     assert isinstance(suc["runtime"], float) and suc["runtime"] >= 0
     assert suc["model"] == "m-ok" and suc["completion_tokens"] == 16
-    assert suc["prompt_tokens"] >= 1 and suc["ttft"] >= 0 and suc["tokens_per_second"] > 0
+    assert suc["prompt_tokens"] >= 1 and suc["ttft"] >= 0 and suc["runtime"] > 0
+    assert 0 < suc["tokens_per_second"] < 2000  # paced at 200/s by the fake
 
     fail = events.wait("task-failed", bad.id)[0]
     assert fail["exception"].startswith("BadRequestError(")
