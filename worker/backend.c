@@ -363,8 +363,8 @@ static void send_op(struct backend *bk, struct op *op)
                           strlen(bk->expires_text)};
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
     } else if (op->kind == OP_RAW) {
-        rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc, (const char **)op->argv,
-                                   op->argvlen);
+        rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc,
+                                   (const char **)op->argv, op->argvlen);
     } else {
         rc = redisAsyncCommand(bk->ac, on_reply, op, "GET %s", op->key);
     }

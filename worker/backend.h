@@ -56,8 +56,8 @@ int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
  * drops unanswered, so use it for idempotent commands. Never calls back from
  * inside this call. Returns 0 or CR_ENOMEM. */
 struct redisReply;
-typedef void backend_reply_fn(struct backend *bk, int status, const struct redisReply *reply,
-                              void *privdata);
+typedef void backend_reply_fn(struct backend *bk, int status,
+                              const struct redisReply *reply, void *privdata);
 int backend_command(struct backend *bk, int argc, const char *const *argv,
                     const size_t *argvlen, backend_reply_fn *cb, void *privdata);
 

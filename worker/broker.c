@@ -467,7 +467,8 @@ int broker_connect(struct broker *b, struct cr_err *err)
     config_redact_url(b->cfg.url, redacted, sizeof(redacted));
     teardown(b);
     if (amqp_url_parse(b->cfg.url, &u, err))
-        return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted, err->msg);
+        return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted,
+                          err->msg);
 
     b->conn = amqp_new_connection();
     sock = b->conn ? amqp_tcp_socket_new(b->conn) : NULL;

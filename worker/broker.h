@@ -22,9 +22,9 @@ struct broker_msg {
     int redelivered;
     char *exchange;
     char *routing_key;
-    char *queue; /* the queue whose consumer received it */
-    int no_ack;  /* consumed without acks: broker_ack/reject do nothing */
-    int settled; /* acked or rejected already: later calls do nothing */
+    char *queue;          /* the queue whose consumer received it */
+    int no_ack;           /* consumed without acks: broker_ack/reject do nothing */
+    int settled;          /* acked or rejected already: later calls do nothing */
     uint64_t received_ms; /* loop time the delivery completed */
     unsigned owner_flags; /* free for the receiver's own bookkeeping */
     char *content_type;

@@ -101,7 +101,8 @@ static const struct opt opts[] = {
      "queue bound to the dead-letter exchange with #"},
     {"park-after", 0, "CELERIAC_PARK_AFTER", OPT_DBL, OFF(park_after), "900", 0, 86400,
      "seconds a delivery may stay unacked (long eta, long task) before it is parked in "
-     "celeriac.park.<queue> and acked, so RabbitMQ's consumer_timeout never fires (0: off)"},
+     "celeriac.park.<queue> and acked, so RabbitMQ's consumer_timeout never fires (0: "
+     "off)"},
     {"task-events", 'E', "CELERIAC_TASK_EVENTS", OPT_BOOL, OFF(task_events), "0", 0, 1,
      "send task events (Flower, celery events)"},
     {"heartbeat-interval", 0, "CELERIAC_HEARTBEAT_INTERVAL", OPT_DBL,
@@ -354,8 +355,7 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
                 rc = set_opt(cfg, &opts[i], argv[optind++], 0, err);
             else
                 rc = set_opt(cfg, &opts[i], "1", 0, err);
-        }
-        else
+        } else
             rc = set_opt(cfg, &opts[i], optarg, !given[i], err);
         if (rc)
             return rc;

@@ -51,7 +51,7 @@ struct config {
     double soft_time_limit;     /* seconds; 0: none */
     char *dead_letter_exchange; /* "" disables dead-lettering */
     char *dead_letter_queue;
-    double park_after;        /* seconds an unacked delivery may be held; 0: never park */
+    double park_after; /* seconds an unacked delivery may be held; 0: never park */
     /* monitoring (issue 4) */
     int task_events;        /* -E: send task events */
     double event_heartbeat; /* worker-heartbeat interval, seconds */

@@ -260,7 +260,8 @@ static void finish_job(struct job *j)
 
 /* The properties of a copy of m (dead letter, parked copy): m's own, made
  * persistent, with the given headers (borrowed). */
-static void props_of(struct broker_props *p, const struct broker_msg *m, const cJSON *headers)
+static void props_of(struct broker_props *p, const struct broker_msg *m,
+                     const cJSON *headers)
 {
     memset(p, 0, sizeof(*p));
     p->content_type = m->content_type;

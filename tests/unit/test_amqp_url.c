@@ -36,7 +36,7 @@ END_TEST
 
 START_TEST(test_bad)
 {
-    static const char *const bad[] = {"redis://h", "amqp://h:0/", "amqp://h:99999/",
+    static const char *const bad[] = {"redis://h",     "amqp://h:0/",  "amqp://h:99999/",
                                       "amqp://h:12x/", "amqp://[::1/", "http://h"};
     struct amqp_url u;
     struct cr_err e;
