@@ -65,7 +65,11 @@ struct llm_req {
     struct openai_stream chat;
     struct buf raw;
 
-    uint64_t t_start, t_headers, t_first_token, t_last_byte;
+    uint64_t t_start, t_headers, t_first_token;
+    /* Last sign of progress: any byte of a plain body, but only a data event
+     * of a stream, so a server that sends nothing but ": ping" comments
+     * still trips the idle timeout. */
+    uint64_t t_last_data;
     int aborted;
     int removed; /* out of the multi handle and the active list */
     int abort_code;
@@ -284,8 +288,8 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 
     if (r->aborted)
         return 0; /* makes curl stop with CURLE_WRITE_ERROR */
-    r->t_last_byte = uv_now(r->c->loop);
     if (!r->is_sse) {
+        r->t_last_data = uv_now(r->c->loop);
         if (buf_append(&r->raw, ptr, n)) {
             r->proto_error = 1;
             set_fail(r, "response body over %zu bytes", r->raw.max_bytes);
@@ -301,6 +305,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
     while ((rc = sse_next(r->sse, &ev)) == 1) {
         const char *delta = NULL;
         size_t dlen = 0;
+        r->t_last_data = uv_now(r->c->loop);
         if (openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen, &err)) {
             r->proto_error = 1;
             set_fail(r, "bad stream chunk: %s", err.msg);
@@ -308,7 +313,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
         }
         if (dlen) {
             if (!r->t_first_token)
-                r->t_first_token = r->t_last_byte;
+                r->t_first_token = r->t_last_data;
             if (r->on_delta)
                 r->on_delta(r, delta, dlen, r->privdata);
             if (r->aborted)
@@ -553,15 +558,18 @@ static void on_sweep(uv_timer_t *t)
             }
             continue;
         }
-        if (r->is_sse && !r->t_first_token &&
-            now - r->t_headers > (uint64_t)(c->cfg.first_token_timeout_s * 1000)) {
-            snprintf(msg, sizeof(msg), "no token within %gs (first-token timeout)",
-                     c->cfg.first_token_timeout_s);
-            llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
+        if (r->is_sse && !r->t_first_token) {
+            /* Prefill may legitimately be long and send only pings: until the
+             * first token only the first-token timeout applies. */
+            if (now - r->t_headers > (uint64_t)(c->cfg.first_token_timeout_s * 1000)) {
+                snprintf(msg, sizeof(msg), "no token within %gs (first-token timeout)",
+                         c->cfg.first_token_timeout_s);
+                llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
+            }
             continue;
         }
         {
-            uint64_t last = r->t_last_byte > r->t_headers ? r->t_last_byte : r->t_headers;
+            uint64_t last = r->t_last_data > r->t_headers ? r->t_last_data : r->t_headers;
             if (now - last > (uint64_t)(c->cfg.idle_timeout_s * 1000)) {
                 snprintf(msg, sizeof(msg), "no data for %gs (idle timeout)",
                          c->cfg.idle_timeout_s);

@@ -525,3 +525,62 @@ def test_parked_task_runs_again_when_its_worker_dies(env):
     # the lease lapses (3 park periods), the copy runs on the new worker
     assert r.get(timeout=40) == env.fake.expected_text("orphan", tokens=4)
     assert len(calls(env)) == 2
+
+
+# ------------------------------------- every other fault knob, end to end
+
+@pytest.mark.parametrize("err_body", ["openai", "vllm", "vllm_flat", "ollama_str",
+                                      "anthropic", "html", "empty"])
+def test_error_body_shapes(env, err_body):
+    env.worker(*FAST)
+    env.fake.script(["status=400;err_body=%s;err_msg=prompt too long" % err_body])
+    r = env.app.send_task("llm.generate", args=["shapes"])
+    with pytest.raises(Exception) as ei:
+        r.get(timeout=20)
+    assert type(ei.value).__name__ == "BadRequestError"
+    assert "Error code: 400" in str(ei.value)
+    if err_body not in ("html", "empty"):
+        assert "prompt too long" in str(ei.value)
+    assert len(calls(env)) == 1
+
+
+def test_retry_after_http_date(env):
+    env.worker(*FAST)
+    env.fake.script(["status=429;ra_date=2", "tokens=3"])
+    r = env.app.send_task("llm.generate", args=["dated"])
+    assert r.get(timeout=20)
+    c = calls(env)
+    # an HTTP date has one-second resolution: 1 to 3 s, never the 0.2 s backoff
+    assert 1.0 <= c[1]["t"] - c[0]["t"] < 3.5
+
+
+@pytest.mark.parametrize("scenario,calls_expected", [
+    ("cut_after_tokens=2;cut_mode=close_delimited", 2),
+    ("stall_after_tokens=2;stall_pings=1;ping_ms=100", 2),   # pings are not progress
+    ("content_type=text/html", 2),                            # not a stream: retried
+    ("line_bytes=200000", 1),                                 # a 200 KB line is fine
+    ("tool_calls=1", 1),
+    ("reasoning_field=reasoning_content;reasoning_tokens=3", 1),
+    ("prompt_truncate_to=1", 1),
+    ("usage=continuous", 1),
+    ("header_delay_ms=300;ttft_ms=300;tps=50;jitter=20", 1),
+])
+def test_other_knobs(env, scenario, calls_expected):
+    env.worker(*FAST, "--llm-idle-timeout", "0.6")
+    env.fake.script([scenario + ";tokens=6", "tokens=6"])
+    r = env.app.send_task("llm.generate", args=["knob"])
+    assert r.get(timeout=30) == env.fake.expected_text("knob", tokens=6)
+    assert len(calls(env)) == calls_expected
+
+
+def test_server_rate_limit_is_retried(env):
+    env.worker(*FAST, "--max-retries", "10", "-c", "10")
+    env.fake._req("POST", "/__config", {"rpm": 3})
+    try:
+        rs = [env.app.send_task("llm.generate", args=["rl %d" % i]) for i in range(5)]
+        # 3 per (scaled) minute: the rest get 429 + Retry-After and come back
+        for r in rs[:3]:
+            assert r.get(timeout=20)
+        assert any(e["status"] == 429 for e in calls(env))
+    finally:
+        env.fake._req("POST", "/__config", {"rpm": 0})
