@@ -584,3 +584,18 @@ def test_server_rate_limit_is_retried(env):
         assert any(e["status"] == 429 for e in calls(env))
     finally:
         env.fake._req("POST", "/__config", {"rpm": 0})
+
+
+def test_held_eta_tasks_survive_a_crash(env):
+    w = env.worker()
+    t0 = time.time()
+    rs = [env.app.send_task("llm.generate", args=["eta crash %d" % i], countdown=3)
+          for i in range(5)]
+    wait_until(lambda: w.count("received") >= 5, 10, what="eta tasks held")
+    w.proc.kill()
+    w.wait()
+    env.worker()
+    for i, r in enumerate(rs):
+        assert r.get(timeout=20) == env.fake.expected_text("eta crash %d" % i)
+    assert min(e["t"] for e in calls(env)) - t0 >= 2.9
+    assert len(calls(env)) == 5
