@@ -90,6 +90,20 @@ static void job_release_ref(struct job *j)
         job_free(j);
 }
 
+/* Lets a job go without settling its deliveries: they stay unacked and come
+ * back from the broker (requeued on close, redelivered elsewhere), so nothing
+ * is lost. Freed now, or by the last pending callback. */
+static void abandon_job(struct job *j)
+{
+    job_set_state(j, JOB_DONE);
+    if (j->in_map) {
+        strmap_del(&j->w->jobs, j->tm.id);
+        j->in_map = 0;
+    }
+    if (j->pending == 0)
+        job_free(j);
+}
+
 static struct job *job_new(struct worker *w, struct broker_msg *m)
 {
     struct job *j = cr_calloc(1, sizeof(*j));
@@ -247,13 +261,7 @@ static void finish_job(struct job *j)
         broker_ack(w->broker, j->msgs[i]);
     if (j->leased)
         lease_drop(j);
-    job_set_state(j, JOB_DONE);
-    if (j->in_map) {
-        strmap_del(&w->jobs, j->tm.id);
-        j->in_map = 0;
-    }
-    if (j->pending == 0)
-        job_free(j);
+    abandon_job(j);
     if (w->shutdown)
         schedule(w);
 }
@@ -317,13 +325,7 @@ static void on_dead_letter_confirm(struct broker *b, int ok, void *privdata)
             "Task %s[%s] dead-letter publish not confirmed; leaving the message "
             "unacked",
             job_name(j), j->tm.id ? j->tm.id : "?");
-        job_set_state(j, JOB_DONE);
-        if (j->in_map) {
-            strmap_del(&j->w->jobs, j->tm.id);
-            j->in_map = 0;
-        }
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     finish_job(j);
@@ -349,13 +351,7 @@ static void dead_letter(struct job *j)
     if (rc) {
         LOG(LOG_ERROR, "Task %s[%s] cannot be dead-lettered now (%s); leaving it unacked",
             job_name(j), j->tm.id ? j->tm.id : "?", cr_strerror(rc));
-        job_set_state(j, JOB_DONE);
-        if (j->in_map) {
-            strmap_del(&w->jobs, j->tm.id);
-            j->in_map = 0;
-        }
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     j->pending++;
@@ -400,9 +396,7 @@ static void settle(struct job *j)
     if (backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_stored, j)) {
         LOG(LOG_ERROR, "Task %s[%s] cannot queue its result: out of memory", job_name(j),
             j->tm.id);
-        job_set_state(j, JOB_DONE);
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     j->pending++;
@@ -466,13 +460,7 @@ static void on_retry_confirm(struct broker *b, int ok, void *privdata)
             "Task %s[%s] retry publish not confirmed; the message will be "
             "redelivered",
             job_name(j), j->tm.id);
-        job_set_state(j, JOB_DONE);
-        if (j->in_map) {
-            strmap_del(&w->jobs, j->tm.id);
-            j->in_map = 0;
-        }
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     if (!j->meta || backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta),
@@ -606,9 +594,7 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     j->pending--;
     if (w->shutdown == 2) {
         /* Cold shutdown: the delivery goes back to the queue untouched. */
-        job_set_state(j, JOB_DONE);
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     if (j->revoked) {
@@ -1048,9 +1034,7 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
 
     j->pending--;
     if (status) {
-        job_set_state(j, JOB_DONE);
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     if (value && result_meta_status(value, len, st, sizeof(st)) == 0) {
@@ -1072,11 +1056,7 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         /* Not started: give it back. */
         for (int i = 0; i < j->nmsgs; i++)
             broker_reject(w->broker, j->msgs[i], 1);
-        job_set_state(j, JOB_DONE);
-        strmap_del(&w->jobs, j->tm.id);
-        j->in_map = 0;
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         schedule(w);
         return;
     }
@@ -1123,16 +1103,10 @@ static void on_lease(struct backend *bk, int status, const struct redisReply *re
     (void)bk;
     j->pending--;
     if (status || w->shutdown) {
-        job_set_state(j, JOB_DONE);
-        if (j->in_map) {
-            strmap_del(&w->jobs, j->tm.id);
-            j->in_map = 0;
-        }
         if (!status)
             for (int i = 0; i < j->nmsgs; i++)
                 broker_reject(w->broker, j->msgs[i], 1);
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
         return;
     }
     if (reply && reply->type == REDIS_REPLY_STRING &&
@@ -1510,13 +1484,7 @@ static void drop_list(struct worker *w, struct job **head, struct job **tail, si
         (*n)--;
         for (int i = 0; i < j->nmsgs; i++)
             broker_reject(w->broker, j->msgs[i], 1);
-        job_set_state(j, JOB_DONE);
-        if (j->in_map) {
-            strmap_del(&w->jobs, j->tm.id);
-            j->in_map = 0;
-        }
-        if (j->pending == 0)
-            job_free(j);
+        abandon_job(j);
     }
 }
 
