@@ -1,13 +1,15 @@
 /* redis_limit.c -- Redis's limit for storing results: a bare pipelined SETEX+PUBLISH loop.
  *
- *   build/bench/redis_limit PORT DB COUNT WINDOW [VALUE_BYTES] [eval]
+ *   build/bench/redis_limit PORT DB COUNT WINDOW [VALUE_BYTES] [eval|evalsha]
  *
  * Stores COUNT results as Celery does (SETEX celery-task-meta-<id>, then
  * PUBLISH on the same name), keeping at most WINDOW commands unanswered on
  * one connection. With "eval" each store is instead the worker's own EVAL
- * script (GET, check, SETEX, PUBLISH in one call), to price that choice. The
- * value is a result-meta-sized JSON. Gives up after 120 s. Prints "stored N in
- * S s (R results/s)". */
+ * script (GET, check, SETEX, PUBLISH in one call), to price that choice;
+ * "evalsha" sends the same script by its SHA1 (SCRIPT LOAD first), which
+ * spares Redis hashing the script body on every call. The value is a
+ * result-meta-sized JSON. Gives up after 120 s. Prints "stored N in S s (R
+ * results/s)". */
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +51,8 @@ int main(int argc, char **argv)
     redisContext *c;
     long count, window, sent = 0, answered = 0, per;
     size_t vbytes = 200;
-    int use_eval;
-    char key[80], *value;
+    int use_eval, use_sha;
+    char key[80], *value, sha[48] = "";
     double t0, t1;
 
     if (argc < 5) {
@@ -62,13 +64,23 @@ int main(int argc, char **argv)
     if (argc > 5)
         vbytes = (size_t)strtoul(argv[5], NULL, 10);
     use_eval = argc > 6 && !strcmp(argv[6], "eval");
-    per = use_eval ? 1 : 2;
+    use_sha = argc > 6 && !strcmp(argv[6], "evalsha");
+    per = use_eval || use_sha ? 1 : 2;
     c = redisConnect("127.0.0.1", (int)strtol(argv[1], NULL, 10));
     if (!c || c->err) {
         fprintf(stderr, "redis_limit: cannot connect\n");
         return 1;
     }
     freeReplyObject(redisCommand(c, "SELECT %s", argv[2]));
+    if (use_sha) {
+        redisReply *r = redisCommand(c, "SCRIPT LOAD %s", script);
+        if (!r || r->type != REDIS_REPLY_STRING) {
+            fprintf(stderr, "redis_limit: SCRIPT LOAD failed\n");
+            return 1;
+        }
+        snprintf(sha, sizeof(sha), "%s", r->str);
+        freeReplyObject(r);
+    }
     value = malloc(vbytes + 1);
     if (!value)
         return 1;
@@ -84,6 +96,8 @@ int main(int argc, char **argv)
             snprintf(key, sizeof(key), "celery-task-meta-bench-%ld", sent);
             if (use_eval) {
                 redisAppendCommand(c, "EVAL %s 1 %s %b 86400", script, key, value, vbytes);
+            } else if (use_sha) {
+                redisAppendCommand(c, "EVALSHA %s 1 %s %b 86400", sha, key, value, vbytes);
             } else {
                 redisAppendCommand(c, "SETEX %s 86400 %b", key, value, vbytes);
                 redisAppendCommand(c, "PUBLISH %s %b", key, value, vbytes);

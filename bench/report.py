@@ -39,6 +39,11 @@ def fmt_rate(r):
     return s
 
 
+def who(r):
+    """'celeriac libuv' or 'celeriac libuv --progress off'."""
+    return ("%s %s %s" % (r["impl"], r["pool"], r.get("variant", ""))).strip()
+
+
 def busy(r, key):
     return 100.0 * r.get(key, 0) / r["wall_s"] if r["wall_s"] else 0
 
@@ -70,7 +75,15 @@ def build(res, out):
         L.append("| rabbitmq-c consume + ack multiple (every 50) | %s |" % spread(lim["ack_multiple"]))
         L.append("| hiredis SETEX+PUBLISH, pipelined | %s |" % spread(lim["redis"]))
         L.append("| hiredis EVAL store script (celeriac's), pipelined | %s |" % spread(lim["redis_eval"]))
+        if lim.get("redis_evalsha"):
+            L.append("| the same script by EVALSHA, pipelined | %s |" % spread(lim["redis_evalsha"]))
         L.append("")
+        if lim.get("rabbit_pct"):
+            L.append("RabbitMQ was %s%% busy (of one core) during the ack-each loops; other "
+                     "processes on the machine used %s%% meanwhile (noise)." % (
+                         "/".join(str(x) for x in lim["rabbit_pct"]),
+                         "/".join(str(x) for x in lim["others_pct"])))
+            L.append("")
 
     disp = res.get("dispatch")
     if disp:
@@ -105,16 +118,33 @@ def build(res, out):
         L.append("CPU busy during the median celeriac run and the best Python run "
                  "(percent of one core; the machine has %s):" % m.get("cores"))
         L.append("")
-        L.append("| run | tasks/s | worker | RabbitMQ | Redis | fake LLM |")
-        L.append("|---|---|---|---|---|---|")
+        L.append("| run | tasks/s | worker | RabbitMQ | Redis | fake LLM | other processes |")
+        L.append("|---|---|---|---|---|---|---|")
         for label in ("accumulate", "llm_zero"):
             rows = disp.get(label, [])
             cel = sorted((r for r in rows if r["impl"] == "celeriac"), key=lambda r: r["rate"])
             py = sorted((r for r in rows if r["impl"] == "python"), key=lambda r: r["rate"])
             for r in ([cel[len(cel) // 2]] if cel else []) + (py[-1:] if py else []):
-                L.append("| %s %s %s | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% |" % (
+                L.append("| %s %s %s | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% |" % (
                     label, r["impl"], r["pool"], r["rate"], busy(r, "cpu_s"),
-                    busy(r, "rabbitmq_cpu_s"), busy(r, "redis_cpu_s"), busy(r, "fake_cpu_s")))
+                    busy(r, "rabbitmq_cpu_s"), busy(r, "redis_cpu_s"), busy(r, "fake_cpu_s"),
+                    busy(r, "other_cpu_s")))
+        L.append("")
+        L.append("CPU per task, microseconds (CPU time / tasks done; less sensitive to the "
+                 "machine's other load than rates):")
+        L.append("")
+        L.append("| workload | worker | worker CPU | + RabbitMQ | + Redis | + fake | total |")
+        L.append("|---|---|---|---|---|---|---|")
+        for label in ("accumulate", "llm_zero"):
+            by = {}
+            for r in disp.get(label, []):
+                by.setdefault((r["impl"], r["pool"]), []).append(r)
+            for (impl, pool), rs in by.items():
+                per = lambda k: med([1e6 * x.get(k, 0) / max(x["done"], 1) for x in rs])
+                parts = [per("cpu_s"), per("rabbitmq_cpu_s"), per("redis_cpu_s"),
+                         per("fake_cpu_s")]
+                L.append("| %s | %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |" % (
+                    label, impl, pool, *parts, sum(parts)))
         L.append("")
 
     conc = res.get("concurrency")
@@ -123,24 +153,28 @@ def build(res, out):
                  conc[0]["n"])
         L.append("")
         L.append("| worker | concurrency | wall s | ideal s | wall/ideal | tasks/s | peak RSS MB | "
-                 "max streams open | CPU% worker / fake |")
+                 "max streams open | CPU% worker / fake / others |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for r in conc:
-            L.append("| %s %s | %d | %.2f%s | %.2f | %.2f | %.0f | %.1f | %d | %.0f / %.0f |" % (
-                r["impl"], r["pool"], r["c"], r["wall_s"],
+            L.append("| %s | %d | %.2f%s | %.2f | %.2f | %.0f | %.1f | %d | %.0f / %.0f / %.0f |" % (
+                who(r), r["c"], r["wall_s"],
                 "" if r["complete"] else " (%d/%d done)" % (r["done"], r["n"]), r["ideal_s"],
                 r["wall_s"] / r["ideal_s"] if r["complete"] else float("nan"), r["rate"],
                 r["peak_rss_kb"] / 1024, r.get("fake_max_open", 0), busy(r, "cpu_s"),
-                busy(r, "fake_cpu_s")))
+                busy(r, "fake_cpu_s"), busy(r, "other_cpu_s")))
         L.append("")
-        cel = [r for r in conc if r["impl"] == "celeriac"]
+        cel = [r for r in conc if r["impl"] == "celeriac" and not r.get("variant")]
+        off = [r for r in conc if r["impl"] == "celeriac" and r.get("variant")]
         py = [r for r in conc if r["impl"] == "python"]
         top = max(cel, key=lambda r: r["c"]) if cel else None
         if top:
             ok = top["complete"] and top["wall_s"] <= 1.3 * top["ideal_s"]
+            note = "".join("; %s: %.2fx" % (r["variant"], r["wall_s"] / r["ideal_s"])
+                           for r in off if r["c"] == top["c"])
             verdicts.append(("Concurrency: %d in flight within 1.3x ideal" % top["c"],
-                             "%.2fx (%.2f s vs %.2f s)" % (top["wall_s"] / top["ideal_s"],
-                                                           top["wall_s"], top["ideal_s"]), ok))
+                             "%.2fx (%.2f s vs %.2f s)%s" % (top["wall_s"] / top["ideal_s"],
+                                                             top["wall_s"], top["ideal_s"], note),
+                             ok))
         if cel and py:
             best = max(cel, key=lambda r: r["rate"])
             ratio = best["rate"] / py[0]["rate"]
@@ -155,13 +189,13 @@ def build(res, out):
         L.append("")
         L.append("Idle (ready, nothing to do): **%.1f MB**." % (mem["idle_kb"] / 1024))
         L.append("")
-        L.append("| streams in flight | max open at the server | peak RSS MB | (peak - idle) per stream | "
-                 "RSS while all held, per stream |")
-        L.append("|---|---|---|---|---|")
+        L.append("| worker | streams in flight | max open at the server | peak RSS MB | "
+                 "(peak - idle) per stream | RSS while all held, per stream |")
+        L.append("|---|---|---|---|---|---|")
         for r in mem["runs"]:
-            L.append("| %d | %d | %.1f | %.1f KB | %.1f KB |" % (
-                r["c"], r.get("fake_max_open", 0), r["hwm_kb"] / 1024, r["per_stream_b"] / 1024,
-                r["held_per_stream_b"] / 1024))
+            L.append("| %s | %d | %d | %.1f | %.1f KB | %.1f KB |" % (
+                who(r), r["c"], r.get("fake_max_open", 0), r["hwm_kb"] / 1024,
+                r["per_stream_b"] / 1024, r["held_per_stream_b"] / 1024))
         L.append("")
         L.append("The floor, a bare libcurl multi client holding idle streaming POSTs "
                  "(bench/idle_streams.c):")
@@ -172,11 +206,14 @@ def build(res, out):
             L.append("| %d | %s | %.1f KB |" % (f["streams"], f["buffersize"] or "default",
                                               f["per_stream_bytes"] / 1024))
         L.append("")
-        if mem["runs"]:
-            worst = max(r["per_stream_b"] for r in mem["runs"])
-            verdicts.append(("Memory <= 16 KB per in-flight stream", "%.1f KB (worst level)" %
-                             (worst / 1024), worst <= 16384))
-            top = max(mem["runs"], key=lambda r: r["c"])
+        runs = [r for r in mem["runs"] if not r.get("variant")]
+        if runs:
+            worst = max(r["per_stream_b"] for r in runs)
+            off = [r for r in mem["runs"] if r.get("variant")]
+            verdicts.append(("Memory <= 16 KB per in-flight stream", "%.1f KB (worst level)%s" % (
+                worst / 1024, "".join("; %s: %.1f KB" % (r["variant"], r["per_stream_b"] / 1024)
+                                      for r in off)), worst <= 16384))
+            top = max(runs, key=lambda r: r["c"])
             verdicts.append(("Memory: peak RSS at %d in flight" % top["c"],
                              "%.0f MB" % (top["hwm_kb"] / 1024),
                              top["hwm_kb"] <= 16 * top["c"] + mem["idle_kb"]))
@@ -227,8 +264,8 @@ def build(res, out):
                  "us per task (1 token) |")
         L.append("|---|---|---|---|---|---|")
         for r in cpt:
-            L.append("| %s %s | %d | %.2f | %.2f | %s | %.0f |" % (
-                r["impl"], r["pool"], r["n"], r["cpu_1tok_s"], r["cpu_257tok_s"],
+            L.append("| %s | %d | %.2f | %.2f | %s | %.0f |" % (
+                who(r), r["n"], r["cpu_1tok_s"], r["cpu_257tok_s"],
                 "%.2f" % r["us_per_token"] if r["us_per_token"] is not None else "-",
                 r["us_per_task_1tok"]))
         L.append("")
@@ -261,7 +298,8 @@ def chart(res, out):
     with open(os.path.join(out, "conc.dat"), "w") as f:
         f.write("# label wall ideal\n")
         for r in res.get("concurrency", []):
-            label = "celeriac c=%d" % r["c"] if r["impl"] == "celeriac" else "gevent c=%d" % r["c"]
+            label = ("celeriac c=%d" % r["c"] if r["impl"] == "celeriac" else
+                     "gevent c=%d" % r["c"]) + (" (progress off)" if r.get("variant") else "")
             wall = r["wall_s"] if r["complete"] else r["n"] / max(r["rate"], 1e-9)
             f.write('"%s" %.3f %.3f\n' % (label, wall, r["ideal_s"]))
     mem = res.get("memory")
@@ -271,6 +309,8 @@ def chart(res, out):
             floor = [x for x in mem["floor"] if x["buffersize"]] or mem["floor"]
             per = floor[0]["per_stream_bytes"] if floor else 0
             for r in mem["runs"]:
+                if r.get("variant"):
+                    continue
                 f.write("%d %.1f %.1f\n" % (r["c"], r["hwm_kb"] / 1024,
                                             (mem["idle_kb"] * 1024 + per * r["c"]) / 2**20))
     with open(os.path.join(out, "latency.dat"), "w") as f:

@@ -41,6 +41,8 @@ PY_CONC_BOUND_S = 15 if QUICK else 120  # the Python concurrency run
 REPEAT = 1 if QUICK else 3              # celeriac dispatch and limit runs
 LAT_N = 100 if QUICK else 400
 IMPLS = os.environ.get("BENCH_IMPL", "celeriac,python").split(",")
+# celeriac with --progress off as well, to price live progress apart from the core
+VARIANTS = os.environ.get("BENCH_VARIANTS", "1") != "0"
 DISPATCH_C = int(os.environ.get("BENCH_DISPATCH_C", "100"))
 # The concurrency workload: 1.0 s per request at the server. Headers and the
 # role chunk at once, first token at 380 ms, then 50 tokens/s: the 32nd token
@@ -94,6 +96,21 @@ def cpu_s(pids):
         fields = st[st.rindex(")") + 2:].split()
         total += int(fields[11]) + int(fields[12])
     return total / HZ
+
+
+def machine_busy_s():
+    """CPU seconds spent by every process on the machine so far (all cores)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    return (sum(v[:8]) - v[3] - v[4]) / HZ
+
+
+def children_cpu_s():
+    """CPU seconds of the tools run and waited for so far."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def status_kb(pid, field):
@@ -326,7 +343,8 @@ class Bench:
         return Proc("python-" + pool, cmd, env=env, cwd=os.path.join(ROOT, "bench"),
                     ready=r"BENCH-READY")
 
-    def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None):
+    def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None,
+                  extra=()):
         if impl not in IMPLS:
             return None
         """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
@@ -339,14 +357,16 @@ class Bench:
         self.redis.cmd("FLUSHDB")
         self.fake_stats(reset=True)
         counter = ResultCounter(self.redis_port)
-        w = self.celeriac(queue, c) if impl == "celeriac" else self.python(queue, pool, c)
+        w = self.celeriac(queue, c, extra) if impl == "celeriac" else self.python(queue, pool, c)
         rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
-               "model": kwargs.get("model"), "publish_rate": round(pub_rate)}
+               "model": kwargs.get("model"), "publish_rate": round(pub_rate),
+               "variant": " ".join(extra)}
         try:
             t0 = w.wait_ready()
             pids = tree(w.p.pid)
             cpu0, fcpu0 = cpu_s(pids), cpu_s([self.fake.p.pid])
             scpu0 = {k: cpu_s([v]) for k, v in self.svc_pids.items()}
+            mcpu0, hcpu0 = machine_busy_s(), cpu_s([os.getpid()])
             peak_rss, held_rss, done, last_sample = 0, None, 0, 0.0
             timeline = []
             while True:
@@ -372,6 +392,12 @@ class Bench:
             rec["fake_cpu_s"] = round(cpu_s([self.fake.p.pid]) - fcpu0, 3)
             for k, v in self.svc_pids.items():
                 rec[k + "_cpu_s"] = round(cpu_s([v]) - scpu0[k], 3)
+            # Whatever else ran meanwhile (other users of the machine): the
+            # noise indicator of this run.
+            rec["harness_cpu_s"] = round(cpu_s([os.getpid()]) - hcpu0, 3)
+            rec["other_cpu_s"] = round(machine_busy_s() - mcpu0 - rec["cpu_s"] - rec["fake_cpu_s"]
+                                       - rec["harness_cpu_s"] - sum(
+                                           rec.get(k + "_cpu_s", 0) for k in self.svc_pids), 3)
             rec["hwm_kb"] = status_kb(w.p.pid, "VmHWM") if impl == "celeriac" else None
             rec["peak_rss_kb"] = max(peak_rss, rss_kb(pids))
             rec["held_rss_kb"] = held_rss
@@ -394,10 +420,10 @@ class Bench:
         self.tool("publish", self.amqp_port, queue, "purge")
         busy = lambda k: 100 * rec.get(k, 0) / rec["wall_s"]
         log("  %-8s %-8s c=%-6d %-18s %6d/%-6d in %7.2f s: %9.1f tasks/s  rss %6.1f MB  "
-            "cpu%%: worker %3.0f rabbit %3.0f redis %3.0f fake %3.0f" % (
+            "cpu%%: worker %3.0f rabbit %3.0f redis %3.0f fake %3.0f others %3.0f" % (
                 impl, pool, c, task, done, n, rec["wall_s"], rec["rate"],
                 rec["peak_rss_kb"] / 1024, busy("cpu_s"), busy("rabbitmq_cpu_s"),
-                busy("redis_cpu_s"), busy("fake_cpu_s")))
+                busy("redis_cpu_s"), busy("fake_cpu_s"), busy("other_cpu_s")))
         return rec
 
     # ---------------------------------------------------------- workloads
@@ -406,20 +432,33 @@ class Bench:
         log("5. limits: bare consume-and-ack, bare SETEX+PUBLISH")
         prefetch = DISPATCH_C * 4
         res = {"prefetch": prefetch, "ack_each": [], "ack_multiple": [], "redis": [],
-               "redis_eval": []}
+               "redis_eval": [], "redis_evalsha": [], "others_pct": []}
+        rabbit = self.svc_pids.get("rabbitmq")
         for _ in range(REPEAT):
             for key, every in (("ack_each", 1), ("ack_multiple", 50)):
                 q = self.new_queue()
                 self.publish(q, N_DISPATCH, "celery.accumulate", [1], {})
+                m0, r0, t0 = machine_busy_s(), cpu_s([rabbit]) if rabbit else 0, time.time()
+                k0 = children_cpu_s() + cpu_s([os.getpid()])
                 out = self.tool("consume_ack", self.amqp_port, q, N_DISPATCH, prefetch, every)
+                wall = time.time() - t0
+                rab = (cpu_s([rabbit]) if rabbit else 0) - r0
+                mine = children_cpu_s() + cpu_s([os.getpid()]) - k0
+                others = max(0.0, machine_busy_s() - m0 - rab - mine)
+                res["others_pct"].append(round(100 * others / wall))
                 res[key].append(float(re.search(r"\(([\d.]+) msg/s\)", out).group(1)))
+                if key == "ack_each":
+                    res.setdefault("rabbit_pct", []).append(round(100 * rab / wall))
                 self.tool("publish", self.amqp_port, q, "purge")
-            for key, extra in (("redis", []), ("redis_eval", [200, "eval"])):
+            for key, extra in (("redis", []), ("redis_eval", [200, "eval"]),
+                               ("redis_evalsha", [200, "evalsha"])):
                 out = self.tool("redis_limit", self.redis_port, self.db, N_DISPATCH, prefetch,
                                 *(extra or [200]))
                 res[key].append(float(re.search(r"\(([\d.]+) results/s\)", out).group(1)))
-        for k in ("ack_each", "ack_multiple", "redis", "redis_eval"):
+        for k in ("ack_each", "ack_multiple", "redis", "redis_eval", "redis_evalsha"):
             log("  %-13s %s" % (k, " ".join("%.0f" % v for v in res[k])))
+        log("  RabbitMQ busy during ack_each: %s%%; other processes: %s%%" % (
+            res.get("rabbit_pct"), res["others_pct"]))
         self.results["limits"] = res
 
     def dispatch(self):
@@ -444,6 +483,12 @@ class Bench:
         for c in CONC_LEVELS:
             rows.append(self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
                                        {"model": LLM_1S}, N_CONC, 300))
+        # The same at the highest level without live progress (--progress off),
+        # to price that feature apart from the core.
+        if VARIANTS:
+            rows.append(self.run_tasks("celeriac", "libuv", max(CONC_LEVELS), "llm.generate",
+                                       ["bench"], {"model": LLM_1S}, N_CONC, 300,
+                                       extra=("--progress", "off")))
         rows.append(self.run_tasks("python", "gevent", 1000, "llm.generate", ["bench"],
                                    {"model": LLM_1S}, N_CONC, PY_CONC_BOUND_S))
         rows = [r for r in rows if r]
@@ -463,9 +508,10 @@ class Bench:
             w.stop()
         rows = []
         model = "fake/ttft_ms=%d,tokens=32,tps=0" % MEM_HOLD_MS
-        for c in MEM_LEVELS:
+        for c, extra in [(c, ()) for c in MEM_LEVELS] + VARIANTS * [(max(MEM_LEVELS),
+                                                                     ("--progress", "off"))]:
             r = self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
-                               {"model": model}, c, 120, hold_for=c)
+                               {"model": model}, c, 120, hold_for=c, extra=extra)
             r["idle_kb"] = idle
             r["per_stream_b"] = round((r["hwm_kb"] - idle) * 1024 / c)
             r["held_per_stream_b"] = round(((r["held_rss_kb"] or 0) - idle) * 1024 / c)
@@ -531,20 +577,24 @@ class Bench:
     def cpu_per_token(self):
         log("6. CPU per streamed token (marginal: 256 tokens against 1)")
         out = []
-        for impl, pool, c, n in (("celeriac", "libuv", 1000, 1000 if QUICK else 4000),
-                                 ("python", "gevent", 100, 200 if QUICK else 500)):
-            if impl not in IMPLS:
+        for impl, pool, c, n, extra in (
+                ("celeriac", "libuv", 1000, 1000 if QUICK else 4000, ()),
+                ("celeriac", "libuv", 1000, 1000 if QUICK else 4000, ("--progress", "off")),
+                ("python", "gevent", 100, 200 if QUICK else 500, ())):
+            if impl not in IMPLS or (extra and not VARIANTS):
                 continue
             runs = {}
             for tok in (1, 257):
                 runs[tok] = self.run_tasks(impl, pool, c, "llm.generate", ["bench"],
-                                           {"model": "fake/tokens=%d" % tok}, n, 120)
+                                           {"model": "fake/tokens=%d" % tok}, n, 120,
+                                           extra=extra)
             a, b = runs[1], runs[257]
             if a["complete"] and b["complete"]:
                 per = (b["cpu_s"] - a["cpu_s"]) / (n * 256)
             else:
                 per = None
-            rec = {"impl": impl, "pool": pool, "n": n, "cpu_1tok_s": a["cpu_s"],
+            rec = {"impl": impl, "pool": pool, "n": n, "variant": " ".join(extra),
+                   "cpu_1tok_s": a["cpu_s"],
                    "cpu_257tok_s": b["cpu_s"],
                    "us_per_token": round(per * 1e6, 3) if per is not None else None,
                    "us_per_task_1tok": round(a["cpu_s"] / n * 1e6, 1)}
