@@ -34,6 +34,7 @@ plot dir."/mem.dat" using 1:2 title "celeriac peak RSS" lw 2 pt 7, \
 unset xlabel
 
 set title "4. Round trip of a trivial task, ms"
+set key top left
 set style data histograms
 set xtics rotate by -20
 plot dir."/latency.dat" using 2:xtic(1) title "p50", "" using 3 title "p99"
