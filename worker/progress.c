@@ -297,6 +297,7 @@ static void flush(struct progress *p, struct ptask *t, int force)
 }
 
 static void arm(struct progress *p);
+static void arm_one(struct progress *p, struct ptask *t);
 
 static void on_timer(uv_timer_t *timer)
 {
@@ -306,6 +307,23 @@ static void on_timer(uv_timer_t *timer)
     for (struct ptask *t = p->head; t; t = t->next)
         flush(p, t, 0);
     arm(p);
+}
+
+/* Per delta only this task's due time can have moved earlier, so it is the
+ * only one looked at: O(1) per token. (Scanning every task here cost 75% of
+ * the worker's CPU with 5,000 streams; measured in docs/benchmarks.md.) The
+ * timer's own firing rescans all tasks once, which is O(n) per interval. */
+static void arm_one(struct progress *p, struct ptask *t)
+{
+    int64_t wait = progress_batch_wait_ms(&t->b, &p->pol, now_ms(p));
+    if (wait < 0)
+        return;
+    if (wait == 0)
+        wait = p->pol.interval_ms; /* backpressure: poll gently, as arm() does */
+    if (uv_is_active((uv_handle_t *)p->timer) &&
+        uv_timer_get_due_in(p->timer) <= (uint64_t)wait)
+        return;
+    uv_timer_start(p->timer, on_timer, (uint64_t)wait, 0);
 }
 
 /* One timer for every task: it fires at the earliest due time. */
@@ -411,7 +429,7 @@ void progress_on_delta(struct progress *p, struct job *j, const char *text, size
         LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
     if (progress_batch_due(&t->b, &p->pol, now_ms(p)))
         flush(p, t, 0);
-    arm(p);
+    arm_one(p, t);
 }
 
 static const char *final_state(enum task_event_type type)
@@ -510,7 +528,8 @@ void progress_on_task(struct progress *p, struct job *j,
     }
     close_attempt(p, t, state, info);
     ptask_free(p, t);
-    arm(p);
+    /* No re-arm (O(tasks) per completion): at worst the timer fires early
+     * once, rescans and re-arms itself. */
 }
 
 static void on_timer_closed(uv_handle_t *h)
