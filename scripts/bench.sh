@@ -16,7 +16,7 @@ root=$(pwd)
 out=${BENCH_OUT:-$root/build/bench/out}
 dir=$(mktemp -d /tmp/celeriac-bench.XXXXXX)
 cleanup() {
-    bash scripts/services.sh stop "$dir" >/dev/null 2>&1
+    bash "$root/scripts/services.sh" stop "$dir" >/dev/null 2>&1
     rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -9,11 +9,12 @@ root=$(pwd)
 dir=$(mktemp -d /tmp/celeriac-it.XXXXXX)
 export CELERIAC_IT_DIR=$dir
 cleanup() {
-    bash scripts/services.sh stop "$dir" >/dev/null 2>&1
+    bash "$root/scripts/services.sh" stop "$dir" >/dev/null 2>&1
     pkill -f "$dir" >/dev/null 2>&1
     rm -rf "$dir"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 bash scripts/services.sh start "$dir" >/dev/null || { echo "integration: cannot start services"; exit 1; }
 
 /usr/bin/python3 tests/integration/test_fake_llm.py > "$dir/fake_llm.log" 2>&1
