@@ -497,6 +497,18 @@ done:
     cr_free(rc);
 }
 
+/* A read's context, freed by its callback. NULL on OOM. */
+static struct read_ctx *read_ctx_new(struct gw_app *app, const char *id, uint64_t ticket)
+{
+    struct read_ctx *rc = cr_calloc(1, sizeof(*rc));
+    if (!rc)
+        return NULL;
+    rc->app = app;
+    rc->ticket = ticket;
+    snprintf(rc->id, sizeof(rc->id), "%s", id);
+    return rc;
+}
+
 static int op_fetch(struct gw_hub *h, const char *id, int64_t after, uint64_t ticket,
                     void *privdata)
 {
@@ -509,12 +521,9 @@ static int op_fetch(struct gw_hub *h, const char *id, int64_t after, uint64_t ti
     (void)h;
     if (app->stopping)
         return CR_ECANCELED;
-    rc = cr_calloc(1, sizeof(*rc));
+    rc = read_ctx_new(app, id, ticket);
     if (!rc)
         return CR_ENOMEM;
-    rc->app = app;
-    rc->ticket = ticket;
-    snprintf(rc->id, sizeof(rc->id), "%s", id);
     buf_init(&key);
     if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, id)) {
         cr_free(rc);
@@ -553,12 +562,9 @@ static int op_get_meta(struct gw_hub *h, const char *id, uint64_t ticket, void *
     (void)h;
     if (app->stopping)
         return CR_ECANCELED;
-    rc = cr_calloc(1, sizeof(*rc));
+    rc = read_ctx_new(app, id, ticket);
     if (!rc)
         return CR_ENOMEM;
-    rc->app = app;
-    rc->ticket = ticket;
-    snprintf(rc->id, sizeof(rc->id), "%s", id);
     if (backend_get(app->backend, id, on_meta, rc)) {
         cr_free(rc);
         return CR_ENOMEM;
