@@ -11,6 +11,7 @@
 #include "log.h"
 #include "redis_uv.h"
 #include "util/alloc.h"
+#include "util/sha1.h"
 
 #define KEY_PREFIX BACKEND_META_PREFIX
 #define CONNECT_TIMEOUT_MS 5000
@@ -19,13 +20,13 @@
 /* Store a state unless SUCCESS is already stored, then publish it on the channel
  * named like the key. Doing the check and the write in one script makes the
  * "never overwrite SUCCESS" rule atomic, where Celery's GET-then-SET is not. */
-static const char store_script[] =
+static struct backend_script store_script = BACKEND_SCRIPT(
     "local cur = redis.call('GET', KEYS[1])\n"
     "if cur and string.find(cur, '\"status\": *\"SUCCESS\"') then return 0 end\n"
     "if tonumber(ARGV[2]) > 0 then redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])\n"
     "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
     "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
-    "return 1\n";
+    "return 1\n");
 
 enum op_kind { OP_STORE, OP_GET, OP_RAW };
 
@@ -39,7 +40,9 @@ struct op {
     backend_store_fn *store_cb;
     backend_get_fn *get_cb;
     backend_reply_fn *raw_cb;
-    int argc; /* OP_RAW */
+    struct backend_script *script; /* OP_STORE, or OP_RAW by backend_eval() */
+    int use_eval;                  /* Redis said NOSCRIPT: send the text */
+    int argc;                      /* OP_RAW: without the script's two words */
     char **argv;
     size_t *argvlen;
     void *privdata;
@@ -329,6 +332,12 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_push(bk, op);
         return;
     }
+    if (reply->type == REDIS_REPLY_ERROR && op->script && !op->use_eval &&
+        !strncmp(reply->str, "NOSCRIPT", 8)) {
+        op->use_eval = 1;
+        send_op(bk, op);
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR && op->kind == OP_RAW) {
         finish_op(op, 0, reply);
         return;
@@ -345,6 +354,19 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     finish_op(op, 0, reply);
 }
 
+/* The first two words of a script's command: EVALSHA and the digest, or EVAL
+ * and the text after a NOSCRIPT. */
+static void script_head(struct op *op, const char **argv, size_t *lens)
+{
+    struct backend_script *s = op->script;
+    if (!s->sha[0])
+        sha1_hex(s->text, s->len, s->sha);
+    argv[0] = op->use_eval ? "EVAL" : "EVALSHA";
+    lens[0] = strlen(argv[0]);
+    argv[1] = op->use_eval ? s->text : s->sha;
+    lens[1] = op->use_eval ? s->len : SHA1_HEX_LEN;
+}
+
 static void send_op(struct backend *bk, struct op *op)
 {
     int rc;
@@ -353,15 +375,33 @@ static void send_op(struct backend *bk, struct op *op)
         return;
     }
     if (op->kind == OP_STORE) {
-        const char *argv[6] = {"EVAL",  store_script, "1",
-                               op->key, op->value,    bk->expires_text};
-        size_t lens[6] = {4,
-                          sizeof(store_script) - 1,
-                          1,
-                          strlen(op->key),
-                          op->value_len,
-                          strlen(bk->expires_text)};
+        const char *argv[6] = {NULL, NULL, "1", op->key, op->value, bk->expires_text};
+        size_t lens[6] = {
+            0, 0, 1, strlen(op->key), op->value_len, strlen(bk->expires_text)};
+        script_head(op, argv, lens);
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
+    } else if (op->kind == OP_RAW && op->script) {
+        const char *small[24], **argv = small;
+        size_t smalllens[24], *lens = smalllens;
+        int n = op->argc + 2;
+        if (n > 24) {
+            argv = cr_malloc((size_t)n * sizeof(*argv));
+            lens = cr_malloc((size_t)n * sizeof(*lens));
+        }
+        if (!argv || !lens) {
+            rc = REDIS_ERR; /* waits and is tried again, like a refused send */
+        } else {
+            script_head(op, argv, lens);
+            for (int i = 0; i < op->argc; i++) {
+                argv[i + 2] = op->argv[i];
+                lens[i + 2] = op->argvlen[i];
+            }
+            rc = redisAsyncCommandArgv(bk->ac, on_reply, op, n, argv, lens);
+        }
+        if (argv != small)
+            cr_free(argv);
+        if (lens != smalllens)
+            cr_free(lens);
     } else if (op->kind == OP_RAW) {
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc,
                                    (const char **)op->argv, op->argvlen);
@@ -417,6 +457,7 @@ int backend_store(struct backend *bk, const char *task_id, const char *json, siz
         return CR_ENOMEM;
     }
     op->value_len = len;
+    op->script = &store_script;
     op->store_cb = cb;
     op->privdata = privdata;
     return submit(bk, op);
@@ -433,12 +474,12 @@ int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
     return submit(bk, op);
 }
 
-int backend_command(struct backend *bk, int argc, const char *const *argv,
-                    const size_t *argvlen, backend_reply_fn *cb, void *privdata)
+static struct op *raw_op_new(struct backend *bk, int argc, const char *const *argv,
+                             const size_t *argvlen, backend_reply_fn *cb, void *privdata)
 {
     struct op *op = cr_calloc(1, sizeof(*op));
     if (!op)
-        return CR_ENOMEM;
+        return NULL;
     op->bk = bk;
     op->kind = OP_RAW;
     op->raw_cb = cb;
@@ -447,7 +488,7 @@ int backend_command(struct backend *bk, int argc, const char *const *argv,
     op->argvlen = cr_calloc((size_t)argc, sizeof(*op->argvlen));
     if (!op->argv || !op->argvlen) {
         op_free(op);
-        return CR_ENOMEM;
+        return NULL;
     }
     for (int i = 0; i < argc; i++) {
         size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
@@ -455,11 +496,31 @@ int backend_command(struct backend *bk, int argc, const char *const *argv,
         if (!op->argv[i]) {
             op->argc = i;
             op_free(op);
-            return CR_ENOMEM;
+            return NULL;
         }
         op->argvlen[i] = n;
     }
     op->argc = argc;
+    return op;
+}
+
+int backend_command(struct backend *bk, int argc, const char *const *argv,
+                    const size_t *argvlen, backend_reply_fn *cb, void *privdata)
+{
+    struct op *op = raw_op_new(bk, argc, argv, argvlen, cb, privdata);
+    if (!op)
+        return CR_ENOMEM;
+    return submit(bk, op);
+}
+
+int backend_eval(struct backend *bk, struct backend_script *script, int argc,
+                 const char *const *argv, const size_t *argvlen, backend_reply_fn *cb,
+                 void *privdata)
+{
+    struct op *op = raw_op_new(bk, argc, argv, argvlen, cb, privdata);
+    if (!op)
+        return CR_ENOMEM;
+    op->script = script;
     return submit(bk, op);
 }
 

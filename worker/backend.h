@@ -61,6 +61,28 @@ typedef void backend_reply_fn(struct backend *bk, int status,
 int backend_command(struct backend *bk, int argc, const char *const *argv,
                     const size_t *argvlen, backend_reply_fn *cb, void *privdata);
 
+/* A Lua script sent by EVALSHA, so Redis neither receives nor hashes its text
+ * each call (measured: 140k EVAL/s against 199k EVALSHA/s on the bench Redis).
+ * When Redis answers NOSCRIPT (restarted, SCRIPT FLUSH) the command is sent
+ * again once as EVAL, which also puts the script back in Redis's cache.
+ * Define one per script with static storage: BACKEND_SCRIPT(text); the digest
+ * is computed on first use and the text must outlive every backend. */
+struct backend_script {
+    const char *text;
+    size_t len;
+    char sha[41]; /* "" until first use */
+};
+#define BACKEND_SCRIPT(text)                                                             \
+    {                                                                                    \
+        (text), sizeof(text) - 1, ""                                                     \
+    }
+
+/* Runs script with argv = numkeys, keys..., args... (copied). Same contract as
+ * backend_command(). */
+int backend_eval(struct backend *bk, struct backend_script *script, int argc,
+                 const char *const *argv, const size_t *argvlen, backend_reply_fn *cb,
+                 void *privdata);
+
 /* The key prefix results are stored under ("celery-task-meta-"). */
 #define BACKEND_META_PREFIX "celery-task-meta-"
 

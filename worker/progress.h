@@ -1,6 +1,9 @@
 /* progress.h -- live progress of streaming tasks: a batched Redis Stream per task
  * and a throttled PROGRESS state in the result backend.
  *
+ * Only the tasks that stream text (llm.generate, llm.chat) have progress; for
+ * the others the result meta is the whole story.
+ *
  * Wire format (read by the gateway and by anyone with a Redis client):
  *   stream key   "celeriac:progress:<task_id>" (PROGRESS_KEY_PREFIX), expiring
  *                with the result (result_expires) and trimmed to about

@@ -133,16 +133,48 @@ def test_queues_option_and_priority_queue(env):
 
 
 def test_redelivered_success_is_not_run_again(env):
+    def stored(tid, text):
+        env.redis.set("celery-task-meta-" + tid, json.dumps(
+            {"status": "SUCCESS", "result": text, "traceback": None, "children": [],
+             "date_done": "2026-01-01T00:00:00+00:00", "task_id": tid}))
+
+    # a real redelivery: taken by a consumer that went away without acking
     tid = str(uuid.uuid4())
-    env.redis.set("celery-task-meta-" + tid, json.dumps(
-        {"status": "SUCCESS", "result": "stored before", "traceback": None, "children": [],
-         "date_done": "2026-01-01T00:00:00+00:00", "task_id": tid}))
-    w = env.worker()
+    stored(tid, "stored before")
     r = env.app.send_task("llm.generate", args=["must not run"], task_id=tid)
+    with env.app.connection_for_write() as conn:
+        m = conn.default_channel.basic_get("celery", no_ack=False)
+        assert m is not None and not m.delivery_info["redelivered"]
+    w = env.worker()
     assert r.get(timeout=20) == "stored before"
     w.wait_for("already has SUCCESS stored", 10)
     assert env.fake.stats() == []
     assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 10)
+    # a fresh publish of the same id runs, as with Celery, and SUCCESS stays
+    tid2 = str(uuid.uuid4())
+    stored(tid2, "first answer")
+    r2 = env.app.send_task("llm.generate", args=["runs again"], task_id=tid2)
+    wait_until(lambda: len(env.fake.stats()) == 1, 20, what="the second call")
+    assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 10)
+    assert r2.get(timeout=20) == "first answer"
+
+
+def test_results_survive_a_script_cache_flush(env):
+    # results and progress go by EVALSHA; after SCRIPT FLUSH Redis answers
+    # NOSCRIPT and the worker must send the script itself
+    env.worker()
+    r = env.app.send_task("llm.generate", args=["before flush"])
+    assert r.get(timeout=20) == env.fake.expected_text("before flush")
+    assert env.redis.script_exists("0" * 40) == [False]
+    env.redis.script_flush()
+    r = env.app.send_task("llm.generate", args=["after flush"])
+    assert r.get(timeout=20) == env.fake.expected_text("after flush")
+    states = [f[b"state"] for _, f in env.redis.xrange("celeriac:progress:" + r.id)]
+    assert states[0] == b"STARTED" and states[-1] == b"SUCCESS"
+    # and accumulate, which has no progress stream at all
+    r = env.app.send_task("celery.accumulate", args=[1, 2])
+    assert r.get(timeout=20) == [1, 2]
+    assert not env.redis.exists("celeriac:progress:" + r.id)
 
 
 def test_thousand_concurrent_tasks(env):

@@ -1,10 +1,11 @@
-/* test_util.c -- buf, err and alloc. */
+/* test_util.c -- buf, err, alloc and sha1. */
 #include <check.h>
 #include <string.h>
 
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/err.h"
+#include "util/sha1.h"
 
 START_TEST(test_buf_grow)
 {
@@ -53,6 +54,46 @@ START_TEST(test_err)
 }
 END_TEST
 
+START_TEST(test_sha1)
+{
+    /* FIPS 180 examples, then every padding boundary (55/56, 63/64/65 and
+     * 119/120 bytes), against Python's hashlib. */
+    static const struct {
+        size_t n;
+        const char *hex;
+    } lens[] = {
+        {55, "ddf57317ef34bfee3b6df83d359098930eb278bc"},
+        {56, "a0d492bb0fc889d0eca3bc137066ab6f4f74f369"},
+        {63, "c55856749bef509bdfe6bfebfc7bf4e793e82132"},
+        {64, "bede92be29c3874e1b54ddc77988d606fc857a8e"},
+        {65, "b05a80522b053d6dc7e0a517d0e70212c7dad11f"},
+        {119, "504e27376a6e0f0dba8295b85cb25dc4dfa17d23"},
+        {120, "82134b02fb3f702491be9bed581eeab59334acb2"},
+    };
+    static const char abc56[] =
+        "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    unsigned char data[128];
+    char hex[SHA1_HEX_LEN + 1];
+    static char million[1000000];
+
+    sha1_hex("", 0, hex);
+    ck_assert_str_eq(hex, "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    sha1_hex("abc", 3, hex);
+    ck_assert_str_eq(hex, "a9993e364706816aba3e25717850c26c9cd0d89d");
+    sha1_hex(abc56, sizeof(abc56) - 1, hex);
+    ck_assert_str_eq(hex, "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+    memset(million, 'a', sizeof(million));
+    sha1_hex(million, sizeof(million), hex);
+    ck_assert_str_eq(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (unsigned char)((i * 7 + 3) & 255);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        sha1_hex(data, lens[i].n, hex);
+        ck_assert_msg(!strcmp(hex, lens[i].hex), "%zu bytes: %s", lens[i].n, hex);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("util");
@@ -64,6 +105,7 @@ int main(void)
     tcase_add_test(tc, test_buf_limit);
     tcase_add_test(tc, test_buf_oom);
     tcase_add_test(tc, test_err);
+    tcase_add_test(tc, test_sha1);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
