@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ack_batch.h"
 #include "log.h"
 #include "config.h"
 #include "amqp_url.h"
@@ -71,6 +72,19 @@ struct broker {
     uv_poll_t *poll;  /* heap: closed asynchronously */
     uv_timer_t timer; /* heartbeat pump and reconnect backoff */
     uv_check_t check; /* drains frames rabbitmq-c buffered during writes */
+    /* Sends the acks made during a loop iteration just before the loop waits
+     * for I/O: one write per iteration instead of one per delivery. A prepare
+     * handle rather than the check handle, because prepare runs after the
+     * timer, pending and idle callbacks and right before the poll, so an ack
+     * made anywhere in the iteration (a confirm timer, a Redis reply, a
+     * delivery pumped from the check handle) goes out before the loop can
+     * sleep; acks made after the poll are sent by the next iteration's
+     * prepare, which runs before the loop sleeps again. */
+    uv_prepare_t prepare;
+    /* Delivery tags of CHANNEL on this connection and the acks not yet sent.
+     * Only CHANNEL is tracked: the control channel's consumers never ack and
+     * the stats channel receives no deliveries. */
+    struct ack_batch acks;
     int64_t reconnect_delay_ms;
     int in_pump;
 
@@ -103,6 +117,8 @@ struct broker {
 
 static void pump(struct broker *b);
 static void connection_lost(struct broker *b, const char *why);
+static int check_status(struct broker *b, int rc, const char *what);
+static void on_prepare(uv_prepare_t *p);
 
 void broker_msg_free(struct broker_msg *m)
 {
@@ -448,6 +464,11 @@ static void teardown(struct broker *b)
     broker_msg_free(b->cur);
     b->cur = NULL;
     b->skip_content = 0;
+    /* Delivery tags are per channel and start again on the next connection:
+     * an ack still pending for this one must never be sent on the next (it
+     * would name another delivery, or an unknown tag). The broker requeues
+     * these deliveries itself. */
+    ack_batch_clear(&b->acks);
     for (int i = 0; i < b->nconsumers; i++)
         b->consumers[i].active = 0;
     b->consuming = 0;
@@ -613,11 +634,29 @@ static void connection_lost(struct broker *b, const char *why)
 
 /* ---------------------------------------------------------------- frames */
 
-static void start_delivery(struct broker *b, const amqp_basic_deliver_t *d)
+static void start_delivery(struct broker *b, amqp_channel_t channel,
+                           const amqp_basic_deliver_t *d)
 {
     struct broker_msg *m = cr_calloc(1, sizeof(*m));
     broker_msg_free(b->cur);
     b->cur = m;
+    if (channel == CHANNEL) {
+        int rc = ack_batch_received(&b->acks, d->delivery_tag);
+        if (rc < 0)
+            LOG(LOG_WARNING,
+                "broker: delivery %llu not tracked (%s): acks go one by one until "
+                "the next reconnect",
+                (unsigned long long)d->delivery_tag, cr_strerror(rc));
+        if (!m) {
+            /* Back to the queue now; held, it would sit unacked until the
+             * connection closes and keep every later ack from batching. */
+            LOG(LOG_ERROR, "out of memory for a delivery; requeued");
+            if (ack_batch_reject(&b->acks, d->delivery_tag) >= 0)
+                check_status(b, amqp_basic_reject(b->conn, CHANNEL, d->delivery_tag, 1),
+                             "reject");
+            return;
+        }
+    }
     if (!m)
         return;
     m->delivery_tag = d->delivery_tag;
@@ -633,6 +672,11 @@ static void start_delivery(struct broker *b, const amqp_basic_deliver_t *d)
         }
     if (!m->queue)
         m->queue = cr_strdup(m->routing_key);
+    /* Only CHANNEL's consumers ack. A delivery on another channel whose
+     * consumer was cancelled meanwhile (not found above) must not be acked on
+     * CHANNEL with a tag of another channel's numbering. */
+    if (channel != CHANNEL)
+        m->no_ack = 1;
 }
 
 static void take_properties(struct broker_msg *m, const amqp_basic_properties_t *p)
@@ -676,7 +720,7 @@ static void on_method(struct broker *b, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
     case AMQP_BASIC_DELIVER_METHOD:
-        start_delivery(b, f->payload.method.decoded);
+        start_delivery(b, f->channel, f->payload.method.decoded);
         b->skip_content = 0;
         break;
     case AMQP_BASIC_RETURN_METHOD: {
@@ -873,6 +917,11 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     uv_check_start(&b->check, on_check);
     /* The check handle must not keep the loop alive on its own. */
     uv_unref((uv_handle_t *)&b->check);
+    ack_batch_init(&b->acks);
+    uv_prepare_init(loop, &b->prepare);
+    b->prepare.data = b;
+    uv_prepare_start(&b->prepare, on_prepare);
+    uv_unref((uv_handle_t *)&b->prepare); /* nor the prepare handle */
     b->prefetch = cfg->prefetch_count;
     for (int i = 0; i < cfg->nqueues; i++) {
         /* What Celery declares for a task queue: a durable direct exchange of
@@ -1015,8 +1064,6 @@ int broker_declare_exchange(struct broker *b, const char *name, const char *type
     return 0;
 }
 
-static int check_status(struct broker *b, int rc, const char *what);
-
 int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
                        void *privdata)
 {
@@ -1092,11 +1139,57 @@ static int check_status(struct broker *b, int rc, const char *what)
     return CR_EBROKER;
 }
 
+/* Sends the acks made since the last flush: usually one basic.ack with
+ * multiple = 1, plus one frame per ack above a delivery still in progress.
+ * Returns 0 or the rabbitmq-c status of the first write that failed; the
+ * caller decides whether that loses the connection. */
+static int flush_acks(struct broker *b)
+{
+    uint64_t upto;
+    const uint64_t *singles;
+    size_t n;
+    int rc;
+
+    if (!b->conn || ack_batch_npending(&b->acks) == 0)
+        return AMQP_STATUS_OK;
+    n = ack_batch_flush(&b->acks, &upto, &singles);
+    if (upto) {
+        rc = amqp_basic_ack(b->conn, CHANNEL, upto, 1);
+        if (rc != AMQP_STATUS_OK)
+            return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        rc = amqp_basic_ack(b->conn, CHANNEL, singles[i], 0);
+        if (rc != AMQP_STATUS_OK)
+            return rc;
+    }
+    return AMQP_STATUS_OK;
+}
+
+static void on_prepare(uv_prepare_t *p)
+{
+    struct broker *b = p->data;
+    check_status(b, flush_acks(b), "ack");
+}
+
 int broker_ack(struct broker *b, struct broker_msg *m)
 {
+    int rc;
     if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
     m->settled = 1;
+    /* Usually only recorded here and sent by on_prepare() with the other acks
+     * of this loop iteration. The delivery's outcome is already durable, so
+     * the short delay loses nothing: a crash before the flush redelivers it,
+     * exactly as a crash before a direct ack would. */
+    rc = ack_batch_ack(&b->acks, m->delivery_tag);
+    if (rc == 0)
+        return 0;
+    if (rc < 0) {
+        LOG(LOG_ERROR, "broker: delivery %llu acked twice; second ack not sent",
+            (unsigned long long)m->delivery_tag);
+        return 0;
+    }
     return check_status(b, amqp_basic_ack(b->conn, CHANNEL, m->delivery_tag, 0), "ack");
 }
 
@@ -1105,6 +1198,13 @@ int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
     if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
     m->settled = 1;
+    /* Sent at once. The acks still pending need not go first: see
+     * ack_batch_reject(). */
+    if (ack_batch_reject(&b->acks, m->delivery_tag) < 0) {
+        LOG(LOG_ERROR, "broker: delivery %llu settled twice; reject not sent",
+            (unsigned long long)m->delivery_tag);
+        return 0;
+    }
     return check_status(b, amqp_basic_reject(b->conn, CHANNEL, m->delivery_tag, requeue),
                         "reject");
 }
@@ -1190,8 +1290,8 @@ void broker_stop_consuming(struct broker *b)
 static void on_handle_closed(uv_handle_t *h)
 {
     struct broker *b = h->data;
-    /* Three handles are closed; the last one frees. */
-    if (++b->in_pump == 3) {
+    /* Four handles are closed; the last one frees. */
+    if (++b->in_pump == 4) {
         for (int i = 0; i < b->nconsumers; i++)
             consumer_release(&b->consumers[i]);
         for (int i = 0; i < b->nexchanges; i++) {
@@ -1201,6 +1301,7 @@ static void on_handle_closed(uv_handle_t *h)
         cr_free(b->failed);
         cr_free(b->confirms);
         cr_free(b->stats);
+        ack_batch_release(&b->acks);
         cr_free(b);
     }
 }
@@ -1211,6 +1312,16 @@ void broker_free(struct broker *b)
         return;
     b->stopping = 1;
     if (b->conn) {
+        /* Acks made since the last loop iteration go out first (a warm
+         * shutdown's last tasks are settled in the iteration that stops the
+         * loop, whose prepare never runs); channel.close waits for close-ok,
+         * so the broker has them all before the connection goes. A failed
+         * write is not connection_lost(): that would call on_conn into an
+         * owner that is being freed. */
+        int rc = flush_acks(b);
+        if (rc != AMQP_STATUS_OK)
+            LOG(LOG_ERROR, "broker: cannot send the last acks: %s",
+                amqp_error_string2(rc));
         /* A clean close: unacked deliveries go back to their queues at once. */
         amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
         amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
@@ -1225,4 +1336,5 @@ void broker_free(struct broker *b)
     uv_close((uv_handle_t *)&b->timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->confirm_timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->check, on_handle_closed);
+    uv_close((uv_handle_t *)&b->prepare, on_handle_closed);
 }

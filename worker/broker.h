@@ -98,7 +98,15 @@ unsigned long broker_reconnects(const struct broker *b);
 
 /* Acks or rejects a delivery. A message from an older connection generation is
  * silently skipped (the broker already requeued it), and so is a second settle
- * of the same delivery (m->settled). Returns 0 or CR_EBROKER. */
+ * of the same delivery (m->settled). m is not kept: it may be freed on return.
+ *
+ * An ack is batched: it is recorded now and sent before the loop next waits for
+ * I/O, together with the other acks of the iteration, as one basic.ack with
+ * multiple = 1 where the deliveries below it are all settled (or one frame each
+ * above a delivery still in progress), and by broker_free() at the latest. A
+ * connection lost before then drops it, and the broker redelivers. A reject is
+ * sent at once. Returns 0 or CR_EBROKER (a write failed now: the connection is
+ * being re-established). */
 int broker_ack(struct broker *b, struct broker_msg *m);
 int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
 
@@ -163,8 +171,9 @@ void broker_set_prefetch(struct broker *b, int prefetch_count);
  * without waiting). */
 void broker_stop_consuming(struct broker *b);
 
-/* Closes the connection (unacked deliveries go back to their queues) and frees.
- * Pending confirms are called with ok = 0. NULL is a no-op. */
+/* Sends the acks still batched, closes the connection (unacked deliveries go
+ * back to their queues) and frees. Pending confirms are called with ok = 0.
+ * NULL is a no-op. */
 void broker_free(struct broker *b);
 
 #endif
