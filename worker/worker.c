@@ -142,6 +142,16 @@ static const char *job_name(const struct job *j)
     return j->tm.task ? j->tm.task : "unknown";
 }
 
+/* The AMQP headers of one of j's deliveries. Once the first delivery is
+ * decoded the task keeps the only copy (j->tm.headers, the same tree): holding
+ * both cost about 3 KB per task in flight. */
+static const cJSON *headers_of(const struct job *j, const struct broker_msg *m)
+{
+    if (m->headers || j->nmsgs == 0 || m != j->msgs[0])
+        return m->headers;
+    return j->tm.headers;
+}
+
 static void list_unlink(struct job **head, struct job **tail, struct job *j)
 {
     if (j->prev)
@@ -285,7 +295,8 @@ static void props_of(struct broker_props *p, const struct broker_msg *m,
 static cJSON *dead_letter_headers(struct worker *w, struct job *j)
 {
     struct broker_msg *m = j->msgs[0];
-    cJSON *h = m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
+    const cJSON *orig = headers_of(j, m);
+    cJSON *h = orig ? cJSON_Duplicate(orig, 1) : cJSON_CreateObject();
     char when[40];
     if (!h)
         return NULL;
@@ -762,7 +773,7 @@ static int park_msg(struct job *j, struct broker_msg *m, int release_job,
         (m->owner_flags & MSG_PARKING))
         return CR_EINVAL;
     p = cr_calloc(1, sizeof(*p));
-    h = m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
+    h = headers_of(j, m) ? cJSON_Duplicate(headers_of(j, m), 1) : cJSON_CreateObject();
     if (!p || !h) {
         cr_free(p);
         cJSON_Delete(h);
@@ -1029,12 +1040,12 @@ static void schedule(struct worker *w)
  * came back through a dead-letter path (parked, or the broker's own x-death).
  * A producer publishing the same id again is not covered: like Celery, that
  * runs again, and the store still never overwrites a SUCCESS. */
-static int seen_before(const struct broker_msg *m)
+static int seen_before(const struct job *j, const struct broker_msg *m)
 {
+    const cJSON *h = headers_of(j, m);
     return m->redelivered ||
-           (m->headers &&
-            (cJSON_GetObjectItemCaseSensitive(m->headers, "x-death") ||
-             cJSON_GetObjectItemCaseSensitive(m->headers, "x-celeriac-parked")));
+           (h && (cJSON_GetObjectItemCaseSensitive(h, "x-death") ||
+                  cJSON_GetObjectItemCaseSensitive(h, "x-celeriac-parked")));
 }
 
 static void on_meta(struct backend *bk, int status, const char *value, size_t len,
@@ -1077,9 +1088,8 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         revoke_job(j, "revoked", NULL);
         return;
     }
-    if (w->cfg->park_after > 0 && j->msgs[0]->headers &&
-        cJSON_IsString(
-            cJSON_GetObjectItemCaseSensitive(j->msgs[0]->headers, "x-celeriac-parked"))) {
+    if (w->cfg->park_after > 0 && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(
+                                      headers_of(j, j->msgs[0]), "x-celeriac-parked"))) {
         /* A parked copy of a task that was running somewhere: ask the lease. */
         char key[300];
         const char *argv[2] = {"GET", key};
@@ -1226,6 +1236,10 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
         job_free(j);
         return;
     }
+    /* From here m belongs to j, whose decoded copy of the headers is the same
+     * tree: keep only that one (see headers_of()). */
+    cJSON_Delete(m->headers);
+    m->headers = NULL;
     if (j->kind == TASK_UNKNOWN) {
         LOG(LOG_ERROR, "Received unregistered task of type '%s'.", j->tm.task);
         snprintf(buf, sizeof(buf), "%s", j->tm.task);
@@ -1251,7 +1265,7 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
     }
     LOG(LOG_INFO, "Task %s[%s] received", job_name(j), j->tm.id);
     notify_simple(j, TEV_RECEIVED);
-    if (!seen_before(m)) {
+    if (!seen_before(j, m)) {
         /* A first delivery has no outcome of ours stored: skip the read (a
          * Redis round trip and ~10% of the worker's CPU per trivial task). */
         j->pending++;
