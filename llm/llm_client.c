@@ -34,6 +34,14 @@
  * stream measured 15.5 KB with 4 KB, 13.4 KB with 2 KB and 12.4 KB with 1 KB
  * (bench/idle_streams.c): at 10,000 streams, 30 MB less than with 4 KB. */
 #define RECV_BUFFER_BYTES 1024L
+/* libcurl 7.88 copies an HTTPS/1.1 request into an upload buffer of this size
+ * (64 KB by default), allocated on the first send and kept until the transfer
+ * ends (Curl_buffer_send() in lib/http.c, freed in multi_done()): a streaming
+ * call would hold it for its whole life. 16 KB is the floor curl allows
+ * (UPLOADBUFFER_MIN); a bigger body goes out in more sends. Plain HTTP and
+ * HTTP/2 never allocate it for a body set with CURLOPT_POSTFIELDS under
+ * 64 KB (it is sent with the headers), so the option costs nothing there. */
+#define UPLOAD_BUFFER_BYTES 16384L
 
 struct sock_ctx {
     uv_poll_t poll;
@@ -57,10 +65,12 @@ struct llm_req {
     long status;
     int headers_done;
     int is_sse;
-    char retry_after[64];
-    char retry_after_ms[32];
-    char should_retry[8];
-    char content_type[64];
+    int event_stream; /* the content-type names text/event-stream */
+    /* Retry hints, read only after a failure and mostly absent: a heap copy
+     * when the header came, else NULL. */
+    char *retry_after;
+    char *retry_after_ms;
+    char *should_retry;
     struct sse_parser *sse;
     struct openai_stream chat;
     struct buf raw;
@@ -73,11 +83,12 @@ struct llm_req {
     int aborted;
     int removed; /* out of the multi handle and the active list */
     int abort_code;
-    char abort_exc[48];
     int proto_error;
-    /* Why an abort or a protocol error ended the transfer. Allocated only
-     * then: a healthy stream does not carry two message buffers around. */
+    /* Why an abort or a protocol error ended the transfer, and the exception
+     * name an abort gave (NULL: "APIError"). Allocated only then: a healthy
+     * stream does not carry message buffers around. */
     char *fail_msg;
+    char *abort_exc;
     char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -198,29 +209,43 @@ static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
 
 static void header_reset(struct llm_req *r)
 {
-    r->retry_after[0] = r->retry_after_ms[0] = r->should_retry[0] = '\0';
-    r->content_type[0] = '\0';
+    cr_free(r->retry_after);
+    cr_free(r->retry_after_ms);
+    cr_free(r->should_retry);
+    r->retry_after = r->retry_after_ms = r->should_retry = NULL;
+    r->event_stream = 0;
     r->headers_done = 0;
 }
 
-static void copy_value(char *dst, size_t size, const char *v, size_t n)
+/* Trims spaces and the line end off the header value v (*n bytes): returns
+ * its new start, and *n its new length. */
+static const char *trim_value(const char *v, size_t *n)
 {
-    while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' '))
-        n--;
-    while (n && *v == ' ') {
+    while (*n && (v[*n - 1] == '\r' || v[*n - 1] == '\n' || v[*n - 1] == ' '))
+        (*n)--;
+    while (*n && *v == ' ') {
         v++;
-        n--;
+        (*n)--;
     }
-    if (n >= size)
-        n = size - 1;
-    memcpy(dst, v, n);
-    dst[n] = '\0';
+    return v;
+}
+
+/* Replaces *dst with a copy of the trimmed value, at most max-1 bytes as the
+ * inline buffers these replaced kept. Out of memory, the hint is dropped:
+ * the retry policy then falls back to its own delay. */
+static void keep_value(char **dst, size_t max, const char *v, size_t n)
+{
+    v = trim_value(v, &n);
+    if (n >= max)
+        n = max - 1;
+    cr_free(*dst);
+    *dst = cr_strndup(v, n);
 }
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
 {
     struct llm_req *r = ud;
-    size_t n = size * nitems;
+    size_t n = size * nitems, vlen;
     const char *colon;
 
     if (n >= 5 && !memcmp(line, "HTTP/", 5)) {
@@ -235,28 +260,28 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
             r->headers_done = 1;
             r->t_headers = uv_now(r->c->loop);
             r->is_sse = r->op == LLM_OP_CHAT && r->status >= 200 && r->status < 300 &&
-                        strstr(r->content_type, "event-stream") != NULL;
+                        r->event_stream;
         }
         return n;
     }
     colon = memchr(line, ':', n);
     if (!colon)
         return n;
+    vlen = n - (size_t)(colon - line) - 1;
 #define IS(name)                                                                         \
     ((size_t)(colon - line) == sizeof(name) - 1 &&                                       \
      !strncasecmp(line, name, sizeof(name) - 1))
     if (IS("retry-after"))
-        copy_value(r->retry_after, sizeof(r->retry_after), colon + 1,
-                   n - (size_t)(colon - line) - 1);
+        keep_value(&r->retry_after, 64, colon + 1, vlen);
     else if (IS("retry-after-ms"))
-        copy_value(r->retry_after_ms, sizeof(r->retry_after_ms), colon + 1,
-                   n - (size_t)(colon - line) - 1);
+        keep_value(&r->retry_after_ms, 32, colon + 1, vlen);
     else if (IS("x-should-retry"))
-        copy_value(r->should_retry, sizeof(r->should_retry), colon + 1,
-                   n - (size_t)(colon - line) - 1);
-    else if (IS("content-type"))
-        copy_value(r->content_type, sizeof(r->content_type), colon + 1,
-                   n - (size_t)(colon - line) - 1);
+        keep_value(&r->should_retry, 8, colon + 1, vlen);
+    else if (IS("content-type")) {
+        /* Only the first 63 bytes were ever looked at, as before. */
+        const char *v = trim_value(colon + 1, &vlen);
+        r->event_stream = memmem(v, vlen < 63 ? vlen : 63, "event-stream", 12) != NULL;
+    }
 #undef IS
     return n;
 }
@@ -347,6 +372,10 @@ static void req_free(struct llm_req *r)
     easy_put(r->c, r->easy);
     curl_slist_free_all(r->headers);
     cr_free(r->fail_msg);
+    cr_free(r->abort_exc);
+    cr_free(r->retry_after);
+    cr_free(r->retry_after_ms);
+    cr_free(r->should_retry);
     cr_free(r->body);
     sse_parser_free(r->sse);
     openai_stream_release(&r->chat);
@@ -408,7 +437,7 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     if (r->aborted) {
         res.code = r->abort_code;
         res.verdict = r->abort_code == CR_ETIMEDOUT ? LLM_RETRYABLE : LLM_PERMANENT;
-        res.exc_type = r->abort_exc;
+        res.exc_type = r->abort_exc ? r->abort_exc : "APIError";
         snprintf(msg, sizeof(msg), "%s", r->fail_msg ? r->fail_msg : "aborted");
     } else if (r->proto_error) {
         res.code = CR_ELLM;
@@ -426,12 +455,14 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         struct openai_error oe;
         openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
         res.code = CR_ELLM;
-        res.verdict = llm_classify(0, r->status, oe.code, oe.type,
-                                   r->should_retry[0] ? r->should_retry : NULL, 0);
+        res.verdict = llm_classify(
+            0, r->status, oe.code, oe.type,
+            r->should_retry && r->should_retry[0] ? r->should_retry : NULL, 0);
         res.exc_type = exc_for_status(r->status);
         res.retry_after_ms = llm_retry_after_ms(
-            r->retry_after_ms[0] ? r->retry_after_ms : NULL,
-            r->retry_after[0] ? r->retry_after : NULL, (int64_t)epoch_ms());
+            r->retry_after_ms && r->retry_after_ms[0] ? r->retry_after_ms : NULL,
+            r->retry_after && r->retry_after[0] ? r->retry_after : NULL,
+            (int64_t)epoch_ms());
         snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
                  oe.message[0] ? oe.message : "(no message)");
     } else if (r->op == LLM_OP_EMBED) {
@@ -450,8 +481,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
                 openai_stream_feed(&r->chat, ev.data, ev.data_len, NULL, NULL, &err);
         } else if (openai_chat_parse(&r->chat, r->raw.data ? r->raw.data : "", r->raw.len,
                                      &err)) {
-            r->chat.error = 1;
-            snprintf(r->chat.error_message, sizeof(r->chat.error_message), "%s", err.msg);
+            /* Out of memory the message is lost; the failure is not. */
+            openai_stream_set_error(&r->chat, NULL, NULL, err.msg);
         }
         if (r->chat.error) {
             res.code = CR_ELLM;
@@ -521,7 +552,9 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char
         return;
     r->aborted = 1;
     r->abort_code = code;
-    snprintf(r->abort_exc, sizeof(r->abort_exc), "%s", exc_type ? exc_type : "APIError");
+    exc_type = exc_type ? exc_type : "APIError";
+    cr_free(r->abort_exc);
+    r->abort_exc = cr_strndup(exc_type, strnlen(exc_type, 47)); /* NULL: "APIError" */
     /* An earlier protocol error's message would otherwise win. */
     cr_free(r->fail_msg);
     r->fail_msg = NULL;
@@ -693,6 +726,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPIDLE, 60L);
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPINTVL, 60L);
     curl_easy_setopt(r->easy, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
+    curl_easy_setopt(r->easy, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
 
     if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
         goto oom;
@@ -780,7 +814,8 @@ void llm_client_free(struct llm_client *c)
             continue; /* already on the done list */
         r->aborted = 1;
         r->abort_code = CR_ECANCELED;
-        snprintf(r->abort_exc, sizeof(r->abort_exc), "WorkerShutdown");
+        cr_free(r->abort_exc);
+        r->abort_exc = cr_strdup("WorkerShutdown");
         cr_free(r->fail_msg);
         r->fail_msg = NULL;
         set_fail(r, "worker is shutting down");

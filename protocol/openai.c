@@ -27,15 +27,23 @@ static int is_blank(const char *s, size_t n)
     return 1;
 }
 
-/* Copies at most cap-1 bytes and NUL-terminates. Cuts before a UTF-8
- * continuation byte so a truncated message never ends in half a character. */
-static void copy_text(char *dst, size_t cap, const char *src, size_t n)
+/* How many of src's n bytes fit in cap bytes with a NUL: at most cap-1, cut
+ * before a UTF-8 continuation byte so a truncated text never ends in half a
+ * character. */
+static size_t cut_len(const char *src, size_t n, size_t cap)
 {
     if (n >= cap) {
         n = cap - 1;
         while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
             n--;
     }
+    return n;
+}
+
+/* Copies at most cap-1 bytes (see cut_len()) and NUL-terminates. */
+static void copy_text(char *dst, size_t cap, const char *src, size_t n)
+{
+    n = cut_len(src, n, cap);
     memcpy(dst, src, n);
     dst[n] = '\0';
 }
@@ -195,32 +203,85 @@ void openai_error_parse(const char *body, size_t len, struct openai_error *out)
 
 /* ----------------------------------------------------------------- stream */
 
+/* Bytes kept of a model name and of each error detail, NUL included. */
+#define MODEL_MAX 128
+#define ERROR_TYPE_MAX 64
+#define ERROR_CODE_MAX 64
+#define ERROR_MESSAGE_MAX 512
+
+/* Every string of a stream is either `none` or a heap copy it owns. */
+static const char none[] = "";
+
+static void free_str(const char *p)
+{
+    if (p != none)
+        cr_free((char *)p);
+}
+
 void openai_stream_init(struct openai_stream *s)
 {
     memset(s, 0, sizeof(*s));
     buf_init(&s->content);
+    s->model = s->error_type = s->error_code = s->error_message = none;
     s->prompt_tokens = -1;
     s->completion_tokens = -1;
     s->total_tokens = -1;
 }
 
+/* The three error strings share one block, which error_type points at. */
+static void free_error(struct openai_stream *s)
+{
+    free_str(s->error_type);
+    s->error_type = s->error_code = s->error_message = none;
+}
+
 void openai_stream_release(struct openai_stream *s)
 {
     buf_release(&s->content);
+    free_str(s->model);
+    s->model = none;
+    free_error(s);
 }
 
-static void set_error(struct openai_stream *s, const cJSON *root, const char *data,
-                      size_t len)
+int openai_stream_set_error(struct openai_stream *s, const char *type, const char *code,
+                            const char *message)
+{
+    size_t tn, cn, mn;
+    char *block;
+
+    type = type ? type : "";
+    code = code ? code : "";
+    message = message ? message : "";
+    tn = cut_len(type, strlen(type), ERROR_TYPE_MAX);
+    cn = cut_len(code, strlen(code), ERROR_CODE_MAX);
+    mn = cut_len(message, strlen(message), ERROR_MESSAGE_MAX);
+    s->error = 1;
+    free_error(s);
+    block = cr_malloc(tn + cn + mn + 3);
+    if (!block)
+        return CR_ENOMEM;
+    copy_text(block, tn + 1, type, tn);
+    copy_text(block + tn + 1, cn + 1, code, cn);
+    copy_text(block + tn + cn + 2, mn + 1, message, mn);
+    s->error_type = block;
+    s->error_code = block + tn + 1;
+    s->error_message = block + tn + cn + 2;
+    return 0;
+}
+
+static int set_error(struct openai_stream *s, const cJSON *root, const char *data,
+                     size_t len, struct cr_err *err)
 {
     struct openai_error e;
+    int rc;
 
     memset(&e, 0, sizeof(e));
     if (!json_error(root, &e))
         raw_error(data, len, &e);
-    s->error = 1;
-    copy_str(s->error_type, sizeof(s->error_type), e.type);
-    copy_str(s->error_code, sizeof(s->error_code), e.code);
-    copy_str(s->error_message, sizeof(s->error_message), e.message);
+    rc = openai_stream_set_error(s, e.type, e.code, e.message);
+    if (rc)
+        return cr_err_set(err, rc, "cannot store error details");
+    return 0;
 }
 
 /* A usage object replaces the previous one as a whole: vLLM's continuous
@@ -238,12 +299,30 @@ static void apply_usage(struct openai_stream *s, const cJSON *root)
         s->total_tokens = s->prompt_tokens + s->completion_tokens;
 }
 
-static void apply_model(struct openai_stream *s, const cJSON *root)
+/* Records the model name m (n bytes, no NUL among them). Azure's filter-only
+ * chunk carries "model":"" and must not blank it. */
+static int set_model(struct openai_stream *s, const char *m, size_t n, struct cr_err *err)
+{
+    char *copy;
+
+    if (n == 0)
+        return 0;
+    n = cut_len(m, n, MODEL_MAX);
+    /* Every chunk repeats the name: only a change costs an allocation. */
+    if (strncmp(s->model, m, n) == 0 && s->model[n] == '\0')
+        return 0;
+    copy = cr_strndup(m, n);
+    if (!copy)
+        return cr_err_set(err, CR_ENOMEM, "cannot store model name");
+    free_str(s->model);
+    s->model = copy;
+    return 0;
+}
+
+static int apply_model(struct openai_stream *s, const cJSON *root, struct cr_err *err)
 {
     const char *m = get_str(root, "model");
-    /* Azure's filter-only chunk carries "model":"" and must not blank it. */
-    if (m && m[0])
-        copy_str(s->model, sizeof(s->model), m);
+    return m ? set_model(s, m, strlen(m), err) : 0;
 }
 
 /* Returns choice 0: the element whose "index" is 0, or the first element when
@@ -299,13 +378,515 @@ static int is_done(const char *data, size_t len)
     return len >= 6 && memcmp(data, "[DONE]", 6) == 0;
 }
 
-int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
-                       const char **delta, size_t *delta_len, struct cr_err *err)
+/* One chunk through cJSON: any shape. */
+static int feed_json(struct openai_stream *s, const char *data, size_t len,
+                     struct cr_err *err)
 {
-    size_t start = s->content.len;
     const cJSON *choices, *c;
     cJSON *root;
-    int rc = 0;
+    int rc;
+
+    root = parse_object(data, len, "stream chunk", err);
+    if (!root)
+        return CR_EPROTO;
+    if (is_error_payload(root)) {
+        rc = set_error(s, root, data, len, err);
+        cJSON_Delete(root);
+        return rc;
+    }
+    rc = apply_model(s, root, err);
+    if (rc) {
+        cJSON_Delete(root);
+        return rc;
+    }
+    apply_usage(s, root);
+    choices = get(root, "choices");
+    c = cJSON_IsArray(choices) ? choice0(choices) : NULL;
+    if (c)
+        rc = apply_choice(s, c, "delta");
+    cJSON_Delete(root);
+    if (rc)
+        return cr_err_set(err, rc, "cannot append delta to content: %s", cr_strerror(rc));
+    return 0;
+}
+
+/* ------------------------------------------------------ chunk fast path */
+
+/* Nearly every payload of a stream is one text delta:
+ *   {"id":"..","object":"chat.completion.chunk","created":1,"model":"..",
+ *    "choices":[{"index":0,"delta":{"content":".."},"finish_reason":null}]}
+ * Building and freeing a cJSON tree for it was most of the worker's CPU per
+ * streamed token, so this scanner reads that shape (and the legacy
+ * {"choices":[{"text":".."}]}) in place. It gives up, and the payload goes
+ * through feed_json(), on anything else: errors, usage objects, tool calls or
+ * any other key in "delta", nested values, several choices, a non-zero
+ * "index", escapes in keys, the model or finish_reason, whitespace other than
+ * JSON's, numbers over 32 bytes, \u0000. What it accepts, cJSON parses too
+ * and the result is byte for byte the same; the "fastpath" test and
+ * tests/fuzz/fuzz_sse.c hold the two paths to that. A key that feed_json()
+ * starts to read must be taught here as well (or made to give up). */
+
+/* A JSON string of the payload, as the raw bytes between its quotes. */
+struct jstr {
+    const char *p; /* NULL when absent or not a string */
+    size_t raw;    /* bytes in the payload */
+    size_t len;    /* bytes once unescaped; == raw when there is no escape */
+};
+
+/* What the cJSON path would read from a chunk. */
+struct chunk {
+    struct jstr model, content, text, finish;
+};
+
+struct scanner {
+    const char *p, *end;
+    struct chunk *c;
+    unsigned seen; /* known keys met in the current object (duplicates give up) */
+};
+
+#define KEY_MODEL 0x01u
+#define KEY_CHOICES 0x02u
+#define KEY_INDEX 0x04u
+#define KEY_DELTA 0x08u
+#define KEY_TEXT 0x10u
+#define KEY_FINISH 0x20u
+#define KEY_CONTENT 0x40u
+
+static void skip_space(struct scanner *sc)
+{
+    while (sc->p < sc->end && is_space(*sc->p))
+        sc->p++;
+}
+
+static int hex4(const char *p, unsigned *out)
+{
+    unsigned v = 0;
+    int i;
+
+    for (i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Reads the \uXXXX escape at p (two for a surrogate pair) into *cp. Returns
+ * its length in the payload, or 0 for one the fast path leaves to cJSON: bad
+ * hex (cJSON reads it as 0), U+0000 (it would cut cJSON's C string short) and
+ * unpaired surrogates (cJSON rejects them). */
+static size_t unicode_escape(const char *p, const char *end, unsigned long *cp)
+{
+    unsigned hi, lo;
+
+    if (end - p < 6 || hex4(p + 2, &hi) || hi == 0 || (hi >= 0xDC00 && hi <= 0xDFFF))
+        return 0;
+    if (hi < 0xD800 || hi > 0xDBFF) {
+        *cp = hi;
+        return 6;
+    }
+    if (end - p < 12 || p[6] != '\\' || p[7] != 'u' || hex4(p + 8, &lo) || lo < 0xDC00 ||
+        lo > 0xDFFF)
+        return 0;
+    *cp = 0x10000 + (((unsigned long)hi & 0x3FF) << 10 | (lo & 0x3FF));
+    return 12;
+}
+
+static size_t utf8_len(unsigned long cp)
+{
+    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
+
+/* Scans the string at sc->p into *s. A raw byte stands for itself, as in
+ * cJSON, control characters and invalid UTF-8 included; a NUL gives up. */
+static int scan_string(struct scanner *sc, struct jstr *s)
+{
+    const char *p = sc->p + 1;
+    size_t len = 0;
+
+    if (sc->p >= sc->end || *sc->p != '"')
+        return -1;
+    s->p = p;
+    while (p < sc->end && *p != '"') {
+        if (*p == '\\') {
+            unsigned long cp;
+            size_t n;
+            if (sc->end - p < 2)
+                return -1;
+            if (p[1] == 'u') {
+                n = unicode_escape(p, sc->end, &cp);
+                if (!n)
+                    return -1;
+                p += n;
+                len += utf8_len(cp);
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", p[1]) || p[1] == '\0')
+                return -1;
+            p += 2;
+            len++;
+            continue;
+        }
+        if (*p == '\0')
+            return -1;
+        p++;
+        len++;
+    }
+    if (p >= sc->end)
+        return -1;
+    s->raw = (size_t)(p - s->p);
+    s->len = len;
+    sc->p = p + 1;
+    return 0;
+}
+
+static int is_digit(const struct scanner *sc, const char *p)
+{
+    return p < sc->end && *p >= '0' && *p <= '9';
+}
+
+/* A number in strict JSON syntax. cJSON copies a number into a 64-byte buffer
+ * for strtod() and fails past it; longer ones are left to cJSON. */
+static int scan_number(struct scanner *sc)
+{
+    const char *p = sc->p;
+
+    if (p < sc->end && *p == '-')
+        p++;
+    if (!is_digit(sc, p))
+        return -1;
+    if (*p == '0')
+        p++;
+    else
+        while (is_digit(sc, p))
+            p++;
+    if (p < sc->end && *p == '.') {
+        if (!is_digit(sc, ++p))
+            return -1;
+        while (is_digit(sc, p))
+            p++;
+    }
+    if (p < sc->end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < sc->end && (*p == '+' || *p == '-'))
+            p++;
+        if (!is_digit(sc, p))
+            return -1;
+        while (is_digit(sc, p))
+            p++;
+    }
+    if (p - sc->p > 32)
+        return -1;
+    sc->p = p;
+    return 0;
+}
+
+static int scan_word(struct scanner *sc, const char *word)
+{
+    size_t n = strlen(word);
+
+    if ((size_t)(sc->end - sc->p) < n || memcmp(sc->p, word, n) != 0)
+        return -1;
+    sc->p += n;
+    return 0;
+}
+
+/* Scans a string, number, true, false or null; *s gets the string, if any.
+ * Objects and arrays give up. */
+static int scan_scalar(struct scanner *sc, struct jstr *s)
+{
+    struct jstr ignored;
+
+    if (sc->p >= sc->end)
+        return -1;
+    switch (*sc->p) {
+    case '"':
+        return scan_string(sc, s ? s : &ignored);
+    case 't':
+        return scan_word(sc, "true");
+    case 'f':
+        return scan_word(sc, "false");
+    case 'n':
+        return scan_word(sc, "null");
+    default:
+        return scan_number(sc);
+    }
+}
+
+static int key_is(const struct jstr *key, const char *name)
+{
+    return key->raw == strlen(name) && memcmp(key->p, name, key->raw) == 0;
+}
+
+/* Marks a known key as met; a second one gives up, because cJSON reads the
+ * first and which one wins is not worth copying. */
+static int first_time(struct scanner *sc, unsigned key)
+{
+    if (sc->seen & key)
+        return -1;
+    sc->seen |= key;
+    return 0;
+}
+
+typedef int member_fn(struct scanner *sc, const struct jstr *key);
+
+/* Scans the object at sc->p, handing each key to member(), which scans its
+ * value. Keys with escapes give up. */
+static int scan_object(struct scanner *sc, member_fn *member)
+{
+    unsigned outer = sc->seen;
+    struct jstr key;
+
+    if (sc->p >= sc->end || *sc->p != '{')
+        return -1;
+    sc->p++;
+    sc->seen = 0;
+    skip_space(sc);
+    if (sc->p < sc->end && *sc->p == '}') {
+        sc->p++;
+        sc->seen = outer;
+        return 0;
+    }
+    for (;;) {
+        if (scan_string(sc, &key) || key.raw != key.len)
+            return -1;
+        skip_space(sc);
+        if (sc->p >= sc->end || *sc->p != ':')
+            return -1;
+        sc->p++;
+        skip_space(sc);
+        if (member(sc, &key))
+            return -1;
+        skip_space(sc);
+        if (sc->p >= sc->end)
+            return -1;
+        if (*sc->p == '}')
+            break;
+        if (*sc->p != ',')
+            return -1;
+        sc->p++;
+        skip_space(sc);
+    }
+    sc->p++;
+    sc->seen = outer;
+    return 0;
+}
+
+/* In "delta" only "content" and "role" are known; anything else there
+ * (tool_calls, reasoning, refusal) may one day matter, so it gives up. */
+static int delta_member(struct scanner *sc, const struct jstr *key)
+{
+    struct jstr v = {NULL, 0, 0};
+
+    if (key_is(key, "content")) {
+        if (first_time(sc, KEY_CONTENT) || scan_scalar(sc, &v))
+            return -1;
+        sc->c->content = v;
+        return 0;
+    }
+    if (key_is(key, "role"))
+        return scan_scalar(sc, NULL);
+    return -1;
+}
+
+static int choice_member(struct scanner *sc, const struct jstr *key)
+{
+    struct jstr v = {NULL, 0, 0};
+
+    if (key_is(key, "index")) {
+        /* Only a plain 0 is sure to equal 0 the way cJSON reads it ("01" or
+         * "0.5" fail at the next byte, which scan_object() wants to be , or }). */
+        return first_time(sc, KEY_INDEX) || scan_word(sc, "0") ? -1 : 0;
+    }
+    if (key_is(key, "delta")) {
+        if (first_time(sc, KEY_DELTA))
+            return -1;
+        /* Not an object: no content, as in apply_choice(). */
+        if (sc->p < sc->end && *sc->p == '{')
+            return scan_object(sc, delta_member);
+        return scan_scalar(sc, NULL);
+    }
+    if (key_is(key, "text")) {
+        if (first_time(sc, KEY_TEXT) || scan_scalar(sc, &v))
+            return -1;
+        sc->c->text = v;
+        return 0;
+    }
+    if (key_is(key, "finish_reason")) {
+        if (first_time(sc, KEY_FINISH) || scan_scalar(sc, &v) || v.raw != v.len)
+            return -1;
+        sc->c->finish = v;
+        return 0;
+    }
+    return scan_scalar(sc, NULL);
+}
+
+static int top_member(struct scanner *sc, const struct jstr *key)
+{
+    struct jstr v = {NULL, 0, 0};
+
+    if (key_is(key, "model")) {
+        if (first_time(sc, KEY_MODEL) || scan_scalar(sc, &v) || v.raw != v.len)
+            return -1;
+        sc->c->model = v;
+        return 0;
+    }
+    if (key_is(key, "choices")) {
+        /* Zero or one choice. */
+        if (first_time(sc, KEY_CHOICES) || sc->p >= sc->end || *sc->p != '[')
+            return -1;
+        sc->p++;
+        skip_space(sc);
+        if (sc->p < sc->end && *sc->p == '{') {
+            if (scan_object(sc, choice_member))
+                return -1;
+            skip_space(sc);
+        }
+        if (sc->p >= sc->end || *sc->p != ']')
+            return -1;
+        sc->p++;
+        return 0;
+    }
+    /* Error payloads are left to cJSON whatever their shape. */
+    if (key_is(key, "error") || key_is(key, "type"))
+        return -1;
+    if (key_is(key, "object")) {
+        if (scan_scalar(sc, &v) || v.raw != v.len ||
+            (v.p && v.raw == 5 && memcmp(v.p, "error", 5) == 0))
+            return -1;
+        return 0;
+    }
+    /* Other keys, "usage":null among them, are read by nobody. */
+    return scan_scalar(sc, NULL);
+}
+
+/* Scans a whole payload into *c. Returns 0, or -1 to leave it to cJSON. */
+static int scan_chunk(const char *data, size_t len, struct chunk *c)
+{
+    struct scanner sc;
+
+    memset(c, 0, sizeof(*c));
+    sc.p = data;
+    sc.end = data + len;
+    sc.c = c;
+    sc.seen = 0;
+    skip_space(&sc);
+    if (scan_object(&sc, top_member))
+        return -1;
+    skip_space(&sc);
+    return sc.p == sc.end ? 0 : -1;
+}
+
+static char *put_utf8(char *out, unsigned long cp)
+{
+    if (cp < 0x80) {
+        *out++ = (char)cp;
+    } else if (cp < 0x800) {
+        *out++ = (char)(0xC0 | cp >> 6);
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *out++ = (char)(0xE0 | cp >> 12);
+        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    } else {
+        *out++ = (char)(0xF0 | cp >> 18);
+        *out++ = (char)(0x80 | (cp >> 12 & 0x3F));
+        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    }
+    return out;
+}
+
+/* Writes the s->len unescaped bytes of a string scan_string() accepted. */
+static void unescape(const struct jstr *s, char *out)
+{
+    const char *p = s->p, *end = s->p + s->raw;
+
+    if (s->raw == s->len) {
+        memcpy(out, p, s->len);
+        return;
+    }
+    while (p < end) {
+        unsigned long cp;
+        if (*p != '\\') {
+            *out++ = *p++;
+            continue;
+        }
+        switch (p[1]) {
+        case 'u':
+            p += unicode_escape(p, end, &cp);
+            out = put_utf8(out, cp);
+            continue;
+        case 'b':
+            *out++ = '\b';
+            break;
+        case 'f':
+            *out++ = '\f';
+            break;
+        case 'n':
+            *out++ = '\n';
+            break;
+        case 'r':
+            *out++ = '\r';
+            break;
+        case 't':
+            *out++ = '\t';
+            break;
+        default: /* " \ / */
+            *out++ = p[1];
+        }
+        p += 2;
+    }
+}
+
+/* feed_json() for a chunk scan_chunk() read, in the same order. */
+static int feed_scanned(struct openai_stream *s, const struct chunk *c,
+                        struct cr_err *err)
+{
+    const struct jstr *t = c->content.p ? &c->content : &c->text;
+    int rc;
+
+    if (c->model.p) {
+        rc = set_model(s, c->model.p, c->model.len, err);
+        if (rc)
+            return rc;
+    }
+    if (t->p && t->len > 0) {
+        rc = buf_reserve(&s->content, t->len);
+        if (rc)
+            return cr_err_set(err, rc, "cannot append delta to content: %s",
+                              cr_strerror(rc));
+        unescape(t, s->content.data + s->content.len);
+        s->content.len += t->len;
+        s->content.data[s->content.len] = '\0';
+    }
+    if (c->finish.p && c->finish.len > 0)
+        copy_text(s->finish_reason, sizeof(s->finish_reason), c->finish.p, c->finish.len);
+    return 0;
+}
+
+int openai__fast_path(const char *data, size_t len)
+{
+    struct chunk c;
+    return !is_done(data, len) && !is_blank(data, len) && scan_chunk(data, len, &c) == 0;
+}
+
+/* ---------------------------------------------------------------- feeding */
+
+static int feed(struct openai_stream *s, const char *data, size_t len, const char **delta,
+                size_t *delta_len, struct cr_err *err, int fast)
+{
+    size_t start = s->content.len;
+    struct chunk c;
+    int rc;
 
     if (delta)
         *delta = s->content.data ? s->content.data + start : "";
@@ -320,28 +901,29 @@ int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
      * keepalive, so it is not worth failing the stream over. */
     if (is_blank(data, len))
         return 0;
-    root = parse_object(data, len, "stream chunk", err);
-    if (!root)
-        return CR_EPROTO;
-    if (is_error_payload(root)) {
-        set_error(s, root, data, len);
-        cJSON_Delete(root);
-        return 0;
-    }
-    apply_model(s, root);
-    apply_usage(s, root);
-    choices = get(root, "choices");
-    c = cJSON_IsArray(choices) ? choice0(choices) : NULL;
-    if (c)
-        rc = apply_choice(s, c, "delta");
-    cJSON_Delete(root);
+    if (fast && scan_chunk(data, len, &c) == 0)
+        rc = feed_scanned(s, &c, err);
+    else
+        rc = feed_json(s, data, len, err);
     if (rc)
-        return cr_err_set(err, rc, "cannot append delta to content: %s", cr_strerror(rc));
+        return rc;
     if (delta)
         *delta = s->content.data ? s->content.data + start : "";
     if (delta_len)
         *delta_len = s->content.len - start;
     return 0;
+}
+
+int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
+                       const char **delta, size_t *delta_len, struct cr_err *err)
+{
+    return feed(s, data, len, delta, delta_len, err, 1);
+}
+
+int openai__stream_feed_json(struct openai_stream *s, const char *data, size_t len,
+                             const char **delta, size_t *delta_len, struct cr_err *err)
+{
+    return feed(s, data, len, delta, delta_len, err, 0);
 }
 
 int openai_stream_complete(const struct openai_stream *s)
@@ -363,16 +945,20 @@ int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
         return CR_EPROTO;
     s->chunks++;
     if (is_error_payload(root)) {
-        set_error(s, root, body, len);
+        rc = set_error(s, root, body, len, err);
         cJSON_Delete(root);
-        return 0;
+        return rc;
     }
     choices = get(root, "choices");
     if (!cJSON_IsArray(choices)) {
         cJSON_Delete(root);
         return cr_err_set(err, CR_EPROTO, "chat response has no 'choices' array");
     }
-    apply_model(s, root);
+    rc = apply_model(s, root, err);
+    if (rc) {
+        cJSON_Delete(root);
+        return rc;
+    }
     apply_usage(s, root);
     c = choice0(choices);
     if (c)

@@ -15,15 +15,19 @@ struct openai_stream {
     /* read-only */
     struct buf content;     /* concatenated text deltas (choice 0) */
     char finish_reason[32]; /* "" until a finish_reason arrives */
-    char model[128];        /* model named by the server ("" if none) */
-    long prompt_tokens;     /* -1 until usage arrives (last usage wins) */
+    /* The strings below are never NULL ("" until set) and are owned by the
+     * stream. They live on the heap, sized exactly, because one is embedded
+     * in every request in flight and most never see an error: inline buffers
+     * made up 768 of the struct's 872 bytes. */
+    const char *model;         /* model named by the server (first 127 bytes) */
+    const char *error_type;    /* set with error (first 63 bytes) */
+    const char *error_code;    /* string or integer code, as text (63 bytes) */
+    const char *error_message; /* first 511 bytes */
+    long prompt_tokens;        /* -1 until usage arrives (last usage wins) */
     long completion_tokens;
     long total_tokens;
-    int done;  /* "[DONE]" seen */
-    int error; /* an error payload was seen (even if [DONE] follows) */
-    char error_type[64];
-    char error_code[64]; /* string or integer code, as text */
-    char error_message[512];
+    int done;             /* "[DONE]" seen */
+    int error;            /* an error payload was seen (even if [DONE] follows) */
     unsigned long chunks; /* data payloads seen */
 };
 
@@ -34,12 +38,28 @@ void openai_stream_release(struct openai_stream *s);
  * On success *delta and *delta_len (if non-NULL) give the text appended by this
  * payload, borrowed from s->content until the next call. Returns 0; CR_EPROTO
  * with detail in err when the payload is not valid JSON or not an object;
- * CR_ENOMEM (cJSON cannot tell OOM from bad syntax, so an OOM while parsing
- * reads as CR_EPROTO); CR_ETOOBIG if the caller set s->content.max_bytes and
- * it would be exceeded. An error payload is not a return error: it sets
- * s->error. An empty or all-whitespace payload is ignored (keepalive). */
+ * CR_ENOMEM when the text, a new model name or error details cannot be stored
+ * (cJSON cannot tell OOM from bad syntax, so an OOM while parsing reads as
+ * CR_EPROTO); CR_ETOOBIG if the caller set s->content.max_bytes and it would
+ * be exceeded. An error payload is not a return error: it sets s->error. An
+ * empty or all-whitespace payload is ignored (keepalive). The common chunk
+ * shape is read by a small scanner instead of cJSON, with the same result. */
 int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
                        const char **delta, size_t *delta_len, struct cr_err *err);
+
+/* Marks the stream failed (s->error) with these details, for a caller that
+ * found the error itself. NULL reads as "". Returns 0, or CR_ENOMEM when the
+ * details could not be stored (s->error is set all the same, details ""). */
+int openai_stream_set_error(struct openai_stream *s, const char *type, const char *code,
+                            const char *message);
+
+/* For tests and the fuzz target only. openai__stream_feed_json() is
+ * openai_stream_feed() without the fast path (every payload goes through
+ * cJSON); openai__fast_path() returns 1 when openai_stream_feed() would take
+ * the fast path for this payload, else 0. */
+int openai__stream_feed_json(struct openai_stream *s, const char *data, size_t len,
+                             const char **delta, size_t *delta_len, struct cr_err *err);
+int openai__fast_path(const char *data, size_t len);
 
 /* Completion predicate for a stream whose transfer ended cleanly: no error was
  * seen and either a finish_reason arrived, or [DONE] arrived after some content.
@@ -48,8 +68,8 @@ int openai_stream_complete(const struct openai_stream *s);
 
 /* Parses a whole non-streamed chat.completion (or text_completion) body into s
  * (freshly initialized). Returns 0, or CR_EPROTO with detail (also when there
- * is no "choices" array). A 200 body that is an error payload returns 0 with
- * s->error and the error fields set, as in a stream. */
+ * is no "choices" array), or CR_ENOMEM (see openai_stream_feed()). A 200 body that is an
+ * error payload returns 0 with s->error and the error fields set, as in a stream. */
 int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
                       struct cr_err *err);
 

@@ -910,6 +910,347 @@ START_TEST(test_oom_bodies)
 }
 END_TEST
 
+/* ------------------------------------------------ fast path against cJSON */
+
+/* A payload with an explicit length, so it may hold NUL bytes. */
+struct payload {
+    const char *p;
+    size_t n; /* 0: strlen(p) */
+};
+
+#define P(s)                                                                             \
+    {                                                                                    \
+        s, sizeof(s) - 1                                                                 \
+    }
+
+/* Shapes each path has to agree on, beyond the wire samples and the payloads
+ * of the tests above: escapes, unicode, spacing, key order, duplicates, odd
+ * numbers, nesting, and the near misses of each rule of the fast path. */
+static const struct payload diff_payloads[] = {
+    P("{\"choices\":[{\"delta\":{\"content\":\"a\\nb\\t\\\"q\\\"\\\\ \\/ "
+      "\\b\\f\\r\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"\\u00e9\\u4e2d\\ud83d\\ude00\\u007f\"}}]"
+      "}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"\\uD83D\\uDE00 upper \\u00C9\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"lone \\ud83d\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"lone \\ud83d.\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"low \\ude00\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"pair? \\ud83d\\u0041\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"pair? \\ud83d\\\\ude00\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"nul \\u0000 cut\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"bad hex \\u00zz.\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"short \\u12\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"bad \\x escape\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"raw \x01 \x1f \x7f \xff \xc3\xa9\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"raw nul \0 byte\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"nul after\"}}]}\0"),
+    P(" {  \"choices\" : [ { \"index\" : 0 , \"delta\" : { \"content\" : \"spaced\" } , "
+      "\"finish_reason\" : null } ] } \r\n"),
+    P("\t\r\n{\"choices\":[{\"delta\":{\"content\":\"lead\"}}]}\n"),
+    P("\f{\"choices\":[{\"delta\":{\"content\":\"form feed\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"vt\"}}]}\v"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"ctl\"}}\x01]}"),
+    P("\xef\xbb\xbf{\"choices\":[{\"delta\":{\"content\":\"bom\"}}]}"),
+    P("{\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{\"content\":\"order\"},"
+      "\"index\":0}],\"model\":\"m2\",\"id\":\"x\"}"),
+    P("{\"model\":\"a\",\"model\":\"b\",\"choices\":[]}"),
+    P("{\"choices\":[],\"choices\":[{\"delta\":{\"content\":\"dup\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"a\",\"content\":\"b\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"a\"},\"delta\":{\"content\":\"b\"}}]}"),
+    P("{\"choices\":[{\"text\":\"a\",\"text\":\"b\"}]}"),
+    P("{\"choices\":[{\"delta\":{},\"finish_reason\":\"a\",\"finish_reason\":\"b\"}]}"),
+    P("{\"choices\":[{\"index\":0,\"index\":1,\"delta\":{\"content\":\"dup index\"}}]}"),
+    P("{\"choices\":[{\"index\":0.0,\"delta\":{\"content\":\"zero float\"}}]}"),
+    P("{\"choices\":[{\"index\":-0,\"delta\":{\"content\":\"minus zero\"}}]}"),
+    P("{\"choices\":[{\"index\":0e3,\"delta\":{\"content\":\"zero exp\"}}]}"),
+    P("{\"choices\":[{\"index\":00,\"delta\":{\"content\":\"double zero\"}}]}"),
+    P("{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"one\"}}]}"),
+    P("{\"choices\":[{\"index\":\"0\",\"delta\":{\"content\":\"string index\"}}]}"),
+    P("{\"choices\":[{\"index\":null,\"delta\":{\"content\":\"null index\"}}]}"),
+    P("{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}},{\"index\":1,"
+      "\"delta\":{\"content\":\"y\"}}]}"),
+    P("{\"choices\":[7,{\"delta\":{\"content\":\"second\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"n\"},\"logprobs\":{\"content\":[{"
+      "\"token\":\"a\",\"logprob\":-0.1}]}}]}"),
+    P("{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\","
+      "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},\"finish_reason\":null}]}"),
+    P("{\"choices\":[{\"delta\":{\"reasoning_content\":\"think\",\"content\":null}}]}"),
+    P("{\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\",\"refusal\":"
+      "null}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":null},\"text\":\"legacy\"}]}"),
+    P("{\"choices\":[{\"delta\":null,\"text\":\"legacy null delta\"}]}"),
+    P("{\"choices\":[{\"delta\":\"s\",\"text\":\"legacy string delta\"}]}"),
+    P("{\"choices\":[{\"delta\":[],\"text\":\"legacy array delta\"}]}"),
+    P("{\"choices\":[{\"text\":\"t\",\"delta\":{\"content\":\"c wins\"}}]}"),
+    P("{\"choices\":[{\"text\":\"t wins\",\"delta\":{\"content\":7}}]}"),
+    P("{\"choices\":[{\"text\":\"esc \\u00e9\\n\",\"index\":0,\"logprobs\":null,"
+      "\"finish_reason\":\"length\"}],\"model\":\"i\"}"),
+    P("{\"choices\":[{\"delta\":{\"content\":5},\"finish_reason\":3}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"\"}]}"),
+    P("{\"choices\":[{\"delta\":{},\"finish_reason\":\"a finish reason that does not "
+      "fit in thirty-two bytes\"}]}"),
+    P("{\"choices\":[{\"delta\":{},\"finish_reason\":\"thirty-one bytes and then a \xc3"
+      "\xa9\xc3\xa9\"}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":\"st\\u006fp\"}]}"),
+    P("{\"model\":\"a model name of more than one hundred and twenty-seven bytes, which "
+      "is "
+      "cut at that many bytes and never in the middle of a character: \xc3\xa9\xc3\xa9"
+      "\xc3\xa9\xc3\xa9\",\"choices\":[]}"),
+    P("{\"model\":\"m\\u00e9\",\"choices\":[]}"),
+    P("{\"model\":\"\",\"choices\":[{\"delta\":{\"content\":\"empty model\"}}]}"),
+    P("{\"model\":null,\"choices\":[]}"),
+    P("{\"model\":[\"m\"],\"choices\":[]}"),
+    P("{\"object\":\"error\",\"message\":\"flat\"}"),
+    P("{\"object\":\"err\\u006fr\",\"message\":\"escaped\"}"),
+    P("{\"object\":\"errors\",\"choices\":[{\"delta\":{\"content\":\"not error\"}}]}"),
+    P("{\"object\":1,\"choices\":[]}"),
+    P("{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"o\"}}"),
+    P("{\"type\":\"chunk\",\"choices\":[{\"delta\":{\"content\":\"typed\"}}]}"),
+    P("{\"error\":null,\"choices\":[{\"delta\":{\"content\":\"error null\"}}]}"),
+    P("{\"error\":{\"message\":\"m\",\"code\":429,\"type\":\"t\"}}"),
+    P("{\"usage\":null,\"choices\":[{\"delta\":{\"content\":\"usage null\"}}]}"),
+    P("{\"usage\":{\"prompt_tokens\":1},\"choices\":[{\"delta\":{\"content\":\"u\"}}]}"),
+    P("{\"usage\":7,\"choices\":[]}"),
+    P("{\"created\":1e5,\"a\":-0.5E-3,\"b\":true,\"c\":false,\"d\":null,\"e\":1E+2,"
+      "\"choices\":[]}"),
+    P("{\"created\":01,\"choices\":[]}"),
+    P("{\"created\":1.,\"choices\":[]}"),
+    P("{\"created\":.5,\"choices\":[]}"),
+    P("{\"created\":+1,\"choices\":[]}"),
+    P("{\"created\":-,\"choices\":[]}"),
+    P("{\"created\":1e,\"choices\":[]}"),
+    P("{\"created\":0x10,\"choices\":[]}"),
+    P("{\"created\":12345678901234567890123456789012,\"choices\":[]}"),
+    P("{\"created\":123456789012345678901234567890123,\"choices\":[]}"),
+    P("{\"created\":"
+      "1234567890123456789012345678901234567890123456789012345678901234567890,"
+      "\"choices\":[]}"),
+    P("{\"created\":tru,\"choices\":[]}"),
+    P("{\"created\":nullx,\"choices\":[]}"),
+    P("{\"a\":[1,{\"b\":[]}],\"choices\":[{\"delta\":{\"content\":\"nested "
+      "unknown\"}}]}"),
+    P("{\"\\u0063hoices\":[{\"delta\":{\"content\":\"escaped key\"}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"}}]},"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"}}],}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"}},]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"},}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\",}}]}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}}"),
+    P("{\"choices\":[{\"delta\":{\"content\":\"x\"}}]} junk"),
+    P("{\"choices\" [{\"delta\":{\"content\":\"no colon\"}}]}"),
+    P("{choices:[]}"),
+    P("{'choices':[]}"),
+    P("{}"),
+    P("{\"choices\":[]}"),
+    P("{\"choices\":[ ]}"),
+    P("{\"choices\":{}}"),
+    P("{\"choices\":null,\"model\":\"mm\"}"),
+    P("{\"choices\":[{}]}"),
+    P("[1]"),
+    P("\"x\""),
+    P("null"),
+    P("123"),
+    P("  [DONE]"),
+    P("[DONE"),
+    P(" \r\n\t"),
+};
+
+/* Payloads the fast path must take: the shapes that make up nearly every
+ * stream. Guards the comparison against passing only because nothing took
+ * the fast path. */
+static const char *const fast_payloads[] = {
+    "{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":"
+    "1700000000,"
+    "\"model\":\"fake\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},"
+    "\"finish_reason\":null}]}",
+    "{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-"
+    "4o\","
+    "\"service_tier\":\"default\",\"system_fingerprint\":\"fp_1\",\"choices\":[{"
+    "\"index\":0,"
+    "\"delta\":{\"content\":\" it\\u2019s \\\"\\n\"},\"logprobs\":null,"
+    "\"finish_reason\":null}],\"usage\":null,\"obfuscation\":\"x\"}",
+    "{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+    "\"finish_reason\":null}]}",
+    "{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    "\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}",
+    "{\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":"
+    "\"\\ud83d\\ude00 ok\"}}],\"created\":1,\"id\":\"chatcmpl-x\",\"model\":"
+    "\"gpt-3.5-turbo\",\"object\":\"chat.completion.chunk\"}",
+    "{\"id\":\"cmpl-2\",\"object\":\"text_completion\",\"created\":1,"
+    "\"choices\":[{\"text\":\" world\",\"index\":0,\"logprobs\":null,"
+    "\"finish_reason\":null}],\"model\":\"gpt-3.5-turbo-instruct\"}",
+    " { \"choices\" : [ { \"delta\" : { \"content\" : \"spaced\" } } ] } ",
+};
+
+/* Checks that two streams read the same. */
+static void same_state(const struct openai_stream *a, const struct openai_stream *b,
+                       const char *what, size_t n)
+{
+    int w = (int)(n < 200 ? n : 200);
+
+    ck_assert_msg(a->content.len == b->content.len &&
+                      (a->content.len == 0 ||
+                       memcmp(a->content.data, b->content.data, a->content.len) == 0),
+                  "content '%s' vs '%s' after '%.*s'", content(a), content(b), w, what);
+    ck_assert_msg(strcmp(a->finish_reason, b->finish_reason) == 0,
+                  "finish '%s' vs '%s' after '%.*s'", a->finish_reason, b->finish_reason,
+                  w, what);
+    ck_assert_msg(strcmp(a->model, b->model) == 0, "model '%s' vs '%s' after '%.*s'",
+                  a->model, b->model, w, what);
+    ck_assert_int_eq(a->prompt_tokens, b->prompt_tokens);
+    ck_assert_int_eq(a->completion_tokens, b->completion_tokens);
+    ck_assert_int_eq(a->total_tokens, b->total_tokens);
+    ck_assert_int_eq(a->done, b->done);
+    ck_assert_int_eq(a->error, b->error);
+    ck_assert_str_eq(a->error_type, b->error_type);
+    ck_assert_str_eq(a->error_code, b->error_code);
+    ck_assert_str_eq(a->error_message, b->error_message);
+    ck_assert_uint_eq(a->chunks, b->chunks);
+}
+
+/* Feeds one payload to both paths and checks the return, the error, the
+ * delta and the state all match. Returns the return code. */
+static int feed_both(struct openai_stream *fast, struct openai_stream *json,
+                     const char *p, size_t n)
+{
+    struct cr_err e1, e2;
+    const char *d1, *d2;
+    size_t n1, n2;
+    int r1, r2, w = (int)(n < 200 ? n : 200);
+
+    memset(&e1, 0, sizeof(e1));
+    memset(&e2, 0, sizeof(e2));
+    r1 = openai_stream_feed(fast, p, n, &d1, &n1, &e1);
+    r2 = openai__stream_feed_json(json, p, n, &d2, &n2, &e2);
+    ck_assert_msg(r1 == r2, "rc %d vs %d for '%.*s'", r1, r2, w, p);
+    ck_assert_int_eq(e1.code, e2.code);
+    ck_assert_str_eq(e1.msg, e2.msg);
+    ck_assert_msg(n1 == n2 && memcmp(d1, d2, n1) == 0,
+                  "delta '%.*s' vs '%.*s' for '%.*s'", (int)n1, d1, (int)n2, d2, w, p);
+    same_state(fast, json, p, n);
+    return r1;
+}
+
+/* One payload on a pair of streams that already hold a model and some text,
+ * optionally with a small content cap. */
+static void diff_one(const char *p, size_t n, size_t max_bytes)
+{
+    static const char pre[] =
+        "{\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"pre\"}}]}";
+    struct openai_stream a, b;
+
+    openai_stream_init(&a);
+    openai_stream_init(&b);
+    feed_both(&a, &b, pre, sizeof(pre) - 1);
+    a.content.max_bytes = b.content.max_bytes = max_bytes;
+    feed_both(&a, &b, p, n);
+    openai_stream_release(&a);
+    openai_stream_release(&b);
+}
+
+/* A wire sample through the SSE parser, each event to both paths. */
+static void diff_wire(const char *wire)
+{
+    struct sse_parser *p = sse_parser_new(0);
+    struct openai_stream a, b;
+    struct sse_event ev;
+
+    ck_assert_ptr_nonnull(p);
+    openai_stream_init(&a);
+    openai_stream_init(&b);
+    ck_assert_int_eq(sse_feed(p, wire, strlen(wire)), 0);
+    while (sse_next(p, &ev) == 1)
+        feed_both(&a, &b, ev.data, ev.data_len);
+    while (sse_finish(p, &ev) == 1)
+        feed_both(&a, &b, ev.data, ev.data_len);
+    ck_assert_int_eq(openai_stream_complete(&a), openai_stream_complete(&b));
+    openai_stream_release(&a);
+    openai_stream_release(&b);
+    sse_parser_free(p);
+}
+
+/* Every payload whole, cut short at every length, and with each byte in turn
+ * replaced by each of a few bytes that matter to a JSON scanner. */
+static void diff_sweep(const char *p, size_t n)
+{
+    static const char subst[] = {'"', '\\', '}', ']', ',', ':', '0', ' ', 'u', '\0'};
+    char *m = cr_malloc(n + 1);
+    size_t i, k;
+
+    ck_assert_ptr_nonnull(m);
+    diff_one(p, n, 0);
+    diff_one(p, n, 6);
+    for (i = 0; i < n; i++)
+        diff_one(p, i, 0);
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < sizeof(subst); k++) {
+            memcpy(m, p, n);
+            m[i] = subst[k];
+            diff_one(m, n, 0);
+        }
+    }
+    cr_free(m);
+}
+
+START_TEST(test_fast_path_same_as_json)
+{
+    static const char *const wires[] = {OPENAI_WIRE, VLLM_WIRE, LLAMACPP_WIRE,
+                                        OLLAMA_WIRE, VLLM_ERROR_WIRE};
+    size_t i;
+
+    for (i = 0; i < sizeof(wires) / sizeof(wires[0]); i++)
+        diff_wire(wires[i]);
+    for (i = 0; i < sizeof(diff_payloads) / sizeof(diff_payloads[0]); i++)
+        diff_sweep(diff_payloads[i].p, diff_payloads[i].n);
+    for (i = 0; i < sizeof(sweep_payloads) / sizeof(sweep_payloads[0]); i++)
+        diff_sweep(sweep_payloads[i], strlen(sweep_payloads[i]));
+    for (i = 0; i < sizeof(fast_payloads) / sizeof(fast_payloads[0]); i++)
+        diff_sweep(fast_payloads[i], strlen(fast_payloads[i]));
+}
+END_TEST
+
+START_TEST(test_fast_path_taken)
+{
+    static const char *const slow[] = {
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
+        "{\"error\":{\"message\":\"x\"}}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[]}}]}",
+        "{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"x\"}}]}",
+        "{\"model\":\"m\\u00e9\",\"choices\":[]}",
+        "{\"choices\":[{\"delta\":{\"content\":\"\\u0000\"}}]}",
+        "[DONE]",
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof(fast_payloads) / sizeof(fast_payloads[0]); i++)
+        ck_assert_msg(openai__fast_path(fast_payloads[i], strlen(fast_payloads[i])),
+                      "slow: %s", fast_payloads[i]);
+    for (i = 0; i < sizeof(slow) / sizeof(slow[0]); i++)
+        ck_assert_msg(!openai__fast_path(slow[i], strlen(slow[i])), "fast: %s", slow[i]);
+}
+END_TEST
+
+/* The fast path allocates nothing for a token chunk beyond the text itself,
+ * and only a change of model costs a copy. */
+START_TEST(test_fast_path_no_alloc)
+{
+    struct openai_stream s;
+
+    openai_stream_init(&s);
+    s.content.max_bytes = 0;
+    ck_assert_int_eq(buf_reserve(&s.content, 64), 0);
+    ck_assert_int_eq(feed_str(&s, fast_payloads[0], NULL), 0);
+    cr_alloc_fail_after(1);
+    ck_assert_int_eq(feed_str(&s, fast_payloads[0], NULL), 0);
+    ck_assert_int_eq(cr_alloc_failed(), 0);
+    cr_alloc_fail_after(0);
+    ck_assert_str_eq(content(&s), "hellohello");
+    ck_assert_str_eq(s.model, "fake");
+    openai_stream_release(&s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("openai");
@@ -941,6 +1282,13 @@ int main(void)
     tcase_add_test(tc, test_error_parse_truncation);
     tcase_add_test(tc, test_oom_stream);
     tcase_add_test(tc, test_oom_bodies);
+    suite_add_tcase(s, tc);
+    /* The comparison runs both paths over tens of thousands of payloads. */
+    tc = tcase_create("fastpath");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_fast_path_same_as_json);
+    tcase_add_test(tc, test_fast_path_taken);
+    tcase_add_test(tc, test_fast_path_no_alloc);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
