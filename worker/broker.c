@@ -134,6 +134,7 @@ void broker_msg_free(struct broker_msg *m)
     cr_free(m->expiration);
     cr_free(m->message_id);
     cJSON_Delete(m->headers);
+    cr_free(m->headers_err);
     cr_free(m->body);
     cr_free(m);
 }
@@ -701,7 +702,7 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
         if (amqp_json_from_table(&p->headers, &m->headers, &err)) {
             m->headers_bad = 1;
-            snprintf(m->headers_err, sizeof(m->headers_err), "%s", err.msg);
+            m->headers_err = cr_strdup(err.msg); /* NULL on OOM: said as unknown */
         }
     }
 }

@@ -35,10 +35,10 @@ struct broker_msg {
     char *message_id;
     int delivery_mode;
     int priority;
-    cJSON *headers;  /* application headers as JSON, or NULL */
-    int headers_bad; /* the header table could not be converted */
-    char headers_err[256];
-    char *body; /* NUL-terminated for convenience; body_len excludes it */
+    cJSON *headers;    /* application headers as JSON, or NULL */
+    int headers_bad;   /* the header table could not be converted */
+    char *headers_err; /* why, or NULL */
+    char *body;        /* NUL-terminated for convenience; body_len excludes it */
     size_t body_len;
 };
 

@@ -68,6 +68,14 @@ static void job_set_state(struct job *j, enum job_state s)
     j->state = s;
 }
 
+/* A failed job's reasons when even their few hundred bytes cannot be had. */
+static struct job_failure oom_failure = {"MemoryError", "out of memory", "out of memory"};
+
+static const struct job_failure *failure_of(const struct job *j)
+{
+    return j->failure ? j->failure : &oom_failure;
+}
+
 static void job_free(struct job *j)
 {
     struct worker *w = j->w;
@@ -78,6 +86,8 @@ static void job_free(struct job *j)
     cr_free(j->msgs);
     task_msg_release(&j->tm);
     cr_free(j->meta);
+    if (j->failure != &oom_failure)
+        cr_free(j->failure);
     cr_free(j);
     w->live--;
     if (w->shutdown == 1 && w->live == 0)
@@ -295,6 +305,7 @@ static void props_of(struct broker_props *p, const struct broker_msg *m,
 static cJSON *dead_letter_headers(struct worker *w, struct job *j)
 {
     struct broker_msg *m = j->msgs[0];
+    const struct job_failure *f = failure_of(j);
     const cJSON *orig = headers_of(j, m);
     cJSON *h = orig ? cJSON_Duplicate(orig, 1) : cJSON_CreateObject();
     char when[40];
@@ -305,9 +316,9 @@ static cJSON *dead_letter_headers(struct worker *w, struct job *j)
         cJSON_DeleteItemFromObjectCaseSensitive(h, key);                                 \
         cJSON_AddItemToObject(h, key, item);                                             \
     } while (0)
-    SET("x-celeriac-reason", cJSON_CreateString(j->dlq_reason));
-    SET("x-celeriac-exception-type", cJSON_CreateString(j->exc_type));
-    SET("x-celeriac-exception-message", cJSON_CreateString(j->exc_message));
+    SET("x-celeriac-reason", cJSON_CreateString(f->reason));
+    SET("x-celeriac-exception-type", cJSON_CreateString(f->exc_type));
+    SET("x-celeriac-exception-message", cJSON_CreateString(f->exc_message));
     SET("x-celeriac-http-status", cJSON_CreateNumber((double)j->http_status));
     SET("x-celeriac-retries", cJSON_CreateNumber(j->tm.retries));
     SET("x-celeriac-original-exchange",
@@ -367,8 +378,8 @@ static void dead_letter(struct job *j)
     }
     j->pending++;
     LOG(LOG_WARNING, "Task %s[%s] dead-lettered to %s: %s: %s", job_name(j),
-        j->tm.id ? j->tm.id : "?", w->cfg->dead_letter_exchange, j->exc_type,
-        j->exc_message);
+        j->tm.id ? j->tm.id : "?", w->cfg->dead_letter_exchange, failure_of(j)->exc_type,
+        failure_of(j)->exc_message);
 }
 
 static void after_store(struct job *j)
@@ -430,9 +441,15 @@ static void fail_job_llm(struct job *j, const char *exc_type, const char *exc_mo
         worker_notify(w, j, &info);
     if (dead_letter)
         metrics_on_dead_letter(w->metrics, j);
-    snprintf(j->exc_type, sizeof(j->exc_type), "%s", exc_type);
-    snprintf(j->exc_message, sizeof(j->exc_message), "%s", message);
-    snprintf(j->dlq_reason, sizeof(j->dlq_reason), "%s", reason);
+    if (!j->failure)
+        j->failure = cr_malloc(sizeof(*j->failure));
+    if (!j->failure) {
+        j->failure = &oom_failure;
+    } else if (j->failure != &oom_failure) {
+        snprintf(j->failure->exc_type, sizeof(j->failure->exc_type), "%s", exc_type);
+        snprintf(j->failure->exc_message, sizeof(j->failure->exc_message), "%s", message);
+        snprintf(j->failure->reason, sizeof(j->failure->reason), "%s", reason);
+    }
     j->dead_letter = dead_letter;
     cr_free(j->meta);
     j->meta = NULL;
@@ -1194,7 +1211,8 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
 
     if (m->headers_bad) {
         rc = CR_EDECODE;
-        cr_err_set(&err, rc, "bad AMQP headers: %s", m->headers_err);
+        cr_err_set(&err, rc, "bad AMQP headers: %s",
+                   m->headers_err ? m->headers_err : "unknown error");
     } else {
         rc = celery_msg_decode(&raw, &j->tm, &err);
     }

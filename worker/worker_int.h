@@ -35,6 +35,14 @@ enum job_state {
 static const char *const job_state_names[]
     __attribute__((unused)) = {"CHECKING", "ETA", "READY", "RUNNING", "SETTLING", "DONE"};
 
+/* Why a job failed, for its dead letter. On the heap, allocated when the job
+ * fails: inline it cost 640 bytes of every job in flight. */
+struct job_failure {
+    char exc_type[64];
+    char exc_message[512];
+    char reason[64];
+};
+
 struct job {
     struct worker *w;
     struct job *prev, *next;   /* ready queue or eta list */
@@ -55,15 +63,13 @@ struct job {
     double hard_limit_s;
     double soft_limit_s;
     /* outcome */
-    char *meta; /* JSON to store, or NULL */
-    char exc_type[64];
-    char exc_message[512];
+    char *meta;                  /* JSON to store, or NULL */
+    struct job_failure *failure; /* what a dead letter says; NULL until failed */
     long http_status;
     int dead_letter; /* publish to the DLX before acking */
-    char dlq_reason[64];
-    int revoked; /* terminated by revoke: settle as REVOKED */
-    int attempt; /* LLM attempts made by this worker for this delivery */
-    int leased;  /* a parked copy exists: the lease key names us as its runner */
+    int revoked;     /* terminated by revoke: settle as REVOKED */
+    int attempt;     /* LLM attempts made by this worker for this delivery */
+    int leased;      /* a parked copy exists: the lease key names us as its runner */
 };
 
 struct worker {
