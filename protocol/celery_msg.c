@@ -334,6 +334,9 @@ static int decode_v1(cJSON *body, const cJSON *h, struct task_msg *m, struct cr_
     return v1_embed(body, m, err);
 }
 
+static cJSON *keep_headers(const cJSON *h, int proto);
+static int is_std_header(const char *key);
+
 int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
                       struct cr_err *err)
 {
@@ -362,10 +365,6 @@ int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
         return cr_err_set(err, CR_ECONTENT, "compressed body (%.64s) not supported",
                           cJSON_IsString(comp) ? comp->valuestring : "?");
 
-    out->headers = h ? cJSON_Duplicate(h, 1) : cJSON_CreateObject();
-    if (!out->headers)
-        return oom(err);
-
     rc = py_json_parse(in->body, in->body_len, &body, err);
     if (rc)
         return rc;
@@ -378,7 +377,34 @@ int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
     else
         rc = cr_err_set(err, CR_EPROTO, "body is neither a list nor a dict");
     cJSON_Delete(body);
+    if (rc == 0 && !(out->headers = keep_headers(h, out->proto)))
+        rc = oom(err);
     return rc;
+}
+
+/* What of the headers the decoded message keeps: v2 headers Celery defines are
+ * in the fields and rebuilt exactly from them (see celery_msg_headers()), so
+ * only the others are copied; a Celery message's headers as a cJSON tree cost
+ * about 2 KB per task in flight. v1 headers are all kept: they go back out
+ * with a v1 body. */
+static cJSON *keep_headers(const cJSON *h, int proto)
+{
+    cJSON *out;
+    if (h && proto == 1)
+        return cJSON_Duplicate(h, 1);
+    out = cJSON_CreateObject();
+    for (const cJSON *c = h ? h->child : NULL; out && c; c = c->next) {
+        cJSON *dup;
+        if (!c->string || is_std_header(c->string))
+            continue;
+        dup = cJSON_Duplicate(c, 1);
+        if (!dup || !cJSON_AddItemToObject(out, c->string, dup)) {
+            cJSON_Delete(dup);
+            cJSON_Delete(out);
+            return NULL;
+        }
+    }
+    return out;
 }
 
 /* ---- encoding ---- */
@@ -562,4 +588,19 @@ out:
     cJSON_Delete(empty_kwargs);
     buf_release(&tmp);
     return rc;
+}
+
+cJSON *celery_msg_headers(const struct task_msg *m)
+{
+    cJSON *empty_args = NULL, *empty_kwargs = NULL, *h = NULL;
+    const cJSON *args = m->args, *kwargs = m->kwargs;
+
+    if (m->proto == 1)
+        return m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
+    if ((args || (args = empty_args = cJSON_CreateArray())) &&
+        (kwargs || (kwargs = empty_kwargs = cJSON_CreateObject())))
+        h = build_headers(m, args, kwargs);
+    cJSON_Delete(empty_args);
+    cJSON_Delete(empty_kwargs);
+    return h;
 }

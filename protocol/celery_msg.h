@@ -53,7 +53,9 @@ struct task_msg {
     cJSON *kwargs;  /* JSON object (never NULL after success) */
     cJSON *embed;   /* JSON object, or NULL (v2 embed null/absent; v1 without
                      * callbacks, errbacks and chord) */
-    cJSON *headers; /* every header as received (object), for republishing */
+    cJSON *headers; /* v2: the headers Celery does not define (x-death, custom
+                     * ones), in order; v1: every header. celery_msg_headers()
+                     * gives the whole set. */
     /* properties */
     char *content_type;
     char *content_encoding;
@@ -127,5 +129,11 @@ int celery_msg_decode(const struct celery_raw_msg *in, struct task_msg *out,
  * "chord": null}; NULL args/kwargs as [] / {}. origin is not invented: callers
  * publishing a new message set it to their nodename first. */
 int celery_msg_encode_v2(const struct task_msg *m, struct buf *body, cJSON **headers);
+
+/* The headers to send m again as it came (a dead letter, a parked copy): for v2
+ * the encode_v2 headers, which are byte for byte those Celery 5.2.6 sent (the
+ * captured fixtures are tested so); for v1 the headers as received. New
+ * object, or NULL on OOM. */
+cJSON *celery_msg_headers(const struct task_msg *m);
 
 #endif

@@ -84,10 +84,7 @@ static void send_op(struct backend *bk, struct op *op);
 
 static void op_free(struct op *op)
 {
-    for (int i = 0; i < op->argc; i++)
-        cr_free(op->argv[i]);
-    cr_free(op->argv);
-    cr_free(op->argvlen);
+    cr_free(op->argv); /* one block with argvlen and the strings */
     cr_free(op->key);
     cr_free(op->value);
     cr_free(op);
@@ -474,31 +471,41 @@ int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
     return submit(bk, op);
 }
 
+_Static_assert(sizeof(char *) % _Alignof(size_t) == 0, "argvlen follows argv");
+
+/* The arguments are copied into one block (pointers, lengths, then the
+ * strings): a progress write has 13 of them, and separate allocations that
+ * live until Redis answers, interleaved with long-lived ones, cost RSS. */
 static struct op *raw_op_new(struct backend *bk, int argc, const char *const *argv,
                              const size_t *argvlen, backend_reply_fn *cb, void *privdata)
 {
     struct op *op = cr_calloc(1, sizeof(*op));
+    size_t head = (size_t)argc * (sizeof(char *) + sizeof(size_t)), total = head;
+    char *block, *at;
+
     if (!op)
         return NULL;
+    for (int i = 0; i < argc; i++)
+        total += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
+    block = cr_malloc(total ? total : 1);
+    if (!block) {
+        cr_free(op);
+        return NULL;
+    }
     op->bk = bk;
     op->kind = OP_RAW;
     op->raw_cb = cb;
     op->privdata = privdata;
-    op->argv = cr_calloc((size_t)argc, sizeof(*op->argv));
-    op->argvlen = cr_calloc((size_t)argc, sizeof(*op->argvlen));
-    if (!op->argv || !op->argvlen) {
-        op_free(op);
-        return NULL;
-    }
+    op->argv = (char **)(void *)block;
+    op->argvlen = (size_t *)(void *)(block + (size_t)argc * sizeof(char *));
+    at = block + head;
     for (int i = 0; i < argc; i++) {
         size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
-        op->argv[i] = cr_strndup(argv[i], n);
-        if (!op->argv[i]) {
-            op->argc = i;
-            op_free(op);
-            return NULL;
-        }
+        memcpy(at, argv[i], n);
+        at[n] = '\0';
+        op->argv[i] = at;
         op->argvlen[i] = n;
+        at += n + 1;
     }
     op->argc = argc;
     return op;

@@ -152,14 +152,25 @@ static const char *job_name(const struct job *j)
     return j->tm.task ? j->tm.task : "unknown";
 }
 
-/* The AMQP headers of one of j's deliveries. Once the first delivery is
- * decoded the task keeps the only copy (j->tm.headers, the same tree): holding
- * both cost about 3 KB per task in flight. */
+/* The AMQP headers of one of j's deliveries, for looking up the headers Celery
+ * does not define (x-death, x-celeriac-parked). Once the first delivery is
+ * decoded the broker's tree is dropped and the task keeps only those (see
+ * celery_msg_decode()): holding Celery's own headers as a tree cost about 2 KB
+ * per task in flight, and they are rebuilt exactly by headers_copy(). */
 static const cJSON *headers_of(const struct job *j, const struct broker_msg *m)
 {
     if (m->headers || j->nmsgs == 0 || m != j->msgs[0])
         return m->headers;
     return j->tm.headers;
+}
+
+/* A new copy of all the headers of one of j's deliveries, to send it again as
+ * it came. NULL on OOM. */
+static cJSON *headers_copy(const struct job *j, const struct broker_msg *m)
+{
+    if (!m->headers && j->nmsgs && m == j->msgs[0] && j->tm.headers)
+        return celery_msg_headers(&j->tm);
+    return m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
 }
 
 static void list_unlink(struct job **head, struct job **tail, struct job *j)
@@ -306,8 +317,7 @@ static cJSON *dead_letter_headers(struct worker *w, struct job *j)
 {
     struct broker_msg *m = j->msgs[0];
     const struct job_failure *f = failure_of(j);
-    const cJSON *orig = headers_of(j, m);
-    cJSON *h = orig ? cJSON_Duplicate(orig, 1) : cJSON_CreateObject();
+    cJSON *h = headers_copy(j, m);
     char when[40];
     if (!h)
         return NULL;
@@ -790,7 +800,7 @@ static int park_msg(struct job *j, struct broker_msg *m, int release_job,
         (m->owner_flags & MSG_PARKING))
         return CR_EINVAL;
     p = cr_calloc(1, sizeof(*p));
-    h = headers_of(j, m) ? cJSON_Duplicate(headers_of(j, m), 1) : cJSON_CreateObject();
+    h = headers_copy(j, m);
     if (!p || !h) {
         cr_free(p);
         cJSON_Delete(h);
@@ -1254,8 +1264,8 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
         job_free(j);
         return;
     }
-    /* From here m belongs to j, whose decoded copy of the headers is the same
-     * tree: keep only that one (see headers_of()). */
+    /* From here m belongs to j, whose decoded fields and kept headers say
+     * everything the tree did (see headers_of()). */
     cJSON_Delete(m->headers);
     m->headers = NULL;
     if (j->kind == TASK_UNKNOWN) {

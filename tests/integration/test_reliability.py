@@ -135,6 +135,32 @@ def test_retries_exhausted_fail_and_dead_letter(env):
     assert body[0] == ["always 503"]            # original body kept
 
 
+def test_dead_letter_carries_the_headers_celery_sent(env):
+    # the worker keeps only the headers Celery does not define and rebuilds the
+    # others from the decoded fields: the dead letter must still carry exactly
+    # what the producer sent
+    from celery.signals import before_task_publish
+    sent = {}
+
+    def grab(headers=None, **kw):
+        sent.update(headers)
+
+    before_task_publish.connect(grab, weak=False)
+    try:
+        env.worker("--max-retries", "0")
+        env.fake.script(["status=400;err_msg=nope"])
+        r = env.app.send_task("llm.generate", args=["keep my headers"],
+                              kwargs={"model": "m-1"}, countdown=0.1, expires=600,
+                              headers={"x-tenant": "acme", "x-trace": [1, {"a": None}]})
+    finally:
+        before_task_publish.disconnect(grab)
+    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
+    assert dl, "no dead letter"
+    got = {k: v for k, v in dl[0].headers.items() if not k.startswith("x-celeriac-")}
+    assert sent["x-tenant"] == "acme" and "eta" in sent
+    assert got == json.loads(json.dumps(sent))
+
+
 @pytest.mark.parametrize("scenario,exc", [
     ("status=400;err_msg=context_length_exceeded", "BadRequestError"),
     ("status=401;err_msg=bad key", "AuthenticationError"),
