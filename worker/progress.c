@@ -158,11 +158,11 @@ struct ptask {
     struct ptask *prev, *next;
     struct job *j; /* borrowed from STARTED to the closing event */
     char *id;
-    char run[128];
-    long n;      /* entries written by this run */
-    int opened;  /* STARTED written (it goes with the first other entry) */
-    int attempt; /* hint: the task's retries + 1 when it started (a retry
-                  * counts the next one before this attempt's end is written) */
+    unsigned long run; /* this writer's run number: see run_name() */
+    long n;            /* entries written by this run */
+    int opened;        /* STARTED written (it goes with the first other entry) */
+    int attempt;       /* hint: the task's retries + 1 when it started (a retry
+                        * counts the next one before this attempt's end is written) */
     struct progress_batch b;
 };
 
@@ -202,7 +202,7 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
 {
     const char *argv[10 + (ENTRIES_MAX + 1) * (4 + 2 * EXTRA_MAX)];
     size_t lens[sizeof(argv) / sizeof(argv[0])];
-    char nbuf[24], atbuf[24], kbuf[8], tokbuf[ENTRIES_MAX + 1][24];
+    char nbuf[24], atbuf[24], kbuf[8], tokbuf[ENTRIES_MAX + 1][24], run[300];
     struct entry e[ENTRIES_MAX + 1];
     struct buf key, mkey;
     int argc = 0, rc, ne = 0;
@@ -219,6 +219,8 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
         buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->id))
         goto oom;
     t->n += ne;
+    /* The writer's identity in the stream: host, process and run number. */
+    snprintf(run, sizeof(run), "%s:%ld:%lu", p->w->cfg->hostname, (long)getpid(), t->run);
     snprintf(nbuf, sizeof(nbuf), "%ld", t->n);
     snprintf(atbuf, sizeof(atbuf), "%d", t->attempt);
     snprintf(kbuf, sizeof(kbuf), "%d", ne);
@@ -230,7 +232,7 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
     ARG("2", 1);
     ARG(key.data, key.len);
     ARG(mkey.data, mkey.len);
-    ARG(t->run, strlen(t->run));
+    ARG(run, strlen(run));
     ARG(nbuf, strlen(nbuf));
     ARG(atbuf, strlen(atbuf));
     ARG(p->maxlen, strlen(p->maxlen));
@@ -417,8 +419,7 @@ static struct ptask *ptask_new(struct progress *p, struct job *j)
     t->j = j;
     t->attempt = j->tm.retries + 1;
     progress_batch_init(&t->b);
-    snprintf(t->run, sizeof(t->run), "%s:%ld:%lu", p->w->cfg->hostname, (long)getpid(),
-             ++p->runs);
+    t->run = ++p->runs;
     t->next = p->head;
     if (p->head)
         p->head->prev = t;
@@ -461,8 +462,17 @@ void progress_on_delta(struct progress *p, struct job *j, const char *text, size
     if (!p || !j->tm.id)
         return;
     t = strmap_get(&p->tasks, j->tm.id);
-    if (!t || t->j != j)
-        return;
+    if (!t || t->j != j) {
+        /* The first text of this run: its state starts here, not when the
+         * task started, so a call waiting for its first token costs nothing
+         * (the memory bench holds 10,000 such). */
+        t = ptask_new(p, j);
+        if (!t) {
+            if (!p->oom_logged++)
+                LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
+            return;
+        }
+    }
     if (progress_batch_add(&t->b, text, len, now_ms(p)) && !p->oom_logged++)
         LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
     if (progress_batch_due(&t->b, &p->pol, now_ms(p)))
@@ -539,17 +549,6 @@ void progress_on_task(struct progress *p, struct job *j,
     if (!p || !j->tm.id || !has_progress(j))
         return;
     t = strmap_get(&p->tasks, j->tm.id);
-    if (info->type == TEV_STARTED) {
-        t = ptask_new(p, j);
-        if (!t) {
-            if (!p->oom_logged++)
-                LOG(LOG_ERROR, "progress: out of memory; some progress was not written");
-            return;
-        }
-        /* STARTED is written with the first text or the end (see
-         * write_entries()): one script per task less. */
-        return;
-    }
     state = final_state(info->type);
     if (!state)
         return;
@@ -559,17 +558,19 @@ void progress_on_task(struct progress *p, struct job *j,
         return;
     }
     if (!t || t->j != j) {
-        /* Ended without starting here (revoked, expired, rejected): the
-         * stream still gets its final entry, as a run of its own. */
+        /* No text: either it started and ended before its first token (STARTED
+         * and the end are written), or it ended without starting here
+         * (revoked, expired, rejected: only the end, as a run of its own). */
         struct ptask tmp;
+        int started = j->t_started != 0;
         memset(&tmp, 0, sizeof(tmp));
         tmp.j = j;
         tmp.id = j->tm.id;
-        tmp.opened = 1; /* never started: no STARTED entry */
-        tmp.attempt = j->tm.retries + 1;
+        tmp.opened = !started;
+        /* A retry has counted the next attempt in retries already. */
+        tmp.attempt = j->tm.retries + 1 - (started && info->type == TEV_RETRIED);
         progress_batch_init(&tmp.b);
-        snprintf(tmp.run, sizeof(tmp.run), "%s:%ld:%lu", p->w->cfg->hostname,
-                 (long)getpid(), ++p->runs);
+        tmp.run = ++p->runs;
         close_attempt(p, &tmp, state, info);
         progress_batch_release(&tmp.b);
         return;

@@ -56,10 +56,11 @@ struct progress;
 struct progress *progress_new(struct worker *w);
 /* A text delta of a running job (borrowed for the call). */
 void progress_on_delta(struct progress *p, struct job *j, const char *text, size_t len);
-/* Lifecycle: STARTED opens an attempt, SUCCEEDED/FAILED/RETRIED/REVOKED close it
- * (writing any buffered text first). The job is borrowed from STARTED until the
- * closing event; a job that ends without one (cold shutdown) must be preceded
- * by progress_free(). */
+/* Lifecycle: SUCCEEDED/FAILED/RETRIED/REVOKED close an attempt (writing any
+ * buffered text first, and STARTED if nothing was written yet: a job that has
+ * t_started set started here); other events are ignored. The job is borrowed
+ * from its first delta until the closing event; a job that ends without one
+ * (cold shutdown) must be preceded by progress_free(). */
 void progress_on_task(struct progress *p, struct job *j,
                       const struct task_event_info *info);
 /* Drops buffered text and frees. NULL is a no-op. */

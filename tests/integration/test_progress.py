@@ -81,6 +81,20 @@ def test_retry_starts_a_new_attempt(env):
     assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
 
 
+def test_attempts_without_text_still_open_and_close(env):
+    # the stream's state is made at the first token; an attempt that fails
+    # before one still gets its STARTED and RETRY, under the right attempt
+    env.worker("--retry-backoff", "0.2", "--retry-jitter", "0")
+    env.fake.script(["status=503", "tps=200;tokens=5"])
+    r = env.app.send_task("llm.generate", args=["no text first"])
+    assert r.get(timeout=30) == env.fake.expected_text("no text first", 5)
+    es = entries(env, r.id)
+    states = [(e["attempt"], e["state"]) for e in es]
+    assert states[:3] == [("1", "STARTED"), ("1", "RETRY"), ("2", "STARTED")], states
+    assert states[-1] == ("2", "SUCCESS") and attempt_text(es, 2) == r.result
+    assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
+
+
 def test_failure_ends_the_stream_with_its_error(env):
     env.worker("--max-retries", "0")
     env.fake.script(["tps=200;tokens=30;status=400"])
