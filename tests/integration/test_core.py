@@ -177,6 +177,25 @@ def test_results_survive_a_script_cache_flush(env):
     assert not env.redis.exists("celeriac:progress:" + r.id)
 
 
+def test_llm_connections_are_reused(env):
+    # one connection for calls one after another, and a second burst as wide
+    # as the first rides on the first one's connections (the worker skips
+    # libcurl's search for an idle connection only when none can exist)
+    env.worker("-c", "50")
+    for i in range(10):
+        assert env.app.send_task("llm.generate", args=["seq%d" % i]).get(timeout=20)
+    seq_conns = {s["conn"] for s in env.fake.stats()}
+    assert len(seq_conns) == 1, seq_conns
+    for burst in range(2):
+        env.fake.script(["latency_ms=400"] * 40)
+        rs = [env.app.send_task("llm.generate", args=["b%d-%d" % (burst, i)]) for i in range(40)]
+        assert all(r.get(timeout=30) for r in rs)
+    conns = [s["conn"] for s in env.fake.stats()]
+    assert len(conns) == 90
+    assert len(set(conns[10:50])) >= 30          # the first burst ran side by side
+    assert len(set(conns[50:]) - set(conns[:50])) <= 5, "second burst reconnected"
+
+
 def test_thousand_concurrent_tasks(env):
     env.worker("-c", "1000", "--loglevel", "warning")
     env.fake.script(["latency_ms=1000;tokens=4"] * 1000)
