@@ -1268,6 +1268,15 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
      * everything the tree did (see headers_of()). */
     cJSON_Delete(m->headers);
     m->headers = NULL;
+    /* The decoded copies of the message properties are never read here (m
+     * has them, and republishing takes them from m): 4 allocations less per
+     * task in flight. */
+    cr_free(j->tm.content_type);
+    cr_free(j->tm.content_encoding);
+    cr_free(j->tm.correlation_id);
+    cr_free(j->tm.reply_to);
+    j->tm.content_type = j->tm.content_encoding = j->tm.correlation_id = j->tm.reply_to =
+        NULL;
     if (j->kind == TASK_UNKNOWN) {
         LOG(LOG_ERROR, "Received unregistered task of type '%s'.", j->tm.task);
         snprintf(buf, sizeof(buf), "%s", j->tm.task);
