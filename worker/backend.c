@@ -3,6 +3,7 @@
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
+#include <hiredis/sds.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 #define KEY_PREFIX BACKEND_META_PREFIX
 #define CONNECT_TIMEOUT_MS 5000
 #define RECONNECT_MAX_MS 5000
+/* Commands queued in hiredis's output buffer beyond this are written at once
+ * rather than at the socket's next write event (see send_op()). */
+#define EAGER_WRITE_BYTES (64 * 1024)
 
 /* Store a state unless SUCCESS is already stored, then publish it on the channel
  * named like the key. Doing the check and the write in one script makes the
@@ -71,6 +75,7 @@ struct backend {
     struct op *wait_head, *wait_tail; /* not yet sent */
     size_t inflight;
     size_t waiting;
+    int in_connect; /* inside on_connect(): no eager writes */
 };
 
 static void start_connect(struct backend *bk);
@@ -217,8 +222,10 @@ static void on_connect(const redisAsyncContext *cac, int status)
     }
     if (bk->db)
         redisAsyncCommand(ac, on_auth_reply, NULL, "SELECT %d", bk->db);
+    bk->in_connect = 1;
     while ((op = wait_pop(bk)))
         send_op(bk, op);
+    bk->in_connect = 0;
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -410,6 +417,14 @@ static void send_op(struct backend *bk, struct op *op)
         return;
     }
     bk->inflight++;
+    /* When many tasks end in one loop turn (10,000 streams finishing at once),
+     * their stores and progress writes would all wait in hiredis's output
+     * buffer for the write event, and that buffer's peak is RSS. Write it out
+     * once it is large. Not from inside hiredis (a reply or connect
+     * callback), where a failed write would free the context under it. */
+    if (!bk->in_connect && bk->ac && !(bk->ac->c.flags & REDIS_IN_CALLBACK) &&
+        sdslen(bk->ac->c.obuf) >= EAGER_WRITE_BYTES)
+        redisAsyncHandleWrite(bk->ac);
 }
 
 /* Callbacks never run inside backend_store()/backend_get(): a failed send
