@@ -51,8 +51,9 @@ struct task_msg {
     char *origin;
     cJSON *args;    /* JSON array (never NULL after success) */
     cJSON *kwargs;  /* JSON object (never NULL after success) */
-    cJSON *embed;   /* JSON object, or NULL (v2 embed null/absent; v1 without
-                     * callbacks, errbacks and chord) */
+    cJSON *embed;   /* JSON object, or NULL (v2 embed null, absent or Celery's
+                     * default of four nulls, which encode_v2 writes back
+                     * for NULL; v1 without callbacks, errbacks and chord) */
     cJSON *headers; /* v2: the headers Celery does not define (x-death, custom
                      * ones), in order; v1: every header. celery_msg_headers()
                      * gives the whole set. */
