@@ -29,8 +29,8 @@ struct gw_conn {
     char method[8];
     char *path, *query, *auth, *origin, *ctype;
     struct buf body;
-    int too_big;
-    int length_required; /* a body without Content-Length (chunked) */
+    int too_big;         /* body over max_body_bytes: dropped, 413 */
+    int length_required; /* a body without Content-Length (chunked): 411 */
     /* HTTP response */
     int responded;
     int status;
@@ -155,7 +155,7 @@ const char *gw_conn_body(const struct gw_conn *c, size_t *len)
 }
 int gw_conn_body_too_big(const struct gw_conn *c)
 {
-    return c->too_big && !c->length_required;
+    return c->too_big;
 }
 int gw_conn_length_required(const struct gw_conn *c)
 {
@@ -335,7 +335,6 @@ static int on_http(struct gw_server *srv, struct lws *wsi, struct pss *pss)
         if (lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0) {
             /* lws 4.1 drops chunked request bodies: say so, then close. */
             c->length_required = 1;
-            c->too_big = 1;
         }
     }
     dispatch(srv, c);
@@ -368,6 +367,13 @@ static int cors_headers(struct gw_server *srv, struct gw_conn *c, struct lws *ws
            add_header(wsi, "vary:", "Origin", p, end);
 }
 
+/* A request whose body was not read in full: its body is dropped, and the
+ * connection closes after the answer, since what follows on it is not a request. */
+static int closes(const struct gw_conn *c)
+{
+    return c->too_big || c->length_required;
+}
+
 static int on_http_writable(struct gw_server *srv, struct lws *wsi, struct pss *pss)
 {
     struct gw_conn *c = pss->c;
@@ -375,7 +381,7 @@ static int on_http_writable(struct gw_server *srv, struct lws *wsi, struct pss *
     unsigned char *start = hdr + LWS_PRE, *p = start, *end = hdr + sizeof(hdr) - 1;
     size_t left, n;
     unsigned char *chunk;
-    int final, too_big;
+    int final, drop;
 
     if (!c || !c->responded)
         return 0;
@@ -385,7 +391,7 @@ static int on_http_writable(struct gw_server *srv, struct lws *wsi, struct pss *
             return 1;
         if (add_header(wsi, "cache-control:", "no-store", &p, end) ||
             cors_headers(srv, c, wsi, &p, end) ||
-            (c->too_big && add_header(wsi, "connection:", "close", &p, end)) ||
+            (closes(c) && add_header(wsi, "connection:", "close", &p, end)) ||
             lws_finalize_write_http_header(wsi, start, &p, end))
             return 1;
         c->headers_done = 1;
@@ -411,9 +417,9 @@ static int on_http_writable(struct gw_server *srv, struct lws *wsi, struct pss *
         lws_callback_on_writable(wsi);
         return 0;
     }
-    too_big = c->too_big;
+    drop = closes(c);
     conn_detach(pss);
-    if (too_big || lws_http_transaction_completed(wsi))
+    if (drop || lws_http_transaction_completed(wsi))
         return -1;
     return 0;
 }
@@ -479,7 +485,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_HTTP:
         return on_http(srv, wsi, pss);
     case LWS_CALLBACK_HTTP_BODY:
-        if (pss->c && !pss->c->too_big && buf_append(&pss->c->body, in, len))
+        if (pss->c && !closes(pss->c) && buf_append(&pss->c->body, in, len))
             pss->c->too_big = 1; /* over max_body_bytes (or out of memory) */
         return 0;
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:

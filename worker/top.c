@@ -44,8 +44,7 @@ struct top_sample {
 
 struct top_worker {
     char *url;
-    struct top_sample prev, cur;
-    int have_prev;
+    struct top_sample prev, cur; /* prev.up is 0 before a second scrape */
 };
 
 static double mono_s(void)
@@ -160,7 +159,7 @@ static void rate(char *out, size_t size, const struct top_worker *w, double now,
                  double before)
 {
     double dt = w->cur.t - w->prev.t;
-    if (!w->have_prev || !w->prev.up || !w->cur.up || dt <= 0 || now < before)
+    if (!w->prev.up || !w->cur.up || dt <= 0 || now < before)
         snprintf(out, size, "-");
     else
         snprintf(out, size, "%.1f", (now - before) / dt);
@@ -310,10 +309,7 @@ int cmd_top(int argc, char **argv)
     }
     for (long it = 0; iterations < 0 || it < iterations; it++) {
         for (int i = 0; i < n; i++) {
-            if (ws[i].cur.t > 0) {
-                ws[i].prev = ws[i].cur;
-                ws[i].have_prev = 1;
-            }
+            ws[i].prev = ws[i].cur;
             scrape(&ws[i]);
         }
         render(stdout, ws, n, interval, !once && isatty(STDOUT_FILENO));
