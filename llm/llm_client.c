@@ -234,15 +234,16 @@ static const char *trim_value(const char *v, size_t *n)
 }
 
 /* Replaces *dst with a copy of the trimmed value, at most max-1 bytes as the
- * inline buffers these replaced kept. Out of memory, the hint is dropped:
- * the retry policy then falls back to its own delay. */
+ * inline buffers these replaced kept, or NULL when it is empty. Out of
+ * memory, the hint is dropped: the retry policy then falls back to its own
+ * delay. */
 static void keep_value(char **dst, size_t max, const char *v, size_t n)
 {
     v = trim_value(v, &n);
     if (n >= max)
         n = max - 1;
     cr_free(*dst);
-    *dst = cr_strndup(v, n);
+    *dst = n ? cr_strndup(v, n) : NULL;
 }
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
@@ -376,9 +377,7 @@ static void req_free(struct llm_req *r)
     curl_slist_free_all(r->headers);
     cr_free(r->fail_msg);
     cr_free(r->abort_exc);
-    cr_free(r->retry_after);
-    cr_free(r->retry_after_ms);
-    cr_free(r->should_retry);
+    header_reset(r);
     cr_free(r->body);
     sse_parser_free(r->sse);
     openai_stream_release(&r->chat);
@@ -458,14 +457,10 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         struct openai_error oe;
         openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
         res.code = CR_ELLM;
-        res.verdict = llm_classify(
-            0, r->status, oe.code, oe.type,
-            r->should_retry && r->should_retry[0] ? r->should_retry : NULL, 0);
+        res.verdict = llm_classify(0, r->status, oe.code, oe.type, r->should_retry, 0);
         res.exc_type = exc_for_status(r->status);
-        res.retry_after_ms = llm_retry_after_ms(
-            r->retry_after_ms && r->retry_after_ms[0] ? r->retry_after_ms : NULL,
-            r->retry_after && r->retry_after[0] ? r->retry_after : NULL,
-            (int64_t)epoch_ms());
+        res.retry_after_ms =
+            llm_retry_after_ms(r->retry_after_ms, r->retry_after, (int64_t)epoch_ms());
         snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
                  oe.message[0] ? oe.message : "(no message)");
     } else if (r->op == LLM_OP_EMBED) {
@@ -548,11 +543,11 @@ static void on_done_timer(uv_timer_t *t)
     }
 }
 
-void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char *message)
+/* Marks r aborted with this code, exception name and message (NULL: the
+ * defaults); the caller takes it out of the transfer. */
+static void mark_aborted(struct llm_req *r, int code, const char *exc_type,
+                         const char *message)
 {
-    struct llm_client *c = r->c;
-    if (r->aborted)
-        return;
     r->aborted = 1;
     r->abort_code = code;
     exc_type = exc_type ? exc_type : "APIError";
@@ -562,6 +557,14 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char
     cr_free(r->fail_msg);
     r->fail_msg = NULL;
     set_fail(r, "%s", message ? message : "aborted");
+}
+
+void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char *message)
+{
+    struct llm_client *c = r->c;
+    if (r->aborted)
+        return;
+    mark_aborted(r, code, exc_type, message);
     /* libcurl forbids removing a handle from inside its callbacks, so inside
      * one we only mark the request (its write callback then fails the
      * transfer) and the 0 ms timer removes it. */
@@ -854,13 +857,7 @@ void llm_client_free(struct llm_client *c)
         r->removed = 1;
         if (r->aborted)
             continue; /* already on the done list */
-        r->aborted = 1;
-        r->abort_code = CR_ECANCELED;
-        cr_free(r->abort_exc);
-        r->abort_exc = cr_strdup("WorkerShutdown");
-        cr_free(r->fail_msg);
-        r->fail_msg = NULL;
-        set_fail(r, "worker is shutting down");
+        mark_aborted(r, CR_ECANCELED, "WorkerShutdown", "worker is shutting down");
         finish(c, r, CURLE_ABORTED_BY_CALLBACK);
     }
     on_done_timer(&c->done_timer);
