@@ -46,7 +46,7 @@ struct op {
     backend_reply_fn *raw_cb;
     struct backend_script *script; /* OP_STORE, or OP_RAW by backend_eval() */
     int use_eval;                  /* Redis said NOSCRIPT: send the text */
-    int argc;                      /* OP_RAW: without the script's two words */
+    int argc;                      /* OP_RAW: with the script's two words */
     char **argv;
     size_t *argvlen;
     void *privdata;
@@ -385,27 +385,10 @@ static void send_op(struct backend *bk, struct op *op)
         script_head(op, argv, lens);
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, 6, argv, lens);
     } else if (op->kind == OP_RAW && op->script) {
-        const char *small[24], **argv = small;
-        size_t smalllens[24], *lens = smalllens;
-        int n = op->argc + 2;
-        if (n > 24) {
-            argv = cr_malloc((size_t)n * sizeof(*argv));
-            lens = cr_malloc((size_t)n * sizeof(*lens));
-        }
-        if (!argv || !lens) {
-            rc = REDIS_ERR; /* waits and is tried again, like a refused send */
-        } else {
-            script_head(op, argv, lens);
-            for (int i = 0; i < op->argc; i++) {
-                argv[i + 2] = op->argv[i];
-                lens[i + 2] = op->argvlen[i];
-            }
-            rc = redisAsyncCommandArgv(bk->ac, on_reply, op, n, argv, lens);
-        }
-        if (argv != small)
-            cr_free(argv);
-        if (lens != smalllens)
-            cr_free(lens);
+        /* raw_op_new() left the first two slots for the script's words */
+        script_head(op, (const char **)op->argv, op->argvlen);
+        rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc,
+                                   (const char **)op->argv, op->argvlen);
     } else if (op->kind == OP_RAW) {
         rc = redisAsyncCommandArgv(bk->ac, on_reply, op, op->argc,
                                    (const char **)op->argv, op->argvlen);
@@ -422,7 +405,7 @@ static void send_op(struct backend *bk, struct op *op)
      * buffer for the write event, and that buffer's peak is RSS. Write it out
      * once it is large. Not from inside hiredis (a reply or connect
      * callback), where a failed write would free the context under it. */
-    if (!bk->in_connect && bk->ac && !(bk->ac->c.flags & REDIS_IN_CALLBACK) &&
+    if (!bk->in_connect && !(bk->ac->c.flags & REDIS_IN_CALLBACK) &&
         sdslen(bk->ac->c.obuf) >= EAGER_WRITE_BYTES)
         redisAsyncHandleWrite(bk->ac);
 }
@@ -490,12 +473,16 @@ _Static_assert(sizeof(char *) % _Alignof(size_t) == 0, "argvlen follows argv");
 
 /* The arguments are copied into one block (pointers, lengths, then the
  * strings): a progress write has 13 of them, and separate allocations that
- * live until Redis answers, interleaved with long-lived ones, cost RSS. */
-static struct op *raw_op_new(struct backend *bk, int argc, const char *const *argv,
-                             const size_t *argvlen, backend_reply_fn *cb, void *privdata)
+ * live until Redis answers, interleaved with long-lived ones, cost RSS. A
+ * script's command gets two more slots in front, which send_op() fills with
+ * EVALSHA and the digest (or EVAL and the text). */
+static struct op *raw_op_new(struct backend *bk, struct backend_script *script, int argc,
+                             const char *const *argv, const size_t *argvlen,
+                             backend_reply_fn *cb, void *privdata)
 {
     struct op *op = cr_calloc(1, sizeof(*op));
-    size_t head = (size_t)argc * (sizeof(char *) + sizeof(size_t)), total = head;
+    int skip = script ? 2 : 0, slots = argc + skip;
+    size_t head = (size_t)slots * (sizeof(char *) + sizeof(size_t)), total = head;
     char *block, *at;
 
     if (!op)
@@ -509,27 +496,28 @@ static struct op *raw_op_new(struct backend *bk, int argc, const char *const *ar
     }
     op->bk = bk;
     op->kind = OP_RAW;
+    op->script = script;
     op->raw_cb = cb;
     op->privdata = privdata;
     op->argv = (char **)(void *)block;
-    op->argvlen = (size_t *)(void *)(block + (size_t)argc * sizeof(char *));
+    op->argvlen = (size_t *)(void *)(block + (size_t)slots * sizeof(char *));
     at = block + head;
     for (int i = 0; i < argc; i++) {
         size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
         memcpy(at, argv[i], n);
         at[n] = '\0';
-        op->argv[i] = at;
-        op->argvlen[i] = n;
+        op->argv[skip + i] = at;
+        op->argvlen[skip + i] = n;
         at += n + 1;
     }
-    op->argc = argc;
+    op->argc = slots;
     return op;
 }
 
 int backend_command(struct backend *bk, int argc, const char *const *argv,
                     const size_t *argvlen, backend_reply_fn *cb, void *privdata)
 {
-    struct op *op = raw_op_new(bk, argc, argv, argvlen, cb, privdata);
+    struct op *op = raw_op_new(bk, NULL, argc, argv, argvlen, cb, privdata);
     if (!op)
         return CR_ENOMEM;
     return submit(bk, op);
@@ -539,10 +527,9 @@ int backend_eval(struct backend *bk, struct backend_script *script, int argc,
                  const char *const *argv, const size_t *argvlen, backend_reply_fn *cb,
                  void *privdata)
 {
-    struct op *op = raw_op_new(bk, argc, argv, argvlen, cb, privdata);
+    struct op *op = raw_op_new(bk, script, argc, argv, argvlen, cb, privdata);
     if (!op)
         return CR_ENOMEM;
-    op->script = script;
     return submit(bk, op);
 }
 

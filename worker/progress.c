@@ -348,6 +348,18 @@ static void on_timer(uv_timer_t *timer)
     arm(p);
 }
 
+/* Starts the one timer to fire in wait ms, unless it fires sooner already.
+ * Under backpressure a due time stays in the past (wait 0): poll gently. */
+static void arm_at(struct progress *p, int64_t wait)
+{
+    if (wait == 0)
+        wait = p->pol.interval_ms;
+    if (uv_is_active((uv_handle_t *)p->timer) &&
+        uv_timer_get_due_in(p->timer) <= (uint64_t)wait)
+        return;
+    uv_timer_start(p->timer, on_timer, (uint64_t)wait, 0);
+}
+
 /* Per delta only this task's due time can have moved earlier, so it is the
  * only one looked at: O(1) per token. (Scanning every task here cost 75% of
  * the worker's CPU with 5,000 streams; measured in docs/benchmarks.md.) The
@@ -355,14 +367,8 @@ static void on_timer(uv_timer_t *timer)
 static void arm_one(struct progress *p, struct ptask *t)
 {
     int64_t wait = progress_batch_wait_ms(&t->b, &p->pol, now_ms(p));
-    if (wait < 0)
-        return;
-    if (wait == 0)
-        wait = p->pol.interval_ms; /* backpressure: poll gently, as arm() does */
-    if (uv_is_active((uv_handle_t *)p->timer) &&
-        uv_timer_get_due_in(p->timer) <= (uint64_t)wait)
-        return;
-    uv_timer_start(p->timer, on_timer, (uint64_t)wait, 0);
+    if (wait >= 0)
+        arm_at(p, wait);
 }
 
 /* One timer for every task: it fires at the earliest due time. */
@@ -374,17 +380,10 @@ static void arm(struct progress *p)
         if (wait >= 0 && (best < 0 || wait < best))
             best = wait;
     }
-    if (best < 0) {
+    if (best < 0)
         uv_timer_stop(p->timer);
-        return;
-    }
-    /* Under backpressure the due time stays in the past: poll gently. */
-    if (best == 0)
-        best = p->pol.interval_ms;
-    if (uv_is_active((uv_handle_t *)p->timer) &&
-        uv_timer_get_due_in(p->timer) <= (uint64_t)best)
-        return;
-    uv_timer_start(p->timer, on_timer, (uint64_t)best, 0);
+    else
+        arm_at(p, best);
 }
 
 static void ptask_free(struct progress *p, struct ptask *t)

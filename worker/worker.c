@@ -730,12 +730,18 @@ static int park_queue_name(struct worker *w, const char *queue, char *out, size_
     return 0; /* a queue added at run time has no park queue: never park it */
 }
 
+/* The Redis key naming the worker that runs a parked task. */
+static void lease_key(const struct job *j, char *key, size_t size)
+{
+    snprintf(key, size, LEASE_PREFIX "%s", j->tm.id);
+}
+
 static void lease_set(struct job *j)
 {
     struct worker *w = j->w;
     char key[300], ttl[32];
     const char *argv[5];
-    snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+    lease_key(j, key, sizeof(key));
     /* Three park periods: a live runner renews it every period. */
     snprintf(ttl, sizeof(ttl), "%lld", (long long)(w->cfg->park_after * 3 + 1));
     argv[0] = "SET";
@@ -751,7 +757,7 @@ static void lease_drop(struct job *j)
 {
     char key[300];
     const char *argv[2] = {"DEL", key};
-    snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+    lease_key(j, key, sizeof(key));
     backend_command(j->w->backend, 2, argv, NULL, NULL, NULL);
     j->leased = 0;
 }
@@ -767,17 +773,11 @@ static void on_park_confirm(struct broker *b, int ok, void *privdata)
         LOG(LOG_DEBUG, "Task %s[%s] parked", job_name(j), j->tm.id);
     }
     if (p->release_job) {
-        /* On a nack the delivery stays unacked and is simply held here. */
-        if (ok) {
-            job_set_state(j, JOB_DONE);
-            if (j->in_map) {
-                strmap_del(&j->w->jobs, j->tm.id);
-                j->in_map = 0;
-            }
-        }
-        if (ok && j->pending == 0)
-            job_free(j);
-        else if (!ok)
+        /* The job ends with its delivery parked; on a nack the delivery stays
+         * unacked and is simply held here. */
+        if (ok)
+            abandon_job(j);
+        else
             eta_push(j->w, j);
     } else if (j->state == JOB_DONE && j->pending == 0) {
         job_free(j);
@@ -1075,11 +1075,13 @@ static int seen_before(const struct job *j, const struct broker_msg *m)
                   cJSON_GetObjectItemCaseSensitive(h, "x-celeriac-parked")));
 }
 
+static void check_job(struct job *j, const char *st);
+
+/* The stored state of a delivery seen before (see seen_before()). */
 static void on_meta(struct backend *bk, int status, const char *value, size_t len,
                     void *privdata)
 {
     struct job *j = privdata;
-    struct worker *w = j->w;
     char st[32] = "";
     (void)bk;
 
@@ -1088,7 +1090,19 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         abandon_job(j);
         return;
     }
-    if (value && result_meta_status(value, len, st, sizeof(st)) == 0) {
+    if (value && result_meta_status(value, len, st, sizeof(st)) != 0)
+        st[0] = '\0';
+    check_job(j, st);
+}
+
+/* Decides what a received job does, given its stored state st ("" when none
+ * was stored or read): settle it, give it back, revoke, ask its lease, hold,
+ * park or queue it. */
+static void check_job(struct job *j, const char *st)
+{
+    struct worker *w = j->w;
+
+    if (st[0]) {
         int redelivered = 0;
         for (int i = 0; i < j->nmsgs; i++)
             redelivered |= j->msgs[i]->redelivered;
@@ -1120,7 +1134,7 @@ static void on_meta(struct backend *bk, int status, const char *value, size_t le
         /* A parked copy of a task that was running somewhere: ask the lease. */
         char key[300];
         const char *argv[2] = {"GET", key};
-        snprintf(key, sizeof(key), LEASE_PREFIX "%s", j->tm.id);
+        lease_key(j, key, sizeof(key));
         if (backend_command(w->backend, 2, argv, NULL, on_lease, j) == 0) {
             j->pending++;
             return;
@@ -1305,8 +1319,7 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
     if (!seen_before(j, m)) {
         /* A first delivery has no outcome of ours stored: skip the read (a
          * Redis round trip and ~10% of the worker's CPU per trivial task). */
-        j->pending++;
-        on_meta(w->backend, 0, NULL, 0, j);
+        check_job(j, "");
         return;
     }
     if (backend_get(w->backend, j->tm.id, on_meta, j)) {
