@@ -713,12 +713,30 @@ static int no_idle_connection(const struct llm_client *c, const char *url)
     return c->nsockets <= c->nactive && !strncmp(url, "http://", 7);
 }
 
+/* Whether a new connection (see no_idle_connection()) is kept for reuse when
+ * its call ends. libcurl 7.88 walks its connection cache from the oldest
+ * connection on every curl_multi_remove_handle() until it meets the one the
+ * call used (close_connect_only() in lib/multi.c), so with 10,000 connections
+ * kept each finished call costs about 5,000 steps: 22% of the worker's CPU in
+ * the concurrency bench. Past keep_connections calls in flight, a call that
+ * needs a new connection closes it when done (CURLOPT_FORBID_REUSE): a
+ * connect per call (about 20 us here) against a walk that grows with every
+ * connection kept (about 10 ns a step). */
+static int keep_connection(const struct llm_client *c)
+{
+    /* Calls in flight rather than sockets: libcurl opens a call's socket
+     * only on its next turn, so a burst submitted in one go would all see
+     * the same socket count. */
+    return c->nactive < (size_t)c->cfg.keep_connections;
+}
+
 struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
                                   llm_delta_fn *on_delta, llm_done_fn *on_done,
                                   void *privdata, struct cr_err *err)
 {
     struct llm_req *r = cr_calloc(1, sizeof(*r));
     struct curl_slist *hdrs;
+    int fresh;
 
     if (!r) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -770,8 +788,9 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETDATA, c);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETDATA, c);
-    curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT,
-                     (long)no_idle_connection(c, rq->url));
+    fresh = no_idle_connection(c, rq->url);
+    curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT, (long)fresh);
+    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, (long)(fresh && !keep_connection(c)));
 
     if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
         goto oom;

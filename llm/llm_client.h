@@ -23,7 +23,9 @@ struct llm_client_config {
     double first_byte_timeout_s;
     double first_token_timeout_s;
     double idle_timeout_s;
-    long max_connections; /* 0: no cap */
+    long max_connections;  /* 0: no cap */
+    long keep_connections; /* plain HTTP: open connections past which a call's
+                            * new connection is closed when it ends */
 };
 
 enum llm_op {

@@ -41,6 +41,7 @@ struct config {
     double llm_first_token_timeout;
     double llm_idle_timeout;
     int llm_max_connections;
+    int llm_keep_connections;
     int max_message_size; /* bytes */
     int max_retries;      /* per task; -1: no limit */
     double retry_backoff; /* base seconds */

@@ -1687,6 +1687,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     lc.first_token_timeout_s = cfg->llm_first_token_timeout;
     lc.idle_timeout_s = cfg->llm_idle_timeout;
     lc.max_connections = cfg->llm_max_connections;
+    lc.keep_connections = cfg->llm_keep_connections;
     w->llm = llm_client_new(loop, &lc, err);
     if (!w->llm)
         goto fail;

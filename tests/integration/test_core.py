@@ -196,6 +196,21 @@ def test_llm_connections_are_reused(env):
     assert len(set(conns[50:]) - set(conns[:50])) <= 5, "second burst reconnected"
 
 
+def test_llm_connections_kept_are_bounded(env):
+    # past --llm-keep-connections calls in flight, a call that needs a new
+    # connection closes it when done: only the first ones serve the next burst
+    env.worker("-c", "50", "--llm-keep-connections", "4")
+    for burst in range(2):
+        env.fake.script(["latency_ms=400"] * 12)
+        rs = [env.app.send_task("llm.generate", args=["k%d-%d" % (burst, i)]) for i in range(12)]
+        assert all(r.get(timeout=30) for r in rs)
+    conns = [s["conn"] for s in env.fake.stats()]
+    assert len(conns) == 24
+    first, second = set(conns[:12]), set(conns[12:])
+    assert len(first) == 12 and len(second) == 12
+    assert len(first & second) == 4, "kept %d connections, not 4" % len(first & second)
+
+
 def test_thousand_concurrent_tasks(env):
     env.worker("-c", "1000", "--loglevel", "warning")
     env.fake.script(["latency_ms=1000;tokens=4"] * 1000)
