@@ -11,7 +11,6 @@
 #include "worker_int.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
-#include "util/strmap.h"
 
 /* ================================================================ batching */
 
@@ -156,8 +155,8 @@ static struct backend_script write_script = BACKEND_SCRIPT(
 
 struct ptask {
     struct ptask *prev, *next;
-    struct job *j; /* borrowed from STARTED to the closing event */
-    char *id;
+    struct job *j;     /* borrowed from the first text to the closing event */
+    const char *id;    /* j's task id */
     unsigned long run; /* this writer's run number: see run_name() */
     long n;            /* entries written by this run */
     int opened;        /* STARTED written (it goes with the first other entry) */
@@ -169,7 +168,6 @@ struct ptask {
 struct progress {
     struct worker *w;
     struct progress_policy pol;
-    struct strmap tasks; /* task id -> struct ptask */
     struct ptask *head;
     uv_timer_t *timer; /* heap: freed in its close callback */
     unsigned long runs;
@@ -394,28 +392,20 @@ static void ptask_free(struct progress *p, struct ptask *t)
         p->head = t->next;
     if (t->next)
         t->next->prev = t->prev;
-    if (strmap_get(&p->tasks, t->id) == t)
-        strmap_del(&p->tasks, t->id);
+    if (t->j->ptask == t)
+        t->j->ptask = NULL;
     progress_batch_release(&t->b);
-    cr_free(t->id);
     cr_free(t);
 }
 
 static struct ptask *ptask_new(struct progress *p, struct job *j)
 {
     struct ptask *t = cr_calloc(1, sizeof(*t));
-    struct ptask *old = strmap_get(&p->tasks, j->tm.id);
     if (!t)
         return NULL;
-    if (old) /* a stale attempt of the same id: its job is gone */
-        ptask_free(p, old);
-    t->id = cr_strdup(j->tm.id);
-    if (!t->id || strmap_put(&p->tasks, t->id, t)) {
-        cr_free(t->id);
-        cr_free(t);
-        return NULL;
-    }
+    t->id = j->tm.id;
     t->j = j;
+    j->ptask = t;
     t->attempt = j->tm.retries + 1;
     progress_batch_init(&t->b);
     t->run = ++p->runs;
@@ -449,7 +439,6 @@ struct progress *progress_new(struct worker *w)
     p->pol.meta_gap_ms = PROGRESS_META_MIN_MS;
     snprintf(p->ttl, sizeof(p->ttl), "%d", w->cfg->result_expires);
     snprintf(p->maxlen, sizeof(p->maxlen), "%d", PROGRESS_STREAM_MAXLEN);
-    strmap_init(&p->tasks);
     uv_timer_init(w->loop, p->timer);
     p->timer->data = p;
     return p;
@@ -460,8 +449,8 @@ void progress_on_delta(struct progress *p, struct job *j, const char *text, size
     struct ptask *t;
     if (!p || !j->tm.id)
         return;
-    t = strmap_get(&p->tasks, j->tm.id);
-    if (!t || t->j != j) {
+    t = j->ptask;
+    if (!t) {
         /* The first text of this run: its state starts here, not when the
          * task started, so a call waiting for its first token costs nothing
          * (the memory bench holds 10,000 such). */
@@ -547,7 +536,7 @@ void progress_on_task(struct progress *p, struct job *j,
 
     if (!p || !j->tm.id || !has_progress(j))
         return;
-    t = strmap_get(&p->tasks, j->tm.id);
+    t = j->ptask;
     state = final_state(info->type);
     if (!state)
         return;
@@ -556,7 +545,7 @@ void progress_on_task(struct progress *p, struct job *j,
             ptask_free(p, t);
         return;
     }
-    if (!t || t->j != j) {
+    if (!t) {
         /* No text: either it started and ended before its first token (STARTED
          * and the end are written), or it ended without starting here
          * (revoked, expired, rejected: only the end, as a run of its own). */
@@ -580,6 +569,12 @@ void progress_on_task(struct progress *p, struct job *j,
      * once, rescans and re-arms itself. */
 }
 
+void progress_forget(struct progress *p, struct job *j)
+{
+    if (p && j->ptask)
+        ptask_free(p, j->ptask);
+}
+
 static void on_timer_closed(uv_handle_t *h)
 {
     cr_free(h);
@@ -591,7 +586,6 @@ void progress_free(struct progress *p)
         return;
     while (p->head)
         ptask_free(p, p->head);
-    strmap_release(&p->tasks);
     uv_timer_stop(p->timer);
     uv_close((uv_handle_t *)p->timer, on_timer_closed);
     cr_free(p);

@@ -59,10 +59,14 @@ void progress_on_delta(struct progress *p, struct job *j, const char *text, size
 /* Lifecycle: SUCCEEDED/FAILED/RETRIED/REVOKED close an attempt (writing any
  * buffered text first, and STARTED if nothing was written yet: a job that has
  * t_started set started here); other events are ignored. The job is borrowed
- * from its first delta until the closing event; a job that ends without one
- * (cold shutdown) must be preceded by progress_free(). */
+ * from its first delta until the closing event (j->ptask points to its state
+ * meanwhile); a job freed without one must go through progress_forget() or be
+ * preceded by progress_free(). */
 void progress_on_task(struct progress *p, struct job *j,
                       const struct task_event_info *info);
+/* Drops j's buffered text unwritten: for a job freed without a closing event.
+ * No-op when j has no progress state. */
+void progress_forget(struct progress *p, struct job *j);
 /* Drops buffered text and frees. NULL is a no-op. */
 void progress_free(struct progress *p);
 

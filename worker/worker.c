@@ -79,6 +79,7 @@ static const struct job_failure *failure_of(const struct job *j)
 static void job_free(struct job *j)
 {
     struct worker *w = j->w;
+    progress_forget(w->progress, j);
     if (j->in_map && j->tm.id && strmap_get(&w->jobs, j->tm.id) == j)
         strmap_del(&w->jobs, j->tm.id);
     for (int i = 0; i < j->nmsgs; i++)

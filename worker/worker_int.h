@@ -66,10 +66,11 @@ struct job {
     char *meta;                  /* JSON to store, or NULL */
     struct job_failure *failure; /* what a dead letter says; NULL until failed */
     long http_status;
-    int dead_letter; /* publish to the DLX before acking */
-    int revoked;     /* terminated by revoke: settle as REVOKED */
-    int attempt;     /* LLM attempts made by this worker for this delivery */
-    int leased;      /* a parked copy exists: the lease key names us as its runner */
+    int dead_letter;     /* publish to the DLX before acking */
+    int revoked;         /* terminated by revoke: settle as REVOKED */
+    int attempt;         /* LLM attempts made by this worker for this delivery */
+    int leased;          /* a parked copy exists: the lease key names us as its runner */
+    struct ptask *ptask; /* progress.c's state of the running attempt, or NULL */
 };
 
 struct worker {
