@@ -79,6 +79,21 @@ void sse_parser_reset(struct sse_parser *p)
     p->comments = 0;
 }
 
+void sse_parser_trim(struct sse_parser *p)
+{
+    if (p->pos >= p->in.len) {
+        buf_release(&p->in);
+        p->pos = 0;
+        p->scan = 0;
+    }
+    if (!p->data.len)
+        buf_release(&p->data);
+    if (!p->type.len)
+        buf_release(&p->type);
+    buf_release(&p->out_data);
+    buf_release(&p->out_type);
+}
+
 static int fail(struct sse_parser *p, int code)
 {
     p->err = code;

@@ -29,6 +29,12 @@ struct sse_parser *sse_parser_new(size_t max_event_bytes);
 void sse_parser_free(struct sse_parser *p);
 /* Forgets all state (for reuse on a new stream); keeps memory. */
 void sse_parser_reset(struct sse_parser *p);
+/* Frees the memory of what is already parsed: consumed input, and the last
+ * event returned (its sse_event pointers become invalid). Parsing state,
+ * including a partial line or event, is kept. For a caller holding many idle
+ * streams: a parser waiting for input then holds no buffers, at the cost of
+ * allocating them again on the next feed. */
+void sse_parser_trim(struct sse_parser *p);
 
 /* Copies len bytes in. Returns 0, or a sticky negative error (CR_ENOMEM,
  * CR_ETOOBIG); once failed every call returns the same error. */

@@ -1,7 +1,9 @@
 /* test_sse.c -- SSE parser: framing vectors under every split, limits, OOM. */
 #include <check.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "protocol/sse.h"
@@ -137,6 +139,9 @@ static uint64_t xorshift(uint64_t *s)
 
 enum { MODE_WHOLE = 0, MODE_BYTES = 1 };
 
+/* run() calls sse_parser_trim() after draining each feed, as llm_client does. */
+static int trim_after_drain;
+
 /* Feeds in pieces chosen by mode (0 whole, 1 bytewise, >=2 random chunks of
  * up to `mode` bytes from seed), draining events after each feed. Returns 0 or
  * the first error. */
@@ -162,6 +167,8 @@ static int run(const char *in, size_t len, size_t max, int mode, uint64_t seed,
         off += n;
         while (rc >= 0 && (rc = sse_next(p, &ev)) == 1)
             rc = render(out, &ev, 0);
+        if (trim_after_drain)
+            sse_parser_trim(p);
     }
     while (rc >= 0 && (rc = sse_finish(p, &ev)) == 1)
         rc = render(out, &ev, 1);
@@ -184,9 +191,26 @@ static size_t vec_len(const struct vec *v)
     return v->len ? v->len : strlen(v->in);
 }
 
+static void check_vector(const struct vec *v);
+
 START_TEST(test_vectors)
 {
-    const struct vec *v = &vecs[_i];
+    check_vector(&vecs[_i]);
+}
+END_TEST
+
+/* The same with every drained parser trimmed: freeing consumed input and the
+ * returned event must not change what is parsed, whatever the chunking. */
+START_TEST(test_vectors_trimmed)
+{
+    trim_after_drain = 1;
+    check_vector(&vecs[_i]);
+    trim_after_drain = 0;
+}
+END_TEST
+
+static void check_vector(const struct vec *v)
+{
     static const int chunk_max[] = {2, 3, 7, 16, 64};
     struct buf out;
     int mode, seed;
@@ -212,7 +236,6 @@ START_TEST(test_vectors)
     }
     buf_release(&out);
 }
-END_TEST
 
 /* Every two-way split of every vector, which hits every CR/LF and UTF-8
  * boundary exactly once. */
@@ -511,6 +534,78 @@ END_TEST
 
 /* Fails allocation 1, 2, ... until a run succeeds; every failed run must
  * report CR_ENOMEM (no crash, no leak: run under valgrind). */
+/* A trimmed parser holds no buffer for what it has parsed (the next feed
+ * allocates again), and keeps a partial line and a partial event. */
+START_TEST(test_trim_frees_parsed_keeps_partial)
+{
+    struct sse_parser *p = sse_parser_new(0);
+    struct sse_event ev;
+    const char *a = "data: one\n\ndata: tw", *b = "o\ndata: three\n\n";
+
+    ck_assert_int_eq(sse_feed(p, a, strlen(a)), 0);
+    ck_assert_int_eq(sse_next(p, &ev), 1);
+    ck_assert_str_eq(ev.data, "one");
+    ck_assert_int_eq(sse_next(p, &ev), 0);
+    sse_parser_trim(p); /* "data: tw" is not parsed yet: kept */
+    ck_assert_int_eq(sse_feed(p, b, strlen(b)), 0);
+    ck_assert_int_eq(sse_next(p, &ev), 1);
+    ck_assert_str_eq(ev.data, "two\nthree");
+    ck_assert_int_eq(sse_next(p, &ev), 0);
+    sse_parser_trim(p);
+    /* Nothing is held now, so the next feed must allocate: with allocation
+     * failing it cannot succeed. */
+    cr_alloc_fail_after(1);
+    ck_assert_int_eq(sse_feed(p, "data: x\n\n", 10), CR_ENOMEM);
+    cr_alloc_fail_after(0);
+    sse_parser_free(p);
+}
+END_TEST
+
+/* Bytes the C library's malloc has handed out now, or 0 when an interposed
+ * allocator (ASan, valgrind) keeps them out of glibc's figures. */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks;
+}
+
+/* Trim gives back both the input buffer and the returned event's buffer. */
+START_TEST(test_trim_returns_memory)
+{
+    struct sse_parser *p = sse_parser_new(0);
+    struct sse_event ev;
+    struct buf in;
+    size_t before, after, probe_before;
+    void *probe;
+
+    buf_init(&in);
+    ck_assert_int_eq(buf_puts(&in, "data: "), 0);
+    for (int i = 0; i < 3000; i++)
+        ck_assert_int_eq(buf_putc(&in, 'x'), 0);
+    ck_assert_int_eq(buf_puts(&in, "\n\n"), 0);
+    ck_assert_int_eq(sse_feed(p, in.data, in.len), 0);
+    ck_assert_int_eq(sse_next(p, &ev), 1);
+    ck_assert_uint_eq(ev.data_len, 3000);
+    ck_assert_int_eq(sse_next(p, &ev), 0);
+    probe_before = heap_in_use();
+    probe = malloc(10000);
+    ck_assert_ptr_nonnull(probe);
+    if (heap_in_use() >= probe_before + 10000) {
+        free(probe);
+        before = heap_in_use();
+        sse_parser_trim(p);
+        after = heap_in_use();
+        /* The input (3,008 bytes) and the event (3,000) each sat in a 4 KB
+         * buffer. */
+        ck_assert_msg(before - after >= 7000, "trim gave back %zu bytes", before - after);
+    } else {
+        free(probe);
+    }
+    buf_release(&in);
+    sse_parser_free(p);
+}
+END_TEST
+
 START_TEST(test_oom_sweep)
 {
     static const char *const picks[] = {"mixed", "event type", "done no blank line",
@@ -554,6 +649,7 @@ int main(void)
     cr_alloc_init();
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_vectors, 0, nvec);
+    tcase_add_loop_test(tc, test_vectors_trimmed, 0, nvec);
     tcase_add_loop_test(tc, test_every_split, 0, nvec);
     tcase_add_test(tc, test_cr_split_across_feeds);
     tcase_add_test(tc, test_utf8_split);
@@ -566,6 +662,8 @@ int main(void)
     tcase_add_test(tc, test_event_cap);
     tcase_add_test(tc, test_default_cap);
     tcase_add_test(tc, test_steady_state_no_alloc);
+    tcase_add_test(tc, test_trim_frees_parsed_keeps_partial);
+    tcase_add_test(tc, test_trim_returns_memory);
     tcase_add_loop_test(tc, test_oom_sweep, 0, 4);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
