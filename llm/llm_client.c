@@ -57,7 +57,8 @@ struct llm_req {
     struct llm_req *done_next;   /* aborted, waiting for on_done */
     CURL *easy;
     struct curl_slist *headers;
-    char *body;
+    char *body; /* NULL once libcurl no longer needs it: see release_body() */
+    size_t body_len;
     enum llm_op op;
     int embed_list;
     llm_delta_fn *on_delta;
@@ -246,6 +247,23 @@ static void keep_value(char **dst, size_t max, const char *v, size_t n)
     *dst = n ? cr_strndup(v, n) : NULL;
 }
 
+/* Frees our copy of the request body (the prompt, held for a whole stream
+ * otherwise) once a final response has come to a request that went out whole.
+ * libcurl reads the body again only to send the request again: for a
+ * redirect or an authentication round (neither is enabled here) or after a
+ * 417 to its own "Expect: 100-continue" (bodies over 1 MB). */
+static void release_body(struct llm_req *r)
+{
+    curl_off_t sent = 0;
+    if (!r->body || r->status == 417)
+        return;
+    if (curl_easy_getinfo(r->easy, CURLINFO_SIZE_UPLOAD_T, &sent) == CURLE_OK &&
+        sent >= (curl_off_t)r->body_len) {
+        cr_free(r->body);
+        r->body = NULL;
+    }
+}
+
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
 {
     struct llm_req *r = ud;
@@ -261,6 +279,7 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
     }
     if (n <= 2 && (line[0] == '\r' || line[0] == '\n')) {
         if (r->status >= 200) {
+            release_body(r);
             r->headers_done = 1;
             r->t_headers = uv_now(r->c->loop);
             r->is_sse = r->op == LLM_OP_CHAT && r->status >= 200 && r->status < 300 &&
@@ -756,6 +775,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     buf_init(&r->raw);
     r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
     r->body = cr_strndup(rq->body, rq->body_len);
+    r->body_len = rq->body_len;
     r->easy = c->npool ? c->pool[--c->npool] : curl_easy_init();
     if (rq->op == LLM_OP_CHAT)
         r->sse = sse_parser_new(0);

@@ -211,6 +211,20 @@ def test_llm_connections_kept_are_bounded(env):
     assert len(first & second) == 4, "kept %d connections, not 4" % len(first & second)
 
 
+def test_long_prompts_arrive_whole(env):
+    # the client frees its copy of a request body once the response has come:
+    # a body sent with the headers (< 64 KB), one uploaded after them, and one
+    # sent after "100-continue" (> 1 MB) must each arrive whole
+    env.worker("-c", "4")
+    prompts = ["%d:" % n + "abcdefghij" * (n // 10) for n in (10 << 10, 100 << 10, 1200 << 10)]
+    rs = [env.app.send_task("llm.generate", args=[p]) for p in prompts]
+    got = [r.get(timeout=60) for r in rs]
+    seen = {s["prompt"]: s["text"] for s in env.fake.stats()}
+    for p, text in zip(prompts, got):
+        assert p in seen, "a prompt of %d bytes did not arrive whole" % len(p)
+        assert text == seen[p]
+
+
 def test_thousand_concurrent_tasks(env):
     env.worker("-c", "1000", "--loglevel", "warning")
     env.fake.script(["latency_ms=1000;tokens=4"] * 1000)
