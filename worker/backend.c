@@ -440,17 +440,15 @@ static struct op *op_new(struct backend *bk, enum op_kind kind, const char *task
     return op;
 }
 
-int backend_store(struct backend *bk, const char *task_id, const char *json, size_t len,
+int backend_store(struct backend *bk, const char *task_id, char *json, size_t len,
                   backend_store_fn *cb, void *privdata)
 {
     struct op *op = op_new(bk, OP_STORE, task_id);
-    if (!op)
-        return CR_ENOMEM;
-    op->value = cr_strndup(json, len);
-    if (!op->value) {
-        op_free(op);
+    if (!op) {
+        cr_free(json);
         return CR_ENOMEM;
     }
+    op->value = json;
     op->value_len = len;
     op->script = &store_script;
     op->store_cb = cb;

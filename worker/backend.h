@@ -40,9 +40,11 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
 int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
                            struct cr_err *err);
 
-/* Stores the meta JSON (copied) of task_id. cb is called exactly once, never
- * from inside this call. Returns 0, or CR_ENOMEM (cb never called). */
-int backend_store(struct backend *bk, const char *task_id, const char *json, size_t len,
+/* Stores the meta JSON of task_id. Takes json (cr_malloc'd, len bytes, NUL-
+ * terminated) in every case, so a burst of results holds one copy of each
+ * until Redis answers. cb is called exactly once, never from inside this
+ * call. Returns 0, or CR_ENOMEM (cb never called). */
+int backend_store(struct backend *bk, const char *task_id, char *json, size_t len,
                   backend_store_fn *cb, void *privdata);
 
 /* Reads the stored meta of task_id. Same contract as backend_store(). */

@@ -421,12 +421,15 @@ static void on_stored(struct backend *bk, int status, int skipped, void *privdat
 static void settle(struct job *j)
 {
     struct worker *w = j->w;
+    int rc;
     job_set_state(j, JOB_SETTLING);
     if (!j->meta || !j->tm.id) {
         after_store(j);
         return;
     }
-    if (backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_stored, j)) {
+    rc = backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_stored, j);
+    j->meta = NULL; /* the backend's now */
+    if (rc) {
         LOG(LOG_ERROR, "Task %s[%s] cannot queue its result: out of memory", job_name(j),
             j->tm.id);
         abandon_job(j);
@@ -490,6 +493,7 @@ static void on_retry_confirm(struct broker *b, int ok, void *privdata)
 {
     struct job *j = privdata;
     struct worker *w = j->w;
+    int rc;
     (void)b;
     j->pending--;
     if (!ok) {
@@ -502,8 +506,14 @@ static void on_retry_confirm(struct broker *b, int ok, void *privdata)
         abandon_job(j);
         return;
     }
-    if (!j->meta || backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta),
-                                  on_retry_stored, j)) {
+    if (!j->meta) {
+        finish_job(j);
+        return;
+    }
+    rc =
+        backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_retry_stored, j);
+    j->meta = NULL; /* the backend's now */
+    if (rc) {
         finish_job(j);
         return;
     }
@@ -990,7 +1000,6 @@ static void start_job(struct job *j)
         if (meta && backend_store(w->backend, j->tm.id, meta, strlen(meta),
                                   on_started_stored, j) == 0)
             j->pending++;
-        cr_free(meta);
     }
     if (j->kind == TASK_ACCUMULATE) {
         cJSON *res;
