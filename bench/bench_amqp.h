@@ -1,4 +1,5 @@
-/* bench_amqp.h -- blocking rabbitmq-c helpers shared by the benchmark tools (not the worker). */
+/* bench_amqp.h -- blocking rabbitmq-c helpers shared by the benchmark tools (not the
+ * worker). */
 #ifndef CR_BENCH_AMQP_H
 #define CR_BENCH_AMQP_H
 
@@ -37,9 +38,9 @@ static inline amqp_connection_state_t bench_connect(int port)
         fprintf(stderr, "cannot connect to 127.0.0.1:%d\n", port);
         exit(1);
     }
-    bench_die_reply(amqp_login(conn, "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, "guest",
-                               "guest"),
-                    "login");
+    bench_die_reply(
+        amqp_login(conn, "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, "guest", "guest"),
+        "login");
     amqp_channel_open(conn, 1);
     bench_die_reply(amqp_get_rpc_reply(conn), "channel.open");
     return conn;

@@ -1,4 +1,5 @@
-/* consume_ack.c -- the broker's limit: a bare rabbitmq-c consume-and-ack loop, no work at all.
+/* consume_ack.c -- the broker's limit: a bare rabbitmq-c consume-and-ack loop, no work at
+ * all.
  *
  *   build/bench/consume_ack PORT QUEUE COUNT PREFETCH [ACK_EVERY]
  *
@@ -64,6 +65,7 @@ int main(int argc, char **argv)
     bench_die_reply(amqp_get_rpc_reply(conn), "basic.qos barrier");
     t1 = bench_now();
     bench_close(conn);
-    printf("consumed %ld in %.3f s (%.0f msg/s)\n", got, t1 - t0, (double)got / (t1 - t0));
+    printf("consumed %ld in %.3f s (%.0f msg/s)\n", got, t1 - t0,
+           (double)got / (t1 - t0));
     return 0;
 }

@@ -73,7 +73,7 @@ static uv_loop_t *loop;
 static struct knobs defaults = {0, 0, 0, 50, 16};
 static struct stats st;
 
-static const char *const words[] = {"lorem ", "ipsum ", "dolor ", "sit ",  "amet ",
+static const char *const words[] = {"lorem ", "ipsum ", "dolor ", "sit ",   "amet ",
                                     "elit ",  "sed ",   "do ",    "magna ", "aliqua "};
 
 /* ------------------------------------------------------------- knobs */
@@ -191,8 +191,8 @@ static void out_chunk(struct out *o, const char *payload, size_t n)
     out_add(o, "\r\n", 2);
 }
 
-static struct out scratch;   /* one response write being built */
-static struct out eventbuf;  /* SSE events of that write */
+static struct out scratch;  /* one response write being built */
+static struct out eventbuf; /* SSE events of that write */
 
 #define CHUNK_HEAD                                                                       \
     "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\","              \
@@ -215,8 +215,7 @@ static void finish_stream(struct conn *c)
 {
     char usage[256];
     eventbuf.len = 0;
-    out_str(&eventbuf,
-            CHUNK_HEAD "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
+    out_str(&eventbuf, CHUNK_HEAD "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
     if (c->usage) {
         snprintf(usage, sizeof(usage),
                  "data: {\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\","
@@ -287,8 +286,10 @@ static void start_response(struct conn *c)
             body, sizeof(body),
             "{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion\",\"created\":"
             "1700000000,\"model\":\"fake\",\"choices\":[{\"index\":0,\"message\":"
-            "{\"role\":\"assistant\",\"content\":\"lorem \"},\"finish_reason\":\"stop\"}],"
-            "\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":1,\"total_tokens\":9}}");
+            "{\"role\":\"assistant\",\"content\":\"lorem "
+            "\"},\"finish_reason\":\"stop\"}],"
+            "\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":1,\"total_tokens\":9}"
+            "}");
         char head[160];
         int h = snprintf(head, sizeof(head),
                          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -437,7 +438,8 @@ static void serve(struct conn *c)
         return;
     }
     if (strncmp(c->in, "POST /v1/chat/completions", 25)) {
-        simple_reply(c, 404, "application/json", "{\"error\":{\"message\":\"no such path\"}}");
+        simple_reply(c, 404, "application/json",
+                     "{\"error\":{\"message\":\"no such path\"}}");
         request_done(c);
         return;
     }
@@ -579,7 +581,8 @@ int main(int argc, char **argv)
     uv_ip4_addr("127.0.0.1", port, &addr);
     if ((rc = uv_tcp_bind(&server, (const struct sockaddr *)&addr, 0)) ||
         (rc = uv_listen((uv_stream_t *)&server, 4096, on_connection))) {
-        fprintf(stderr, "fake_fast: cannot listen on port %d: %s\n", port, uv_strerror(rc));
+        fprintf(stderr, "fake_fast: cannot listen on port %d: %s\n", port,
+                uv_strerror(rc));
         return 1;
     }
     {

@@ -1,4 +1,5 @@
-/* idle_streams.c -- the memory floor: a bare libcurl multi client holding N idle streaming POSTs.
+/* idle_streams.c -- the memory floor: a bare libcurl multi client holding N idle
+ * streaming POSTs.
  *
  *   build/bench/idle_streams URL N [SECONDS] [BUFFERSIZE]
  *
@@ -17,7 +18,8 @@
 
 static const char body[] =
     "{\"model\":\"fake/ttft_ms=600000,tokens=1\",\"messages\":[{\"role\":\"user\","
-    "\"content\":\"hello\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    "\"content\":\"hello\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true}"
+    "}";
 
 static long rss_kb(const char *field)
 {
@@ -104,8 +106,9 @@ int main(int argc, char **argv)
     after = rss_kb("VmRSS:");
     for (int i = 0; i < n; i++)
         open += got[i] > 0;
-    printf("streams %d open %ld rss_before_kb %ld rss_after_kb %ld per_stream_bytes %.0f\n",
-           n, open, before, after, (double)(after - before) * 1024.0 / n);
+    printf(
+        "streams %d open %ld rss_before_kb %ld rss_after_kb %ld per_stream_bytes %.0f\n",
+        n, open, before, after, (double)(after - before) * 1024.0 / n);
     for (int i = 0; i < n; i++) {
         curl_multi_remove_handle(multi, easy[i]);
         curl_easy_cleanup(easy[i]);

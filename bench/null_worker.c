@@ -1,4 +1,5 @@
-/* null_worker.c -- the latency floor: a worker that does nothing but store SUCCESS and ack.
+/* null_worker.c -- the latency floor: a worker that does nothing but store SUCCESS and
+ * ack.
  *
  *   build/bench/null_worker AMQP_PORT QUEUE REDIS_PORT DB SECONDS
  *

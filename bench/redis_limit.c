@@ -1,4 +1,5 @@
-/* redis_limit.c -- Redis's limit for storing results: a bare pipelined SETEX+PUBLISH loop.
+/* redis_limit.c -- Redis's limit for storing results: a bare pipelined SETEX+PUBLISH
+ * loop.
  *
  *   build/bench/redis_limit PORT DB COUNT WINDOW [VALUE_BYTES] [eval|evalsha]
  *
@@ -95,9 +96,11 @@ int main(int argc, char **argv)
         while (sent < count && (sent - answered / per) < window) {
             snprintf(key, sizeof(key), "celery-task-meta-bench-%ld", sent);
             if (use_eval) {
-                redisAppendCommand(c, "EVAL %s 1 %s %b 86400", script, key, value, vbytes);
+                redisAppendCommand(c, "EVAL %s 1 %s %b 86400", script, key, value,
+                                   vbytes);
             } else if (use_sha) {
-                redisAppendCommand(c, "EVALSHA %s 1 %s %b 86400", sha, key, value, vbytes);
+                redisAppendCommand(c, "EVALSHA %s 1 %s %b 86400", sha, key, value,
+                                   vbytes);
             } else {
                 redisAppendCommand(c, "SETEX %s 86400 %b", key, value, vbytes);
                 redisAppendCommand(c, "PUBLISH %s %b", key, value, vbytes);
