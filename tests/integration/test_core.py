@@ -177,6 +177,17 @@ def test_results_survive_a_script_cache_flush(env):
     assert not env.redis.exists("celeriac:progress:" + r.id)
 
 
+def two_bursts(env, n, tag):
+    """Runs two bursts of n side-by-side LLM calls of 400 ms, one after the
+    other; returns the connection of every call the fake has seen so far."""
+    for burst in range(2):
+        env.fake.script(["latency_ms=400"] * n)
+        rs = [env.app.send_task("llm.generate", args=["%s%d-%d" % (tag, burst, i)])
+              for i in range(n)]
+        assert all(r.get(timeout=30) for r in rs)
+    return [s["conn"] for s in env.fake.stats()]
+
+
 def test_llm_connections_are_reused(env):
     # one connection for calls one after another, and a second burst as wide
     # as the first rides on the first one's connections (the worker skips
@@ -186,11 +197,7 @@ def test_llm_connections_are_reused(env):
         assert env.app.send_task("llm.generate", args=["seq%d" % i]).get(timeout=20)
     seq_conns = {s["conn"] for s in env.fake.stats()}
     assert len(seq_conns) == 1, seq_conns
-    for burst in range(2):
-        env.fake.script(["latency_ms=400"] * 40)
-        rs = [env.app.send_task("llm.generate", args=["b%d-%d" % (burst, i)]) for i in range(40)]
-        assert all(r.get(timeout=30) for r in rs)
-    conns = [s["conn"] for s in env.fake.stats()]
+    conns = two_bursts(env, 40, "b")
     assert len(conns) == 90
     assert len(set(conns[10:50])) >= 30          # the first burst ran side by side
     assert len(set(conns[50:]) - set(conns[:50])) <= 5, "second burst reconnected"
@@ -200,11 +207,7 @@ def test_llm_connections_kept_are_bounded(env):
     # past --llm-keep-connections calls in flight, a call that needs a new
     # connection closes it when done: only the first ones serve the next burst
     env.worker("-c", "50", "--llm-keep-connections", "4")
-    for burst in range(2):
-        env.fake.script(["latency_ms=400"] * 12)
-        rs = [env.app.send_task("llm.generate", args=["k%d-%d" % (burst, i)]) for i in range(12)]
-        assert all(r.get(timeout=30) for r in rs)
-    conns = [s["conn"] for s in env.fake.stats()]
+    conns = two_bursts(env, 12, "k")
     assert len(conns) == 24
     first, second = set(conns[:12]), set(conns[12:])
     assert len(first) == 12 and len(second) == 12
