@@ -107,6 +107,11 @@ stop)
     [ -f "$dir/env" ] || exit 0
     redis_stop
     rabbit_stop
+    # rabbitmq-server starts Erlang's port mapper daemon, which outlives it:
+    # stop that too once no Erlang node is registered with it any more.
+    if command -v epmd >/dev/null 2>&1 && ! epmd -names 2>/dev/null | grep -q '^name '; then
+        epmd -kill >/dev/null 2>&1 || true
+    fi
     ;;
 rabbit-start) rabbit_start ;;
 rabbit-stop) rabbit_stop ;;
