@@ -79,7 +79,7 @@ static const struct opt opts[] = {
      "cap on open provider connections (0: none)"},
     {"llm-keep-connections", 0, "CELERIAC_LLM_KEEP_CONNECTIONS", OPT_INT,
      OFF(llm_keep_connections), "1024", 0, 100000,
-     "idle plain-HTTP provider connections kept for reuse at most"},
+     "calls in flight past which a new plain-HTTP connection is not kept"},
     {"max-message-size", 0, "CELERIAC_MAX_MESSAGE_SIZE", OPT_INT, OFF(max_message_size),
      "10485760", 1024, 1e9, "largest task message body accepted, in bytes"},
     {"max-retries", 0, "CELERIAC_MAX_RETRIES", OPT_INT, OFF(max_retries), "3", -1,
