@@ -11,6 +11,7 @@
 #include "protocol/isotime.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
+#include "util/hex.h"
 
 int gw_error_set(struct gw_error *e, int status, const char *code, const char *fmt, ...)
 {
@@ -103,17 +104,6 @@ int gw_task_id_ok(const char *id, size_t len)
     return 1;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int gw_query_get(const char *query, const char *name, char *out, size_t size)
 {
     size_t nlen = strlen(name);
@@ -129,9 +119,9 @@ int gw_query_get(const char *query, const char *name, char *out, size_t size)
                 char c = *v++;
                 if (c == '+') {
                     c = ' ';
-                } else if (c == '%' && end - v >= 2 && hexval(v[0]) >= 0 &&
-                           hexval(v[1]) >= 0) {
-                    c = (char)(hexval(v[0]) * 16 + hexval(v[1]));
+                } else if (c == '%' && end - v >= 2 && cr_hexval(v[0]) >= 0 &&
+                           cr_hexval(v[1]) >= 0) {
+                    c = (char)(cr_hexval(v[0]) * 16 + cr_hexval(v[1]));
                     v += 2;
                 }
                 if (o + 1 >= size)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../util/alloc.h"
+#include "util/hex.h"
 
 /* How much of a bad payload to quote in an error message. */
 #define QUOTE_BYTES 60
@@ -464,16 +465,10 @@ static int hex4(const char *p, unsigned *out)
     int i;
 
     for (i = 0; i < 4; i++) {
-        char c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9')
-            v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            v |= (unsigned)(c - 'A' + 10);
-        else
+        int d = cr_hexval(p[i]);
+        if (d < 0)
             return -1;
+        v = v << 4 | (unsigned)d;
     }
     *out = v;
     return 0;

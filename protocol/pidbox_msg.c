@@ -12,6 +12,7 @@
 #include "result.h"
 #include "../util/alloc.h"
 #include "../util/strmap.h"
+#include "util/hex.h"
 
 /* ------------------------------------------------------------- requests */
 
@@ -583,24 +584,13 @@ cJSON *pidbox_queue_info_new(const struct pidbox_queue_info *q)
     return o;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Copies [s, e) into out (size bytes), %XX-decoded, cut to fit. */
 static void copy_decoded(const char *s, const char *e, char *out, size_t size)
 {
     size_t n = 0;
     for (; s < e && n + 1 < size; s++) {
-        if (*s == '%' && e - s >= 3 && hexval(s[1]) >= 0 && hexval(s[2]) >= 0) {
-            out[n++] = (char)(hexval(s[1]) * 16 + hexval(s[2]));
+        if (*s == '%' && e - s >= 3 && cr_hexval(s[1]) >= 0 && cr_hexval(s[2]) >= 0) {
+            out[n++] = (char)(cr_hexval(s[1]) * 16 + cr_hexval(s[2]));
             s += 2;
         } else {
             out[n++] = *s;

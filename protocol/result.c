@@ -8,6 +8,7 @@
 
 #include "../util/alloc.h"
 #include "isotime.h"
+#include "util/hex.h"
 
 /* ======================================================================== */
 /* Unicode helpers                                                          */
@@ -613,11 +614,7 @@ static int hex4(struct scan *sc, uint32_t *v)
     if (sc->len - sc->pos < 4)
         return fail(sc, "truncated \\u escape");
     for (int i = 0; i < 4; i++) {
-        char c = sc->s[sc->pos++];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
+        int d = cr_hexval(sc->s[sc->pos++]);
         if (d < 0)
             return fail(sc, "bad \\u escape");
         *v = *v << 4 | (uint32_t)d;

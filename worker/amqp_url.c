@@ -5,16 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
+#include "util/hex.h"
 
 /* Copies [s, s+n) percent-decoded into out (size bytes). 0 or CR_EINVAL. */
 static int decode(const char *s, size_t n, char *out, size_t size)
@@ -22,8 +13,9 @@ static int decode(const char *s, size_t n, char *out, size_t size)
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
-        if (c == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
-            c = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+        if (c == '%' && i + 2 < n && cr_hexval(s[i + 1]) >= 0 &&
+            cr_hexval(s[i + 2]) >= 0) {
+            c = (char)(cr_hexval(s[i + 1]) * 16 + cr_hexval(s[i + 2]));
             i += 2;
         }
         if (o + 1 >= size)
