@@ -282,8 +282,7 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
             release_body(r);
             r->headers_done = 1;
             r->t_headers = uv_now(r->c->loop);
-            r->is_sse = r->op == LLM_OP_CHAT && r->status >= 200 && r->status < 300 &&
-                        r->event_stream;
+            r->is_sse = r->op == LLM_OP_CHAT && r->status < 300 && r->event_stream;
         }
         return n;
     }

@@ -24,7 +24,7 @@ struct llm_client_config {
     double first_token_timeout_s;
     double idle_timeout_s;
     long max_connections;  /* 0: no cap */
-    long keep_connections; /* plain HTTP: open connections past which a call's
+    long keep_connections; /* plain HTTP: calls in flight past which a call's
                             * new connection is closed when it ends */
 };
 

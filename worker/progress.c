@@ -156,7 +156,6 @@ static struct backend_script write_script = BACKEND_SCRIPT(
 struct ptask {
     struct ptask *prev, *next;
     struct job *j;     /* borrowed from the first text to the closing event */
-    const char *id;    /* j's task id */
     unsigned long run; /* this writer's run number: see run_name() */
     long n;            /* entries written by this run */
     int opened;        /* STARTED written (it goes with the first other entry) */
@@ -213,8 +212,8 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
         e[ne++] = in[i];
     buf_init(&key);
     buf_init(&mkey);
-    if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, t->id) ||
-        buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->id))
+    if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, t->j->tm.id) ||
+        buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->j->tm.id))
         goto oom;
     t->n += ne;
     /* The writer's identity in the stream: host, process and run number. */
@@ -403,7 +402,6 @@ static struct ptask *ptask_new(struct progress *p, struct job *j)
     struct ptask *t = cr_calloc(1, sizeof(*t));
     if (!t)
         return NULL;
-    t->id = j->tm.id;
     t->j = j;
     j->ptask = t;
     t->attempt = j->tm.retries + 1;
@@ -553,7 +551,6 @@ void progress_on_task(struct progress *p, struct job *j,
         int started = j->t_started != 0;
         memset(&tmp, 0, sizeof(tmp));
         tmp.j = j;
-        tmp.id = j->tm.id;
         tmp.opened = !started;
         /* A retry has counted the next attempt in retries already. */
         tmp.attempt = j->tm.retries + 1 - (started && info->type == TEV_RETRIED);

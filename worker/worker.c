@@ -417,19 +417,23 @@ static void on_stored(struct backend *bk, int status, int skipped, void *privdat
     after_store(j);
 }
 
+/* Hands j->meta to the backend to store (it is the backend's from here). */
+static int store_meta(struct job *j, backend_store_fn *cb)
+{
+    char *meta = j->meta;
+    j->meta = NULL;
+    return backend_store(j->w->backend, j->tm.id, meta, strlen(meta), cb, j);
+}
+
 /* Makes the outcome durable (store, then maybe dead-letter), then acks. */
 static void settle(struct job *j)
 {
-    struct worker *w = j->w;
-    int rc;
     job_set_state(j, JOB_SETTLING);
     if (!j->meta || !j->tm.id) {
         after_store(j);
         return;
     }
-    rc = backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_stored, j);
-    j->meta = NULL; /* the backend's now */
-    if (rc) {
+    if (store_meta(j, on_stored)) {
         LOG(LOG_ERROR, "Task %s[%s] cannot queue its result: out of memory", job_name(j),
             j->tm.id);
         abandon_job(j);
@@ -492,8 +496,6 @@ static void on_retry_stored(struct backend *bk, int status, int skipped, void *p
 static void on_retry_confirm(struct broker *b, int ok, void *privdata)
 {
     struct job *j = privdata;
-    struct worker *w = j->w;
-    int rc;
     (void)b;
     j->pending--;
     if (!ok) {
@@ -506,14 +508,7 @@ static void on_retry_confirm(struct broker *b, int ok, void *privdata)
         abandon_job(j);
         return;
     }
-    if (!j->meta) {
-        finish_job(j);
-        return;
-    }
-    rc =
-        backend_store(w->backend, j->tm.id, j->meta, strlen(j->meta), on_retry_stored, j);
-    j->meta = NULL; /* the backend's now */
-    if (rc) {
+    if (!j->meta || store_meta(j, on_retry_stored)) {
         finish_job(j);
         return;
     }
