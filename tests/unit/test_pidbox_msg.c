@@ -118,6 +118,9 @@ START_TEST(test_parse_prefixes)
 }
 END_TEST
 
+#define PLUS10 "++++++++++"
+#define PLUS100 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10
+
 static const struct {
     const char *extra;
     const char *node;
@@ -137,6 +140,19 @@ static const struct {
     {"\"pattern\": \"celery\", \"matcher\": \"pcre\"", "celery@a",
      1}, /* not at the end */
     {"\"pattern\": \"(\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"worker[0-9]{2}@.*\", \"matcher\": \"pcre\"", "worker12@h", 1},
+    /* '+' in a bracket expression repeats nothing */
+    {"\"pattern\": \"c[{" PLUS10 PLUS10 "]*e+lery@a\", \"matcher\": \"pcre\"", "celery@a",
+     1},
+    /* Patterns glibc's regcomp() would build millions of copies for (130
+     * stacked '+' took 2 GB): no match, at once. */
+    {"\"pattern\": \"celery@a" PLUS100 "\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"(c{99}){99}\", \"matcher\": \"pcre\"", "celery@a", 0},
+    /* The cap, 4,096 copies: 2^11 matches, 2^13 (which would match too) does not. */
+    {"\"pattern\": \"c+e+l+e+r+y+@+a+(x+)?(x+)?(x+)?\", \"matcher\": \"pcre\"",
+     "celery@a", 1},
+    {"\"pattern\": \"c+e+l+e+r+y+@+a+(x+)?(x+)?(x+)?(x+)?(x+)?\", \"matcher\": \"pcre\"",
+     "celery@a", 0},
     {"\"pattern\": \"*\", \"matcher\": \"regex\"", "celery@a", 0},
     {"\"pattern\": \"nomatch\"", "celery@a", 1}, /* pattern without matcher: broadcast */
 };
