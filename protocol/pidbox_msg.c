@@ -83,21 +83,28 @@ void pidbox_request_release(struct pidbox_request *rq)
     memset(rq, 0, sizeof(*rq));
 }
 
-/* The most copies of a pattern's pieces glibc's regcomp() may build. It
- * compiles X+ as X X* and X{m,n} as up to n copies of X, so stacked or nested
- * repeats multiply: 130 '+' in a row took over 2 GB (found by the
- * fuzz_pidbox_msg target), from a control message anyone on the broker can
- * send. Python's re, Celery's matcher, rejects three stacked repeats anyway. */
-#define REGEX_COPIES_MAX 4096
+/* How much work a pcre pattern may ask of glibc's regcomp(), counted as its
+ * length times the copies of its pieces it may build (see regex_cost()).
+ * regcomp() compiles X+ as X X* and X{m,n} as n copies of X, so stacked or
+ * nested repeats multiply, and its time grows faster than its tree: 130
+ * stacked '+' took over 2 GB and 10 '+' after a 140-byte prefix took 22 s
+ * (both found by the fuzz_pidbox_msg target), from a control message anyone
+ * on the broker can send. At this bound the slowest patterns measured take
+ * under 30 ms; a node-name pattern is a few dozen bytes with a repeat or two. */
+#define REGEX_COST_MAX 4096
 
-/* An upper bound on those copies: the product of every repeat's factor (2 for
- * '+', n + 1 for {m,n}), whether nested or not. Bracket expressions and
- * escaped characters are skipped; a factor past the cap stops the count. */
-static unsigned long regex_copies(const char *p)
+/* The pattern's length times an upper bound on its copies: the product of
+ * every repeat's factor (2 for '+', n + 1 for {m,n}), whether nested or not.
+ * Bracket expressions and escaped characters are skipped; counting stops
+ * once past the bound. */
+static unsigned long regex_cost(const char *pattern)
 {
-    unsigned long total = 1;
+    unsigned long copies = 1, len = strlen(pattern);
+    const char *p = pattern;
 
-    for (; *p && total <= REGEX_COPIES_MAX; p++) {
+    if (len > REGEX_COST_MAX)
+        return len;
+    for (; *p && copies * len <= REGEX_COST_MAX; p++) {
         unsigned long n = 0;
         if (*p == '\\' && p[1]) {
             p++;
@@ -111,23 +118,23 @@ static unsigned long regex_copies(const char *p)
                 break;
             p = q;
         } else if (*p == '+') {
-            total *= 2;
+            copies *= 2;
         } else if (*p == '{') {
             /* The larger bound of {m}, {m,} or {m,n}. */
             while (*++p && *p != '}')
                 if (*p >= '0' && *p <= '9') {
                     unsigned long v = 0;
-                    while (*p >= '0' && *p <= '9' && v <= REGEX_COPIES_MAX)
+                    while (*p >= '0' && *p <= '9' && v <= REGEX_COST_MAX)
                         v = v * 10 + (unsigned long)(*p++ - '0');
                     n = v > n ? v : n;
                     p--;
                 }
-            total *= n + 1;
+            copies *= n + 1;
             if (!*p)
                 break;
         }
     }
-    return total;
+    return copies * len;
 }
 
 static int pcre_match(const char *pattern, const char *s)
@@ -135,7 +142,7 @@ static int pcre_match(const char *pattern, const char *s)
     regex_t re;
     regmatch_t m;
     int ok;
-    if (regex_copies(pattern) > REGEX_COPIES_MAX || regcomp(&re, pattern, REG_EXTENDED))
+    if (regex_cost(pattern) > REGEX_COST_MAX || regcomp(&re, pattern, REG_EXTENDED))
         return 0;
     ok = regexec(&re, s, 1, &m, 0) == 0 && m.rm_so == 0;
     regfree(&re);
