@@ -1,4 +1,5 @@
 /* main.c -- the celeriac command: subcommands and process exit codes. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <curl/curl.h>
@@ -37,6 +38,11 @@ int cmd_worker(int argc, char **argv)
     uv_loop_t loop;
     int rc;
 
+    /* hiredis writes with write(): were the Redis end gone, SIGPIPE would kill
+     * the worker before hiredis could see EPIPE and reconnect. Python ignores
+     * it too, so a Celery worker never dies of it. (libcurl and rabbitmq-c
+     * send with MSG_NOSIGNAL.) */
+    signal(SIGPIPE, SIG_IGN);
     memset(&cfg, 0, sizeof(cfg));
     memset(&err, 0, sizeof(err));
     rc = config_load(&cfg, argc, argv, &err);

@@ -462,6 +462,15 @@ def test_redis_outage_mid_run(env):
 
 # ------------------------------------------------------------ dlq command
 
+def test_worker_ignores_sigpipe(env):
+    # As Python does: a write to a Redis socket whose far end is gone must
+    # come back as EPIPE for hiredis to reconnect, not kill the worker.
+    w = env.worker()
+    with open("/proc/%d/status" % w.proc.pid) as f:
+        ignored = int(next(l for l in f if l.startswith("SigIgn:")).split()[1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1))
+
+
 def dlq(env, *args):
     import subprocess
     from conftest import BIN
