@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "log.h"
@@ -45,7 +46,8 @@ struct op {
     backend_get_fn *get_cb;
     backend_reply_fn *raw_cb;
     struct backend_script *script; /* OP_STORE, or OP_RAW by backend_eval() */
-    int use_eval;                  /* Redis said NOSCRIPT: send the text */
+    int use_eval;                  /* send the text: see on_noscript() */
+    int noscripts;                 /* NOSCRIPT replies to this op so far */
     int argc;                      /* OP_RAW: with the script's two words */
     char **argv;
     size_t *argvlen;
@@ -66,6 +68,7 @@ struct backend {
     int connected;
     int freeing;
     unsigned long reconnects;
+    unsigned long conn_gen; /* counts connections made: tells one from the next */
     int ever_connected;
     int64_t backoff_ms;
     uv_timer_t timer; /* connect timeout and reconnect delay */
@@ -75,7 +78,6 @@ struct backend {
     struct op *wait_head, *wait_tail; /* not yet sent */
     size_t inflight;
     size_t waiting;
-    int in_connect; /* inside on_connect(): no eager writes */
 };
 
 static void start_connect(struct backend *bk);
@@ -210,6 +212,7 @@ static void on_connect(const redisAsyncContext *cac, int status)
         bk->reconnects++;
     bk->ever_connected = 1;
     bk->connected = 1;
+    bk->conn_gen++;
     bk->backoff_ms = 0;
     LOG(LOG_INFO, "Connected to redis://%s:%d/%d", bk->host, bk->port, bk->db);
     /* AUTH and SELECT go first on the wire; replies come back in order. */
@@ -222,10 +225,8 @@ static void on_connect(const redisAsyncContext *cac, int status)
     }
     if (bk->db)
         redisAsyncCommand(ac, on_auth_reply, NULL, "SELECT %d", bk->db);
-    bk->in_connect = 1;
     while ((op = wait_pop(bk)))
         send_op(bk, op);
-    bk->in_connect = 0;
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -313,6 +314,34 @@ static void on_retry(uv_timer_t *t)
         send_op(bk, op);
 }
 
+/* An EVAL of op's script was answered (or lost with its connection). */
+static void eval_answered(struct op *op)
+{
+    struct backend_script *s = op->script;
+    if (s && s->eval_bk == op->bk && s->eval_gen == op->bk->conn_gen &&
+        s->evals_unanswered > 0)
+        s->evals_unanswered--;
+}
+
+/* Redis does not know op's script: it started afresh or its script cache was
+ * flushed, and then every EVALSHA in flight comes back so. One EVAL loads the
+ * script again; the others go again as EVALSHA when such an EVAL is already
+ * ahead of them on this connection, rather than each carrying the whole text
+ * (a thousand results ending at once after a Redis restart made an 880 KB
+ * write of the same script a thousand times). An op told NOSCRIPT twice (the
+ * cache flushed again meanwhile) sends the text itself. */
+static void on_noscript(struct op *op)
+{
+    struct backend *bk = op->bk;
+    struct backend_script *s = op->script;
+    int ahead =
+        s->eval_bk == bk && s->eval_gen == bk->conn_gen && s->evals_unanswered > 0;
+
+    if (op->noscripts++ || !ahead)
+        op->use_eval = 1;
+    send_op(bk, op);
+}
+
 static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     struct op *op = privdata;
@@ -336,10 +365,11 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
         wait_push(bk, op);
         return;
     }
+    if (op->use_eval)
+        eval_answered(op);
     if (reply->type == REDIS_REPLY_ERROR && op->script && !op->use_eval &&
         !strncmp(reply->str, "NOSCRIPT", 8)) {
-        op->use_eval = 1;
-        send_op(bk, op);
+        on_noscript(op);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR && op->kind == OP_RAW) {
@@ -358,13 +388,41 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     finish_op(op, 0, reply);
 }
 
+/* Writes what the socket takes of hiredis's output buffer now, without
+ * waiting for the write event. A plain write() and not
+ * redisAsyncHandleWrite(), which frees the context when the write fails, even
+ * from inside a reply callback (where NOSCRIPT resends are made) or the
+ * connect callback. A failure here is left for hiredis to meet at the write
+ * event, outside any callback. */
+static void write_ahead(redisAsyncContext *ac)
+{
+    redisContext *c = &ac->c;
+    ssize_t n;
+
+    if (!(c->flags & REDIS_CONNECTED) || c->fd < 0)
+        return;
+    n = write(c->fd, c->obuf, sdslen(c->obuf));
+    if (n > 0)
+        sdsrange(c->obuf, n, -1);
+}
+
 /* The first two words of a script's command: EVALSHA and the digest, or EVAL
- * and the text after a NOSCRIPT. */
+ * and the text (see on_noscript()). */
 static void script_head(struct op *op, const char **argv, size_t *lens)
 {
     struct backend_script *s = op->script;
     if (!s->sha[0])
         sha1_hex(s->text, s->len, s->sha);
+    if (op->use_eval) {
+        /* Counted until answered: whatever is sent behind it on this
+         * connection finds the script loaded. */
+        if (s->eval_bk != op->bk || s->eval_gen != op->bk->conn_gen) {
+            s->eval_bk = op->bk;
+            s->eval_gen = op->bk->conn_gen;
+            s->evals_unanswered = 0;
+        }
+        s->evals_unanswered++;
+    }
     argv[0] = op->use_eval ? "EVAL" : "EVALSHA";
     lens[0] = strlen(argv[0]);
     argv[1] = op->use_eval ? s->text : s->sha;
@@ -403,11 +461,9 @@ static void send_op(struct backend *bk, struct op *op)
     /* When many tasks end in one loop turn (10,000 streams finishing at once),
      * their stores and progress writes would all wait in hiredis's output
      * buffer for the write event, and that buffer's peak is RSS. Write it out
-     * once it is large. Not from inside hiredis (a reply or connect
-     * callback), where a failed write would free the context under it. */
-    if (!bk->in_connect && !(bk->ac->c.flags & REDIS_IN_CALLBACK) &&
-        sdslen(bk->ac->c.obuf) >= EAGER_WRITE_BYTES)
-        redisAsyncHandleWrite(bk->ac);
+     * once it is large. */
+    if (sdslen(bk->ac->c.obuf) >= EAGER_WRITE_BYTES)
+        write_ahead(bk->ac);
 }
 
 /* Callbacks never run inside backend_store()/backend_get(): a failed send

@@ -73,10 +73,15 @@ struct backend_script {
     const char *text;
     size_t len;
     char sha[41]; /* "" until first use */
+    /* EVALs of it sent and not yet answered, on the connection eval_gen of
+     * eval_bk (see on_noscript() in backend.c). */
+    const struct backend *eval_bk;
+    unsigned long eval_gen;
+    int evals_unanswered;
 };
 #define BACKEND_SCRIPT(text)                                                             \
     {                                                                                    \
-        (text), sizeof(text) - 1, ""                                                     \
+        (text), sizeof(text) - 1, "", NULL, 0, 0                                         \
     }
 
 /* Runs script with argv = numkeys, keys..., args... (copied). Same contract as

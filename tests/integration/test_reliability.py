@@ -471,6 +471,36 @@ def test_worker_ignores_sigpipe(env):
     assert ignored & (1 << (signal.SIGPIPE - 1))
 
 
+def test_flushed_script_cache_reloads_each_script_once(env):
+    # Redis forgets its scripts when it restarts or on SCRIPT FLUSH; then
+    # every EVALSHA in flight comes back NOSCRIPT. One EVAL per script loads
+    # it again and the rest are resent as EVALSHA, not each with the text.
+    n = 200
+    env.worker("-c", str(n), "--loglevel", "warning")
+    env.fake.script(["ttft_ms=2000;tokens=3"] * n)
+    results = [env.app.send_task("llm.generate", args=["flush-%d" % i]) for i in range(n)]
+    wait_until(lambda: sum(1 for c in env.fake.stats() if c.get("t_headers")) >= n, 30,
+               what="every call waiting for its first token")
+    env.redis.script_flush()
+    env.redis.config_resetstat()
+    # Redis busy for the 3 s in which the first tokens come: every result
+    # and progress write meets the flushed cache at once when it is done.
+    env.redis.eval("local t = redis.call('TIME')[1] + 3 "
+                   "while tonumber(redis.call('TIME')[1]) < t do end", 0)
+    wait_until(lambda: all(env.meta(r.id) for r in results), 60, interval=0.2,
+               what="every result")
+    assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+    for r in results[:20]:
+        states = [f[b"state"] for _, f in env.redis.xrange("celeriac:progress:" + r.id)]
+        assert states[-1] == b"SUCCESS", states
+    stats = env.redis.info("commandstats")
+    evals = stats.get("cmdstat_eval", {}).get("calls", 0)
+    evalshas = stats.get("cmdstat_evalsha", {}).get("calls", 0)
+    # the busy script above, then the result and progress scripts once each
+    assert evals == 3, stats.get("cmdstat_eval")
+    assert evalshas >= 2 * n
+
+
 def dlq(env, *args):
     import subprocess
     from conftest import BIN
