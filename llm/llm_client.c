@@ -92,7 +92,9 @@ struct llm_req {
      * stream does not carry message buffers around. */
     char *fail_msg;
     char *abort_exc;
-    char errbuf[CURL_ERROR_SIZE];
+    /* No CURLOPT_ERRORBUFFER: its 256 bytes would sit in every call in
+     * flight for the few that fail. describe_failure() says what went wrong
+     * from what libcurl keeps after the fact. */
 };
 
 struct llm_client {
@@ -440,6 +442,34 @@ static const char *exc_for_status(long status)
     return status >= 500 ? "InternalServerError" : "APIStatusError";
 }
 
+/* "<libcurl's words for cc>: <the system error, if any> (<host>:<port>)", as
+ * in "Couldn't connect to server: Connection refused (127.0.0.1:9)". The
+ * host and port, not the URL: a URL may carry a key in its query. */
+static void describe_failure(struct llm_req *r, CURLcode cc, char *out, size_t n)
+{
+    long os_errno = 0, port = 0;
+    char *url = NULL, *host = NULL;
+    CURLU *u = curl_url();
+    size_t len;
+
+    curl_easy_getinfo(r->easy, CURLINFO_OS_ERRNO, &os_errno);
+    curl_easy_getinfo(r->easy, CURLINFO_EFFECTIVE_URL, &url);
+    snprintf(out, n, "%s", curl_easy_strerror(cc));
+    len = strlen(out);
+    if (os_errno && len < n)
+        len += (size_t)snprintf(out + len, n - len, ": %s", strerror((int)os_errno));
+    if (u && url && len < n && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+        char *ps = NULL;
+        if (curl_url_get(u, CURLUPART_PORT, &ps, CURLU_DEFAULT_PORT) == CURLUE_OK)
+            port = strtol(ps, NULL, 10);
+        curl_free(ps);
+        snprintf(out + len, n - len, " (%s:%ld)", host, port);
+    }
+    curl_free(host);
+    curl_url_cleanup(u);
+}
+
 /* Works out the outcome of a finished transfer and calls on_done. */
 static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
 {
@@ -473,8 +503,7 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         res.verdict = llm_classify((int)cc, r->status, NULL, NULL, NULL, 0);
         res.exc_type =
             cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError" : "APIConnectionError";
-        snprintf(msg, sizeof(msg), "%s%s%s", curl_easy_strerror(cc),
-                 r->errbuf[0] ? ": " : "", r->errbuf);
+        describe_failure(r, cc, msg, sizeof(msg));
     } else if (r->status < 200 || r->status >= 300) {
         struct openai_error oe;
         openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
@@ -798,7 +827,6 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
-    curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
     curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(c->cfg.connect_timeout_s * 1000));

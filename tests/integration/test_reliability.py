@@ -13,7 +13,7 @@ import uuid
 import amqp
 import pytest
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, free_port, wait_until
 
 FAST = ["--retry-backoff", "0.2", "--retry-backoff-factor", "2", "--retry-jitter", "false"]
 
@@ -335,6 +335,22 @@ def test_connect_timeout(env):
         for c in fillers:
             c.close()
         s.close()
+
+
+def test_refused_connection_says_why_and_where(env):
+    # Nothing listens on the port: the failure names the system error and
+    # the host and port, not the whole URL (whose query could hold a key).
+    port = free_port()
+    env.worker("--max-retries", "0",
+               env={"OPENAI_BASE_URL": "http://127.0.0.1:%d/v1?key=sekrit" % port})
+    r = env.app.send_task("llm.generate", args=["nobody home"])
+    with pytest.raises(Exception) as ei:
+        r.get(timeout=20)
+    assert type(ei.value).__name__ == "APIConnectionError"
+    msg = str(ei.value)
+    assert "Connection refused" in msg, msg
+    assert "(127.0.0.1:%d)" % port in msg, msg
+    assert "sekrit" not in msg, msg
 
 
 # ------------------------------------------------------------ bad input
