@@ -212,6 +212,8 @@ const char *events_job_model(const struct job *j)
         j->tm.kwargs ? cJSON_GetObjectItemCaseSensitive(j->tm.kwargs, "model") : NULL;
     if (cJSON_IsString(m) && *m->valuestring)
         return m->valuestring;
+    if (j->model && *j->model) /* kwargs dropped while the call runs */
+        return j->model;
     return j->kind == TASK_EMBED ? j->w->cfg->llm_embed_model : j->w->cfg->llm_model;
 }
 

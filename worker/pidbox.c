@@ -318,13 +318,14 @@ static double job_started_epoch(const struct worker *w, const struct job *j)
            ((double)j->t_started - (double)w->started_ms) / 1000.0;
 }
 
-static cJSON *job_info(struct pidbox *pb, const struct job *j, int safe)
+static cJSON *job_info(struct pidbox *pb, struct job *j, int safe)
 {
     struct worker *w = pb->w;
     const struct broker_msg *m = j->nmsgs > 0 ? j->msgs[0] : NULL;
     struct pidbox_task_info ti;
     int running = j->state == JOB_RUNNING;
 
+    worker_job_args(j); /* a running call dropped them */
     memset(&ti, 0, sizeof(ti));
     ti.id = j->tm.id;
     ti.name = job_task_name(j);
@@ -503,7 +504,7 @@ struct collect_arg {
 static void collect_state(const char *key, void *value, void *arg)
 {
     struct collect_arg *a = arg;
-    const struct job *j = value;
+    struct job *j = value;
     (void)key;
     if (!a->rc && j->state == a->state)
         a->rc = push(a->arr, job_info(a->pb, j, a->safe));
@@ -649,7 +650,7 @@ static int cmd_query_task(struct pidbox *pb, const cJSON *args, cJSON **reply)
     rc = *reply ? 0 : CR_ENOMEM;
     cJSON_ArrayForEach(id, ids)
     {
-        const struct job *j = strmap_get(&pb->w->jobs, id->valuestring);
+        struct job *j = strmap_get(&pb->w->jobs, id->valuestring);
         cJSON *pair;
         if (rc || !j)
             continue;

@@ -285,6 +285,7 @@ static char *progress_meta(struct progress *p, struct ptask *t)
     rm.group_id = j->tm.group;
     rm.parent_id = j->tm.parent_id;
     if (w->cfg->result_extended) {
+        worker_job_args(j);
         rm.extended = 1;
         rm.name = j->tm.task;
         rm.args = j->tm.args;

@@ -86,6 +86,7 @@ static void job_free(struct job *j)
         broker_msg_free(j->msgs[i]);
     cr_free(j->msgs);
     task_msg_release(&j->tm);
+    cr_free(j->model);
     cr_free(j->meta);
     if (j->failure != &oom_failure)
         cr_free(j->failure);
@@ -167,10 +168,11 @@ static const cJSON *headers_of(const struct job *j, const struct broker_msg *m)
 
 /* A new copy of all the headers of one of j's deliveries, to send it again as
  * it came. NULL on OOM. */
-static cJSON *headers_copy(const struct job *j, const struct broker_msg *m)
+static cJSON *headers_copy(struct job *j, const struct broker_msg *m)
 {
+    /* argsrepr and kwargsrepr a producer left out are rebuilt from the args */
     if (!m->headers && j->nmsgs && m == j->msgs[0] && j->tm.headers)
-        return celery_msg_headers(&j->tm);
+        return worker_job_args(j) ? NULL : celery_msg_headers(&j->tm);
     return m->headers ? cJSON_Duplicate(m->headers, 1) : cJSON_CreateObject();
 }
 
@@ -237,6 +239,76 @@ static void notify_simple(struct job *j, enum task_event_type type)
     worker_notify(j->w, j, &info);
 }
 
+/* ------------------------------------------------- args while running */
+
+/* The args and kwargs trees are only read to build the call (and again for a
+ * retry, --result-extended metas and `celery inspect`), yet a running call
+ * held them for its whole life: about 400 bytes per stream of the memory
+ * bench. The message they came in is kept anyway (to dead-letter or park it
+ * as it came), so a job that has sent its call drops them and
+ * worker_job_args() parses them again when needed. */
+static void drop_args(struct job *j)
+{
+    const cJSON *model;
+
+    if (j->args_dropped || j->nmsgs == 0 || !j->msgs[0]->body)
+        return;
+    model = j->tm.kwargs ? cJSON_GetObjectItemCaseSensitive(j->tm.kwargs, "model") : NULL;
+    if (cJSON_IsString(model) && !(j->model = cr_strdup(model->valuestring)))
+        return;
+    cJSON_Delete(j->tm.args);
+    cJSON_Delete(j->tm.kwargs);
+    j->tm.args = j->tm.kwargs = NULL;
+    j->args_dropped = 1;
+}
+
+int worker_job_args(struct job *j)
+{
+    const struct broker_msg *m;
+    struct celery_raw_msg raw;
+    struct task_msg again;
+    struct cr_err err;
+    cJSON *headers;
+    int rc;
+
+    if (!j->args_dropped)
+        return 0;
+    /* The decoder wants the headers the message came with: Celery's are
+     * rebuilt from the decoded fields, the others were kept. */
+    m = j->msgs[0];
+    headers = celery_msg_headers(&j->tm);
+    if (!headers)
+        return CR_ENOMEM;
+    memset(&raw, 0, sizeof(raw));
+    raw.content_type = m->content_type;
+    raw.content_encoding = m->content_encoding;
+    raw.headers = headers;
+    raw.correlation_id = m->correlation_id;
+    raw.reply_to = m->reply_to;
+    raw.delivery_mode = m->delivery_mode;
+    raw.priority = m->priority;
+    raw.body = m->body;
+    raw.body_len = m->body_len;
+    memset(&again, 0, sizeof(again));
+    memset(&err, 0, sizeof(err));
+    rc = celery_msg_decode(&raw, &again, &err);
+    cJSON_Delete(headers);
+    if (rc == 0) {
+        j->tm.args = again.args;
+        j->tm.kwargs = again.kwargs;
+        again.args = again.kwargs = NULL;
+        j->args_dropped = 0;
+        cr_free(j->model);
+        j->model = NULL;
+    } else if (rc != CR_ENOMEM) {
+        /* It decoded when it came: only memory can fail it now. */
+        LOG(LOG_ERROR, "Task %s[%s]: cannot decode its message again: %s", job_name(j),
+            j->tm.id, err.msg);
+    }
+    task_msg_release(&again);
+    return rc;
+}
+
 /* ------------------------------------------------------------- outcomes */
 
 static char *make_meta(struct worker *w, struct job *j, const char *status,
@@ -252,6 +324,7 @@ static char *make_meta(struct worker *w, struct job *j, const char *status,
     rm.group_id = j->tm.group;
     rm.parent_id = j->tm.parent_id;
     if (w->cfg->result_extended) {
+        worker_job_args(j);
         rm.extended = 1;
         rm.name = j->tm.task;
         rm.args = j->tm.args;
@@ -527,6 +600,8 @@ static int retry_job(struct job *j, int64_t delay_ms)
     char eta[40];
     int rc;
 
+    if ((rc = worker_job_args(j)) != 0)
+        return rc;
     t->retries++;
     cr_free(t->eta);
     iso8601_format(now_epoch_us() + delay_ms * 1000, eta);
@@ -1012,8 +1087,10 @@ static void start_job(struct job *j)
         return;
     }
     memset(&te, 0, sizeof(te));
-    rc = tasks_build_call(j->kind, &j->tm, w->cfg->llm_model, w->cfg->llm_embed_model,
-                          &call, &te);
+    rc = worker_job_args(j);
+    if (rc == 0)
+        rc = tasks_build_call(j->kind, &j->tm, w->cfg->llm_model, w->cfg->llm_embed_model,
+                              &call, &te);
     if (rc) {
         release_slot(j);
         if (rc == CR_ENOMEM)
@@ -1038,6 +1115,7 @@ static void start_job(struct job *j)
         fail_job(j, "MemoryError", "builtins", err.msg, "internal", 0);
         return;
     }
+    drop_args(j);
     j->pending++;
 }
 

@@ -71,6 +71,10 @@ struct job {
     int attempt;         /* LLM attempts made by this worker for this delivery */
     int leased;          /* a parked copy exists: the lease key names us as its runner */
     struct ptask *ptask; /* progress.c's state of the running attempt, or NULL */
+    /* While its LLM call runs, the job drops the args and kwargs trees (see
+     * drop_args() in worker.c) and keeps the model they named. */
+    int args_dropped;
+    char *model; /* "model" of the kwargs when dropped, or NULL */
 };
 
 struct worker {
@@ -192,6 +196,10 @@ int worker_set_time_limit(struct worker *w, const char *task, double soft, doubl
 int worker_knows_task(struct worker *w, const char *name);
 /* Warm shutdown, as SIGTERM. */
 void worker_request_shutdown(struct worker *w);
+/* Makes j->tm.args and j->tm.kwargs whole again if the job dropped them while
+ * its call runs: parsed again from the message it came in. 0, or CR_ENOMEM
+ * (then they stay NULL and the caller goes without). */
+int worker_job_args(struct job *j);
 /* Text generated so far by a running job (progress), or "" . Borrowed. */
 const char *worker_job_text(const struct job *j);
 

@@ -161,6 +161,23 @@ def test_dead_letter_carries_the_headers_celery_sent(env):
     assert got == json.loads(json.dumps(sent))
 
 
+def test_dead_letter_after_a_call_rebuilds_a_missing_argsrepr(env):
+    # A producer that sends no argsrepr/kwargsrepr: the dead letter gets them
+    # made from the args, which a running call has put away (and must bring
+    # back), not from an empty argument list.
+    env.worker("--max-retries", "0")
+    env.fake.script(["status=400;err_msg=nope"])
+    tid = str(uuid.uuid4())
+    hdr = {"lang": "py", "task": "llm.generate", "id": tid, "retries": 0, "root_id": tid,
+           "parent_id": None, "group": None, "eta": None, "timelimit": [None, None]}
+    publish_raw(env, json.dumps([["no repr"], {"max_tokens": 5}, None]), headers=hdr)
+    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == tid)
+    assert dl, "no dead letter"
+    assert len(calls(env)) == 1
+    assert dl[0].headers["argsrepr"] == "('no repr',)"
+    assert dl[0].headers["kwargsrepr"] == "{'max_tokens': 5}"
+
+
 @pytest.mark.parametrize("scenario,exc", [
     ("status=400;err_msg=context_length_exceeded", "BadRequestError"),
     ("status=401;err_msg=bad key", "AuthenticationError"),
