@@ -170,6 +170,7 @@ struct progress {
     struct ptask *head;
     uv_timer_t *timer; /* heap: freed in its close callback */
     unsigned long runs;
+    long pid; /* getpid() is a system call each time, and every write names it */
     int oom_logged;
     char ttl[24];
     char maxlen[24];
@@ -217,7 +218,7 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
         goto oom;
     t->n += ne;
     /* The writer's identity in the stream: host, process and run number. */
-    snprintf(run, sizeof(run), "%s:%ld:%lu", p->w->cfg->hostname, (long)getpid(), t->run);
+    snprintf(run, sizeof(run), "%s:%ld:%lu", p->w->cfg->hostname, p->pid, t->run);
     snprintf(nbuf, sizeof(nbuf), "%ld", t->n);
     snprintf(atbuf, sizeof(atbuf), "%d", t->attempt);
     snprintf(kbuf, sizeof(kbuf), "%d", ne);
@@ -430,6 +431,7 @@ struct progress *progress_new(struct worker *w)
         return NULL;
     }
     p->w = w;
+    p->pid = (long)getpid();
     p->pol.stream = !strcmp(mode, "stream");
     p->pol.meta = 1;
     p->pol.interval_ms =
