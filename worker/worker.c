@@ -241,6 +241,22 @@ static void notify_simple(struct job *j, enum task_event_type type)
 
 /* ------------------------------------------------- args while running */
 
+/* What the decoder is given for delivery m, with these headers (borrowed). */
+static void raw_of(struct celery_raw_msg *raw, const struct broker_msg *m,
+                   const cJSON *headers)
+{
+    memset(raw, 0, sizeof(*raw));
+    raw->content_type = m->content_type;
+    raw->content_encoding = m->content_encoding;
+    raw->headers = headers;
+    raw->correlation_id = m->correlation_id;
+    raw->reply_to = m->reply_to;
+    raw->delivery_mode = m->delivery_mode;
+    raw->priority = m->priority;
+    raw->body = m->body;
+    raw->body_len = m->body_len;
+}
+
 /* The args and kwargs trees are only read to build the call (and again for a
  * retry, --result-extended metas and `celery inspect`), yet a running call
  * held them for its whole life: about 400 bytes per stream of the memory
@@ -279,16 +295,7 @@ int worker_job_args(struct job *j)
     headers = celery_msg_headers(&j->tm);
     if (!headers)
         return CR_ENOMEM;
-    memset(&raw, 0, sizeof(raw));
-    raw.content_type = m->content_type;
-    raw.content_encoding = m->content_encoding;
-    raw.headers = headers;
-    raw.correlation_id = m->correlation_id;
-    raw.reply_to = m->reply_to;
-    raw.delivery_mode = m->delivery_mode;
-    raw.priority = m->priority;
-    raw.body = m->body;
-    raw.body_len = m->body_len;
+    raw_of(&raw, m, headers);
     memset(&again, 0, sizeof(again));
     memset(&err, 0, sizeof(err));
     rc = celery_msg_decode(&raw, &again, &err);
@@ -1304,16 +1311,7 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
         broker_msg_free(m);
         return;
     }
-    memset(&raw, 0, sizeof(raw));
-    raw.content_type = m->content_type;
-    raw.content_encoding = m->content_encoding;
-    raw.headers = m->headers;
-    raw.correlation_id = m->correlation_id;
-    raw.reply_to = m->reply_to;
-    raw.delivery_mode = m->delivery_mode;
-    raw.priority = m->priority;
-    raw.body = m->body;
-    raw.body_len = m->body_len;
+    raw_of(&raw, m, m->headers);
     memset(&err, 0, sizeof(err));
 
     if (m->headers_bad) {
