@@ -481,7 +481,11 @@ def test_thousand_websocket_clients(env, gateway):
         t.join()
     elapsed = time.time() - t0
     with open("/proc/%d/status" % gw.proc.pid) as f:
-        peak = [l.split()[1] for l in f if l.startswith("VmHWM")][0]
+        status = f.readlines()
+    peak = [l.split()[1] for l in status if l.startswith("VmHWM")][0]
+    # Redis or a client gone mid-write must not kill the gateway (SIGPIPE)
+    ignored = int([l.split()[1] for l in status if l.startswith("SigIgn")][0], 16)
+    assert ignored & (1 << (13 - 1)), "SIGPIPE not ignored"
     total = 0
     for i, tid in enumerate(tids):
         want = env.fake.expected_text("crowd %d" % i, 40)
