@@ -78,6 +78,7 @@ struct backend {
     struct op *wait_head, *wait_tail; /* not yet sent */
     size_t inflight;
     size_t waiting;
+    unsigned long refusing; /* error replies since the last answer that was not */
 };
 
 static void start_connect(struct backend *bk);
@@ -314,6 +315,21 @@ static void on_retry(uv_timer_t *t)
         send_op(bk, op);
 }
 
+/* An error Redis lifts by itself: out of memory, a replica or a node that is
+ * not writable yet, a dataset still loading, a script still running. A
+ * fire-and-forget command (no callback, e.g. a progress write) refused so is
+ * sent again later like a result; any other error of a command is its
+ * caller's (or nobody's) to handle. */
+static int passing_refusal(const char *e)
+{
+    static const char *const codes[] = {"OOM ",        "READONLY ",   "LOADING ", "BUSY ",
+                                        "MASTERDOWN ", "NOREPLICAS ", "TRYAGAIN "};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (!strncmp(e, codes[i], strlen(codes[i])))
+            return 1;
+    return 0;
+}
+
 /* An EVAL of op's script was answered (or lost with its connection). */
 static void eval_answered(struct op *op)
 {
@@ -372,18 +388,26 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
         on_noscript(op);
         return;
     }
-    if (reply->type == REDIS_REPLY_ERROR && op->kind == OP_RAW) {
+    if (reply->type == REDIS_REPLY_ERROR && op->kind == OP_RAW &&
+        (op->raw_cb || !passing_refusal(reply->str))) {
         finish_op(op, 0, reply);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
         /* Redis said no (OOM, READONLY replica, LOADING...): try again later
-         * rather than lose the result. */
-        LOG(LOG_ERROR, "result backend: %s; will retry", reply->str);
+         * rather than lose the result. Said once per spell of refusals: a
+         * streaming worker makes many writes a second. */
+        if (!bk->refusing++)
+            LOG(LOG_ERROR, "result backend: %s; will retry", reply->str);
         wait_push(bk, op);
         if (!uv_is_active((uv_handle_t *)&bk->retry))
             uv_timer_start(&bk->retry, on_retry, 1000, 0);
         return;
+    }
+    if (bk->refusing) {
+        LOG(LOG_WARNING, "result backend: writes accepted again after %lu refused",
+            bk->refusing);
+        bk->refusing = 0;
     }
     finish_op(op, 0, reply);
 }
@@ -467,10 +491,13 @@ static void send_op(struct backend *bk, struct op *op)
 }
 
 /* Callbacks never run inside backend_store()/backend_get(): a failed send
- * only queues the op for later. */
+ * only queues the op for later. While ops wait for a refusal to pass (see
+ * on_reply()), a new one waits behind them: sent at once it could overtake
+ * them, and then a progress stream drops them as already written, or an
+ * older state lands over a newer one. */
 static int submit(struct backend *bk, struct op *op)
 {
-    if (bk->connected && bk->ac) {
+    if (bk->connected && bk->ac && !bk->wait_head) {
         send_op(bk, op);
         return 0;
     }

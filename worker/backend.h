@@ -53,7 +53,9 @@ int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
 
 /* Any Redis command (argv copied), e.g. XADD for progress streams. cb (may be
  * NULL) gets the hiredis reply (borrowed for the call; an error reply is passed
- * on, not retried) or NULL with CR_ECANCELED on backend_free(). Like the other
+ * on, not retried) or NULL with CR_ECANCELED on backend_free(). Without cb, a
+ * refusal Redis lifts by itself (OOM, READONLY, LOADING, BUSY...) makes the
+ * command wait and go again, in order, as results do. Like the other
  * operations it waits for a reconnect and is sent again when a connection
  * drops unanswered, so use it for idempotent commands. Never calls back from
  * inside this call. Returns 0 or CR_ENOMEM. */

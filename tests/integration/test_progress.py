@@ -133,3 +133,29 @@ def test_ignore_result_puts_the_result_in_the_stream(env):
     assert env.meta(r.id) is None
     import json
     assert json.loads(entries(env, r.id)[-1]["result"]) == env.fake.expected_text("ignored")
+
+
+def test_redis_refusing_writes_loses_no_text(env):
+    # Redis says no for a while (here OOM; READONLY and LOADING go the same
+    # way): the refused writes are sent again in order once it says yes, and
+    # a write made meanwhile waits behind them rather than overtaking them
+    # (the stream would then drop the older ones as already written).
+    w = env.worker("--progress-interval", "100", "--loglevel", "warning")
+    env.fake.script(["tps=10;tokens=50"] * 3)
+    rs = [env.app.send_task("llm.generate", args=["refused %d" % i]) for i in range(3)]
+    wait_until(lambda: all(len(entries(env, r.id)) >= 3 for r in rs), 20,
+               what="some progress written")
+    env.redis.config_set("maxmemory", "1")
+    try:
+        wait_until(lambda: "will retry" in w.log(), 20, what="a refused write")
+        time.sleep(1.6)
+    finally:
+        env.redis.config_set("maxmemory", "0")
+    for i, r in enumerate(rs):
+        want = env.fake.expected_text("refused %d" % i, 50)
+        assert r.get(timeout=30) == want
+        # the stream's last write may still be on its way behind the result
+        es = wait_until(lambda: (lambda es: es if es[-1]["state"] == "SUCCESS" else None)(
+            entries(env, r.id)), 10, what="the stream's SUCCESS entry")
+        assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
+        assert attempt_text(es, 1) == want
