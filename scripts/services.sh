@@ -57,13 +57,31 @@ CONF
     ctl await_startup --timeout 120 >/dev/null
 }
 
+# Whether process $1 runs (a zombie left for a reaper that never comes, as in
+# some containers, does not count).
+alive() {
+    local st
+    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+    case "$st" in Z*) return 1 ;; esac
+}
+
 rabbit_stop() {
     rabbit_env
+    local pid=""
+    [ -f "$RABBITMQ_PID_FILE" ] && pid=$(tr -dc 0-9 < "$RABBITMQ_PID_FILE")
     ctl stop >/dev/null 2>&1 || true
     for _ in $(seq 1 60); do
         ctl ping >/dev/null 2>&1 || break
         sleep 0.5
     done
+    # The node stops answering a few seconds before its Erlang VM has exited:
+    # wait for that too, so that a stop leaves nothing running.
+    if [ -n "$pid" ]; then
+        for _ in $(seq 1 150); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+    fi
 }
 
 redis_start() {
