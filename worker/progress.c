@@ -267,35 +267,16 @@ oom:
 
 /* The PROGRESS meta as Celery's update_state(state="PROGRESS", meta=...)
  * would store it, with the job's usual extra fields. New string or NULL. */
-static char *progress_meta(struct progress *p, struct ptask *t)
+static char *progress_meta(struct ptask *t)
 {
-    struct worker *w = p->w;
     struct job *j = t->j;
-    struct result_meta rm;
     cJSON *res = cJSON_CreateObject();
     char *out = NULL;
 
     if (!res || !cJSON_AddStringToObject(res, "text", worker_job_text(j)) ||
         !cJSON_AddNumberToObject(res, "tokens", (double)t->b.tokens))
         goto done;
-    memset(&rm, 0, sizeof(rm));
-    rm.task_id = j->tm.id;
-    rm.status = "PROGRESS";
-    rm.result = res;
-    rm.date_done_us = -1;
-    rm.group_id = j->tm.group;
-    rm.parent_id = j->tm.parent_id;
-    if (w->cfg->result_extended) {
-        worker_job_args(j);
-        rm.extended = 1;
-        rm.name = j->tm.task;
-        rm.args = j->tm.args;
-        rm.kwargs = j->tm.kwargs;
-        rm.worker = w->cfg->hostname;
-        rm.retries = j->tm.retries;
-        rm.queue = j->nmsgs ? j->msgs[0]->routing_key : NULL;
-    }
-    out = result_meta_encode(&rm);
+    out = worker_job_meta(j, "PROGRESS", res, NULL, 0);
 done:
     cJSON_Delete(res);
     return out;
@@ -319,7 +300,7 @@ static void flush(struct progress *p, struct ptask *t, const struct entry *final
     if (!final && backend_pending(p->w->backend) > BACKLOG_MAX)
         return;
     if ((due & PROGRESS_DUE_META) && t->j && t->j->tm.ignore_result != 1)
-        meta = progress_meta(p, t);
+        meta = progress_meta(t);
     if (due & PROGRESS_DUE_STREAM)
         e[k++] =
             (struct entry){"PROGRESS", t->b.text.data, t->b.text.len, t->b.tokens, NULL};

@@ -318,9 +318,10 @@ int worker_job_args(struct job *j)
 
 /* ------------------------------------------------------------- outcomes */
 
-static char *make_meta(struct worker *w, struct job *j, const char *status,
-                       const cJSON *result, const char *traceback, int ready)
+char *worker_job_meta(struct job *j, const char *status, const cJSON *result,
+                      const char *traceback, int ready)
 {
+    struct worker *w = j->w;
     struct result_meta rm;
     memset(&rm, 0, sizeof(rm));
     rm.task_id = j->tm.id;
@@ -338,14 +339,13 @@ static char *make_meta(struct worker *w, struct job *j, const char *status,
         rm.kwargs = j->tm.kwargs;
         rm.worker = w->cfg->hostname;
         rm.retries = j->tm.retries;
-        rm.queue = j->msgs[0]->routing_key;
+        rm.queue = j->nmsgs ? j->msgs[0]->routing_key : NULL;
     }
     return result_meta_encode(&rm);
 }
 
-static char *exc_meta(struct worker *w, struct job *j, const char *status,
-                      const char *exc_type, const char *exc_module, const char *message,
-                      int ready)
+static char *exc_meta(struct job *j, const char *status, const char *exc_type,
+                      const char *exc_module, const char *message, int ready)
 {
     cJSON *exc = result_exc_new(exc_type, exc_module, message);
     struct buf tb;
@@ -359,7 +359,7 @@ static char *exc_meta(struct worker *w, struct job *j, const char *status,
         j->tm.task ? j->tm.task : "unknown",
         strcmp(exc_module, "builtins") ? exc_module : "",
         strcmp(exc_module, "builtins") ? "." : "", exc_type, message);
-    meta = exc ? make_meta(w, j, status, exc, tb.data, ready) : NULL;
+    meta = exc ? worker_job_meta(j, status, exc, tb.data, ready) : NULL;
     cJSON_Delete(exc);
     buf_release(&tb);
     return meta;
@@ -552,7 +552,7 @@ static void fail_job_llm(struct job *j, const char *exc_type, const char *exc_mo
     cr_free(j->meta);
     j->meta = NULL;
     if (j->tm.id && j->tm.ignore_result != 1) {
-        j->meta = exc_meta(w, j, "FAILURE", exc_type, exc_module, message, 1);
+        j->meta = exc_meta(j, "FAILURE", exc_type, exc_module, message, 1);
         if (!j->meta)
             LOG(LOG_ERROR, "Task %s[%s]: out of memory for its FAILURE", job_name(j),
                 j->tm.id);
@@ -680,7 +680,7 @@ static void succeed(struct job *j, cJSON *result, const struct llm_result *llm)
     cr_free(j->meta);
     j->meta = NULL;
     if (j->tm.ignore_result != 1) {
-        j->meta = make_meta(w, j, "SUCCESS", result, NULL, 1);
+        j->meta = worker_job_meta(j, "SUCCESS", result, NULL, 1);
         if (!j->meta) {
             cJSON_Delete(result);
             fail_job(j, "MemoryError", "builtins", "out of memory encoding the result",
@@ -754,7 +754,7 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
         cr_free(j->meta);
         j->meta = NULL;
         if (j->tm.ignore_result != 1)
-            j->meta = exc_meta(w, j, "RETRY", res->exc_type, EXC_MODULE, res->message, 0);
+            j->meta = exc_meta(j, "RETRY", res->exc_type, EXC_MODULE, res->message, 0);
         job_set_state(j, JOB_SETTLING);
         if (retry_job(j, delay) == 0) {
             struct task_event_info info;
@@ -990,7 +990,7 @@ static void revoke_job(struct job *j, const char *reason, const char *partial)
          * produced before a terminate can travel with the REVOKED state. */
         if (exc && partial)
             cJSON_AddStringToObject(exc, "partial", partial);
-        j->meta = exc ? make_meta(w, j, "REVOKED", exc, NULL, 1) : NULL;
+        j->meta = exc ? worker_job_meta(j, "REVOKED", exc, NULL, 1) : NULL;
         cJSON_Delete(exc);
     }
     settle(j);
@@ -1070,7 +1070,7 @@ static void start_job(struct job *j)
         char *meta;
         cJSON_AddNumberToObject(info, "pid", (double)getpid());
         cJSON_AddStringToObject(info, "hostname", w->cfg->hostname);
-        meta = make_meta(w, j, "STARTED", info, NULL, 0);
+        meta = worker_job_meta(j, "STARTED", info, NULL, 0);
         cJSON_Delete(info);
         /* Redis answers in order on one connection, so STARTED always lands
          * before the final state; the ack does not wait for it. */

@@ -196,6 +196,11 @@ int worker_set_time_limit(struct worker *w, const char *task, double soft, doubl
 int worker_knows_task(struct worker *w, const char *name);
 /* Warm shutdown, as SIGTERM. */
 void worker_request_shutdown(struct worker *w);
+/* j's result meta as Celery's Redis backend stores it (with the extended
+ * fields under --result-extended), for status and result (borrowed); ready
+ * sets date_done to now. New string, or NULL on OOM. */
+char *worker_job_meta(struct job *j, const char *status, const cJSON *result,
+                      const char *traceback, int ready);
 /* Makes j->tm.args and j->tm.kwargs whole again if the job dropped them while
  * its call runs: parsed again from the message it came in. 0, or CR_ENOMEM
  * (then they stay NULL and the caller goes without). */

@@ -105,11 +105,21 @@ def test_protocol_v1_message(env):
 
 def test_result_extended_track_started_ignore_result(env):
     env.worker("--result-extended", "--track-started")
-    env.fake.script(["latency_ms=700"])
-    states = []
+    env.fake.script(["latency_ms=700;tps=20;tokens=20"])
+    states, progress = [], []
     r = env.app.send_task("llm.generate", args=["ext"], queue="celery")
-    r.get(timeout=20, on_message=lambda m: states.append(m["status"]))
+
+    def seen(m):
+        states.append(m["status"])
+        if m["status"] == "PROGRESS":
+            progress.append(m)
+
+    r.get(timeout=20, on_message=seen)
     assert "STARTED" in states and states[-1] == "SUCCESS"
+    # the PROGRESS metas of the running call carry the extended fields too
+    assert progress, states
+    assert all(m["name"] == "llm.generate" and m["args"] == ["ext"] and m["kwargs"] == {}
+               and m["queue"] == "celery" for m in progress), progress[-1]
     meta = env.meta(r.id)
     assert meta["name"] == "llm.generate" and meta["args"] == ["ext"] and meta["kwargs"] == {}
     assert meta["worker"].startswith("celeriac-") and meta["retries"] == 0
