@@ -72,7 +72,7 @@ struct backend {
     int ever_connected;
     int64_t backoff_ms;
     uv_timer_t timer; /* connect timeout and reconnect delay */
-    uv_timer_t retry; /* resends operations Redis refused */
+    uv_timer_t retry; /* resends operations waiting while connected */
     char last_error[200];
 
     struct op *wait_head, *wait_tail; /* not yet sent */
@@ -98,6 +98,11 @@ static void op_free(struct op *op)
     cr_free(op);
 }
 
+static void on_retry(uv_timer_t *t);
+
+/* Queues op to be sent later. Disconnected, the reconnect sends the queue;
+ * connected (Redis refused it, hiredis could not take it, or others wait
+ * ahead of it), the retry timer does, so nothing waits without one. */
 static void wait_push(struct backend *bk, struct op *op)
 {
     op->next = NULL;
@@ -107,6 +112,8 @@ static void wait_push(struct backend *bk, struct op *op)
         bk->wait_head = op;
     bk->wait_tail = op;
     bk->waiting++;
+    if (bk->connected && !bk->freeing && !uv_is_active((uv_handle_t *)&bk->retry))
+        uv_timer_start(&bk->retry, on_retry, 1000, 0);
 }
 
 static struct op *wait_pop(struct backend *bk)
@@ -400,8 +407,6 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
         if (!bk->refusing++)
             LOG(LOG_ERROR, "result backend: %s; will retry", reply->str);
         wait_push(bk, op);
-        if (!uv_is_active((uv_handle_t *)&bk->retry))
-            uv_timer_start(&bk->retry, on_retry, 1000, 0);
         return;
     }
     if (bk->refusing) {
