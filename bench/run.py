@@ -39,7 +39,8 @@ CONC_LEVELS = [int(x) for x in os.environ.get("BENCH_CONC_LEVELS", "1000" if QUI
 MEM_LEVELS = [1000] if QUICK else [1000, 5000, 10000]
 PY_BOUND_S = 8 if QUICK else 45         # a Python dispatch run stops after this
 PY_CONC_BOUND_S = 15 if QUICK else 120  # the Python concurrency run
-REPEAT = 1 if QUICK else 3              # celeriac dispatch and limit runs
+# celeriac dispatch and limit runs; the top concurrency level and Python gevent
+REPEAT = int(os.environ.get("BENCH_REPEAT", 1 if QUICK else 3))
 LAT_N = 100 if QUICK else 1000  # p99 is then the 10th worst call, not the 4th
 IMPLS = os.environ.get("BENCH_IMPL", "celeriac,python").split(",")
 # celeriac with --progress off as well, to price live progress apart from the core
@@ -361,23 +362,29 @@ class Bench:
                     ready=r"BENCH-READY")
 
     def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None,
-                  extra=()):
-        if impl not in IMPLS:
-            return None
+                  extra=(), quiet=False):
         """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
 
-        Samples the worker's RSS and CPU and the fake's CPU every 50 ms. With
+        Samples the worker's RSS and CPU and the fake's CPU every 100 ms. With
         hold_for, also records the worker's RSS once the fake has that many
-        streams open at once."""
+        streams open at once. With quiet, waits for an idle machine first."""
+        if impl not in IMPLS:
+            return None
         queue = self.new_queue()
         pub_rate = self.publish(queue, n, task, args, kwargs)
         self.redis.cmd("FLUSHDB")
         self.fake_stats(reset=True)
+        # The concurrency runs use the whole machine: they start once the
+        # publishing and the previous run's clean-up (RabbitMQ deleting a
+        # queue, Redis expiring keys) are over, or they vary by +-10%.
+        busy_before = wait_quiet() if quiet else None
         counter = ResultCounter(self.redis_port)
         w = self.celeriac(queue, c, extra) if impl == "celeriac" else self.python(queue, pool, c)
         rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
                "model": kwargs.get("model"), "publish_rate": round(pub_rate),
                "variant": " ".join(extra)}
+        if busy_before is not None:
+            rec["busy_before"] = round(busy_before, 3)
         try:
             t0 = w.wait_ready()
             pids = tree(w.p.pid)
@@ -412,7 +419,10 @@ class Bench:
             # Whatever else ran meanwhile (other users of the machine): the
             # noise indicator of this run.
             rec["harness_cpu_s"] = round(cpu_s([os.getpid()]) - hcpu0, 3)
-            rec["other_cpu_s"] = round(machine_busy_s() - mcpu0 - rec["cpu_s"] - rec["fake_cpu_s"]
+            # Every process on every core: a run cannot take less wall time
+            # than this over the number of cores.
+            rec["machine_cpu_s"] = round(machine_busy_s() - mcpu0, 3)
+            rec["other_cpu_s"] = round(rec["machine_cpu_s"] - rec["cpu_s"] - rec["fake_cpu_s"]
                                        - rec["harness_cpu_s"] - sum(
                                            rec.get(k + "_cpu_s", 0) for k in self.svc_pids), 3)
             rec["hwm_kb"] = status_kb(w.p.pid, "VmHWM") if impl == "celeriac" else None
@@ -497,17 +507,22 @@ class Bench:
     def concurrency(self):
         log("2. concurrency: %d LLM tasks, 1 s each at the server (%s)" % (N_CONC, LLM_1S))
         rows = []
-        for c in CONC_LEVELS:
-            rows.append(self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
-                                       {"model": LLM_1S}, N_CONC, 300))
-        # The same at the highest level without live progress (--progress off),
-        # to price that feature apart from the core.
-        if VARIANTS:
-            rows.append(self.run_tasks("celeriac", "libuv", max(CONC_LEVELS), "llm.generate",
-                                       ["bench"], {"model": LLM_1S}, N_CONC, 300,
-                                       extra=("--progress", "off")))
-        rows.append(self.run_tasks("python", "gevent", 1000, "llm.generate", ["bench"],
-                                   {"model": LLM_1S}, N_CONC, PY_CONC_BOUND_S))
+        top = max(CONC_LEVELS)
+        # The highest level and Python gevent run REPEAT times, alternating,
+        # and the ratio is taken between their medians: one run of each moved
+        # the ratio by +-10% (18.9x to 21.4x) on an unchanged build.
+        for rep in range(REPEAT):
+            for c in CONC_LEVELS if rep == 0 else [top]:
+                rows.append(self.run_tasks("celeriac", "libuv", c, "llm.generate", ["bench"],
+                                           {"model": LLM_1S}, N_CONC, 300, quiet=True))
+            # The same at the highest level without live progress
+            # (--progress off), to price that feature apart from the core.
+            if VARIANTS:
+                rows.append(self.run_tasks("celeriac", "libuv", top, "llm.generate",
+                                           ["bench"], {"model": LLM_1S}, N_CONC, 300,
+                                           extra=("--progress", "off"), quiet=True))
+            rows.append(self.run_tasks("python", "gevent", 1000, "llm.generate", ["bench"],
+                                       {"model": LLM_1S}, N_CONC, PY_CONC_BOUND_S, quiet=True))
         rows = [r for r in rows if r]
         for r in rows:
             r["ideal_s"] = N_CONC * LLM_1S_S / r["c"]
