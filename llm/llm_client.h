@@ -1,11 +1,11 @@
 /* llm_client.h -- many concurrent OpenAI-compatible HTTP calls on the worker loop.
  *
- * Owns one CURLM glued to libuv (sockets in uv_poll_t, curl's single timer in a
- * uv_timer_t). A request is a POST of a JSON body; a streamed chat response is
- * parsed incrementally (SSE, then chunk mapping) and each text delta is handed
- * to the caller as it arrives. Phase timeouts (connect, first byte, first token,
- * idle gap) are enforced here. Not thread-safe: create, use and free on the
- * loop thread only. */
+ * Owns one CURLM glued to libuv (its sockets in a private epoll set that the loop
+ * watches through one uv_poll_t, curl's single timer in a uv_timer_t). A request is a
+ * POST of a JSON body; a streamed chat response is parsed incrementally (SSE, then chunk
+ * mapping) and each text delta is handed to the caller as it arrives. Phase timeouts
+ * (connect, first byte, first token, idle gap) are enforced here. Not thread-safe:
+ * create, use and free on the loop thread only. */
 #ifndef CR_LLM_CLIENT_H
 #define CR_LLM_CLIENT_H
 
