@@ -895,6 +895,7 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
                                   struct cr_err *err)
 {
     struct llm_client *c = cr_calloc(1, sizeof(*c));
+    int rc;
     if (!c) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
@@ -914,6 +915,16 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
         cr_err_set(err, CR_ENOMEM, "cannot create curl multi handle");
         return NULL;
     }
+    /* First of the handles: a failure here leaves none to close. */
+    rc = uv_poll_init(loop, &c->epoll, c->epfd);
+    if (rc != 0) {
+        curl_multi_cleanup(c->multi);
+        close(c->epfd);
+        cr_free(c);
+        cr_err_set(err, CR_EIO, "cannot watch the epoll set: %s", uv_strerror(rc));
+        return NULL;
+    }
+    c->epoll.data = c;
     curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
     curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
     curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer_change);
@@ -930,8 +941,6 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
     c->sweep_timer.data = c;
     uv_timer_init(loop, &c->done_timer);
     c->done_timer.data = c;
-    uv_poll_init(loop, &c->epoll, c->epfd);
-    c->epoll.data = c;
     uv_poll_start(&c->epoll, UV_READABLE, on_sockets_ready);
     return c;
 }
