@@ -128,6 +128,18 @@ static struct op *wait_pop(struct backend *bk)
     return op;
 }
 
+/* Sends what waits, in order, once connected (on connect and on the retry
+ * timer). Only what waits now: an op that has to wait again (hiredis or Redis
+ * refused it) goes in the next round, where looping until the queue is empty
+ * would never end. */
+static void send_waiting(struct backend *bk)
+{
+    size_t n = bk->waiting;
+    struct op *op;
+    while (bk->connected && n-- && (op = wait_pop(bk)))
+        send_op(bk, op);
+}
+
 static int parse_url(struct backend *bk, const char *url, struct cr_err *err)
 {
     const char *p = url + strlen("redis://");
@@ -201,7 +213,6 @@ static void on_connect(const redisAsyncContext *cac, int status)
 {
     struct backend *bk = cac->data;
     redisAsyncContext *ac = (redisAsyncContext *)cac;
-    struct op *op;
 
     if (!bk)
         return;
@@ -233,8 +244,7 @@ static void on_connect(const redisAsyncContext *cac, int status)
     }
     if (bk->db)
         redisAsyncCommand(ac, on_auth_reply, NULL, "SELECT %d", bk->db);
-    while ((op = wait_pop(bk)))
-        send_op(bk, op);
+    send_waiting(bk);
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -314,12 +324,7 @@ static void finish_op(struct op *op, int status, const redisReply *reply)
 
 static void on_retry(uv_timer_t *t)
 {
-    struct backend *bk = t->data;
-    struct op *op;
-    size_t n = bk->waiting;
-    /* Only what was waiting now: an op refused again waits for the next round. */
-    while (bk->connected && n-- && (op = wait_pop(bk)))
-        send_op(bk, op);
+    send_waiting(t->data);
 }
 
 /* An error Redis lifts by itself: out of memory, a replica or a node that is
