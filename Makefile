@@ -1,7 +1,7 @@
 # celeriac -- native Celery worker for LLM jobs.
 # Targets: all test unit integration demo bench asan valgrind fuzz format check-src clean
 
-PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets
+PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8
 CC        ?= cc
 BUILD     ?= build
 WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
@@ -85,12 +85,12 @@ FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c)
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -I. $(shell pkg-config --cflags libcjson librabbitmq)
+              -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
 
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) \
-	    $(shell pkg-config --libs libcjson librabbitmq) -lm
+	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lm
 
 fuzz: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do \
