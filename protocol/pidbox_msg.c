@@ -89,10 +89,16 @@ void pidbox_request_release(struct pidbox_request *rq)
 /* The bounds of one pcre match. A node name is at most a few hundred bytes,
  * and a sane pattern needs a few hundred steps and a handful of backtracking
  * frames on it; a catastrophic one ("(a+)+$", "(a|aa)*b") stops at the first
- * limit within a millisecond or two, and never holds more than the heap limit. */
-#define PCRE_MATCH_LIMIT 100000
+ * limit within a millisecond, and never holds more than the heap limit. */
+#define PCRE_MATCH_LIMIT 10000
 #define PCRE_DEPTH_LIMIT 10000
 #define PCRE_HEAP_LIMIT_KIB 1024
+/* Groups nested deeper, or more capturing groups, are refused: a node name
+ * needs two or three, and every step of a match copies a frame holding every
+ * capture, so 320 groups made the match limit cost 40 ms where it costs
+ * well under one at 32. */
+#define PCRE_NEST_LIMIT 32
+#define PCRE_CAPTURES_MAX 32
 /* Distinct patterns kept compiled. */
 #define PCRE_CACHE_SIZE 8
 
@@ -150,6 +156,7 @@ struct pidbox_matcher *pidbox_matcher_new(void)
         return NULL;
     }
     pcre2_set_max_pattern_length(pm->cc, PIDBOX_PATTERN_MAX);
+    pcre2_set_parens_nest_limit(pm->cc, PCRE_NEST_LIMIT);
     pcre2_set_match_limit(pm->mc, PCRE_MATCH_LIMIT);
     pcre2_set_depth_limit(pm->mc, PCRE_DEPTH_LIMIT);
     pcre2_set_heap_limit(pm->mc, PCRE_HEAP_LIMIT_KIB);
@@ -176,6 +183,7 @@ static struct pcre_entry *pcre_entry_get(struct pidbox_matcher *pm, const char *
     struct pcre_entry *e = &pm->cache[0];
     int errcode;
     PCRE2_SIZE erroff;
+    uint32_t captures;
 
     pm->tick++;
     for (int i = 0; i < PCRE_CACHE_SIZE; i++) {
@@ -208,6 +216,12 @@ static struct pcre_entry *pcre_entry_get(struct pidbox_matcher *pm, const char *
             snprintf((char *)msg, sizeof(msg), "error %d", errcode);
         cr_err_set(&e->compile, CR_EINVAL, "bad pcre pattern at offset %zu: %s",
                    (size_t)erroff, (const char *)msg);
+    } else if (pcre2_pattern_info(e->code, PCRE2_INFO_CAPTURECOUNT, &captures) ||
+               captures > PCRE_CAPTURES_MAX) {
+        pcre2_code_free(e->code);
+        e->code = NULL;
+        cr_err_set(&e->compile, CR_EINVAL, "pcre pattern has over %d groups",
+                   PCRE_CAPTURES_MAX);
     }
     return e;
 }

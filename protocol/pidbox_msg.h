@@ -65,7 +65,8 @@ void pidbox_matcher_free(struct pidbox_matcher *pm);
  * match; else 1 (a broadcast). glob is Python's fnmatch ('*', '?', "[seq]",
  * "[!seq]", a backslash is literal), matched without backtracking; pcre is a
  * PCRE2 pattern anchored at the start but not at the end, as Python's re.match,
- * in UTF mode. pm may be NULL (then a pcre pattern is compiled for the call).
+ * in UTF mode, with at most 32 capturing groups and groups nested at most 32
+ * deep. pm may be NULL (then a pcre pattern is compiled for the call).
  * Returns 1 or 0; or, meaning "not for this node" too, with detail in err:
  * CR_ETOOBIG (pattern longer than PIDBOX_PATTERN_MAX), CR_EINVAL (an unknown
  * matcher, or a pcre pattern that does not compile), CR_ERANGE (the match hit

@@ -120,6 +120,9 @@ END_TEST
 
 #define PLUS10 "++++++++++"
 #define PLUS100 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10
+#define GROUPS8 "(x)?(x)?(x)?(x)?(x)?(x)?(x)?(x)?"
+#define OPEN8 "(?:(?:(?:(?:(?:(?:(?:(?:"
+#define CLOSE8 "))))))))"
 
 /* The pattern libFuzzer found (fuzz_pidbox_msg) on which glibc's regcomp() ran
  * for over 20 minutes; the corpus keeps it as pcre_hostile_eclosure. */
@@ -181,6 +184,18 @@ static const struct {
     {"\"pattern\": \"celery@a++\", \"matcher\": \"pcre\"", "celery@a", 1},
     {"\"pattern\": \"(c{99}){99}\", \"matcher\": \"pcre\"", "celery@a", 0},
     {"\"pattern\": \"c+e+l+e+r+y+@+a+(x)?\", \"matcher\": \"pcre\"", "celery@a", 1},
+    /* at most 32 capturing groups, and groups nested 32 deep */
+    {"\"pattern\": \"celery" GROUPS8 GROUPS8 GROUPS8 GROUPS8 "\", \"matcher\": \"pcre\"",
+     "celery@a", 1},
+    {"\"pattern\": \"celery" GROUPS8 GROUPS8 GROUPS8 GROUPS8 "(x)?\", \"matcher\": "
+     "\"pcre\"",
+     "celery@a", CR_EINVAL},
+    {"\"pattern\": \"" OPEN8 OPEN8 OPEN8 OPEN8 "celery" CLOSE8 CLOSE8 CLOSE8 CLOSE8
+     "\", \"matcher\": \"pcre\"",
+     "celery@a", 1},
+    {"\"pattern\": \"(?:" OPEN8 OPEN8 OPEN8 OPEN8 "celery" CLOSE8 CLOSE8 CLOSE8 CLOSE8
+     ")\", \"matcher\": \"pcre\"",
+     "celery@a", CR_EINVAL},
 };
 
 START_TEST(test_matches)
