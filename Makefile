@@ -1,7 +1,7 @@
 # celeriac -- native Celery worker for LLM jobs.
 # Targets: all test unit integration demo bench asan valgrind fuzz format check-src clean
 
-PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets
+PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8
 CC        ?= cc
 BUILD     ?= build
 WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
@@ -78,29 +78,24 @@ asan-integration:
 	    build-asan/celeriac
 	@CELERIAC_BIN=$(CURDIR)/build-asan/celeriac bash scripts/run-integration.sh
 
-# libFuzzer targets (clang): each runs FUZZ_SECONDS on a copy of its seed corpus.
+# libFuzzer targets (clang): each replays its kept corpus, then runs FUZZ_SECONDS
+# on a copy of it, every input bounded in time and memory (scripts/run-fuzz.sh);
+# what it finds is written as tests/fuzz/found-<target>-*.
 FUZZ_SECONDS ?= 120
 FUZZ_QUICK_SECONDS ?= 15
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c)
+FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c) gateway/gw_msg.c
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -I. $(shell pkg-config --cflags libcjson librabbitmq)
+              -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
 
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) \
-	    $(shell pkg-config --libs libcjson librabbitmq) -lm
+	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lm
 
 fuzz: $(FUZZ_BIN)
-	@for f in $(FUZZ_BIN); do \
-	    name=$${f#build-fuzz/fuzz_}; tmp=$$(mktemp -d); \
-	    cp tests/fuzz/corpus/$$name/* $$tmp/ 2>/dev/null; \
-	    echo "fuzz $$name for $(FUZZ_SECONDS)s"; \
-	    $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=0 $$tmp \
-	        > $$tmp.log 2>&1 || { tail -40 $$tmp.log; rm -rf $$tmp $$tmp.log; exit 1; }; \
-	    grep -E "^(#[0-9]+ *DONE|Done)" $$tmp.log | tail -1; rm -rf $$tmp $$tmp.log; \
-	done
+	@bash scripts/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
 
 valgrind: $(UNIT_BIN)
 	@for t in $(UNIT_BIN); do CK_FORK=no valgrind -q --leak-check=full --error-exitcode=1 $$t || exit 1; done

@@ -1,9 +1,10 @@
 /* pidbox_msg.c -- Celery remote-control requests, replies and reply shapes (no I/O). */
 #include "pidbox_msg.h"
 
-#include <fnmatch.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include <inttypes.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,74 +84,281 @@ void pidbox_request_release(struct pidbox_request *rq)
     memset(rq, 0, sizeof(*rq));
 }
 
-/* How much work a pcre pattern may ask of glibc's regcomp(), counted as its
- * length times the copies of its pieces it may build (see regex_cost()).
- * regcomp() compiles X+ as X X* and X{m,n} as n copies of X, so stacked or
- * nested repeats multiply, and its time grows faster than its tree: 130
- * stacked '+' took over 2 GB and 10 '+' after a 140-byte prefix took 22 s
- * (both found by the fuzz_pidbox_msg target), from a control message anyone
- * on the broker can send. At this bound the slowest patterns measured take
- * under 30 ms; a node-name pattern is a few dozen bytes with a repeat or two. */
-#define REGEX_COST_MAX 4096
+/* ------------------------------------------------------------- matching */
 
-/* The pattern's length times an upper bound on its copies: the product of
- * every repeat's factor (2 for '+', n + 1 for {m,n}), whether nested or not.
- * Bracket expressions and escaped characters are skipped; counting stops
- * once past the bound. */
-static unsigned long regex_cost(const char *pattern)
+/* The bounds of one pcre match. A node name is at most a few hundred bytes,
+ * and a sane pattern needs a few hundred steps and a handful of backtracking
+ * frames on it; a catastrophic one ("(a+)+$", "(a|aa)*b") stops at the first
+ * limit within a millisecond, and never holds more than the heap limit. */
+#define PCRE_MATCH_LIMIT 10000
+#define PCRE_DEPTH_LIMIT 10000
+#define PCRE_HEAP_LIMIT_KIB 1024
+/* Groups nested deeper, or more capturing groups, are refused: a node name
+ * needs two or three, and every step of a match copies a frame holding every
+ * capture, so 320 groups made the match limit cost 40 ms where it costs
+ * well under one at 32. */
+#define PCRE_NEST_LIMIT 32
+#define PCRE_CAPTURES_MAX 32
+/* Distinct patterns kept compiled. */
+#define PCRE_CACHE_SIZE 8
+
+struct pcre_entry {
+    char *pattern;         /* NULL: a free slot */
+    pcre2_code *code;      /* NULL when the pattern did not compile */
+    struct cr_err compile; /* why, when code is NULL */
+    char *subject;         /* the last node name matched, NULL before */
+    int verdict;           /* its pidbox_match() result */
+    struct cr_err why;     /* its detail, when verdict < 0 */
+    unsigned long used;    /* for least-recently-used eviction */
+};
+
+struct pidbox_matcher {
+    pcre2_general_context *gen;
+    pcre2_compile_context *cc;
+    pcre2_match_context *mc;
+    pcre2_match_data *md;
+    unsigned long tick;
+    struct pcre_entry cache[PCRE_CACHE_SIZE];
+};
+
+/* PCRE2 allocates through cr_malloc(), so the OOM tests reach it too. */
+static void *pcre_alloc(size_t n, void *data)
 {
-    unsigned long copies = 1, len = strlen(pattern);
-    const char *p = pattern;
+    (void)data;
+    return cr_malloc(n);
+}
 
-    if (len > REGEX_COST_MAX)
-        return len;
-    for (; *p && copies * len <= REGEX_COST_MAX; p++) {
-        unsigned long n = 0;
-        if (*p == '\\' && p[1]) {
-            p++;
-        } else if (*p == '[') {
-            /* "[]...]" and "[^]...]" start with a literal ']'. */
-            const char *q = p + 1 + (p[1] == '^');
-            q += *q == ']';
-            while (*q && *q != ']')
-                q++;
-            if (!*q)
-                break;
-            p = q;
-        } else if (*p == '+') {
-            copies *= 2;
-        } else if (*p == '{') {
-            /* The larger bound of {m}, {m,} or {m,n}. */
-            while (*++p && *p != '}')
-                if (*p >= '0' && *p <= '9') {
-                    unsigned long v = 0;
-                    while (*p >= '0' && *p <= '9' && v <= REGEX_COST_MAX)
-                        v = v * 10 + (unsigned long)(*p++ - '0');
-                    n = v > n ? v : n;
-                    p--;
-                }
-            copies *= n + 1;
-            if (!*p)
-                break;
+static void pcre_dealloc(void *p, void *data)
+{
+    (void)data;
+    cr_free(p);
+}
+
+static void entry_clear(struct pcre_entry *e)
+{
+    pcre2_code_free(e->code);
+    cr_free(e->pattern);
+    cr_free(e->subject);
+    memset(e, 0, sizeof(*e));
+}
+
+struct pidbox_matcher *pidbox_matcher_new(void)
+{
+    struct pidbox_matcher *pm = cr_calloc(1, sizeof(*pm));
+    if (!pm)
+        return NULL;
+    pm->gen = pcre2_general_context_create(pcre_alloc, pcre_dealloc, NULL);
+    pm->cc = pm->gen ? pcre2_compile_context_create(pm->gen) : NULL;
+    pm->mc = pm->gen ? pcre2_match_context_create(pm->gen) : NULL;
+    pm->md = pm->gen ? pcre2_match_data_create(1, pm->gen) : NULL;
+    if (!pm->cc || !pm->mc || !pm->md) {
+        pidbox_matcher_free(pm);
+        return NULL;
+    }
+    pcre2_set_max_pattern_length(pm->cc, PIDBOX_PATTERN_MAX);
+    pcre2_set_parens_nest_limit(pm->cc, PCRE_NEST_LIMIT);
+    pcre2_set_match_limit(pm->mc, PCRE_MATCH_LIMIT);
+    pcre2_set_depth_limit(pm->mc, PCRE_DEPTH_LIMIT);
+    pcre2_set_heap_limit(pm->mc, PCRE_HEAP_LIMIT_KIB);
+    return pm;
+}
+
+void pidbox_matcher_free(struct pidbox_matcher *pm)
+{
+    if (!pm)
+        return;
+    for (int i = 0; i < PCRE_CACHE_SIZE; i++)
+        entry_clear(&pm->cache[i]);
+    pcre2_match_data_free(pm->md);
+    pcre2_match_context_free(pm->mc);
+    pcre2_compile_context_free(pm->cc);
+    pcre2_general_context_free(pm->gen);
+    cr_free(pm);
+}
+
+/* The entry for pattern, compiled on first sight into the least recently used
+ * slot. NULL on OOM. */
+static struct pcre_entry *pcre_entry_get(struct pidbox_matcher *pm, const char *pattern)
+{
+    struct pcre_entry *e = &pm->cache[0];
+    int errcode;
+    PCRE2_SIZE erroff;
+    uint32_t captures;
+
+    pm->tick++;
+    for (int i = 0; i < PCRE_CACHE_SIZE; i++) {
+        struct pcre_entry *c = &pm->cache[i];
+        if (c->pattern && !strcmp(c->pattern, pattern)) {
+            c->used = pm->tick;
+            return c;
+        }
+        if (c->used < e->used) /* a free slot's is 0 */
+            e = c;
+    }
+    entry_clear(e);
+    e->pattern = cr_strdup(pattern);
+    if (!e->pattern)
+        return NULL;
+    e->used = pm->tick;
+    /* Python's re.match on a str: anchored at the start only, code points and
+     * Unicode classes; a node name that is not UTF-8 just fails to match. */
+    e->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                            PCRE2_ANCHORED | PCRE2_UTF | PCRE2_UCP |
+                                PCRE2_MATCH_INVALID_UTF | PCRE2_NEVER_BACKSLASH_C,
+                            &errcode, &erroff, pm->cc);
+    if (!e->code) {
+        PCRE2_UCHAR msg[160];
+        if (errcode == PCRE2_ERROR_HEAP_FAILED) {
+            entry_clear(e);
+            return NULL;
+        }
+        if (pcre2_get_error_message(errcode, msg, sizeof(msg)) < 0)
+            snprintf((char *)msg, sizeof(msg), "error %d", errcode);
+        cr_err_set(&e->compile, CR_EINVAL, "bad pcre pattern at offset %zu: %s",
+                   (size_t)erroff, (const char *)msg);
+    } else if (pcre2_pattern_info(e->code, PCRE2_INFO_CAPTURECOUNT, &captures) ||
+               captures > PCRE_CAPTURES_MAX) {
+        pcre2_code_free(e->code);
+        e->code = NULL;
+        cr_err_set(&e->compile, CR_EINVAL, "pcre pattern has over %d groups",
+                   PCRE_CAPTURES_MAX);
+    }
+    return e;
+}
+
+static int pcre_run(struct pidbox_matcher *pm, struct pcre_entry *e, const char *s,
+                    struct cr_err *err)
+{
+    int rc = pcre2_match(e->code, (PCRE2_SPTR)s, strlen(s), 0, 0, pm->md, pm->mc);
+    if (rc >= 0)
+        return 1; /* 0 only says the one-pair ovector was too small */
+    switch (rc) {
+    case PCRE2_ERROR_NOMATCH:
+        return 0;
+    case PCRE2_ERROR_MATCHLIMIT:
+    case PCRE2_ERROR_DEPTHLIMIT:
+    case PCRE2_ERROR_HEAPLIMIT:
+        return cr_err_set(err, CR_ERANGE, "pcre pattern hit its match limit");
+    case PCRE2_ERROR_NOMEMORY:
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    default:
+        return cr_err_set(err, CR_EINVAL, "pcre match failed (error %d)", rc);
+    }
+}
+
+static int pcre_match(struct pidbox_matcher *pm, const char *pattern, const char *s,
+                      struct cr_err *err)
+{
+    struct pcre_entry *e = pcre_entry_get(pm, pattern);
+    int rc;
+
+    if (!e)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    if (!e->code) {
+        if (err)
+            *err = e->compile;
+        return e->compile.code;
+    }
+    /* The mailbox always asks for its own node name: a burst of one hostile
+     * pattern costs one bounded match. */
+    if (e->subject && !strcmp(e->subject, s)) {
+        if (e->verdict < 0 && err)
+            *err = e->why;
+        return e->verdict;
+    }
+    memset(&e->why, 0, sizeof(e->why));
+    rc = pcre_run(pm, e, s, &e->why);
+    if (rc < 0 && err)
+        *err = e->why;
+    if (rc == CR_ENOMEM)
+        return rc; /* not a verdict: the next try may have the memory */
+    cr_free(e->subject);
+    e->subject = cr_strdup(s);
+    e->verdict = rc;
+    return rc;
+}
+
+/* The length of the bracket expression at p ("[...]", p[0] == '['), or 0 when
+ * it has no closing ']' (then the '[' is literal). As Python's fnmatch: a ']'
+ * right after "[" or "[!" is a member. */
+static size_t bracket_len(const char *p)
+{
+    const char *q = p + 1;
+    q += *q == '!';
+    q += *q == ']';
+    while (*q && *q != ']')
+        q++;
+    return *q ? (size_t)(q - p) + 1 : 0;
+}
+
+/* Whether c is in the bracket expression p of length n: members and "a-z"
+ * ranges, '-' first or last is a member, "[!...]" negates; '^' and '\' are
+ * plain members, as in Python's fnmatch. A reversed range holds nothing. */
+static int bracket_has(const char *p, size_t n, unsigned char c)
+{
+    const char *q = p + 1, *end = p + n - 1;
+    int neg = *q == '!', in = 0;
+
+    q += neg;
+    while (q < end && !in) {
+        if (q + 2 < end && q[1] == '-') {
+            in = (unsigned char)q[0] <= c && c <= (unsigned char)q[2];
+            q += 3;
+        } else {
+            in = (unsigned char)*q == c;
+            q++;
         }
     }
-    return copies * len;
+    return in != neg;
 }
 
-static int pcre_match(const char *pattern, const char *s)
+/* Python's fnmatch.fnmatch (case-sensitive, as on POSIX) on bytes. Every token
+ * but '*' matches one byte, so on a mismatch it is enough to let the last '*'
+ * take one more byte and retry from there: at most strlen(p) * strlen(s)
+ * steps, where glibc's fnmatch() recurses at every '*' and can take
+ * exponential time. */
+static int glob_match(const char *p, const char *s)
 {
-    regex_t re;
-    regmatch_t m;
-    int ok;
-    if (regex_cost(pattern) > REGEX_COST_MAX || regcomp(&re, pattern, REG_EXTENDED))
-        return 0;
-    ok = regexec(&re, s, 1, &m, 0) == 0 && m.rm_so == 0;
-    regfree(&re);
-    return ok;
+    const char *star_p = NULL, *star_s = NULL;
+
+    while (*s) {
+        size_t n = 0;
+        if (*p == '*') {
+            while (*p == '*')
+                p++;
+            star_p = p;
+            star_s = s;
+            continue;
+        }
+        if (*p == '?') {
+            n = 1;
+        } else if (*p == '[' && (n = bracket_len(p)) > 0) {
+            if (!bracket_has(p, n, (unsigned char)*s))
+                n = 0;
+        } else if (*p && *p == *s) {
+            n = 1;
+        }
+        if (n) {
+            p += n;
+            s++;
+        } else if (star_p) {
+            p = star_p;
+            s = ++star_s;
+        } else {
+            return 0;
+        }
+    }
+    while (*p == '*')
+        p++;
+    return !*p;
 }
 
-int pidbox_request_matches(const struct pidbox_request *rq, const char *nodename)
+int pidbox_match(struct pidbox_matcher *pm, const struct pidbox_request *rq,
+                 const char *nodename, struct cr_err *err)
 {
+    size_t len;
+    int rc;
+
     if (rq->destination && cJSON_GetArraySize(rq->destination) > 0) {
         const cJSON *d;
         cJSON_ArrayForEach(d, rq->destination)
@@ -160,14 +368,30 @@ int pidbox_request_matches(const struct pidbox_request *rq, const char *nodename
         }
         return 0;
     }
-    if (rq->pattern && rq->matcher) {
-        if (!strcmp(rq->matcher, "glob"))
-            return fnmatch(rq->pattern, nodename, 0) == 0;
-        if (!strcmp(rq->matcher, "pcre"))
-            return pcre_match(rq->pattern, nodename);
-        return 0;
-    }
-    return 1;
+    /* kombu tests "pattern and matcher": an empty one is a broadcast. */
+    if (!rq->pattern || !rq->pattern[0] || !rq->matcher || !rq->matcher[0])
+        return 1;
+    len = strlen(rq->pattern);
+    if (len > PIDBOX_PATTERN_MAX)
+        return cr_err_set(err, CR_ETOOBIG, "%s pattern of %zu bytes is over %d",
+                          rq->matcher, len, PIDBOX_PATTERN_MAX);
+    if (!strcmp(rq->matcher, "glob"))
+        return glob_match(rq->pattern, nodename);
+    if (strcmp(rq->matcher, "pcre"))
+        return cr_err_set(err, CR_EINVAL, "no matcher named '%.64s'", rq->matcher);
+    if (pm)
+        return pcre_match(pm, rq->pattern, nodename, err);
+    pm = pidbox_matcher_new();
+    if (!pm)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    rc = pcre_match(pm, rq->pattern, nodename, err);
+    pidbox_matcher_free(pm);
+    return rc;
+}
+
+int pidbox_request_matches(const struct pidbox_request *rq, const char *nodename)
+{
+    return pidbox_match(NULL, rq, nodename, NULL) == 1;
 }
 
 /* ------------------------------------------------------------ arguments */

@@ -44,10 +44,37 @@ int pidbox_request_parse(const char *body, size_t len, struct pidbox_request *rq
                          struct cr_err *err);
 void pidbox_request_release(struct pidbox_request *rq);
 
-/* kombu's Node.handle_message test: with a non-empty destination, 1 when
- * nodename is listed; else with both pattern and matcher, whether they match
- * (glob: fnmatch; pcre: a POSIX extended regex anchored at the start, as
- * Python's re.match; an unknown matcher or a bad regex does not match); else 1. */
+/* The longest pattern a request may match with; a longer one matches nothing.
+ * A node-name pattern is a few dozen bytes. */
+#define PIDBOX_PATTERN_MAX 1024
+
+/* The compiled pcre patterns of the last few distinct requests, so a burst of
+ * one pattern compiles it once, and the verdict for the last node name each
+ * was matched against. Bounded: a few entries of at most PIDBOX_PATTERN_MAX
+ * bytes of pattern each, and PCRE2's own limits on compiled size and on the
+ * work and memory of one match. Not thread-safe; one per mailbox. */
+struct pidbox_matcher;
+
+/* Returns a new, empty cache, or NULL on OOM. Free with pidbox_matcher_free()
+ * (NULL is a no-op). */
+struct pidbox_matcher *pidbox_matcher_new(void);
+void pidbox_matcher_free(struct pidbox_matcher *pm);
+
+/* kombu's Node.handle_message test: with a non-empty destination, whether
+ * nodename is listed; else with a non-empty pattern and matcher, whether they
+ * match; else 1 (a broadcast). glob is Python's fnmatch ('*', '?', "[seq]",
+ * "[!seq]", a backslash is literal), matched without backtracking; pcre is a
+ * PCRE2 pattern anchored at the start but not at the end, as Python's re.match,
+ * in UTF mode, with at most 32 capturing groups and groups nested at most 32
+ * deep. pm may be NULL (then a pcre pattern is compiled for the call).
+ * Returns 1 or 0; or, meaning "not for this node" too, with detail in err:
+ * CR_ETOOBIG (pattern longer than PIDBOX_PATTERN_MAX), CR_EINVAL (an unknown
+ * matcher, or a pcre pattern that does not compile), CR_ERANGE (the match hit
+ * PCRE2's work, depth or heap limit) or CR_ENOMEM. A failure is returned on
+ * every call with the same pattern (from the cache when pm holds it). */
+int pidbox_match(struct pidbox_matcher *pm, const struct pidbox_request *rq,
+                 const char *nodename, struct cr_err *err);
+/* pidbox_match() without a cache: 1 when it returns 1, else 0. */
 int pidbox_request_matches(const struct pidbox_request *rq, const char *nodename);
 
 /* ------------------------------------------------------------ arguments */

@@ -40,7 +40,9 @@ struct pidbox {
     struct worker *w;
     char *queue;
     struct statedb *db; /* NULL without --statedb */
+    struct pidbox_matcher *matcher;
     unsigned long bad_messages;
+    unsigned long bad_patterns;
 };
 
 static int64_t now_epoch_s(void)
@@ -1214,7 +1216,16 @@ void pidbox_on_message(struct pidbox *pb, struct broker_msg *m)
             LOG(LOG_WARNING, "pidbox: ignoring a bad control message: %s", err.msg);
         goto out;
     }
-    if (!pidbox_request_matches(&rq, pb->w->cfg->hostname))
+    rc = pidbox_match(pb->matcher, &rq, pb->w->cfg->hostname, &err);
+    if (rc < 0) {
+        /* Not for us, as in kombu; logged once, since anyone who can publish
+         * to the broker can send these, and as often as they like. */
+        if (pb->bad_patterns++ == 0)
+            LOG(LOG_WARNING, "pidbox: %s for no node, its pattern matches nothing: %s",
+                rq.method, err.msg);
+        goto out;
+    }
+    if (rc == 0)
         goto out;
     clock = m->headers ? cJSON_GetObjectItemCaseSensitive(m->headers, "clock") : NULL;
     if (cJSON_IsNumber(clock) && clock->valuedouble > 0)
@@ -1263,6 +1274,9 @@ struct pidbox *pidbox_new(struct worker *w)
         return NULL;
     pb->w = w;
     buf_init(&name);
+    pb->matcher = pidbox_matcher_new();
+    if (!pb->matcher)
+        goto oom;
     if (buf_printf(&name, "%s.celery.pidbox", w->cfg->hostname))
         goto oom;
     pb->queue = buf_detach(&name);
@@ -1297,6 +1311,7 @@ oom:
     buf_release(&name);
     if (pb->db)
         statedb_close(pb->db);
+    pidbox_matcher_free(pb->matcher);
     cr_free(pb->queue);
     cr_free(pb);
     return NULL;
@@ -1307,6 +1322,7 @@ void pidbox_free(struct pidbox *pb)
     if (!pb)
         return;
     statedb_close(pb->db);
+    pidbox_matcher_free(pb->matcher);
     cr_free(pb->queue);
     cr_free(pb);
 }

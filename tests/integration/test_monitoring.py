@@ -406,6 +406,43 @@ def test_inspect_and_control_reply_shapes(env):
     wait_until(lambda: later.state == "REVOKED", 10, what="eta task REVOKED")
 
 
+# The pattern libFuzzer found on which glibc's regcomp() ran for over 20 minutes
+# (tests/fuzz/corpus/pidbox_msg/pcre_hostile_eclosure).
+HOSTILE_PCRE = ".....??*????????????????????????+++++...z...............''edery@*"
+
+
+def test_remote_control_patterns_cannot_stall_the_worker(env):
+    w = env.worker()
+    node = node_of(w)
+    name, host = node.split("@", 1)
+    ping = lambda **kw: env.app.control.inspect(timeout=1, **kw).ping()
+    # re.match: anchored at the start, not at the end; fnmatch for glob
+    assert ping(pattern=re.escape(name[:4]), matcher="pcre") == {node: {"ok": "pong"}}
+    assert ping(pattern="(?i)" + re.escape(node.upper()) + "$", matcher="pcre") == \
+        {node: {"ok": "pong"}}
+    assert ping(pattern=re.escape(host), matcher="pcre") is None
+    assert ping(pattern="*@" + host, matcher="glob") == {node: {"ok": "pong"}}
+    # what anyone on the broker can send: a pattern Python's re refuses too,
+    # catastrophic backtracking, one over the length bound, and many '*'
+    hostile = [HOSTILE_PCRE, r"(.*.*)*\s", "(" * 2000,
+               name[:1] + "x?" * 600]
+    for p in hostile:
+        assert env.app.control.broadcast("ping", pattern=p, matcher="pcre", reply=True,
+                                         timeout=1) == []
+    assert env.app.control.broadcast("ping", pattern="*" * 900 + "!", matcher="glob",
+                                     reply=True, timeout=1) == []
+    # a burst of them as casts, more distinct ones than the worker keeps compiled
+    for i in range(40):
+        env.app.control.broadcast("ping", pattern=HOSTILE_PCRE + str(i % 20),
+                                  matcher="pcre")
+    # and the worker still answers at once and runs tasks
+    assert ping(destination=[node]) == {node: {"ok": "pong"}}
+    assert ping(pattern=re.escape(node), matcher="pcre") == {node: {"ok": "pong"}}
+    assert env.app.send_task("celery.accumulate", args=[5]).get(timeout=20) == [5]
+    warned = [l for l in w.log().splitlines() if "its pattern matches nothing" in l]
+    assert len(warned) == 1, w.log()
+
+
 # ------------------------------------------------------------------ revoke
 
 def test_revoke_before_start(env, events):

@@ -120,6 +120,13 @@ END_TEST
 
 #define PLUS10 "++++++++++"
 #define PLUS100 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10 PLUS10
+#define GROUPS8 "(x)?(x)?(x)?(x)?(x)?(x)?(x)?(x)?"
+#define OPEN8 "(?:(?:(?:(?:(?:(?:(?:(?:"
+#define CLOSE8 "))))))))"
+
+/* The pattern libFuzzer found (fuzz_pidbox_msg) on which glibc's regcomp() ran
+ * for over 20 minutes; the corpus keeps it as pcre_hostile_eclosure. */
+#define HOSTILE_PCRE ".....??*????????????????????????+++++...z...............''edery@*"
 
 static const struct {
     const char *extra;
@@ -131,36 +138,271 @@ static const struct {
     {"\"destination\": [\"x@1\", \"celery@a\"]", "celery@a", 1},
     {"\"destination\": [\"x@1\"], \"pattern\": \"*\", \"matcher\": \"glob\"", "celery@a",
      0},
+    /* kombu tests "pattern and matcher": an empty one is a broadcast */
+    {"\"pattern\": \"\", \"matcher\": \"glob\"", "celery@a", 1},
+    {"\"pattern\": \"x*\", \"matcher\": \"\"", "celery@a", 1},
+    {"\"pattern\": \"x*\"", "celery@a", 1},
+    {"\"pattern\": \"x*\", \"matcher\": \"regex\"", "celery@a", CR_EINVAL},
+    /* glob is Python's fnmatch */
     {"\"pattern\": \"celery@*\", \"matcher\": \"glob\"", "celery@a", 1},
+    {"\"pattern\": \"*\", \"matcher\": \"glob\"", "", 1},
     {"\"pattern\": \"celery@?\", \"matcher\": \"glob\"", "celery@ab", 0},
+    {"\"pattern\": \"celery@?\", \"matcher\": \"glob\"", "celery@a", 1},
     {"\"pattern\": \"worker@*\", \"matcher\": \"glob\"", "celery@a", 0},
+    {"\"pattern\": \"*@*.example.*\", \"matcher\": \"glob\"", "w1@h.example.org", 1},
+    {"\"pattern\": \"*@*.example.*\", \"matcher\": \"glob\"", "w1@h.example", 0},
+    {"\"pattern\": \"w[0-9]@*\", \"matcher\": \"glob\"", "w7@h", 1},
+    {"\"pattern\": \"w[!0-9]@*\", \"matcher\": \"glob\"", "w7@h", 0},
+    {"\"pattern\": \"w[!0-9]@*\", \"matcher\": \"glob\"", "wx@h", 1},
+    {"\"pattern\": \"[]x]@h\", \"matcher\": \"glob\"", "]@h", 1},
+    {"\"pattern\": \"[a-]@h\", \"matcher\": \"glob\"", "-@h", 1},
+    {"\"pattern\": \"[z-a]@h\", \"matcher\": \"glob\"", "z@h", 0},
+    {"\"pattern\": \"[x@h\", \"matcher\": \"glob\"", "[x@h", 1},
+    /* in Python's fnmatch '^' does not negate and '\' escapes nothing */
+    {"\"pattern\": \"[^c]elery@a\", \"matcher\": \"glob\"", "xelery@a", 0},
+    {"\"pattern\": \"[^c]elery@a\", \"matcher\": \"glob\"", "^elery@a", 1},
+    {"\"pattern\": \"celery\\\\@a\", \"matcher\": \"glob\"", "celery@a", 0},
+    {"\"pattern\": \"celery\\\\@a\", \"matcher\": \"glob\"", "celery\\@a", 1},
+    /* pcre is re.match: anchored at the start, not at the end */
     {"\"pattern\": \"cel.*a\", \"matcher\": \"pcre\"", "celery@a", 1},
-    {"\"pattern\": \"ery@a\", \"matcher\": \"pcre\"", "celery@a",
-     0}, /* re.match anchors */
-    {"\"pattern\": \"celery\", \"matcher\": \"pcre\"", "celery@a",
-     1}, /* not at the end */
-    {"\"pattern\": \"(\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"ery@a\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"celery\", \"matcher\": \"pcre\"", "celery@a", 1},
+    {"\"pattern\": \"celery@a$\", \"matcher\": \"pcre\"", "celery@a", 1},
+    {"\"pattern\": \"a|celery\", \"matcher\": \"pcre\"", "celery@a", 1},
+    {"\"pattern\": \"(\", \"matcher\": \"pcre\"", "celery@a", CR_EINVAL},
     {"\"pattern\": \"worker[0-9]{2}@.*\", \"matcher\": \"pcre\"", "worker12@h", 1},
-    /* '+' in a bracket expression repeats nothing */
+    {"\"pattern\": \"\\\\w+@(?!b)\\\\w\", \"matcher\": \"pcre\"", "celery@a", 1},
+    {"\"pattern\": \"(?i)CELERY@\", \"matcher\": \"pcre\"", "celery@a", 1},
     {"\"pattern\": \"c[{" PLUS10 PLUS10 "]*e+lery@a\", \"matcher\": \"pcre\"", "celery@a",
      1},
-    /* Patterns glibc's regcomp() would take seconds or gigabytes for (130
-     * stacked '+' took 2 GB): no match, at once. */
-    {"\"pattern\": \"celery@a" PLUS100 "\", \"matcher\": \"pcre\"", "celery@a", 0},
+    /* Unicode, as re on a str: '.' is one code point */
+    {"\"pattern\": \"w.@h\", \"matcher\": \"pcre\"", "w\xc3\xa9@h", 1},
+    /* What glibc's regcomp() took gigabytes for is refused as Python's re
+     * refuses it ("multiple repeat"), or matched as it should. */
+    {"\"pattern\": \"celery@a" PLUS100 "\", \"matcher\": \"pcre\"", "celery@a",
+     CR_EINVAL},
+    {"\"pattern\": \"celery@a++\", \"matcher\": \"pcre\"", "celery@a", 1},
     {"\"pattern\": \"(c{99}){99}\", \"matcher\": \"pcre\"", "celery@a", 0},
-    /* The bound, length x copies <= 4,096: 16 x 2^8 matches; 20 x 2^8 (which
-     * would match too) does not. */
-    {"\"pattern\": \"c+e+l+e+r+y+@+a+\", \"matcher\": \"pcre\"", "celery@a", 1},
-    {"\"pattern\": \"c+e+l+e+r+y+@+a+(x)?\", \"matcher\": \"pcre\"", "celery@a", 0},
+    {"\"pattern\": \"c+e+l+e+r+y+@+a+(x)?\", \"matcher\": \"pcre\"", "celery@a", 1},
+    /* at most 32 capturing groups, and groups nested 32 deep */
+    {"\"pattern\": \"celery" GROUPS8 GROUPS8 GROUPS8 GROUPS8 "\", \"matcher\": \"pcre\"",
+     "celery@a", 1},
+    {"\"pattern\": \"celery" GROUPS8 GROUPS8 GROUPS8 GROUPS8 "(x)?\", \"matcher\": "
+     "\"pcre\"",
+     "celery@a", CR_EINVAL},
+    {"\"pattern\": \"" OPEN8 OPEN8 OPEN8 OPEN8 "celery" CLOSE8 CLOSE8 CLOSE8 CLOSE8
+     "\", \"matcher\": \"pcre\"",
+     "celery@a", 1},
+    {"\"pattern\": \"(?:" OPEN8 OPEN8 OPEN8 OPEN8 "celery" CLOSE8 CLOSE8 CLOSE8 CLOSE8
+     ")\", \"matcher\": \"pcre\"",
+     "celery@a", CR_EINVAL},
 };
 
 START_TEST(test_matches)
 {
-    char body[256];
+    char body[512];
     struct pidbox_request rq;
+    struct pidbox_matcher *pm = pidbox_matcher_new();
+    struct cr_err err = {0, ""};
+    int want = matches[_i].want;
+
+    ck_assert_ptr_nonnull(pm);
     snprintf(body, sizeof(body), "{\"method\": \"ping\", %s}", matches[_i].extra);
     ck_assert_int_eq(pidbox_request_parse(body, strlen(body), &rq, NULL), 0);
-    ck_assert_int_eq(pidbox_request_matches(&rq, matches[_i].node), matches[_i].want);
+    ck_assert_int_eq(pidbox_match(NULL, &rq, matches[_i].node, &err), want);
+    ck_assert_int_eq(pidbox_request_matches(&rq, matches[_i].node), want == 1);
+    /* the same twice through a cache: compiled the first time, reused after */
+    for (int k = 0; k < 2; k++) {
+        memset(&err, 0, sizeof(err));
+        ck_assert_int_eq(pidbox_match(pm, &rq, matches[_i].node, &err), want);
+        ck_assert_int_eq(err.code, want < 0 ? want : 0);
+        if (want < 0)
+            ck_assert_int_ne(err.msg[0], '\0');
+    }
+    pidbox_request_release(&rq);
+    pidbox_matcher_free(pm);
+}
+END_TEST
+
+/* Patterns that take a backtracking matcher (or glibc's regcomp()) exponential
+ * time, on node names that make them try: each one matches nothing and returns
+ * at once, refused when it does not compile (HOSTILE_PCRE is "multiple repeat"
+ * in Python's re too), cut off by PCRE2's match limit (CR_ERANGE) where its
+ * optimizer does not see through it. No clock is read: a hang shows as Check's
+ * per-test timeout. */
+#define A48 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define HOSTS "celery@hostcelery@hostcelery@hostcelery@host"
+static const struct {
+    const char *pattern;
+    const char *node;
+    int want;
+} hostile[] = {
+    {HOSTILE_PCRE, "celery@host", CR_EINVAL},
+    {HOSTILE_PCRE, "......................................................", CR_EINVAL},
+    {"(a+)+$", A48 "!", CR_ERANGE},
+    {"(a|aa)*b", A48 "!b", CR_ERANGE},
+    {"(a|a)*b", A48 "!b", CR_ERANGE},
+    {"(.*a){20}", A48, CR_ERANGE},
+    {"(\\w+\\s?)*$", "celeriac worker node name with many words that ends in a !",
+     CR_ERANGE},
+    {"((((((((((a*)*)*)*)*)*)*)*)*)*)*b", A48 "!b", CR_ERANGE},
+    {"(x+x+)+y", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx!y", CR_ERANGE},
+    /* nested lazy and greedy '?' and '*', as in HOSTILE_PCRE but valid */
+    {"(.?){40}.{40}", "celery@aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0},
+    {".??.??.??.??.??.??.??.??.??.??.*?.*?.*?.*?.*?.*?.*?.*?!", HOSTS HOSTS, 0},
+    {"((.)*)*\\2z", HOSTS "!", 0},
+    {"(?:.?\?(?:.*?)?)*x", HOSTS, 0}, /* "??(" would be a trigraph */
+};
+
+START_TEST(test_match_hostile)
+{
+    struct pidbox_matcher *pm = pidbox_matcher_new();
+    cJSON *o = cJSON_CreateObject();
+    char *body;
+    struct pidbox_request rq;
+    struct cr_err err;
+    int rc;
+
+    ck_assert_ptr_nonnull(pm);
+    cJSON_AddStringToObject(o, "method", "ping");
+    cJSON_AddStringToObject(o, "pattern", hostile[_i].pattern);
+    cJSON_AddStringToObject(o, "matcher", "pcre");
+    body = cJSON_PrintUnformatted(o);
+    ck_assert_int_eq(pidbox_request_parse(body, strlen(body), &rq, NULL), 0);
+    for (int k = 0; k < 3; k++) {
+        memset(&err, 0, sizeof(err));
+        rc = pidbox_match(pm, &rq, hostile[_i].node, &err);
+        ck_assert_int_eq(rc, hostile[_i].want);
+        ck_assert_int_eq(err.code, rc);
+    }
+    pidbox_request_release(&rq);
+    cJSON_free(body);
+    cJSON_Delete(o);
+    pidbox_matcher_free(pm);
+}
+END_TEST
+
+/* Returns pidbox_match() of a request with this pattern (a JSON-safe string). */
+static int match_one(struct pidbox_matcher *pm, const char *matcher, const char *pattern,
+                     const char *node)
+{
+    struct buf b;
+    struct pidbox_request rq;
+    int rc;
+    buf_init(&b);
+    ck_assert_int_eq(buf_printf(&b,
+                                "{\"method\": \"ping\", \"pattern\": \"%s\", "
+                                "\"matcher\": \"%s\"}",
+                                pattern, matcher),
+                     0);
+    ck_assert_int_eq(pidbox_request_parse(b.data, b.len, &rq, NULL), 0);
+    rc = pidbox_match(pm, &rq, node, NULL);
+    pidbox_request_release(&rq);
+    buf_release(&b);
+    return rc;
+}
+
+/* A pattern of PIDBOX_PATTERN_MAX bytes is matched; one byte more, never. */
+START_TEST(test_match_length)
+{
+    char pat[PIDBOX_PATTERN_MAX + 2];
+    const char *matcher = _i ? "glob" : "pcre";
+    /* pcre: "celery" then "x?" pairs; glob: "celery" then '*'s */
+    memset(pat, _i ? '*' : '?', sizeof(pat));
+    memcpy(pat, "celery", 6);
+    for (size_t k = 6; !_i && k + 1 < sizeof(pat); k += 2)
+        pat[k] = 'x';
+    pat[PIDBOX_PATTERN_MAX] = '\0';
+    ck_assert_int_eq(match_one(NULL, matcher, pat, "celery@a"), 1);
+    pat[PIDBOX_PATTERN_MAX] = _i ? '*' : 'x';
+    pat[PIDBOX_PATTERN_MAX + 1] = '\0';
+    ck_assert_int_eq(match_one(NULL, matcher, pat, "celery@a"), CR_ETOOBIG);
+}
+END_TEST
+
+/* Many '*' and '?' cost the glob matcher length x length steps, not more. */
+START_TEST(test_match_glob_stars)
+{
+    char pat[PIDBOX_PATTERN_MAX + 1];
+    char node[256];
+    memset(node, 'a', sizeof(node) - 1);
+    node[sizeof(node) - 1] = '\0';
+    for (size_t k = 0; k < sizeof(pat) - 1; k++)
+        pat[k] = "*a*?"[k % 4];
+    pat[sizeof(pat) - 2] = 'b';
+    pat[sizeof(pat) - 1] = '\0';
+    ck_assert_int_eq(match_one(NULL, "glob", pat, node), 0);
+    pat[sizeof(pat) - 2] = '*';
+    ck_assert_int_eq(match_one(NULL, "glob", pat, node), 0); /* 510 bytes needed */
+    ck_assert_int_eq(match_one(NULL, "glob", "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b", node),
+                     0);
+    ck_assert_int_eq(match_one(NULL, "glob", "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*", node),
+                     1);
+}
+END_TEST
+
+/* A cached pattern is matched again without allocating: compiled once. */
+START_TEST(test_match_cache)
+{
+    struct pidbox_matcher *pm = pidbox_matcher_new();
+    char pat[32];
+
+    ck_assert_ptr_nonnull(pm);
+    ck_assert_int_eq(match_one(pm, "pcre", "cel+ery@", "celery@a"), 1);
+    ck_assert_int_eq(match_one(pm, "pcre", "(", "celery@a"), CR_EINVAL);
+    /* parse first: then the armed failure can only hit the matcher */
+    {
+        const char *b = "{\"method\": \"ping\", \"pattern\": \"cel+ery@\", "
+                        "\"matcher\": \"pcre\"}";
+        const char *bad = "{\"method\": \"ping\", \"pattern\": \"(\", "
+                          "\"matcher\": \"pcre\"}";
+        struct pidbox_request rq, rq_bad;
+        ck_assert_int_eq(pidbox_request_parse(b, strlen(b), &rq, NULL), 0);
+        ck_assert_int_eq(pidbox_request_parse(bad, strlen(bad), &rq_bad, NULL), 0);
+        cr_alloc_fail_after(1);
+        ck_assert_int_eq(pidbox_match(pm, &rq, "celery@a", NULL), 1);
+        ck_assert_int_eq(pidbox_match(pm, &rq_bad, "celery@a", NULL), CR_EINVAL);
+        ck_assert_int_eq(cr_alloc_failed(), 0);
+        cr_alloc_fail_after(0);
+        /* another node name: the pattern is reused, the verdict is not */
+        ck_assert_int_eq(pidbox_match(pm, &rq, "worker@b", NULL), 0);
+        ck_assert_int_eq(pidbox_match(pm, &rq, "celery@a", NULL), 1);
+        pidbox_request_release(&rq);
+        pidbox_request_release(&rq_bad);
+    }
+    /* twenty other patterns push the first two out; they compile again */
+    for (int k = 0; k < 20; k++) {
+        snprintf(pat, sizeof(pat), "w%d@", k);
+        ck_assert_int_eq(match_one(pm, "pcre", pat, "celery@a"), 0);
+    }
+    ck_assert_int_eq(match_one(pm, "pcre", "cel+ery@", "celery@a"), 1);
+    ck_assert_int_eq(match_one(pm, "pcre", "(", "celery@a"), CR_EINVAL);
+    pidbox_matcher_free(pm);
+    pidbox_matcher_free(NULL);
+}
+END_TEST
+
+/* Out of memory anywhere in the matcher: CR_ENOMEM or NULL, nothing leaks. */
+START_TEST(test_match_oom)
+{
+    const char *b = "{\"method\": \"ping\", \"pattern\": \"(c|x)el+ery@\", "
+                    "\"matcher\": \"pcre\"}";
+    struct pidbox_request rq;
+    long n;
+    ck_assert_int_eq(pidbox_request_parse(b, strlen(b), &rq, NULL), 0);
+    for (n = 1;; n++) {
+        struct pidbox_matcher *pm;
+        int rc;
+        cr_alloc_fail_after(n);
+        pm = pidbox_matcher_new();
+        rc = pm ? pidbox_match(pm, &rq, "celery@a", NULL) : CR_ENOMEM;
+        cr_alloc_fail_after(0);
+        pidbox_matcher_free(pm);
+        if (rc == 1)
+            break;
+        ck_assert_int_eq(rc, CR_ENOMEM);
+    }
+    ck_assert(n > 1);
     pidbox_request_release(&rq);
 }
 END_TEST
@@ -623,6 +865,11 @@ int main(void)
                         sizeof(bad_requests) / sizeof(bad_requests[0]));
     tcase_add_test(tc, test_parse_prefixes);
     tcase_add_loop_test(tc, test_matches, 0, sizeof(matches) / sizeof(matches[0]));
+    tcase_add_loop_test(tc, test_match_hostile, 0, sizeof(hostile) / sizeof(hostile[0]));
+    tcase_add_loop_test(tc, test_match_length, 0, 2);
+    tcase_add_test(tc, test_match_glob_stars);
+    tcase_add_test(tc, test_match_cache);
+    tcase_add_test(tc, test_match_oom);
     tcase_add_test(tc, test_arguments);
     tcase_add_test(tc, test_reply_encode);
     tcase_add_test(tc, test_revoke_replies);
