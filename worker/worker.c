@@ -1737,6 +1737,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     struct llm_client_config lc;
     struct backend_config bc;
     struct rlimit rl;
+    int rc;
 
     if (!w) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -1769,6 +1770,12 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     lc.idle_timeout_s = cfg->llm_idle_timeout;
     lc.max_connections = cfg->llm_max_connections;
     lc.keep_connections = cfg->llm_keep_connections;
+    redact_init(&w->secrets);
+    if ((rc = config_secrets(cfg, &w->secrets)) != 0) {
+        cr_err_set(err, rc, "cannot keep the configured secrets: %s", cr_strerror(rc));
+        goto fail;
+    }
+    lc.secrets = &w->secrets;
     w->llm = llm_client_new(loop, &lc, err);
     if (!w->llm)
         goto fail;
@@ -1804,6 +1811,7 @@ fail:
     backend_free(w->backend);
     cr_free(w->chat_url);
     cr_free(w->embed_url);
+    redact_release(&w->secrets);
     cr_free(w);
     return NULL;
 }
@@ -1929,5 +1937,6 @@ void worker_free(struct worker *w)
     uv_run(w->loop, UV_RUN_DEFAULT);
     cr_free(w->chat_url);
     cr_free(w->embed_url);
+    redact_release(&w->secrets);
     cr_free(w);
 }

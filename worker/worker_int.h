@@ -83,6 +83,7 @@ struct worker {
     struct broker *broker;
     struct backend *backend;
     struct llm_client *llm;
+    struct redact secrets; /* config_secrets(): cut out of provider messages */
     char *chat_url;
     char *embed_url;
     struct broker_config bcfg;
