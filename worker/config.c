@@ -37,7 +37,7 @@ static const struct opt opts[] = {
     {"queues", 'Q', "CELERIAC_QUEUES", OPT_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPT_INT, OFF(concurrency), "100", 1,
-     100000, "tasks (LLM calls) in flight at once"},
+     CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPT_STR, OFF(hostname), "celery@%h", 0, 0,
      "node name; %h host, %n name part, %d domain"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPT_STR, OFF(loglevel), "info", 0, 0,

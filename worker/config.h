@@ -12,6 +12,8 @@
 #include "util/redact.h"
 
 #define CONFIG_MAX_LIST 64
+/* The largest --concurrency, also the cap of pool_grow. */
+#define CONFIG_MAX_CONCURRENCY 100000
 
 struct config_list {
     int n;

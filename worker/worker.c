@@ -204,10 +204,20 @@ static void ready_push(struct worker *w, struct job *j)
 
 /* Held eta tasks are unacked deliveries: raise the prefetch window by one for
  * each, as Celery does, so ready tasks behind them still arrive. */
+int worker_prefetch_count(int concurrency, int multiplier, size_t neta)
+{
+    /* Each factor fits in 32 bits, so the product fits in 64. */
+    uint64_t n = (uint64_t)(concurrency > 0 ? concurrency : 0) *
+                     (uint64_t)(multiplier > 0 ? multiplier : 0) +
+                 (neta < 65535 ? (uint64_t)neta : 65535);
+    return n < 1 ? 1 : n > 65535 ? 65535 : (int)n;
+}
+
 static void sync_prefetch(struct worker *w)
 {
-    broker_set_prefetch(w->broker,
-                        w->concurrency * w->cfg->prefetch_multiplier + (int)w->neta);
+    broker_set_prefetch(
+        w->broker,
+        worker_prefetch_count(w->concurrency, w->cfg->prefetch_multiplier, w->neta));
 }
 
 static void eta_push(struct worker *w, struct job *j)
@@ -1572,8 +1582,10 @@ void worker_set_concurrency(struct worker *w, int n)
 {
     if (n < 1)
         n = 1;
+    if (n > CONFIG_MAX_CONCURRENCY)
+        n = CONFIG_MAX_CONCURRENCY;
     w->concurrency = n;
-    broker_set_prefetch(w->broker, n * w->cfg->prefetch_multiplier + (int)w->neta);
+    sync_prefetch(w);
     schedule(w);
 }
 
@@ -1787,7 +1799,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->bcfg.url = cfg->broker;
     w->bcfg.queues = cfg->queues.items;
     w->bcfg.nqueues = cfg->queues.n;
-    w->bcfg.prefetch_count = cfg->concurrency * cfg->prefetch_multiplier;
+    w->bcfg.prefetch_count =
+        worker_prefetch_count(cfg->concurrency, cfg->prefetch_multiplier, 0);
     w->bcfg.heartbeat = cfg->heartbeat;
     w->bcfg.connect_timeout = 5;
     w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
