@@ -299,8 +299,9 @@ static int run(const struct dlq_opts *o, enum action a)
             break;
         }
         seen++;
+        /* A bad entry leaves out only itself (replay then drops it). */
         if ((msg.properties._flags & AMQP_BASIC_HEADERS_FLAG) &&
-            amqp_json_from_table(&msg.properties.headers, &h, &err))
+            amqp_json_from_table_partial(&msg.properties.headers, &h, &err) == CR_ENOMEM)
             h = NULL;
         if (!h)
             h = cJSON_CreateObject();

@@ -1325,6 +1325,9 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
     memset(&err, 0, sizeof(err));
 
     if (m->headers_bad) {
+        /* The entries that did convert still name the task, so it gets its
+         * FAILURE; the message is refused all the same. */
+        celery_msg_decode(&raw, &j->tm, &err);
         rc = CR_EDECODE;
         cr_err_set(&err, rc, "bad AMQP headers: %s",
                    m->headers_err ? m->headers_err : "unknown error");

@@ -450,6 +450,33 @@ def test_bad_message_corpus(env):
     assert calls(env)[-1]["prompt"] == "still alive"
 
 
+def test_a_bad_header_entry_drops_only_itself(env):
+    # A header nested past the 64 levels the worker converts: the dead letter
+    # keeps every other header (id and task included) and the id gets its
+    # FAILURE, as for any other message that cannot be decoded.
+    env.worker()
+    tid = str(uuid.uuid4())
+    deep = {}
+    for _ in range(70):
+        deep = {"k": deep}
+    headers = {"lang": "py", "task": "llm.generate", "id": tid, "root_id": tid,
+               "custom": "kept", "deep": deep, "retries": 0}
+    publish_raw(env, json.dumps([["x"], {}, None]), headers=headers,
+                correlation_id="bad-header")
+    dl = drain_dead_letters(env, match=lambda m:
+                            m.properties.get("correlation_id") == "bad-header")
+    assert dl, "no dead letter"
+    h = dl[0].headers
+    assert (h.get("id"), h.get("task"), h.get("custom")) == (tid, "llm.generate", "kept"), h
+    assert "deep" not in h
+    assert h["x-celeriac-reason"] == "cannot decode"
+    assert h["x-celeriac-exception-type"] == "DecodeError"
+    assert "header 'deep'" in h["x-celeriac-exception-message"]
+    meta = wait_until(lambda: env.meta(tid), 20, what="the FAILURE")
+    assert meta["status"] == "FAILURE" and meta["result"]["exc_type"] == "DecodeError"
+    assert json.loads(dl[0].body) == [["x"], {}, None]
+
+
 # -------------------------------------------------------------- outages
 
 def count_publishes(env, stop):
