@@ -674,7 +674,7 @@ static int cmd_query_task(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
     const struct config *c = pb->w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     cJSON *o = cJSON_CreateObject();
     cJSON *queues = cJSON_CreateArray();
     int ok = o && queues;
@@ -710,7 +710,8 @@ static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
     N("task_soft_time_limit", c->soft_time_limit);
     N("task_max_retries", c->max_retries);
     S("worker_state_db", c->statedb);
-    S("celeriac_llm_base_url", c->llm_base_url);
+    S("celeriac_llm_base_url",
+      worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)));
     S("celeriac_llm_model", c->llm_model);
     S("celeriac_llm_embed_model", c->llm_embed_model);
     S("celeriac_dead_letter_exchange", c->dead_letter_exchange);
@@ -729,7 +730,7 @@ static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
     const struct config *c = pb->w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     struct buf b;
     int rc;
     (void)args;
@@ -744,7 +745,8 @@ static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
                     "worker_concurrency: %d\nllm_base_url: '%s'\nllm_model: '%s'\n",
                     EVENTS_SW_IDENT, EVENTS_SW_VER, uv_version_string(),
                     events_enabled(pb->w->events) ? "on" : "off", (long)getpid(),
-                    c->hostname, broker, backend, pb->w->concurrency, c->llm_base_url,
+                    c->hostname, broker, backend, pb->w->concurrency,
+                    worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)),
                     c->llm_model);
     if (!rc)
         rc = ok_reply(b.data, reply);

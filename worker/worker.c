@@ -1832,10 +1832,18 @@ fail:
     return NULL;
 }
 
+const char *worker_shown_url(const struct worker *w, const char *url, char *out,
+                             size_t size)
+{
+    snprintf(out, size, "%s", url);
+    redact_str(&w->secrets, out);
+    return out;
+}
+
 static void banner(struct worker *w)
 {
     const struct config *c = w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     config_redact_url(c->broker, broker, sizeof(broker));
     config_redact_url(c->result_backend, backend, sizeof(backend));
     fprintf(stderr,
@@ -1848,7 +1856,7 @@ static void banner(struct worker *w)
             "--- ***** ----- \n"
             " -------------- [queues]\n",
             c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency,
-            c->llm_base_url, c->llm_model);
+            worker_shown_url(w, c->llm_base_url, llm, sizeof(llm)), c->llm_model);
     for (int i = 0; i < c->queues.n; i++)
         fprintf(stderr, "                .> %-16s exchange=%s(direct) key=%s\n",
                 c->queues.items[i], c->queues.items[i], c->queues.items[i]);

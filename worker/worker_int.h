@@ -186,6 +186,10 @@ void worker_remember_revoked(struct worker *w, const char *id, int64_t expires_e
 void worker_each_revoked(struct worker *w,
                          void (*fn)(const char *id, int64_t expires_epoch_s, void *arg),
                          void *arg);
+/* Copies url into out (size bytes) with every configured secret cut out, to
+ * be shown (banner, inspect conf and report); returns out. */
+const char *worker_shown_url(const struct worker *w, const char *url, char *out,
+                             size_t size);
 /* Live concurrency change (pool_grow/pool_shrink); prefetch follows. n is
  * clamped to 1..CONFIG_MAX_CONCURRENCY. */
 void worker_set_concurrency(struct worker *w, int n);

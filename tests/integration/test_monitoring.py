@@ -438,6 +438,21 @@ def test_pool_grow_stops_at_the_cap_and_prefetch_stays_bounded(env):
     wait_until(lambda: 1000 in channel_prefetch(env), 10, what="the window shrunk")
 
 
+def test_conf_report_and_banner_show_no_url_secret(env):
+    # A base URL may carry a password (or a key in its query): the banner and
+    # `inspect conf` / `report` show it with the secret cut out.
+    base = env.fake.base.replace("http://", "http://celeriac:basicpw99@") + "/v1"
+    w = env.worker(env={"OPENAI_BASE_URL": base})
+    node = node_of(w)
+    conf = inspect(env, node).conf()[node]
+    assert conf["celeriac_llm_base_url"] == base.replace("basicpw99", "***")
+    report = inspect(env, node).report()[node]["ok"]
+    assert "celeriac:***@" in report and "basicpw99" not in report
+    assert "basicpw99" not in w.log() and "celeriac:***@" in w.log()
+    r = env.app.send_task("llm.generate", args=["through a proxy"])
+    assert r.get(timeout=20) == env.fake.expected_text("through a proxy")
+
+
 def test_revoke_before_start(env, events):
     w = env.worker("-E")
     node = node_of(w)
