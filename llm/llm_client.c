@@ -570,6 +570,9 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     }
     if (res.code == 0)
         res.verdict = LLM_OK;
+    /* Every failure text passes here, whatever its source (error body, stream
+     * error, curl, abort), on its way to logs, results and events. */
+    redact_str(c->cfg.secrets, msg);
     res.message = msg;
     r->on_done(r, &res, r->privdata);
     cJSON_Delete(res.embedding);

@@ -17,6 +17,7 @@
 #include "llm/policy.h"
 #include "protocol/openai.h"
 #include "util/err.h"
+#include "util/redact.h"
 
 struct llm_client_config {
     double connect_timeout_s;
@@ -26,6 +27,10 @@ struct llm_client_config {
     long max_connections;  /* 0: no cap */
     long keep_connections; /* plain HTTP: calls in flight past which a call's
                             * new connection is closed when it ends */
+    /* Cut out of every result message (borrowed: must outlive the client; NULL:
+     * none). A provider or proxy may quote the key it was sent, and the
+     * message goes to logs, results, dead letters and events. */
+    const struct redact *secrets;
 };
 
 enum llm_op {
@@ -47,7 +52,7 @@ struct llm_result {
     enum llm_verdict verdict; /* LLM_OK, LLM_RETRYABLE or LLM_PERMANENT */
     int code;                 /* 0, or CR_ELLM, CR_ETIMEDOUT, CR_ECANCELED */
     const char *exc_type;     /* Python-style exception name, e.g. RateLimitError */
-    const char *message;      /* one line, for FAILURE and logs */
+    const char *message;      /* one line, for FAILURE and logs; secrets cut out */
     long http_status;         /* 0 when no response */
     int curl_code;
     int64_t retry_after_ms;           /* server-given delay, or -1 */

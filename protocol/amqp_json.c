@@ -2,6 +2,7 @@
 #include "amqp_json.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -150,6 +151,32 @@ static int value_to_json(const amqp_field_value_t *v, int depth, cJSON **out,
     return 0;
 }
 
+/* Converts one entry and adds it to obj; obj is unchanged on error. */
+static int add_entry(cJSON *obj, const amqp_table_entry_t *e, int depth,
+                     struct cr_err *err)
+{
+    cJSON *item, *old;
+    char *key;
+    int rc = value_to_json(&e->value, depth, &item, err);
+    if (rc)
+        return rc;
+    key = utf8_copy(e->key);
+    if (!key) {
+        cJSON_Delete(item);
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    }
+    /* The name is set by hand (cJSON frees it with the same allocator) so
+     * that a repeated key can replace the earlier value in place, which is
+     * what a Python dict does; cJSON's own replace ignores a failed strdup. */
+    item->string = key;
+    old = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (old)
+        cJSON_ReplaceItemViaPointer(obj, old, item);
+    else
+        cJSON_AddItemToArray(obj, item);
+    return 0;
+}
+
 static int table_to_json(const amqp_table_t *t, int depth, cJSON **out,
                          struct cr_err *err)
 {
@@ -162,29 +189,11 @@ static int table_to_json(const amqp_table_t *t, int depth, cJSON **out,
     if (!obj)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     for (int i = 0; i < t->num_entries; i++) {
-        const amqp_table_entry_t *e = &t->entries[i];
-        cJSON *item, *old;
-        char *key;
-        int rc = value_to_json(&e->value, depth, &item, err);
+        int rc = add_entry(obj, &t->entries[i], depth, err);
         if (rc) {
             cJSON_Delete(obj);
             return rc;
         }
-        key = utf8_copy(e->key);
-        if (!key) {
-            cJSON_Delete(item);
-            cJSON_Delete(obj);
-            return cr_err_set(err, CR_ENOMEM, "out of memory");
-        }
-        /* The name is set by hand (cJSON frees it with the same allocator) so
-         * that a repeated key can replace the earlier value in place, which is
-         * what a Python dict does; cJSON's own replace ignores a failed strdup. */
-        item->string = key;
-        old = cJSON_GetObjectItemCaseSensitive(obj, key);
-        if (old)
-            cJSON_ReplaceItemViaPointer(obj, old, item);
-        else
-            cJSON_AddItemToArray(obj, item);
     }
     *out = obj;
     return 0;
@@ -194,6 +203,40 @@ int amqp_json_from_table(const amqp_table_t *t, cJSON **out, struct cr_err *err)
 {
     static const amqp_table_t empty = {0, NULL};
     return table_to_json(t ? t : &empty, 1, out, err);
+}
+
+int amqp_json_from_table_partial(const amqp_table_t *t, cJSON **out, struct cr_err *err)
+{
+    cJSON *obj = cJSON_CreateObject();
+    int dropped = 0;
+
+    *out = NULL;
+    if (!obj)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    for (int i = 0; t && i < t->num_entries; i++) {
+        const amqp_table_entry_t *e = &t->entries[i];
+        struct cr_err one;
+        int rc = add_entry(obj, e, 1, &one);
+        if (rc == CR_EDECODE) {
+            /* The first bad entry is named; the count says if there were more. */
+            if (!dropped++) {
+                char *key = utf8_copy(e->key);
+                cr_err_set(err, CR_EDECODE, "header '%.64s': %s", key ? key : "?",
+                           one.msg);
+                cr_free(key);
+            }
+            continue;
+        }
+        if (rc) {
+            cJSON_Delete(obj);
+            return cr_err_set(err, rc, "%s", one.msg);
+        }
+    }
+    *out = obj;
+    if (dropped > 1 && err)
+        snprintf(err->msg + strlen(err->msg), sizeof(err->msg) - strlen(err->msg),
+                 " (and %d more)", dropped - 1);
+    return dropped ? CR_EDECODE : 0;
 }
 
 /* ---- JSON -> table ---- */

@@ -29,6 +29,15 @@
  * table counts as 1) or CR_ENOMEM; *out is NULL on error. */
 int amqp_json_from_table(const amqp_table_t *t, cJSON **out, struct cr_err *err);
 
+/* As amqp_json_from_table(), but an entry of the top-level table that cannot
+ * be converted is left out rather than failing the whole table, so a message
+ * with one bad header keeps the others (id, task...). Returns 0; CR_EDECODE
+ * with *out holding every other entry and err naming the first bad key (and
+ * how many more there were); or CR_ENOMEM with *out NULL. The caller frees a
+ * non-NULL *out in every case. A bad value nested inside an entry drops that
+ * whole entry. */
+int amqp_json_from_table_partial(const amqp_table_t *t, cJSON **out, struct cr_err *err);
+
 /* Builds a table from a JSON object. Every allocation comes from pool, so the
  * table lives as long as the pool. Strings become S, true/false t, integral
  * numbers I (within +-2147483647, as py-amqp) or L (beyond, signed 64-bit bits in

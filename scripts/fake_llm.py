@@ -87,6 +87,9 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
   status (alias err) HTTP status; >=400 sends an error body before any streaming
   err_body          openai | vllm | vllm_flat | ollama_str | anthropic | html | empty
   err_msg, etype, code   error message / type / code (e.g. code=insufficient_quota)
+  err_quote_key     full | masked: the error message quotes the bearer token the request
+                    carried, as "Incorrect API key provided: <key>." (masked: its first 8
+                    and last 4 characters with '*' between, as OpenAI quotes it)
   ra=S (retry-after), ra_ms=MS (retry-after-ms), ra_date=S (retry-after: HTTP date now+S),
   should_retry=true|false (x-should-retry),  rl_headers(0|1) x-ratelimit-* headers
   fail_after_tokens=K + fail_fmt: data_error | data_error_then_done | legacy_error_line
@@ -196,6 +199,7 @@ KNOBS = {
     "err_body": (("openai", "vllm", "vllm_flat", "ollama_str", "anthropic", "html",
                   "empty"), "openai"),
     "err_msg": (str, ""), "etype": (str, ""), "code": (str, ""),
+    "err_quote_key": (("", "full", "masked"), ""),
     "ra": (str, ""), "ra_ms": (str, ""), "ra_date": (float, -1.0),
     "should_retry": (("", "true", "false"), ""), "rl_headers": (bool, 0),
     "fail_after_tokens": (int, -1),
@@ -962,6 +966,12 @@ class Server:
     async def error(self, conn, entry, K, status):
         fmt = K["err_body"]
         msg = K["err_msg"] or "fake_llm: simulated HTTP %d" % status
+        if K["err_quote_key"]:
+            auth = entry["headers"].get("authorization", "")
+            key = auth[7:] if auth.lower().startswith("bearer ") else auth
+            if K["err_quote_key"] == "masked" and len(key) > 12:
+                key = key[:8] + "*" * (len(key) - 12) + key[-4:]
+            msg = "Incorrect API key provided: %s. %s" % (key, msg)
         code = K["code"] or None
         ctype = "application/json"
         if fmt in ("openai", "vllm", "vllm_flat"):

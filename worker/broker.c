@@ -700,7 +700,9 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
         m->priority = p->priority;
     if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
-        if (amqp_json_from_table(&p->headers, &m->headers, &err)) {
+        /* A bad entry drops only itself: the others (id, task...) stay in
+         * m->headers for the dead letter and the FAILURE. */
+        if (amqp_json_from_table_partial(&p->headers, &m->headers, &err)) {
             m->headers_bad = 1;
             m->headers_err = cr_strdup(err.msg); /* NULL on OOM: said as unknown */
         }

@@ -36,7 +36,8 @@ struct broker_msg {
     int delivery_mode;
     int priority;
     cJSON *headers;    /* application headers as JSON, or NULL */
-    int headers_bad;   /* the header table could not be converted */
+    int headers_bad;   /* an entry of the header table could not be converted
+                        * (headers holds the others) */
     char *headers_err; /* why, or NULL */
     char *body;        /* NUL-terminated for convenience; body_len excludes it */
     size_t body_len;

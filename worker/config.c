@@ -37,7 +37,7 @@ static const struct opt opts[] = {
     {"queues", 'Q', "CELERIAC_QUEUES", OPT_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPT_INT, OFF(concurrency), "100", 1,
-     100000, "tasks (LLM calls) in flight at once"},
+     CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPT_STR, OFF(hostname), "celery@%h", 0, 0,
      "node name; %h host, %n name part, %d domain"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPT_STR, OFF(loglevel), "info", 0, 0,
@@ -418,4 +418,79 @@ void config_redact_url(const char *url, char *out, size_t size)
         return;
     }
     snprintf(out, size, "%.*s:**%s", (int)(colon - url), url, at);
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c |= 0x20;
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Adds s[0..n) and, when it holds %XX escapes, its percent-decoded form. */
+static int add_secret(struct redact *r, const char *s, size_t n)
+{
+    char dec[512];
+    size_t o = 0;
+    int rc = redact_add(r, s, n);
+    if (rc || !memchr(s, '%', n) || n >= sizeof(dec))
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        int hi = s[i] == '%' && i + 2 < n ? hexval(s[i + 1]) : -1;
+        int lo = hi >= 0 ? hexval(s[i + 2]) : -1;
+        if (lo >= 0) {
+            dec[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            dec[o++] = s[i];
+        }
+    }
+    return redact_add(r, dec, o);
+}
+
+/* The secrets of one URL: see config_secrets(). */
+static int add_url_secrets(struct redact *r, const char *url, int user_is_secret,
+                           int query_is_secret)
+{
+    const char *p = strstr(url, "://");
+    const char *at, *colon, *q;
+    int rc = 0;
+
+    if (!p)
+        return 0;
+    p += 3;
+    /* The last '@', as backend.c reads it: a password may hold an '@'. */
+    at = strrchr(p, '@');
+    if (at) {
+        colon = memchr(p, ':', (size_t)(at - p));
+        if (colon)
+            rc = add_secret(r, colon + 1, (size_t)(at - colon - 1));
+        else if (user_is_secret)
+            rc = add_secret(r, p, (size_t)(at - p));
+    }
+    q = strchr(at ? at : p, '?');
+    while (!rc && query_is_secret && q) {
+        const char *v = q + 1, *end = v + strcspn(v, "&#");
+        const char *eq = memchr(v, '=', (size_t)(end - v));
+        if (eq)
+            v = eq + 1;
+        rc = add_secret(r, v, (size_t)(end - v));
+        q = *end == '&' ? end : NULL;
+    }
+    return rc;
+}
+
+int config_secrets(const struct config *cfg, struct redact *r)
+{
+    int rc = 0;
+    if (cfg->llm_api_key && *cfg->llm_api_key)
+        rc = add_secret(r, cfg->llm_api_key, strlen(cfg->llm_api_key));
+    if (!rc && cfg->broker)
+        rc = add_url_secrets(r, cfg->broker, 0, 0);
+    if (!rc && cfg->result_backend)
+        rc = add_url_secrets(r, cfg->result_backend, 1, 0);
+    if (!rc && cfg->llm_base_url)
+        rc = add_url_secrets(r, cfg->llm_base_url, 1, 1);
+    return rc;
 }

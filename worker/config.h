@@ -9,8 +9,11 @@
 #include <stdio.h>
 
 #include "util/err.h"
+#include "util/redact.h"
 
 #define CONFIG_MAX_LIST 64
+/* The largest --concurrency, also the cap of pool_grow. */
+#define CONFIG_MAX_CONCURRENCY 100000
 
 struct config_list {
     int n;
@@ -72,6 +75,15 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err);
 void config_release(struct config *cfg);
 /* Writes --help text, generated from the table. */
 void config_usage(FILE *out);
+
+/* Adds every secret the configuration holds to r, to be cut out of any text
+ * that leaves the worker (see util/redact.h): the LLM API key; the password
+ * of the broker, result backend and LLM base URLs (a user name alone too,
+ * except in the broker URL: redis://secret@host and https://token@proxy put a
+ * secret there); and every query value of the LLM base URL (a key may ride
+ * there). Each as written and, when it holds %XX escapes, decoded. Returns 0,
+ * CR_ENOMEM or CR_ERANGE (more secrets than a set holds). */
+int config_secrets(const struct config *cfg, struct redact *r);
 
 /* Writes url with any password replaced by "**" into out (size bytes). */
 void config_redact_url(const char *url, char *out, size_t size);

@@ -16,6 +16,7 @@
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/esc.h"
 
 #define CH 1
 
@@ -116,6 +117,14 @@ static const char *hstr(const cJSON *h, const char *key)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
+/* A header value as it may go to the terminal: escaped into out (see esc.h),
+ * as anyone who could publish to a task queue chose it. */
+static const char *tty(const char *s, char *out, size_t size)
+{
+    esc_ctl(out, size, s, strlen(s), 0);
+    return out;
+}
+
 static int matches(const struct dlq_opts *o, const cJSON *h)
 {
     const char *id = hstr(h, "id");
@@ -194,11 +203,22 @@ static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSO
 static void print_show(const cJSON *h, const amqp_message_t *msg)
 {
     char *text = cJSON_Print(h);
-    printf("headers: %s\n", text ? text : "{}");
-    printf("content-type: %.*s\n", (int)msg->properties.content_type.len,
-           (char *)msg->properties.content_type.bytes);
-    printf("body (%zu bytes): %.*s\n", msg->body.len,
-           (int)(msg->body.len > 65536 ? 65536 : msg->body.len), (char *)msg->body.bytes);
+    size_t shown = msg->body.len > 65536 ? 65536 : msg->body.len;
+    char ct[512];
+    char *safe = cr_malloc(4 * 65536 + 1);
+
+    /* cJSON escapes C0 controls inside strings but not DEL or C1; its own
+     * newlines and tabs are layout and stay. */
+    if (text && safe)
+        esc_ctl(safe, 4 * 65536 + 1, text, strlen(text), ESC_KEEP_LAYOUT);
+    printf("headers: %s\n", text && safe ? safe : "{}");
+    esc_ctl(ct, sizeof(ct), msg->properties.content_type.bytes,
+            msg->properties.content_type.len, 0);
+    printf("content-type: %s\n", ct);
+    if (safe)
+        esc_ctl(safe, 4 * 65536 + 1, msg->body.bytes, shown, 0);
+    printf("body (%zu bytes): %s\n", msg->body.len, safe ? safe : "(out of memory)");
+    cr_free(safe);
     cr_free(text);
 }
 
@@ -220,9 +240,15 @@ static void print_line(const struct dlq_opts *o, const cJSON *h)
         cJSON_Delete(line);
         return;
     }
-    printf("%-36s  %-24s  %-18s  %-24s  %s\n", *hstr(h, "id") ? hstr(h, "id") : "-",
-           *hstr(h, "task") ? hstr(h, "task") : "-", hstr(h, "x-celeriac-reason"),
-           hstr(h, "x-celeriac-exception-type"), hstr(h, "x-celeriac-failed-at"));
+    {
+        char id[1024], task[1024], reason[1024], exc[1024], at[256];
+        printf("%-36s  %-24s  %-18s  %-24s  %s\n",
+               *hstr(h, "id") ? tty(hstr(h, "id"), id, sizeof(id)) : "-",
+               *hstr(h, "task") ? tty(hstr(h, "task"), task, sizeof(task)) : "-",
+               tty(hstr(h, "x-celeriac-reason"), reason, sizeof(reason)),
+               tty(hstr(h, "x-celeriac-exception-type"), exc, sizeof(exc)),
+               tty(hstr(h, "x-celeriac-failed-at"), at, sizeof(at)));
+    }
 }
 
 enum action { A_LIST, A_SHOW, A_REPLAY, A_PURGE };
@@ -273,8 +299,9 @@ static int run(const struct dlq_opts *o, enum action a)
             break;
         }
         seen++;
+        /* A bad entry leaves out only itself (replay then drops it). */
         if ((msg.properties._flags & AMQP_BASIC_HEADERS_FLAG) &&
-            amqp_json_from_table(&msg.properties.headers, &h, &err))
+            amqp_json_from_table_partial(&msg.properties.headers, &h, &err) == CR_ENOMEM)
             h = NULL;
         if (!h)
             h = cJSON_CreateObject();
@@ -286,12 +313,14 @@ static int run(const struct dlq_opts *o, enum action a)
                 acted++;
             } else if (a == A_REPLAY) {
                 char *id = cr_strdup(hstr(h, "id"));
+                char shown_id[1024];
+                tty(id ? id : "?", shown_id, sizeof(shown_id));
                 if (replay_one(c, &msg, h)) {
                     amqp_basic_ack(c, CH, g->delivery_tag, 0);
-                    printf("replayed %s\n", id ? id : "?");
+                    printf("replayed %s\n", shown_id);
                     acted++;
                 } else {
-                    fprintf(stderr, "celeriac dlq: cannot replay %s\n", id ? id : "?");
+                    fprintf(stderr, "celeriac dlq: cannot replay %s\n", shown_id);
                     rc = 1;
                 }
                 cr_free(id);

@@ -3,9 +3,12 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/time.h>
 #include <time.h>
+
+#include "util/esc.h"
 
 int log_threshold = LOG_INFO;
 
@@ -15,6 +18,7 @@ static const char *const level_names[] = {"DEBUG", "INFO", "WARNING", "ERROR",
 void log_write(int level, const char *fmt, ...)
 {
     char line[2048];
+    char safe[4096];
     struct timeval tv;
     struct tm tm;
     va_list ap;
@@ -33,6 +37,15 @@ void log_write(int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
     va_end(ap);
+    /* Messages quote task ids, names and headers that anyone who can publish
+     * chose: a newline in one would forge a whole line, an escape sequence would
+     * drive the terminal. No message is multi-line on purpose, so every control
+     * character of the message (not of the prefix, which is ours) is escaped. */
+    if (esc_ctl_needed(line + n, strlen(line + n), 0)) {
+        esc_ctl(safe, sizeof(safe), line + n, strlen(line + n), 0);
+        fprintf(stderr, "%.*s%s\n", n, line, safe);
+        return;
+    }
     /* One fputs per line so concurrent writers never interleave mid-line. */
     fprintf(stderr, "%s\n", line);
 }

@@ -457,7 +457,8 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     st.broker = &bi;
     st.broker_heartbeat = w->cfg->heartbeat;
     st.broker_connect_timeout = w->bcfg.connect_timeout;
-    st.prefetch_count = w->concurrency * w->cfg->prefetch_multiplier + (int)w->neta;
+    st.prefetch_count =
+        worker_prefetch_count(w->concurrency, w->cfg->prefetch_multiplier, w->neta);
     if (getrusage(RUSAGE_SELF, &r) == 0) {
         memset(&ru, 0, sizeof(ru));
         ru.utime = (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6;
@@ -675,7 +676,7 @@ static int cmd_query_task(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
     const struct config *c = pb->w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     cJSON *o = cJSON_CreateObject();
     cJSON *queues = cJSON_CreateArray();
     int ok = o && queues;
@@ -711,7 +712,8 @@ static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
     N("task_soft_time_limit", c->soft_time_limit);
     N("task_max_retries", c->max_retries);
     S("worker_state_db", c->statedb);
-    S("celeriac_llm_base_url", c->llm_base_url);
+    S("celeriac_llm_base_url",
+      worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)));
     S("celeriac_llm_model", c->llm_model);
     S("celeriac_llm_embed_model", c->llm_embed_model);
     S("celeriac_dead_letter_exchange", c->dead_letter_exchange);
@@ -730,7 +732,7 @@ static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
     const struct config *c = pb->w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     struct buf b;
     int rc;
     (void)args;
@@ -745,7 +747,8 @@ static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
                     "worker_concurrency: %d\nllm_base_url: '%s'\nllm_model: '%s'\n",
                     EVENTS_SW_IDENT, EVENTS_SW_VER, uv_version_string(),
                     events_enabled(pb->w->events) ? "on" : "off", (long)getpid(),
-                    c->hostname, broker, backend, pb->w->concurrency, c->llm_base_url,
+                    c->hostname, broker, backend, pb->w->concurrency,
+                    worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)),
                     c->llm_model);
     if (!rc)
         rc = ok_reply(b.data, reply);
@@ -986,7 +989,7 @@ static int cmd_time_limit(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int pool_n(const cJSON *args, int *n)
 {
     double d = 1;
-    if (pidbox_arg_num(args, "n", &d) < 0 || d < 0 || d > 100000)
+    if (pidbox_arg_num(args, "n", &d) < 0 || d < 0 || d > CONFIG_MAX_CONCURRENCY)
         return CR_EINVAL;
     *n = (int)d;
     return 0;
@@ -994,10 +997,28 @@ static int pool_n(const cJSON *args, int *n)
 
 static int cmd_pool_grow(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
-    int n;
+    int n, room;
+    char text[80];
     if (pool_n(args, &n))
         return bad_type("pool_grow", "n", reply);
-    worker_set_concurrency(pb->w, pb->w->concurrency + n);
+    /* Both terms are at most CONFIG_MAX_CONCURRENCY, so repeated grows can
+     * neither overflow the count nor, through it, the prefetch window. */
+    room = CONFIG_MAX_CONCURRENCY - pb->w->concurrency;
+    if (n > 0 && room <= 0) {
+        LOG(LOG_WARNING, "Concurrency stays %d, its maximum (pool_grow by %d)",
+            pb->w->concurrency, n);
+        snprintf(text, sizeof(text), "pool is at its maximum of %d",
+                 CONFIG_MAX_CONCURRENCY);
+        return error_reply(text, reply);
+    }
+    worker_set_concurrency(pb->w, pb->w->concurrency + (n < room ? n : room));
+    if (n > room) {
+        LOG(LOG_WARNING, "Concurrency is now %d, its maximum (pool_grow by %d)",
+            pb->w->concurrency, n);
+        snprintf(text, sizeof(text), "pool will grow to its maximum of %d",
+                 CONFIG_MAX_CONCURRENCY);
+        return ok_reply(text, reply);
+    }
     LOG(LOG_INFO, "Concurrency is now %d (pool_grow)", pb->w->concurrency);
     return ok_reply("pool will grow", reply);
 }

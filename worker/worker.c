@@ -204,10 +204,20 @@ static void ready_push(struct worker *w, struct job *j)
 
 /* Held eta tasks are unacked deliveries: raise the prefetch window by one for
  * each, as Celery does, so ready tasks behind them still arrive. */
+int worker_prefetch_count(int concurrency, int multiplier, size_t neta)
+{
+    /* Each factor fits in 32 bits, so the product fits in 64. */
+    uint64_t n = (uint64_t)(concurrency > 0 ? concurrency : 0) *
+                     (uint64_t)(multiplier > 0 ? multiplier : 0) +
+                 (neta < 65535 ? (uint64_t)neta : 65535);
+    return n < 1 ? 1 : n > 65535 ? 65535 : (int)n;
+}
+
 static void sync_prefetch(struct worker *w)
 {
-    broker_set_prefetch(w->broker,
-                        w->concurrency * w->cfg->prefetch_multiplier + (int)w->neta);
+    broker_set_prefetch(
+        w->broker,
+        worker_prefetch_count(w->concurrency, w->cfg->prefetch_multiplier, w->neta));
 }
 
 static void eta_push(struct worker *w, struct job *j)
@@ -1315,6 +1325,9 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
     memset(&err, 0, sizeof(err));
 
     if (m->headers_bad) {
+        /* The entries that did convert still name the task, so it gets its
+         * FAILURE; the message is refused all the same. */
+        celery_msg_decode(&raw, &j->tm, &err);
         rc = CR_EDECODE;
         cr_err_set(&err, rc, "bad AMQP headers: %s",
                    m->headers_err ? m->headers_err : "unknown error");
@@ -1572,8 +1585,10 @@ void worker_set_concurrency(struct worker *w, int n)
 {
     if (n < 1)
         n = 1;
+    if (n > CONFIG_MAX_CONCURRENCY)
+        n = CONFIG_MAX_CONCURRENCY;
     w->concurrency = n;
-    broker_set_prefetch(w->broker, n * w->cfg->prefetch_multiplier + (int)w->neta);
+    sync_prefetch(w);
     schedule(w);
 }
 
@@ -1737,6 +1752,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     struct llm_client_config lc;
     struct backend_config bc;
     struct rlimit rl;
+    int rc;
 
     if (!w) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -1769,6 +1785,12 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     lc.idle_timeout_s = cfg->llm_idle_timeout;
     lc.max_connections = cfg->llm_max_connections;
     lc.keep_connections = cfg->llm_keep_connections;
+    redact_init(&w->secrets);
+    if ((rc = config_secrets(cfg, &w->secrets)) != 0) {
+        cr_err_set(err, rc, "cannot keep the configured secrets: %s", cr_strerror(rc));
+        goto fail;
+    }
+    lc.secrets = &w->secrets;
     w->llm = llm_client_new(loop, &lc, err);
     if (!w->llm)
         goto fail;
@@ -1780,7 +1802,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->bcfg.url = cfg->broker;
     w->bcfg.queues = cfg->queues.items;
     w->bcfg.nqueues = cfg->queues.n;
-    w->bcfg.prefetch_count = cfg->concurrency * cfg->prefetch_multiplier;
+    w->bcfg.prefetch_count =
+        worker_prefetch_count(cfg->concurrency, cfg->prefetch_multiplier, 0);
     w->bcfg.heartbeat = cfg->heartbeat;
     w->bcfg.connect_timeout = 5;
     w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
@@ -1804,14 +1827,23 @@ fail:
     backend_free(w->backend);
     cr_free(w->chat_url);
     cr_free(w->embed_url);
+    redact_release(&w->secrets);
     cr_free(w);
     return NULL;
+}
+
+const char *worker_shown_url(const struct worker *w, const char *url, char *out,
+                             size_t size)
+{
+    snprintf(out, size, "%s", url);
+    redact_str(&w->secrets, out);
+    return out;
 }
 
 static void banner(struct worker *w)
 {
     const struct config *c = w->cfg;
-    char broker[512], backend[512];
+    char broker[512], backend[512], llm[512];
     config_redact_url(c->broker, broker, sizeof(broker));
     config_redact_url(c->result_backend, backend, sizeof(backend));
     fprintf(stderr,
@@ -1824,7 +1856,7 @@ static void banner(struct worker *w)
             "--- ***** ----- \n"
             " -------------- [queues]\n",
             c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency,
-            c->llm_base_url, c->llm_model);
+            worker_shown_url(w, c->llm_base_url, llm, sizeof(llm)), c->llm_model);
     for (int i = 0; i < c->queues.n; i++)
         fprintf(stderr, "                .> %-16s exchange=%s(direct) key=%s\n",
                 c->queues.items[i], c->queues.items[i], c->queues.items[i]);
@@ -1929,5 +1961,6 @@ void worker_free(struct worker *w)
     uv_run(w->loop, UV_RUN_DEFAULT);
     cr_free(w->chat_url);
     cr_free(w->embed_url);
+    redact_release(&w->secrets);
     cr_free(w);
 }

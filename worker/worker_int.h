@@ -83,6 +83,7 @@ struct worker {
     struct broker *broker;
     struct backend *backend;
     struct llm_client *llm;
+    struct redact secrets; /* config_secrets(): cut out of provider messages */
     char *chat_url;
     char *embed_url;
     struct broker_config bcfg;
@@ -185,8 +186,17 @@ void worker_remember_revoked(struct worker *w, const char *id, int64_t expires_e
 void worker_each_revoked(struct worker *w,
                          void (*fn)(const char *id, int64_t expires_epoch_s, void *arg),
                          void *arg);
-/* Live concurrency change (pool_grow/pool_shrink); prefetch follows. n >= 1. */
+/* Copies url into out (size bytes) with every configured secret cut out, to
+ * be shown (banner, inspect conf and report); returns out. */
+const char *worker_shown_url(const struct worker *w, const char *url, char *out,
+                             size_t size);
+/* Live concurrency change (pool_grow/pool_shrink); prefetch follows. n is
+ * clamped to 1..CONFIG_MAX_CONCURRENCY. */
 void worker_set_concurrency(struct worker *w, int n);
+/* The basic.qos prefetch_count for this many slots, multiplier and held eta
+ * tasks, computed without overflow and clamped to 1..65535: the field has 16
+ * bits, and 0 would mean no limit at all. */
+int worker_prefetch_count(int concurrency, int multiplier, size_t neta);
 /* Celery rate_limit: NULL, "" or "0" removes the limit. Returns 0, CR_EINVAL for
  * a bad rate, CR_ENOTFOUND for an unknown task name. */
 int worker_set_rate_limit(struct worker *w, const char *task, const char *rate);

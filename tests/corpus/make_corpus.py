@@ -35,6 +35,17 @@ def emit(name, body, reason, content_type="application/json", headers=None, id_k
 
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
+def nested(depth):
+    d = {}
+    for _ in range(depth):
+        d = {"k": d}
+    return d
+
+
+# one header nested past the 64 levels a header may have: the others still
+# name the task, and the dead letter keeps them
+emit("deep_header", json.dumps([["x"], {}, EMBED]), "cannot decode",
+     headers=v2_headers(deep=nested(70)), exc_type="DecodeError")
 emit("bad_json", "{not json", "cannot decode", headers=v2_headers(), exc_type="DecodeError")
 emit("empty_body", "", "cannot decode", headers=v2_headers(), exc_type="DecodeError")
 emit("invalid_utf8", b'[["\xff\xfe bad"], {}, {}]', "cannot decode", headers=v2_headers(),

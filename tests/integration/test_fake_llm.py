@@ -755,6 +755,19 @@ def t_errors(port, srv):
                                                "type": "invalid_request_error",
                                                "param": None,
                                                "code": "context_length_exceeded"})
+    key = "sk-fake-0123456789abcdef"
+    r = call(port, "POST", "/v1/chat/completions", chat_body(stream=False),
+             {"X-Fake-Scenario": "status=401;err_quote_key=full",
+              "Authorization": "Bearer " + key})
+    check("err_quote_key full", r.status == 401 and
+          r.json["error"]["message"].startswith("Incorrect API key provided: %s. " % key),
+          r.body[:200])
+    r = call(port, "POST", "/v1/chat/completions", chat_body(stream=False),
+             {"X-Fake-Scenario": "status=401;err_quote_key=masked",
+              "Authorization": "Bearer " + key})
+    check("err_quote_key masked", r.status == 401 and
+          ("provided: sk-fake-" + "*" * 12 + "cdef. ") in r.json["error"]["message"],
+          r.body[:200])
     r = chat(port, "rl_headers=1;tokens=1")
     check("rl_headers", all(("x-ratelimit-%s-%s" % (a, b)) in r.headers
                             for a in ("limit", "remaining", "reset")

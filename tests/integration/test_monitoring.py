@@ -445,6 +445,51 @@ def test_remote_control_patterns_cannot_stall_the_worker(env):
 
 # ------------------------------------------------------------------ revoke
 
+def channel_prefetch(env):
+    """The channel-wide prefetch windows of the vhost's channels (the worker's
+    task channel asks for a global basic.qos)."""
+    out = env.services.ctl("list_channels", "-p", env.vhost, "global_prefetch_count").stdout
+    return [int(l) for l in out.split() if l.isdigit()]
+
+
+def test_pool_grow_stops_at_the_cap_and_prefetch_stays_bounded(env):
+    # Repeated grows once pushed the slot count past 2^29, where slots x the
+    # multiplier overflowed an int and the prefetch window became "no limit".
+    w = env.worker("-c", "99990", "--prefetch-multiplier", "1000")
+    node = node_of(w)
+    assert "error" in call(env, node, "pool_grow", n=2 ** 28)  # over the option's bound
+    assert call(env, node, "pool_grow", n=100000) == \
+        {"ok": "pool will grow to its maximum of 100000"}
+    for _ in range(25):
+        assert call(env, node, "pool_grow", n=100000) == \
+            {"error": "pool is at its maximum of 100000"}
+    stats = inspect(env, node).stats()[node]
+    assert stats["pool"]["max-concurrency"] == 100000
+    assert stats["prefetch_count"] == 65535
+    assert "Concurrency stays 100000, its maximum" in w.log()
+    wait_until(lambda: 65535 in channel_prefetch(env), 10, what="the bounded prefetch window")
+    r = env.app.send_task("celery.accumulate", args=[5])
+    assert r.get(timeout=20) == [5]
+    assert call(env, node, "pool_shrink", n=99999) == {"ok": "pool will shrink"}
+    assert inspect(env, node).stats()[node]["pool"]["max-concurrency"] == 1
+    wait_until(lambda: 1000 in channel_prefetch(env), 10, what="the window shrunk")
+
+
+def test_conf_report_and_banner_show_no_url_secret(env):
+    # A base URL may carry a password (or a key in its query): the banner and
+    # `inspect conf` / `report` show it with the secret cut out.
+    base = env.fake.base.replace("http://", "http://celeriac:basicpw99@") + "/v1"
+    w = env.worker(env={"OPENAI_BASE_URL": base})
+    node = node_of(w)
+    conf = inspect(env, node).conf()[node]
+    assert conf["celeriac_llm_base_url"] == base.replace("basicpw99", "***")
+    report = inspect(env, node).report()[node]["ok"]
+    assert "celeriac:***@" in report and "basicpw99" not in report
+    assert "basicpw99" not in w.log() and "celeriac:***@" in w.log()
+    r = env.app.send_task("llm.generate", args=["through a proxy"])
+    assert r.get(timeout=20) == env.fake.expected_text("through a proxy")
+
+
 def test_revoke_before_start(env, events):
     w = env.worker("-E")
     node = node_of(w)

@@ -370,6 +370,36 @@ def test_refused_connection_says_why_and_where(env):
     assert "sekrit" not in msg, msg
 
 
+@pytest.mark.parametrize("quote", ["full", "masked"])
+def test_a_quoted_api_key_is_cut_out_of_everything(env, quote):
+    # A provider or proxy that quotes the key back: neither the key nor its
+    # head reaches the log, the stored FAILURE, the dead letter or the event.
+    from test_monitoring import Events
+    key = "sk-test-secret-key"  # conftest's OPENAI_API_KEY
+    ev = Events(env.app)
+    try:
+        w = env.worker("-E", "--max-retries", "0")
+        env.fake.script(["status=401;err_quote_key=" + quote])
+        r = env.app.send_task("llm.generate", args=["bad key"])
+        with pytest.raises(Exception) as ei:
+            r.get(timeout=20)
+        assert type(ei.value).__name__ == "AuthenticationError"
+        assert calls(env)[-1]["headers"]["authorization"] == "Bearer " + key
+        failed = ev.wait("task-failed", r.id)
+        dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
+        assert dl, "no dead letter"
+        w.wait_for("dead-lettered")
+        meta = env.redis.get("celery-task-meta-" + r.id).decode()
+        texts = {"log": w.log(), "meta": meta, "dead letter": json.dumps(dl[0].headers),
+                 "event": json.dumps(failed), "exception": str(ei.value)}
+        for where, text in texts.items():
+            assert key not in text, where
+            assert key[:8] not in text, where
+            assert "Incorrect API key provided: ***" in text, (where, text[-2000:])
+    finally:
+        ev.close()
+
+
 # ------------------------------------------------------------ bad input
 
 CORPUS = sorted(glob.glob(os.path.join(ROOT, "tests", "corpus", "bad", "*.json")))
@@ -418,6 +448,33 @@ def test_bad_message_corpus(env):
     r = env.app.send_task("llm.generate", args=["still alive"])
     assert r.get(timeout=20) == env.fake.expected_text("still alive")
     assert calls(env)[-1]["prompt"] == "still alive"
+
+
+def test_a_bad_header_entry_drops_only_itself(env):
+    # A header nested past the 64 levels the worker converts: the dead letter
+    # keeps every other header (id and task included) and the id gets its
+    # FAILURE, as for any other message that cannot be decoded.
+    env.worker()
+    tid = str(uuid.uuid4())
+    deep = {}
+    for _ in range(70):
+        deep = {"k": deep}
+    headers = {"lang": "py", "task": "llm.generate", "id": tid, "root_id": tid,
+               "custom": "kept", "deep": deep, "retries": 0}
+    publish_raw(env, json.dumps([["x"], {}, None]), headers=headers,
+                correlation_id="bad-header")
+    dl = drain_dead_letters(env, match=lambda m:
+                            m.properties.get("correlation_id") == "bad-header")
+    assert dl, "no dead letter"
+    h = dl[0].headers
+    assert (h.get("id"), h.get("task"), h.get("custom")) == (tid, "llm.generate", "kept"), h
+    assert "deep" not in h
+    assert h["x-celeriac-reason"] == "cannot decode"
+    assert h["x-celeriac-exception-type"] == "DecodeError"
+    assert "header 'deep'" in h["x-celeriac-exception-message"]
+    meta = wait_until(lambda: env.meta(tid), 20, what="the FAILURE")
+    assert meta["status"] == "FAILURE" and meta["result"]["exc_type"] == "DecodeError"
+    assert json.loads(dl[0].body) == [["x"], {}, None]
 
 
 # -------------------------------------------------------------- outages
@@ -577,6 +634,36 @@ def test_dlq_list_show_replay_purge(env):
     assert out.returncode == 0 and "purged 1" in out.stdout
     assert env.services.queue_depth(env.vhost, "celeriac.dead") == 0
     assert w.proc.poll() is None
+
+
+def test_control_characters_forge_no_log_line_and_no_terminal_output(env):
+    # Ids, names and shadows come from whoever can publish: a newline in one
+    # must not forge a log line, an escape sequence must not reach a terminal.
+    forged = "\n[2000-01-01 00:00:00,000: ERROR/MainProcess] forged \x1b[2J\r"
+    w = env.worker()
+    bad_id = "evil" + forged + str(uuid.uuid4())
+    env.app.send_task("no.such.task" + forged, args=[1], task_id=bad_id)
+    shadowed = env.app.send_task("celery.accumulate", args=[2], shadow="shadow" + forged)
+    assert shadowed.get(timeout=20) == [2]
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 20,
+               what="the dead letter")
+    w.wait_for("dead-lettered")
+    log = w.log()
+    assert "forged" in log
+    assert "\x1b" not in log and "\r" not in log
+    for line in w.lines:
+        assert not line.startswith("[2000-01-01"), line
+    assert "evil\\n[2000-01-01" in log and "\\x1b[2J\\r" in log
+    assert "shadow\\n[2000-01-01" in log
+    out = dlq(env, "list")
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\r" not in out.stdout
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, lines  # the heading and one dead letter
+    assert lines[1].startswith("evil\\n[2000-01-01"), lines
+    shown = dlq(env, "show", bad_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\r" not in shown.stdout
 
 
 # ----------------------------------------------- consumer_timeout: parking

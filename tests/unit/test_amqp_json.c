@@ -400,6 +400,69 @@ START_TEST(test_unknown_kind)
 }
 END_TEST
 
+/* One bad entry among good ones: the partial form keeps the good ones. */
+START_TEST(test_partial_keeps_good_entries)
+{
+    static amqp_table_entry_t deep[DEEP];
+    amqp_table_entry_t e[5];
+    amqp_table_t t = {5, e}, nested;
+    cJSON *j = (cJSON *)1;
+    struct cr_err err;
+    char *s;
+    long n;
+
+    memset(e, 0, sizeof(e));
+    nested = deep_table(deep, 66); /* 65 levels below the entry */
+    e[0].key = bytes("id");
+    e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+    e[0].value.value.bytes = bytes("abc");
+    e[1].key = bytes("deep");
+    e[1].value.kind = AMQP_FIELD_KIND_TABLE;
+    e[1].value.value.table = nested.entries[0].value.value.table;
+    e[2].key = bytes("task");
+    e[2].value.kind = AMQP_FIELD_KIND_UTF8;
+    e[2].value.value.bytes = bytes("llm.generate");
+    e[3].key = bytes("odd");
+    e[3].value.kind = 'Q';
+    e[4].key = bytes("retries");
+    e[4].value.kind = AMQP_FIELD_KIND_I32;
+    e[4].value.value.i32 = 2;
+    /* the whole-table form still fails as a whole */
+    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), CR_EDECODE);
+    ck_assert_ptr_null(j);
+    ck_assert_int_eq(amqp_json_from_table_partial(&t, &j, &err), CR_EDECODE);
+    ck_assert_ptr_nonnull(j);
+    s = dumps(j);
+    ck_assert_str_eq(s, "{\"id\": \"abc\", \"task\": \"llm.generate\", \"retries\": 2}");
+    cr_free(s);
+    cJSON_Delete(j);
+    ck_assert_msg(strstr(err.msg, "header 'deep': header nested deeper than 64") &&
+                      strstr(err.msg, "(and 1 more)"),
+                  "%s", err.msg);
+    /* nothing bad: 0, as the whole-table form */
+    t.num_entries = 1;
+    ck_assert_int_eq(amqp_json_from_table_partial(&t, &j, &err), 0);
+    cJSON_Delete(j);
+    ck_assert_int_eq(amqp_json_from_table_partial(NULL, &j, NULL), 0);
+    ck_assert(cJSON_IsObject(j) && j->child == NULL);
+    cJSON_Delete(j);
+    /* out of memory anywhere: CR_ENOMEM and nothing to free */
+    t.num_entries = 5;
+    for (n = 1;; n++) {
+        int rc;
+        cr_alloc_fail_after(n);
+        rc = amqp_json_from_table_partial(&t, &j, NULL);
+        cr_alloc_fail_after(0);
+        if (rc == CR_EDECODE) {
+            cJSON_Delete(j);
+            break;
+        }
+        ck_assert_int_eq(rc, CR_ENOMEM);
+        ck_assert_ptr_null(j);
+    }
+}
+END_TEST
+
 /* A repeated key: first position, last value (as a Python dict). */
 START_TEST(test_duplicate_keys)
 {
@@ -492,6 +555,7 @@ int main(void)
     tcase_add_test(tc, test_json_depth_limit);
     tcase_add_test(tc, test_unknown_kind);
     tcase_add_test(tc, test_duplicate_keys);
+    tcase_add_test(tc, test_partial_keeps_good_entries);
     tcase_add_test(tc, test_null_and_empty);
     tcase_add_test(tc, test_oom_from_table);
     suite_add_tcase(s, tc);
