@@ -687,6 +687,8 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     app->cron->data = app;
     bc.url = cfg->backend_url;
     bc.result_expires = 0;
+    bc.timeout = BACKEND_TIMEOUT_DEFAULT;
+    bc.health_check_interval = BACKEND_HEALTH_CHECK_DEFAULT;
     app->backend = backend_new(loop, &bc, err);
     if (!app->backend)
         goto fail;
