@@ -148,3 +148,27 @@ def test_password_changed_under_a_running_worker_is_said_once(env, locked_redis)
     w.wait_for(r"Connected to redis", timeout=30, count=2)
     wait_until(lambda: store.get("celery-task-meta-" + r.id), 30, what="the result after")
     assert "right-pw" not in w.log() and "rotated-pw" not in w.log()
+
+
+HEALTH = "celeriac:gateway-health"
+
+
+def test_gateway_subscriber_finds_a_silent_partition(env, proxy):
+    from test_gateway import Gateway, read_all
+    env.worker()
+    gw = Gateway(env, "--result-backend", proxied(env, proxy), "--redis-timeout", "2",
+                 "--redis-health-check-interval", "1")
+    try:
+        # The subscriber is up once its first probe is answered.
+        wait_until(lambda: env.redis.pubsub_numsub(HEALTH)[0][1] >= 1, 30, interval=0.1,
+                   what="the gateway's subscriber")
+        proxy.blackhole(True)
+        # Idle: only the probe of the subscriber connection can find it.
+        gw.wait_for(r"gateway: redis pub/sub connection lost: no reply from "
+                    r"127\.0\.0\.1:%d for 2 s; reconnecting" % proxy.port, timeout=60)
+        proxy.blackhole(False)
+        r = env.app.send_task("llm.generate", args=["streamed after the partition"])
+        msgs = read_all(gw.stream(r.id))
+        assert msgs[-1]["type"] == "result" and msgs[-1]["state"] == "SUCCESS", msgs[-1]
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
