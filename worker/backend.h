@@ -26,10 +26,6 @@ struct backend_config {
     double health_check_interval;
 };
 
-/* The defaults of both, as Celery's redis_socket_timeout for the first. */
-#define BACKEND_TIMEOUT_DEFAULT 120
-#define BACKEND_HEALTH_CHECK_DEFAULT 25
-
 struct backend;
 
 /* status 0: stored (or skipped because SUCCESS was already there, see
