@@ -687,12 +687,16 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     app->cron->data = app;
     bc.url = cfg->backend_url;
     bc.result_expires = 0;
+    bc.timeout = cfg->redis_timeout;
+    bc.health_check_interval = cfg->redis_health_check_interval;
     app->backend = backend_new(loop, &bc, err);
     if (!app->backend)
         goto fail;
     if (backend_wait_connected(app->backend, loop, 10000, err))
         goto fail;
-    app->sub = gw_sub_new(loop, cfg->backend_url, on_sub_msg, on_sub_event, app, err);
+    app->sub =
+        gw_sub_new(loop, cfg->backend_url, cfg->redis_timeout,
+                   cfg->redis_health_check_interval, on_sub_msg, on_sub_event, app, err);
     if (!app->sub)
         goto fail;
     app->bcfg.url = cfg->broker_url;

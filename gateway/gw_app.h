@@ -12,6 +12,8 @@
 struct gw_app_config {
     const char *broker_url;
     const char *backend_url;
+    double redis_timeout;               /* seconds; 0: none (see backend.h) */
+    double redis_health_check_interval; /* seconds; 0: never */
     const char *host;
     int port;               /* 0: any free port */
     const char *auth_token; /* "" or NULL: no auth */

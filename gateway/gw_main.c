@@ -29,6 +29,8 @@ struct gw_opts {
     char *queues;
     char *tasks;
     char *loglevel;
+    long redis_timeout;
+    long redis_health_check_interval;
 };
 
 enum opt_type { OPT_STR, OPT_INT };
@@ -49,6 +51,13 @@ static const struct gw_opt {
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPT_STR,
      offsetof(struct gw_opts, backend), "redis://localhost:6379/0", 0, 0,
      "Redis result backend URL"},
+    {"redis-timeout", 0, "CELERIAC_REDIS_TIMEOUT", OPT_INT,
+     offsetof(struct gw_opts, redis_timeout), "120", 0, 86400,
+     "seconds a Redis command may go unanswered before the connection is rebuilt (0: "
+     "none)"},
+    {"redis-health-check-interval", 0, "CELERIAC_REDIS_HEALTH_CHECK_INTERVAL", OPT_INT,
+     offsetof(struct gw_opts, redis_health_check_interval), "25", 0, 86400,
+     "seconds an idle Redis connection waits before it is tested (0: never)"},
     {"host", 0, "CELERIAC_GATEWAY_HOST", OPT_STR, offsetof(struct gw_opts, host),
      "127.0.0.1", 0, 0, "address to listen on"},
     {"port", 'p', "CELERIAC_GATEWAY_PORT", OPT_INT, offsetof(struct gw_opts, port),
@@ -243,6 +252,8 @@ int cmd_gateway(int argc, char **argv)
     log_threshold = log_level_parse(o.loglevel);
     cfg.broker_url = o.broker;
     cfg.backend_url = o.backend;
+    cfg.redis_timeout = (double)o.redis_timeout;
+    cfg.redis_health_check_interval = (double)o.redis_health_check_interval;
     cfg.host = o.host;
     cfg.port = (int)o.port;
     cfg.auth_token = o.auth_token;

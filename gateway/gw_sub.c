@@ -24,11 +24,27 @@ struct gw_sub {
     gw_sub_event_fn *on_event;
     void *privdata;
     redisAsyncContext *ac;
-    int connected;
+    int connected;   /* Redis answered the AUTH (or PING) a connection opens with */
+    int handshaking; /* that reply is awaited */
+    int ever_connected;
     int freeing;
     int64_t backoff_ms;
-    uv_timer_t *timer; /* heap: freed in its close callback */
+    /* heap: freed in its close callback. The connect (and handshake)
+     * timeout, the reconnect delay, or while connected the watchdog. */
+    uv_timer_t *timer;
+    uint64_t timeout_ms; /* 0: none */
+    uint64_t health_ms;  /* 0: no probe */
+    uint64_t heard_ms;   /* anything last heard, or the probe sent */
+    int probe_out;       /* the health probe is unanswered */
+    char logged_error[200];
 };
+
+/* A subscriber connection is quiet by nature, so it is probed. Not with PING:
+ * hiredis 0.14 hands a subscribed connection's "pong" to whichever callback
+ * it met last and keeps the PING's own until the end. A SUBSCRIBE to a
+ * channel nobody publishes on is answered to its own callback, and subscribing
+ * it again replaces that callback, so nothing piles up. */
+#define HEALTH_CHANNEL "celeriac:gateway-health"
 
 static void start_connect(struct gw_sub *s);
 
@@ -87,9 +103,10 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     struct gw_sub *s = privdata;
     redisReply *reply = r;
-    (void)ac;
     if (!reply || s->freeing)
         return;
+    if (ac == s->ac)
+        s->heard_ms = uv_now(s->loop);
     if (reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "gateway: redis pub/sub: %s", reply->str);
         return;
@@ -108,13 +125,121 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
 }
 
-static void on_auth(redisAsyncContext *ac, void *r, void *privdata)
+/* Said once per distinct reason (the first time at DEBUG only: the gateway
+ * has just connected its backend to the same Redis), not at every retry. */
+static void connect_failed(struct gw_sub *s, const char *why)
 {
+    if (s->ever_connected && strncmp(s->logged_error, why, sizeof(s->logged_error) - 1)) {
+        LOG(LOG_ERROR, "gateway: cannot connect to redis %s:%d: %s; retrying", s->host,
+            s->port, why);
+        snprintf(s->logged_error, sizeof(s->logged_error), "%s", why);
+    } else {
+        LOG(LOG_DEBUG, "gateway: cannot connect to redis %s:%d: %s", s->host, s->port,
+            why);
+    }
+    schedule_reconnect(s);
+}
+
+/* Ends the connection at once, its callbacks detached (safe inside one of
+ * them: hiredis then frees it when the callback returns). */
+static void drop_connection(struct gw_sub *s)
+{
+    redisAsyncContext *ac = s->ac;
+    s->connected = 0;
+    s->handshaking = 0;
+    s->probe_out = 0;
+    s->ac = NULL;
+    ac->data = NULL;
+    redisAsyncFree(ac);
+}
+
+static void on_watch(uv_timer_t *t);
+
+static void watch_in(struct gw_sub *s, uint64_t due)
+{
+    uint64_t now = uv_now(s->loop);
+    uv_timer_start(s->timer, on_watch, due > now ? due - now : 0, 0);
+}
+
+static void on_probe(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct gw_sub *s = privdata;
+    if (s->freeing || ac != s->ac || !r)
+        return;
+    s->probe_out = 0;
+    s->heard_ms = uv_now(s->loop);
+}
+
+/* Quiet for the health-check interval, the connection is probed; the probe
+ * unanswered for the timeout, it is dropped and rebuilt as a lost one is:
+ * the owner hears GW_SUB_DOWN, then GW_SUB_UP, and subscribes again. The
+ * timer is not moved at every message: when it fires early it is set again
+ * from what was last heard. */
+static void on_watch(uv_timer_t *t)
+{
+    struct gw_sub *s = t->data;
+    uint64_t now = uv_now(s->loop), quiet = now - s->heard_ms;
+    const char *argv[2] = {"SUBSCRIBE", HEALTH_CHANNEL};
+
+    if (!s->connected || !s->ac)
+        return;
+    if (s->probe_out) {
+        if (!s->timeout_ms)
+            return;
+        if (quiet < s->timeout_ms) {
+            watch_in(s, s->heard_ms + s->timeout_ms);
+            return;
+        }
+        LOG(LOG_ERROR,
+            "gateway: redis pub/sub connection lost: no reply from %s:%d for %g s; "
+            "reconnecting",
+            s->host, s->port, (double)s->timeout_ms / 1000);
+        drop_connection(s);
+        s->on_event(s, GW_SUB_DOWN, NULL, 0, s->privdata);
+        schedule_reconnect(s);
+        return;
+    }
+    if (quiet < s->health_ms) {
+        watch_in(s, s->heard_ms + s->health_ms);
+        return;
+    }
+    if (redisAsyncCommandArgv(s->ac, on_probe, s, 2, argv, NULL) != REDIS_OK)
+        return;
+    s->probe_out = 1;
+    s->heard_ms = now;
+    if (s->timeout_ms)
+        watch_in(s, now + s->timeout_ms);
+}
+
+/* The reply to AUTH (or to the PING that stands in for it). Only then is the
+ * connection up: a refused password is one failed connect, said once, and
+ * not "up" with every SUBSCRIBE refused after it. */
+static void on_handshake(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct gw_sub *s = privdata;
     redisReply *reply = r;
-    (void)ac;
-    (void)privdata;
-    if (reply && reply->type == REDIS_REPLY_ERROR)
-        LOG(LOG_ERROR, "gateway: redis pub/sub: %s", reply->str);
+
+    if (s->freeing || ac != s->ac || !reply || !s->handshaking)
+        return;
+    s->handshaking = 0;
+    if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "LOADING", 7)) {
+        char why[sizeof(s->logged_error)];
+        snprintf(why, sizeof(why), "%s", reply->str);
+        drop_connection(s);
+        /* A refused password is worth saying even the first time. */
+        s->ever_connected = 1;
+        connect_failed(s, why);
+        return;
+    }
+    uv_timer_stop(s->timer);
+    s->connected = 1;
+    s->ever_connected = 1;
+    s->backoff_ms = 0;
+    s->logged_error[0] = '\0';
+    s->heard_ms = uv_now(s->loop);
+    if (s->health_ms)
+        watch_in(s, s->heard_ms + s->health_ms);
+    s->on_event(s, GW_SUB_UP, NULL, 0, s->privdata);
 }
 
 static void on_connect(const redisAsyncContext *cac, int status)
@@ -123,24 +248,19 @@ static void on_connect(const redisAsyncContext *cac, int status)
     redisAsyncContext *ac = (redisAsyncContext *)cac;
     if (!s)
         return;
-    uv_timer_stop(s->timer);
     if (status != REDIS_OK) {
-        LOG(LOG_DEBUG, "gateway: cannot connect to redis %s:%d: %s", s->host, s->port,
-            ac->errstr);
         s->ac = NULL; /* hiredis frees it after this callback */
-        schedule_reconnect(s);
+        connect_failed(s, ac->errstr);
         return;
     }
-    s->connected = 1;
-    s->backoff_ms = 0;
-    /* AUTH goes first on the wire; its reply comes before any subscription. */
-    if (s->password) {
-        if (s->user)
-            redisAsyncCommand(ac, on_auth, NULL, "AUTH %s %s", s->user, s->password);
-        else
-            redisAsyncCommand(ac, on_auth, NULL, "AUTH %s", s->password);
-    }
-    s->on_event(s, GW_SUB_UP, NULL, 0, s->privdata);
+    /* The connect timeout runs on until this is answered. */
+    s->handshaking = 1;
+    if (s->password && s->user)
+        redisAsyncCommand(ac, on_handshake, s, "AUTH %s %s", s->user, s->password);
+    else if (s->password)
+        redisAsyncCommand(ac, on_handshake, s, "AUTH %s", s->password);
+    else
+        redisAsyncCommand(ac, on_handshake, s, "PING");
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -150,6 +270,12 @@ static void on_disconnect(const redisAsyncContext *cac, int status)
     if (!s)
         return;
     s->ac = NULL;
+    s->probe_out = 0;
+    if (s->handshaking) {
+        s->handshaking = 0;
+        connect_failed(s, cac->errstr[0] ? cac->errstr : "connection closed");
+        return;
+    }
     if (s->connected) {
         LOG(LOG_ERROR, "gateway: redis pub/sub connection lost; reconnecting");
         s->connected = 0;
@@ -162,11 +288,9 @@ static void on_connect_timeout(uv_timer_t *t)
 {
     struct gw_sub *s = t->data;
     if (s->ac && !s->connected) {
-        redisAsyncContext *ac = s->ac;
-        ac->data = NULL;
-        s->ac = NULL;
-        redisAsyncFree(ac);
-        schedule_reconnect(s);
+        int tcp_up = s->handshaking;
+        drop_connection(s);
+        connect_failed(s, tcp_up ? "no reply to the handshake" : "connection timed out");
     }
 }
 
@@ -201,7 +325,8 @@ static void free_fields(struct gw_sub *s)
     cr_free(s->password);
 }
 
-struct gw_sub *gw_sub_new(uv_loop_t *loop, const char *url, gw_sub_msg_fn *on_msg,
+struct gw_sub *gw_sub_new(uv_loop_t *loop, const char *url, double timeout,
+                          double health_check_interval, gw_sub_msg_fn *on_msg,
                           gw_sub_event_fn *on_event, void *privdata, struct cr_err *err)
 {
     struct gw_sub *s = cr_calloc(1, sizeof(*s));
@@ -222,6 +347,9 @@ struct gw_sub *gw_sub_new(uv_loop_t *loop, const char *url, gw_sub_msg_fn *on_ms
         return NULL;
     }
     s->loop = loop;
+    s->timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000 + 0.5) : 0;
+    s->health_ms =
+        health_check_interval > 0 ? (uint64_t)(health_check_interval * 1000 + 0.5) : 0;
     s->on_msg = on_msg;
     s->on_event = on_event;
     s->privdata = privdata;

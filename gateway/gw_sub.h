@@ -27,8 +27,11 @@ typedef void gw_sub_event_fn(struct gw_sub *s, enum gw_sub_event ev, const char 
 
 /* Returns a new subscriber that connects at once (and again after losses), or
  * NULL with err set (bad URL, OOM). url: redis://[[user]:password@]host[:port]
- * (a database number is ignored: pub/sub is server-wide). */
-struct gw_sub *gw_sub_new(uv_loop_t *loop, const char *url, gw_sub_msg_fn *on_msg,
+ * (a database number is ignored: pub/sub is server-wide). Quiet for
+ * health_check_interval seconds, the connection is probed, and lost when the
+ * probe goes unanswered for timeout seconds (either 0: never). */
+struct gw_sub *gw_sub_new(uv_loop_t *loop, const char *url, double timeout,
+                          double health_check_interval, gw_sub_msg_fn *on_msg,
                           gw_sub_event_fn *on_event, void *privdata, struct cr_err *err);
 int gw_sub_connected(const struct gw_sub *s);
 /* SUBSCRIBE / UNSUBSCRIBE n channels (copied). Returns 0, CR_EBACKEND when

@@ -65,15 +65,27 @@ struct backend {
     char expires_text[24];
 
     redisAsyncContext *ac; /* NULL while disconnected */
-    int connected;
+    int connected;         /* Redis answered the handshake: ops may be sent */
+    int handshake;         /* handshake replies still awaited on ac */
+    int refused;           /* the last handshake was refused (AUTH, SELECT) */
     int freeing;
     unsigned long reconnects;
     unsigned long conn_gen; /* counts connections made: tells one from the next */
     int ever_connected;
     int64_t backoff_ms;
-    uv_timer_t timer; /* connect timeout and reconnect delay */
+    /* The one deadline of the connection's state: the connect (and
+     * handshake) timeout, the reconnect delay, or while connected the
+     * watchdog of on_watch(). */
+    uv_timer_t timer;
     uv_timer_t retry; /* resends operations waiting while connected */
     char last_error[200];
+    char logged_error[200]; /* the connect error last logged: each said once */
+
+    uint64_t timeout_ms; /* 0: none */
+    uint64_t health_ms;  /* 0: no health-check PING */
+    uint64_t heard_ms;   /* last reply, or the send that ended a quiet spell */
+    uint64_t watch_due;  /* when the watchdog fires next, while connected */
+    int ping_out;        /* a health-check PING is unanswered */
 
     struct op *wait_head, *wait_tail; /* not yet sent */
     size_t inflight;
@@ -200,13 +212,150 @@ static void schedule_reconnect(struct backend *bk)
     uv_timer_start(&bk->timer, on_reconnect_timer, (uint64_t)bk->backoff_ms, 0);
 }
 
-static void on_auth_reply(redisAsyncContext *ac, void *r, void *privdata)
+/* A connection attempt failed. Said once per distinct reason, not at each
+ * retry of an outage; before the first connection not at all, as
+ * backend_wait_connected() reports the last reason. */
+static void connect_failed(struct backend *bk, const char *why)
 {
+    snprintf(bk->last_error, sizeof(bk->last_error), "%s", why);
+    if (bk->ever_connected && strcmp(bk->last_error, bk->logged_error)) {
+        LOG(LOG_ERROR, "result backend: cannot connect to redis://%s:%d/%d: %s; retrying",
+            bk->host, bk->port, bk->db, bk->last_error);
+        snprintf(bk->logged_error, sizeof(bk->logged_error), "%s", bk->last_error);
+    } else {
+        LOG(LOG_DEBUG, "result backend: cannot connect to redis://%s:%d/%d: %s", bk->host,
+            bk->port, bk->db, bk->last_error);
+    }
+    schedule_reconnect(bk);
+}
+
+/* Ends the connection at once. Detached first, so that no callback of it
+ * schedules anything: the unanswered operations come back to on_reply()
+ * with no reply and wait, in order, for the next connection; the caller
+ * decides what follows. Safe inside one of its reply callbacks, where hiredis
+ * defers the free until the callback returns. */
+static void drop_connection(struct backend *bk)
+{
+    redisAsyncContext *ac = bk->ac;
+    bk->connected = 0;
+    bk->handshake = 0;
+    bk->ping_out = 0;
+    bk->ac = NULL;
+    ac->data = NULL;
+    redisAsyncFree(ac);
+}
+
+static int passing_refusal(const char *e);
+static void on_watch(uv_timer_t *t);
+
+/* Makes the watchdog fire no later than due (an absolute uv_now() time).
+ * Only ever brought forward here: when it fires early, on_watch() works out
+ * the real deadline and sets it again, so a busy connection does not restart
+ * the timer at every command. */
+static void watch_by(struct backend *bk, uint64_t due)
+{
+    uint64_t now = uv_now(bk->loop);
+    if (uv_is_active((uv_handle_t *)&bk->timer) && bk->watch_due <= due)
+        return;
+    bk->watch_due = due;
+    uv_timer_start(&bk->timer, on_watch, due > now ? due - now : 0, 0);
+}
+
+static void on_ping(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct backend *bk = privdata;
+    if (bk->freeing || ac != bk->ac || !r)
+        return; /* a lost connection: on_disconnect() or drop_connection() */
+    bk->ping_out = 0;
+    bk->heard_ms = uv_now(bk->loop);
+    if (!bk->inflight && bk->health_ms)
+        watch_by(bk, bk->heard_ms + bk->health_ms);
+}
+
+/* While connected: a command unanswered for the timeout with nothing heard
+ * meanwhile means the connection is gone though its socket is open (a
+ * partition drops packets, and TCP would take many minutes to give up). It
+ * is dropped and rebuilt by the path an error takes, so what was in flight
+ * goes again, in order, on the next connection. Quiet for the health-check
+ * interval, it sends a PING, which the timeout then covers. */
+static void on_watch(uv_timer_t *t)
+{
+    struct backend *bk = t->data;
+    uint64_t now = uv_now(bk->loop), quiet = now - bk->heard_ms;
+
+    if (!bk->connected || !bk->ac)
+        return;
+    if (bk->inflight || bk->ping_out) {
+        if (!bk->timeout_ms)
+            return;
+        if (quiet < bk->timeout_ms) {
+            watch_by(bk, bk->heard_ms + bk->timeout_ms);
+            return;
+        }
+        LOG(LOG_ERROR,
+            "result backend: connection lost: no reply from redis://%s:%d/%d for %g s; "
+            "reconnecting",
+            bk->host, bk->port, bk->db, (double)bk->timeout_ms / 1000);
+        drop_connection(bk);
+        schedule_reconnect(bk);
+        return;
+    }
+    if (!bk->health_ms)
+        return;
+    if (quiet < bk->health_ms) {
+        watch_by(bk, bk->heard_ms + bk->health_ms);
+        return;
+    }
+    if (redisAsyncCommand(bk->ac, on_ping, bk, "PING") != REDIS_OK)
+        return;
+    bk->ping_out = 1;
+    bk->heard_ms = now;
+    if (bk->timeout_ms)
+        watch_by(bk, now + bk->timeout_ms);
+}
+
+/* Redis answered the handshake: the connection is up. */
+static void connection_up(struct backend *bk)
+{
+    uv_timer_stop(&bk->timer);
+    if (bk->ever_connected)
+        bk->reconnects++;
+    bk->ever_connected = 1;
+    bk->connected = 1;
+    bk->refused = 0;
+    bk->backoff_ms = 0;
+    bk->last_error[0] = '\0';
+    bk->logged_error[0] = '\0';
+    bk->ping_out = 0;
+    bk->heard_ms = uv_now(bk->loop);
+    LOG(LOG_INFO, "Connected to redis://%s:%d/%d", bk->host, bk->port, bk->db);
+    if (bk->health_ms)
+        watch_by(bk, bk->heard_ms + bk->health_ms);
+    send_waiting(bk);
+}
+
+/* A reply to AUTH, SELECT or the PING that stands in for them. Until all
+ * have come back without error the connection does not count: a wrong
+ * password is then one failed connect, not a "connected" followed by every
+ * write refused with NOAUTH. An error Redis lifts by itself (LOADING,
+ * BUSY...) is an answer, and the writes wait it out as usual. */
+static void on_handshake(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct backend *bk = privdata;
     redisReply *reply = r;
-    (void)ac;
-    (void)privdata;
-    if (reply && reply->type == REDIS_REPLY_ERROR)
-        LOG(LOG_ERROR, "result backend: %s", reply->str);
+
+    if (bk->freeing || ac != bk->ac || !reply || bk->connected)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR && !passing_refusal(reply->str)) {
+        char why[sizeof(bk->last_error)];
+        snprintf(why, sizeof(why), "%s", reply->str);
+        bk->refused = 1;
+        drop_connection(bk);
+        connect_failed(bk, why);
+        return;
+    }
+    if (--bk->handshake == 0)
+        connection_up(bk);
 }
 
 static void on_connect(const redisAsyncContext *cac, int status)
@@ -216,35 +365,33 @@ static void on_connect(const redisAsyncContext *cac, int status)
 
     if (!bk)
         return;
-    uv_timer_stop(&bk->timer);
     if (status != REDIS_OK) {
-        snprintf(bk->last_error, sizeof(bk->last_error), "%s", ac->errstr);
         /* hiredis frees the context after this callback. */
         bk->ac = NULL;
-        LOG(bk->ever_connected ? LOG_ERROR : LOG_DEBUG,
-            "result backend: cannot connect to redis://%s:%d/%d: %s", bk->host, bk->port,
-            bk->db, bk->last_error);
-        schedule_reconnect(bk);
+        connect_failed(bk, ac->errstr);
         return;
     }
-    if (bk->ever_connected)
-        bk->reconnects++;
-    bk->ever_connected = 1;
-    bk->connected = 1;
     bk->conn_gen++;
-    bk->backoff_ms = 0;
-    LOG(LOG_INFO, "Connected to redis://%s:%d/%d", bk->host, bk->port, bk->db);
-    /* AUTH and SELECT go first on the wire; replies come back in order. */
+    /* The connect timeout goes on running until Redis has answered these,
+     * which go first on the wire; ops wait for connection_up(). */
+    bk->handshake = 0;
     if (bk->password) {
         if (bk->user)
-            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s %s", bk->user,
-                              bk->password);
+            redisAsyncCommand(ac, on_handshake, bk, "AUTH %s %s", bk->user, bk->password);
         else
-            redisAsyncCommand(ac, on_auth_reply, NULL, "AUTH %s", bk->password);
+            redisAsyncCommand(ac, on_handshake, bk, "AUTH %s", bk->password);
+        bk->handshake++;
     }
-    if (bk->db)
-        redisAsyncCommand(ac, on_auth_reply, NULL, "SELECT %d", bk->db);
-    send_waiting(bk);
+    if (bk->db) {
+        redisAsyncCommand(ac, on_handshake, bk, "SELECT %d", bk->db);
+        bk->handshake++;
+    }
+    if (!bk->handshake) {
+        /* TCP alone proves nothing: a proxy or a load balancer accepts
+         * connections for a Redis that may not answer. */
+        redisAsyncCommand(ac, on_handshake, bk, "PING");
+        bk->handshake++;
+    }
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -253,11 +400,17 @@ static void on_disconnect(const redisAsyncContext *cac, int status)
     (void)status;
     if (!bk)
         return;
+    bk->ac = NULL;
+    bk->ping_out = 0;
+    if (bk->handshake) {
+        bk->handshake = 0;
+        connect_failed(bk, cac->errstr[0] ? cac->errstr : "connection closed");
+        return;
+    }
     if (bk->connected)
         LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting",
             cac->errstr[0] ? cac->errstr : "closed");
     bk->connected = 0;
-    bk->ac = NULL;
     schedule_reconnect(bk);
 }
 
@@ -265,14 +418,10 @@ static void on_connect_timeout(uv_timer_t *t)
 {
     struct backend *bk = t->data;
     if (bk->ac && !bk->connected) {
-        redisAsyncContext *ac = bk->ac;
-        snprintf(bk->last_error, sizeof(bk->last_error), "connection timed out");
-        /* Detach first: redisAsyncFree calls the callbacks, which must not
-         * schedule anything for this attempt. */
-        ac->data = NULL;
-        bk->ac = NULL;
-        redisAsyncFree(ac);
-        schedule_reconnect(bk);
+        int answered_tcp = bk->handshake > 0;
+        drop_connection(bk);
+        connect_failed(bk, answered_tcp ? "no reply to the handshake"
+                                        : "connection timed out");
     }
 }
 
@@ -284,18 +433,17 @@ static void start_connect(struct backend *bk)
         return;
     ac = redisAsyncConnect(bk->host, bk->port);
     if (!ac || ac->err) {
-        snprintf(bk->last_error, sizeof(bk->last_error), "%s",
-                 ac ? ac->errstr : "out of memory");
+        char why[sizeof(bk->last_error)];
+        snprintf(why, sizeof(why), "%s", ac ? ac->errstr : "out of memory");
         if (ac)
             redisAsyncFree(ac);
-        schedule_reconnect(bk);
+        connect_failed(bk, why);
         return;
     }
     ac->data = bk;
     if (redis_uv_attach(ac, bk->loop) != REDIS_OK) {
-        snprintf(bk->last_error, sizeof(bk->last_error), "cannot attach to loop");
         redisAsyncFree(ac);
-        schedule_reconnect(bk);
+        connect_failed(bk, "cannot attach to loop");
         return;
     }
     redisAsyncSetConnectCallback(ac, on_connect);
@@ -381,6 +529,11 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata)
     if (bk->freeing) {
         finish_op(op, CR_ECANCELED, NULL);
         return;
+    }
+    if (reply && ac == bk->ac) {
+        bk->heard_ms = uv_now(bk->loop);
+        if (!bk->inflight && !bk->ping_out && bk->health_ms)
+            watch_by(bk, bk->heard_ms + bk->health_ms);
     }
     if (!reply) {
         /* The connection went away with this command unanswered: it is
@@ -491,7 +644,12 @@ static void send_op(struct backend *bk, struct op *op)
         wait_push(bk, op);
         return;
     }
-    bk->inflight++;
+    if (!bk->inflight++ && !bk->ping_out) {
+        /* A quiet spell ends: the timeout runs from here. */
+        bk->heard_ms = uv_now(bk->loop);
+        if (bk->timeout_ms)
+            watch_by(bk, bk->heard_ms + bk->timeout_ms);
+    }
     /* When many tasks end in one loop turn (10,000 streams finishing at once),
      * their stores and progress writes would all wait in hiredis's output
      * buffer for the write event, and that buffer's peak is RSS. Write it out
@@ -636,6 +794,10 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
     }
     bk->loop = loop;
     bk->result_expires = cfg->result_expires;
+    bk->timeout_ms = cfg->timeout > 0 ? (uint64_t)(cfg->timeout * 1000 + 0.5) : 0;
+    bk->health_ms = cfg->health_check_interval > 0
+                        ? (uint64_t)(cfg->health_check_interval * 1000 + 0.5)
+                        : 0;
     snprintf(bk->expires_text, sizeof(bk->expires_text), "%d", cfg->result_expires);
     if (strncmp(cfg->url, "redis://", 8)) {
         cr_err_set(err, CR_EINVAL, "unsupported result backend URL (want redis://)");
@@ -663,7 +825,7 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
     uint64_t deadline = uv_now(loop) + (uint64_t)timeout_ms;
     while (!bk->connected) {
         uv_update_time(loop);
-        if (uv_now(loop) >= deadline)
+        if (bk->refused || uv_now(loop) >= deadline)
             return cr_err_set(err, CR_EBACKEND,
                               "cannot connect to result backend redis://%s:%d/%d: %s",
                               bk->host, bk->port, bk->db,

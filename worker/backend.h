@@ -17,6 +17,13 @@
 struct backend_config {
     const char *url;    /* redis://[[user]:password@]host[:port][/db] */
     int result_expires; /* seconds; 0 stores without TTL */
+    /* Seconds a sent command may go unanswered, with nothing else heard from
+     * Redis meanwhile, before the connection counts as lost (dropped, rebuilt,
+     * its unanswered operations sent again); 0: wait for ever. */
+    double timeout;
+    /* Seconds without traffic after which an idle connection is tested with a
+     * PING (that timeout applies to it); 0: never. */
+    double health_check_interval;
 };
 
 struct backend;
@@ -36,6 +43,9 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
                             struct cr_err *err);
 
 /* Runs the loop until connected or timeout_ms passes. For start-up only.
+ * Connected means Redis has answered the AUTH, SELECT (or PING) that open
+ * every connection; when it refuses them (WRONGPASS, NOAUTH, a bad database)
+ * this returns at once, since retrying the same credentials will not help.
  * Returns 0 or CR_EBACKEND with the last connection error in err. */
 int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
                            struct cr_err *err);

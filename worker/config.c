@@ -34,6 +34,13 @@ static const struct opt opts[] = {
      "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP broker URL"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPT_STR, OFF(result_backend),
      "redis://localhost:6379/0", 0, 0, "Redis result backend URL"},
+    {"redis-timeout", 0, "CELERIAC_REDIS_TIMEOUT", OPT_DBL, OFF(redis_timeout), "120", 0,
+     86400,
+     "seconds a Redis command may go unanswered before the connection is rebuilt (0: "
+     "none)"},
+    {"redis-health-check-interval", 0, "CELERIAC_REDIS_HEALTH_CHECK_INTERVAL", OPT_DBL,
+     OFF(redis_health_check_interval), "25", 0, 86400,
+     "seconds an idle Redis connection waits before a PING tests it (0: never)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPT_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPT_INT, OFF(concurrency), "100", 1,

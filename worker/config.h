@@ -23,6 +23,8 @@ struct config_list {
 struct config {
     char *broker;         /* AMQP URL */
     char *result_backend; /* redis:// URL */
+    double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
+    double redis_health_check_interval; /* seconds idle before a PING; 0: never */
     struct config_list queues;
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */

@@ -1796,6 +1796,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
         goto fail;
     bc.url = cfg->result_backend;
     bc.result_expires = cfg->result_expires;
+    bc.timeout = cfg->redis_timeout;
+    bc.health_check_interval = cfg->redis_health_check_interval;
     w->backend = backend_new(loop, &bc, err);
     if (!w->backend)
         goto fail;
