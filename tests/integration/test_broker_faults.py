@@ -111,12 +111,13 @@ def test_memory_alarm_blocks_publishes_not_acks(env):
         t0 = time.time()
         w = env.worker("-E", "-c", "2", "--prefetch-multiplier", "1", "--heartbeat", "2",
                        "--metrics-port", str(port))
-        w.wait_for(r"publishing blocked by the broker \(low on memory\)", timeout=30)
-        wait_until(lambda: all(env.meta(r.id) for r in results), 120, interval=0.2,
+        wait_until(lambda: all(env.meta(r.id) for r in results), 60, interval=0.2,
                    what="every result during the alarm")
         assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
         wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30,
                    what="the queue drained (all acked)")
+        # blocked from the first event on (worker-online), and still blocked
+        w.wait_for(r"publishing blocked by the broker \(low on memory\)", timeout=10)
         status, body = http_get("http://127.0.0.1:%d/healthz" % port)
         assert status == 200 and json.loads(body)["status"] == "degraded", body
         assert json.loads(body)["broker_blocked"] is True, body
