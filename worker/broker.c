@@ -3,10 +3,10 @@
  * rabbitmq-c owns a non-blocking socket per connection; we watch each fd with
  * a uv_poll_t and, when it is readable, pull frames with a zero timeout until
  * the library has nothing more. Deliveries (method + header + body frames) are
- * put together here. With a zero timeout rabbitmq-c never notices a silent
- * peer, so a timer does the heartbeat work: it sends ours every half interval
- * and declares a connection lost after two intervals without a byte from the
- * broker. */
+ * put together here. rabbitmq-c sends heartbeats and notices a silent peer
+ * only when it is called into, so a timer does that work on its own clock: it
+ * sends ours every half interval and declares a connection lost after two
+ * intervals without a byte from the broker. */
 #include "broker.h"
 
 #include <amqp.h>
