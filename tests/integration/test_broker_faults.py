@@ -135,3 +135,27 @@ def test_memory_alarm_blocks_publishes_not_acks(env):
     assert w.count(r"publishing blocked by the broker") == 1
     assert w.count(r"publishing unblocked") == 1
     assert "connection to broker lost" not in w.log()
+
+
+def test_a_retry_published_during_an_alarm_waits_and_goes_out_after(env):
+    # The retry's publish is held while publishing is blocked, not written to
+    # a socket the broker does not read; it goes out on unblock and the task
+    # then succeeds.
+    env.fake.script(["latency_ms=1500;status=503", "tokens=3"])
+    r = env.app.send_task("llm.generate", args=["held retry"])
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 1, 20,
+               what="task queued")
+    env.services.ctl("set_vm_memory_high_watermark", "0.0000001")
+    try:
+        w = env.worker("-c", "1", "--retry-backoff", "0.2", "--retry-jitter", "false")
+        # the worker-online event is what gets the publishing connection blocked
+        w.wait_for(r"publishing blocked by the broker", timeout=30)
+        w.wait_for(r"Task llm\.generate\[%s\] retry" % r.id, timeout=30)
+        time.sleep(2)
+        assert (env.meta(r.id) or {}).get("status") != "SUCCESS"
+    finally:
+        env.services.ctl("set_vm_memory_high_watermark", "0.4")
+    w.wait_for(r"broker: publishing unblocked; sending [1-9]\d* held publishes", timeout=30)
+    wait_until(lambda: (env.meta(r.id) or {}).get("status") == "SUCCESS", 30,
+               what="the retried task succeeded")
+    assert "connection to broker lost" not in w.log()
