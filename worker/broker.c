@@ -1,16 +1,22 @@
-/* broker.c -- rabbitmq-c connection pumped from the libuv loop.
+/* broker.c -- rabbitmq-c connections pumped from the libuv loop.
  *
- * rabbitmq-c owns a non-blocking socket internally; we watch its fd with a
- * uv_poll_t and, when it is readable, pull frames with a zero timeout until the
- * library has nothing more. Deliveries (method + header + body frames) are put
- * together here. Heartbeats are sent by rabbitmq-c whenever we call into it, so
- * a timer pumps the connection even when the socket is quiet. */
+ * rabbitmq-c owns a non-blocking socket per connection; we watch each fd with
+ * a uv_poll_t and, when it is readable, pull frames with a zero timeout until
+ * the library has nothing more. Deliveries (method + header + body frames) are
+ * put together here. rabbitmq-c sends heartbeats and notices a silent peer
+ * only when it is called into, so a timer does that work on its own clock: it
+ * sends ours every half interval and declares a connection lost after two
+ * intervals without a byte from the broker. */
 #include "broker.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "ack_batch.h"
 #include "log.h"
@@ -19,6 +25,7 @@
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
 
+/* Channels of the consuming connection. */
 #define CHANNEL 1
 /* Queue-depth polls (passive queue.declare) go on their own channel: a missing
  * queue closes the channel it was asked on, and that must never be channel 1. */
@@ -28,11 +35,28 @@
  * flow never hold back a revoke or an inspect while the worker is busy. */
 #define CONTROL_CHANNEL 3
 #define CONSUMER_CHANNEL(q) ((q)->no_ack ? CONTROL_CHANNEL : CHANNEL)
+/* The publishing connection's one channel, in confirm mode. */
+#define PUB_CHANNEL 1
 #define RPC_TIMEOUT_S 10
 #define RECONNECT_MAX_MS 30000
+/* Publishes held while the broker blocks publishing, at most (bodies and
+ * copies); past it broker_publish() refuses. */
+#define HELD_MAX_BYTES (64u << 20)
 
 struct pending_confirm {
     uint64_t seq;
+    broker_confirm_fn *cb;
+    void *privdata;
+};
+
+/* A publish made while publishing is blocked: everything copied. */
+struct held_publish {
+    char *exchange, *routing_key;
+    char *content_type, *content_encoding, *correlation_id, *reply_to, *expiration;
+    int delivery_mode, priority;
+    cJSON *headers;
+    char *body;
+    size_t len;
     broker_confirm_fn *cb;
     void *privdata;
 };
@@ -54,6 +78,19 @@ struct exchange_decl {
     int durable;
 };
 
+/* One AMQP connection: the consuming one or the publishing one. */
+struct link {
+    struct broker *b;
+    const char *role;             /* "consume" or "publish" */
+    amqp_connection_state_t conn; /* NULL while disconnected */
+    uv_poll_t *poll;              /* heap: closed asynchronously */
+    uint64_t last_recv_ms;        /* loop time bytes last came from the broker */
+    uint64_t last_beat_ms;        /* loop time our last heartbeat went out */
+    int in_pump;
+    int blocked; /* connection.blocked received, unblocked not yet */
+    char blocked_why[128];
+};
+
 #define MAX_CONSUMERS 64
 #define MAX_EXCHANGES 16
 
@@ -64,13 +101,17 @@ struct broker {
     broker_conn_fn *on_conn;
     void *privdata;
 
-    amqp_connection_state_t conn; /* NULL while disconnected */
+    struct link cons; /* consumers, acks, qos, queue declarations, depth polls */
+    struct link pub;  /* publishes and the exchanges they go to */
+    int up;           /* both connections open */
+    char peer[300];   /* host:port, for messages */
+    uint64_t hb_ms;   /* negotiated heartbeat interval, 0: none */
     unsigned generation;
     unsigned long reconnects;
     int stopping;     /* no reconnect: broker_free() in progress */
     int consuming;    /* consumers active */
-    uv_poll_t *poll;  /* heap: closed asynchronously */
-    uv_timer_t timer; /* heartbeat pump and reconnect backoff */
+    int nclosed;      /* handles closed by broker_free() so far */
+    uv_timer_t timer; /* heartbeats and reconnect backoff */
     uv_check_t check; /* drains frames rabbitmq-c buffered during writes */
     /* Sends the acks made during a loop iteration just before the loop waits
      * for I/O: one write per iteration instead of one per delivery. A prepare
@@ -86,7 +127,6 @@ struct broker {
      * the stats channel receives no deliveries. */
     struct ack_batch acks;
     int64_t reconnect_delay_ms;
-    int in_pump;
 
     struct consumer consumers[MAX_CONSUMERS];
     int nconsumers;
@@ -98,7 +138,6 @@ struct broker {
     /* delivery being assembled */
     struct broker_msg *cur;
     uint64_t cur_body_size;
-    int skip_content; /* a basic.return's content frames are dropped */
 
     /* publisher confirms, in publish order */
     uint64_t next_seq;
@@ -108,6 +147,9 @@ struct broker {
     uv_timer_t confirm_timer;
     struct pending_confirm *failed;
     size_t nfailed, capfailed;
+    /* publishes held while blocked, oldest first */
+    struct held_publish *held;
+    size_t nheld, capheld, held_head, held_bytes;
 
     /* queue-depth polls on STATS_CHANNEL, answered in order */
     struct pending_stats *stats;
@@ -115,7 +157,7 @@ struct broker {
     int stats_open; /* 0 closed, 1 open, 2 reopening after a channel error */
 };
 
-static void pump(struct broker *b);
+static void pump(struct link *l);
 static void connection_lost(struct broker *b, const char *why);
 static int check_status(struct broker *b, int rc, const char *what);
 static void on_prepare(uv_prepare_t *p);
@@ -183,14 +225,49 @@ static int reply_error(amqp_rpc_reply_t r, const char *what, struct cr_err *err)
     return cr_err_set(err, CR_EBROKER, "%s: unknown reply", what);
 }
 
+/* What a failed rabbitmq-c call means, in words. For a socket error that is
+ * the system error the library keeps to itself: sys_errno is errno right after
+ * the call (nothing else runs in between). */
+static const char *status_text(int rc, int sys_errno, char *buf, size_t size)
+{
+    if (rc == AMQP_STATUS_CONNECTION_CLOSED)
+        return "connection closed by peer";
+    if (rc == AMQP_STATUS_SOCKET_ERROR && sys_errno && sys_errno != EAGAIN &&
+        sys_errno != EINPROGRESS) {
+        snprintf(buf, size, "%s", strerror(sys_errno));
+        buf[0] = (char)tolower((unsigned char)buf[0]);
+        return buf;
+    }
+    return amqp_error_string2(rc);
+}
+
+/* A failed login, whole: RabbitMQ closes the connection with its reason
+ * (authentication_failure_close), older brokers just close the socket. */
+static void login_error(amqp_rpc_reply_t r, int sys_errno, char *out, size_t size)
+{
+    char tmp[128];
+    if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+        r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+        amqp_connection_close_t *c = r.reply.decoded;
+        snprintf(out, size, "%s: %.*s",
+                 c->reply_code == 403 ? "login refused" : "login failed",
+                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
+    } else if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION) {
+        snprintf(out, size, "login failed: %s",
+                 status_text(r.library_error, sys_errno, tmp, sizeof(tmp)));
+    } else {
+        snprintf(out, size, "login failed: no reply from broker");
+    }
+}
+
 /* After a channel-level error (406, 404) rabbitmq-c has not answered the close;
  * answer it and open the channel again so connecting can go on. */
 static int reopen_channel(struct broker *b, struct cr_err *err)
 {
     amqp_channel_close_ok_t ok = {0};
-    amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
-    amqp_channel_open(b->conn, CHANNEL);
-    return reply_error(amqp_get_rpc_reply(b->conn), "cannot reopen channel", err);
+    amqp_send_method(b->cons.conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    amqp_channel_open(b->cons.conn, CHANNEL);
+    return reply_error(amqp_get_rpc_reply(b->cons.conn), "cannot reopen channel", err);
 }
 
 /* -------------------------------------------------------------- confirms */
@@ -247,12 +324,37 @@ static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int o
         b->confirm_head = b->nconfirms = 0;
 }
 
+static void held_release(struct held_publish *h)
+{
+    cr_free(h->exchange);
+    cr_free(h->routing_key);
+    cr_free(h->content_type);
+    cr_free(h->content_encoding);
+    cr_free(h->correlation_id);
+    cr_free(h->reply_to);
+    cr_free(h->expiration);
+    cJSON_Delete(h->headers);
+    cr_free(h->body);
+}
+
+/* The held publishes, oldest first, become failed confirms. */
+static void fail_held(struct broker *b)
+{
+    for (size_t i = b->held_head; i < b->nheld; i++) {
+        struct pending_confirm pc = {0, b->held[i].cb, b->held[i].privdata};
+        held_release(&b->held[i]);
+        confirm_push_failed(b, pc);
+    }
+    b->held_head = b->nheld = b->held_bytes = 0;
+}
+
 static void fail_all_confirms(struct broker *b)
 {
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
         if (b->confirms[i].cb) /* NULL: confirmed out of order already */
             confirm_push_failed(b, b->confirms[i]);
     b->confirm_head = b->nconfirms = 0;
+    fail_held(b);
     if (b->nfailed)
         uv_timer_start(&b->confirm_timer, on_confirm_timer, 0, 0);
 }
@@ -285,23 +387,24 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
         ed.nowait = !wait;
         ed.arguments = amqp_empty_table;
         if (wait) {
-            amqp_exchange_declare(b->conn, ch, ed.exchange, ed.type, 0, ed.durable, 0, 0,
-                                  amqp_empty_table);
-            if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err)))
+            amqp_exchange_declare(b->cons.conn, ch, ed.exchange, ed.type, 0, ed.durable,
+                                  0, 0, amqp_empty_table);
+            if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.declare",
+                                  err)))
                 goto out;
         } else {
-            amqp_send_method(b->conn, ch, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
+            amqp_send_method(b->cons.conn, ch, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
         }
     }
     if (wait) {
-        amqp_queue_declare(b->conn, ch, cstr(q->name), 0, q->durable, q->exclusive,
+        amqp_queue_declare(b->cons.conn, ch, cstr(q->name), 0, q->durable, q->exclusive,
                            q->auto_delete, args);
-        if ((rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err)))
+        if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err)))
             goto out;
         if (q->exchange && *q->exchange) {
-            amqp_queue_bind(b->conn, ch, cstr(q->name), cstr(q->exchange),
+            amqp_queue_bind(b->cons.conn, ch, cstr(q->name), cstr(q->exchange),
                             cstr(q->routing_key ? q->routing_key : ""), amqp_empty_table);
-            rc = reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err);
+            rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", err);
         }
     } else {
         amqp_queue_declare_t qd;
@@ -312,7 +415,7 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
         qd.auto_delete = q->auto_delete;
         qd.nowait = 1;
         qd.arguments = args;
-        amqp_send_method(b->conn, ch, AMQP_QUEUE_DECLARE_METHOD, &qd);
+        amqp_send_method(b->cons.conn, ch, AMQP_QUEUE_DECLARE_METHOD, &qd);
         if (q->exchange && *q->exchange) {
             amqp_queue_bind_t qb;
             memset(&qb, 0, sizeof(qb));
@@ -321,7 +424,7 @@ static int declare_custom(struct broker *b, const struct broker_queue *q, int wa
             qb.routing_key = cstr(q->routing_key ? q->routing_key : "");
             qb.nowait = 1;
             qb.arguments = amqp_empty_table;
-            amqp_send_method(b->conn, ch, AMQP_QUEUE_BIND_METHOD, &qb);
+            amqp_send_method(b->cons.conn, ch, AMQP_QUEUE_BIND_METHOD, &qb);
         }
     }
 out:
@@ -338,9 +441,9 @@ static int declare_task_queue(struct broker *b, const char *q, struct cr_err *er
 
     /* What Celery declares: a durable direct exchange named like the queue, a
      * durable queue, and a binding with the queue name as routing key. */
-    amqp_exchange_declare(b->conn, CHANNEL, cstr(q), cstr("direct"), 0, 1, 0, 0,
+    amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(q), cstr("direct"), 0, 1, 0, 0,
                           amqp_empty_table);
-    r = amqp_get_rpc_reply(b->conn);
+    r = amqp_get_rpc_reply(b->cons.conn);
     if (reply_error(r, "exchange.declare", &e2)) {
         if (e2.code != CR_EPEER)
             return cr_err_set(err, CR_EBROKER, "cannot declare exchange '%s': %s", q,
@@ -351,8 +454,8 @@ static int declare_task_queue(struct broker *b, const char *q, struct cr_err *er
         if (reopen_channel(b, err))
             return err->code;
     }
-    amqp_queue_declare(b->conn, CHANNEL, cstr(q), 0, 1, 0, 0, amqp_empty_table);
-    r = amqp_get_rpc_reply(b->conn);
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 0, 1, 0, 0, amqp_empty_table);
+    r = amqp_get_rpc_reply(b->cons.conn);
     if (reply_error(r, "queue.declare", &e2)) {
         if (e2.code != CR_EPEER)
             return cr_err_set(err, CR_EBROKER, "cannot declare queue '%s': %s", q,
@@ -361,14 +464,14 @@ static int declare_task_queue(struct broker *b, const char *q, struct cr_err *er
          * x-queue-type...): a passive declare checks that it exists. */
         if (reopen_channel(b, err))
             return err->code;
-        amqp_queue_declare(b->conn, CHANNEL, cstr(q), 1, 0, 0, 0, amqp_empty_table);
-        if (reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err))
-            return cr_err_set(err, CR_EBROKER, "cannot use queue '%s': %s", q, err->msg);
+        amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 1, 0, 0, 0, amqp_empty_table);
+        if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", &e2))
+            return cr_err_set(err, CR_EBROKER, "cannot use queue '%s': %s", q, e2.msg);
         return 0;
     }
-    amqp_queue_bind(b->conn, CHANNEL, cstr(q), cstr(q), cstr(q), amqp_empty_table);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err))
-        return cr_err_set(err, CR_EBROKER, "cannot bind queue '%s': %s", q, err->msg);
+    amqp_queue_bind(b->cons.conn, CHANNEL, cstr(q), cstr(q), cstr(q), amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", &e2))
+        return cr_err_set(err, CR_EBROKER, "cannot bind queue '%s': %s", q, e2.msg);
     return 0;
 }
 
@@ -390,38 +493,55 @@ static int declare_consumer(struct broker *b, const struct broker_queue *q, int 
 
 static int declare_dead_letters(struct broker *b, struct cr_err *err)
 {
+    struct cr_err e2;
     if (!b->cfg.dlx)
         return 0;
-    amqp_exchange_declare(b->conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0, 0,
-                          amqp_empty_table);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err))
+    amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0,
+                          0, amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.declare", &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter exchange '%s': %s",
-                          b->cfg.dlx, err->msg);
+                          b->cfg.dlx, e2.msg);
     if (!b->cfg.dlq)
         return 0;
-    amqp_queue_declare(b->conn, CHANNEL, cstr(b->cfg.dlq), 0, 1, 0, 0, amqp_empty_table);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.declare", err))
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), 0, 1, 0, 0,
+                       amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
-                          b->cfg.dlq, err->msg);
-    amqp_queue_bind(b->conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),
+                          b->cfg.dlq, e2.msg);
+    amqp_queue_bind(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),
                     amqp_empty_table);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "queue.bind", err))
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", &e2))
         return cr_err_set(err, CR_EBROKER, "cannot bind dead-letter queue '%s': %s",
-                          b->cfg.dlq, err->msg);
+                          b->cfg.dlq, e2.msg);
     return 0;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
 {
-    struct broker *b = p->data;
-    (void)events;
-    if (!b)
+    struct link *l = p->data;
+    struct broker *b;
+    char buf[128];
+    int soerr = 0;
+    socklen_t len = sizeof(soerr);
+
+    if (!l)
         return;
-    if (status < 0) {
-        connection_lost(b, uv_strerror(status));
+    b = l->b;
+    if (status == 0 && (events & UV_READABLE))
+        l->last_recv_ms = uv_now(b->loop);
+    /* Also on an error: what the broker sent before it (a connection.close
+     * with its reason) comes first, and the read that fails names the cause. */
+    pump(l);
+    if (status == 0 || !l->conn)
         return;
-    }
-    pump(b);
+    /* libuv reports any POLLERR as "bad file descriptor" and stops watching;
+     * the socket's own error is the real cause (a reset, mostly). */
+    if (getsockopt(amqp_get_sockfd(l->conn), SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 &&
+        soerr)
+        connection_lost(b,
+                        status_text(AMQP_STATUS_SOCKET_ERROR, soerr, buf, sizeof(buf)));
+    else
+        connection_lost(b, "connection closed by peer");
 }
 
 static void on_poll_closed(uv_handle_t *h)
@@ -450,21 +570,29 @@ static void fail_stats(struct broker *b)
         stats_pop(b, 0, 0, 0);
 }
 
+static void link_close(struct link *l)
+{
+    if (l->poll) {
+        l->poll->data = NULL;
+        uv_poll_stop(l->poll);
+        uv_close((uv_handle_t *)l->poll, on_poll_closed);
+        l->poll = NULL;
+    }
+    if (l->conn) {
+        amqp_destroy_connection(l->conn);
+        l->conn = NULL;
+    }
+    l->blocked = 0;
+    l->blocked_why[0] = '\0';
+}
+
 static void teardown(struct broker *b)
 {
-    if (b->poll) {
-        b->poll->data = NULL;
-        uv_poll_stop(b->poll);
-        uv_close((uv_handle_t *)b->poll, on_poll_closed);
-        b->poll = NULL;
-    }
-    if (b->conn) {
-        amqp_destroy_connection(b->conn);
-        b->conn = NULL;
-    }
+    b->up = 0;
+    link_close(&b->pub);
+    link_close(&b->cons);
     broker_msg_free(b->cur);
     b->cur = NULL;
-    b->skip_content = 0;
     /* Delivery tags are per channel and start again on the next connection:
      * an ack still pending for this one must never be sent on the next (it
      * would name another delivery, or an unknown tag). The broker requeues
@@ -476,109 +604,178 @@ static void teardown(struct broker *b)
     fail_stats(b);
 }
 
+static amqp_table_entry_t bool_entry(const char *key)
+{
+    amqp_table_entry_t e;
+    e.key = amqp_cstring_bytes(key);
+    e.value.kind = AMQP_FIELD_KIND_BOOLEAN;
+    e.value.value.boolean = 1;
+    return e;
+}
+
+/* TCP connect and login of one connection. The client properties say which
+ * of RabbitMQ's extensions we handle (connection.blocked above all: without
+ * it RabbitMQ blocks silently) and name the connection. Returns 0 or an error
+ * with the reason alone in err. */
+static int link_open(struct broker *b, struct link *l, const struct amqp_url *u,
+                     struct cr_err *err)
+{
+    amqp_table_entry_t caps[5], props[2];
+    amqp_table_t props_table;
+    amqp_socket_t *sock;
+    amqp_rpc_reply_t r;
+    struct timeval tv;
+    char name[200], why[200];
+    int rc, e;
+
+    l->conn = amqp_new_connection();
+    sock = l->conn ? amqp_tcp_socket_new(l->conn) : NULL;
+    if (!sock)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    tv.tv_sec = (long)b->cfg.connect_timeout;
+    tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
+    /* errno says nothing here: the library reads a failed connect's error
+     * with getsockopt() and keeps it. */
+    rc = amqp_socket_open_noblock(sock, u->host, u->port, &tv);
+    if (rc != AMQP_STATUS_OK)
+        return cr_err_set(err, CR_EBROKER, "%s", status_text(rc, 0, why, sizeof(why)));
+    tv.tv_sec = RPC_TIMEOUT_S;
+    tv.tv_usec = 0;
+    amqp_set_handshake_timeout(l->conn, &tv);
+    amqp_set_rpc_timeout(l->conn, &tv);
+    caps[0] = bool_entry("connection.blocked");
+    caps[1] = bool_entry("authentication_failure_close");
+    caps[2] = bool_entry("consumer_cancel_notify");
+    caps[3] = bool_entry("publisher_confirms");
+    caps[4] = bool_entry("basic.nack");
+    props[0].key = amqp_cstring_bytes("capabilities");
+    props[0].value.kind = AMQP_FIELD_KIND_TABLE;
+    props[0].value.value.table.num_entries = 5;
+    props[0].value.value.table.entries = caps;
+    snprintf(name, sizeof(name), "%s (%s)",
+             b->cfg.connection_name ? b->cfg.connection_name : "celeriac", l->role);
+    props[1].key = amqp_cstring_bytes("connection_name");
+    props[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    props[1].value.value.bytes = amqp_cstring_bytes(name);
+    props_table.num_entries = 2;
+    props_table.entries = props;
+    errno = 0;
+    r = amqp_login_with_properties(l->conn, u->vhost, 0, 131072, b->cfg.heartbeat,
+                                   &props_table, AMQP_SASL_METHOD_PLAIN, u->user,
+                                   u->password);
+    e = errno;
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        login_error(r, e, why, sizeof(why));
+        return cr_err_set(err, CR_EBROKER, "%s", why);
+    }
+    return 0;
+}
+
+static int link_watch(struct broker *b, struct link *l, struct cr_err *err)
+{
+    l->poll = cr_malloc(sizeof(*l->poll));
+    if (!l->poll || uv_poll_init(b->loop, l->poll, amqp_get_sockfd(l->conn)) != 0) {
+        cr_free(l->poll);
+        l->poll = NULL;
+        return cr_err_set(err, CR_ENOMEM, "cannot watch the broker socket");
+    }
+    l->poll->data = l;
+    uv_poll_start(l->poll, UV_READABLE, on_poll);
+    l->last_recv_ms = l->last_beat_ms = uv_now(b->loop);
+    return 0;
+}
+
+/* The publishing connection: its channel in confirm mode and the exchanges
+ * publishes go to, declared on it so that none is overtaken by a publish. */
+static int setup_pub(struct broker *b, struct cr_err *err)
+{
+    amqp_connection_state_t c = b->pub.conn;
+    amqp_channel_open(c, PUB_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(c), "channel.open", err))
+        return err->code;
+    for (int i = 0; i < b->nexchanges; i++) {
+        amqp_exchange_declare(c, PUB_CHANNEL, cstr(b->exchanges[i].name),
+                              cstr(b->exchanges[i].type), 0, b->exchanges[i].durable, 0,
+                              0, amqp_empty_table);
+        if (reply_error(amqp_get_rpc_reply(c), "exchange.declare", err))
+            return err->code;
+    }
+    amqp_confirm_select(c, PUB_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(c), "confirm.select", err))
+        return err->code;
+    b->next_seq = 1;
+    return 0;
+}
+
+static int setup_cons(struct broker *b, struct cr_err *err)
+{
+    amqp_channel_open(b->cons.conn, CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
+        return err->code;
+    amqp_channel_open(b->cons.conn, STATS_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
+        return err->code;
+    b->stats_open = 1;
+    amqp_channel_open(b->cons.conn, CONTROL_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
+        return err->code;
+    for (int i = 0; i < b->nconsumers; i++)
+        if (declare_consumer(b, &b->consumers[i].q, 1, err))
+            return err->code;
+    if (declare_dead_letters(b, err))
+        return err->code;
+    /* global = 1 (a channel-wide limit, as Celery uses with RabbitMQ 3.x):
+     * RabbitMQ applies a per-consumer qos only to consumers started after it,
+     * while a channel-wide one can be raised live for held eta tasks. */
+    amqp_basic_qos(b->cons.conn, CHANNEL, 0,
+                   (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch), 1);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
+        return err->code;
+    for (int i = 0; i < b->nconsumers; i++) {
+        struct consumer *c = &b->consumers[i];
+        if (c->q.no_consume)
+            continue;
+        if (!amqp_basic_consume(b->cons.conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
+                                cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
+            if (!reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.consume", err))
+                cr_err_set(err, CR_EBROKER, "basic.consume: failed");
+            return err->code;
+        }
+        c->active = 1;
+    }
+    b->consuming = 1;
+    return 0;
+}
+
 static void on_timer(uv_timer_t *t);
 
 int broker_connect(struct broker *b, struct cr_err *err)
 {
     struct amqp_url u;
     char redacted[512];
-    amqp_socket_t *sock;
-    struct timeval tv;
-    int rc, fd;
+    struct cr_err e2;
 
     config_redact_url(b->cfg.url, redacted, sizeof(redacted));
     teardown(b);
-    if (amqp_url_parse(b->cfg.url, &u, err))
+    if (amqp_url_parse(b->cfg.url, &u, &e2))
         return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted,
-                          err->msg);
-
-    b->conn = amqp_new_connection();
-    sock = b->conn ? amqp_tcp_socket_new(b->conn) : NULL;
-    if (!sock) {
-        teardown(b);
-        return cr_err_set(err, CR_ENOMEM, "out of memory");
-    }
-    tv.tv_sec = (long)b->cfg.connect_timeout;
-    tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
-    rc = amqp_socket_open_noblock(sock, u.host, u.port, &tv);
-    if (rc != AMQP_STATUS_OK) {
-        cr_err_set(err, CR_EBROKER, "cannot connect to broker '%s': %s", redacted,
-                   amqp_error_string2(rc));
-        teardown(b);
-        return err->code;
-    }
-    tv.tv_sec = RPC_TIMEOUT_S;
-    tv.tv_usec = 0;
-    amqp_set_handshake_timeout(b->conn, &tv);
-    amqp_set_rpc_timeout(b->conn, &tv);
-    if (reply_error(amqp_login(b->conn, u.vhost, 0, 131072, b->cfg.heartbeat,
-                               AMQP_SASL_METHOD_PLAIN, u.user, u.password),
-                    "login", err)) {
-        cr_err_set(err, CR_EBROKER, "cannot log in to broker '%s': %s", redacted,
-                   err->msg);
-        teardown(b);
-        return err->code;
-    }
-    amqp_channel_open(b->conn, CHANNEL);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
+                          e2.msg);
+    snprintf(b->peer, sizeof(b->peer), "%s:%d", u.host, u.port);
+    /* The publishing connection first: a delivery may arrive as soon as the
+     * consumers start, and its outcome may need a publish. */
+    if (link_open(b, &b->pub, &u, &e2) || setup_pub(b, &e2) ||
+        link_open(b, &b->cons, &u, &e2) || setup_cons(b, &e2))
         goto fail;
-    amqp_channel_open(b->conn, STATS_CHANNEL);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
+    /* The calls above blocked: take the time now, not at the loop's last wake. */
+    uv_update_time(b->loop);
+    if (link_watch(b, &b->pub, &e2) || link_watch(b, &b->cons, &e2))
         goto fail;
-    b->stats_open = 1;
-    amqp_channel_open(b->conn, CONTROL_CHANNEL);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "channel.open", err))
-        goto fail;
-    for (int i = 0; i < b->nexchanges; i++) {
-        amqp_exchange_declare(b->conn, CHANNEL, cstr(b->exchanges[i].name),
-                              cstr(b->exchanges[i].type), 0, b->exchanges[i].durable, 0,
-                              0, amqp_empty_table);
-        if (reply_error(amqp_get_rpc_reply(b->conn), "exchange.declare", err))
-            goto fail;
-    }
-    for (int i = 0; i < b->nconsumers; i++)
-        if (declare_consumer(b, &b->consumers[i].q, 1, err))
-            goto fail;
-    if (declare_dead_letters(b, err))
-        goto fail;
-    amqp_confirm_select(b->conn, CHANNEL);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "confirm.select", err))
-        goto fail;
-    b->next_seq = 1;
-    /* global = 1 (a channel-wide limit, as Celery uses with RabbitMQ 3.x):
-     * RabbitMQ applies a per-consumer qos only to consumers started after it,
-     * while a channel-wide one can be raised live for held eta tasks. */
-    amqp_basic_qos(b->conn, CHANNEL, 0,
-                   (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch), 1);
-    if (reply_error(amqp_get_rpc_reply(b->conn), "basic.qos", err))
-        goto fail;
-    for (int i = 0; i < b->nconsumers; i++) {
-        struct consumer *c = &b->consumers[i];
-        if (c->q.no_consume)
-            continue;
-        if (!amqp_basic_consume(b->conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
-                                cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
-            reply_error(amqp_get_rpc_reply(b->conn), "basic.consume", err);
-            goto fail;
-        }
-        c->active = 1;
-    }
-    b->consuming = 1;
-
-    fd = amqp_get_sockfd(b->conn);
-    b->poll = cr_malloc(sizeof(*b->poll));
-    if (!b->poll || uv_poll_init(b->loop, b->poll, fd) != 0) {
-        cr_free(b->poll);
-        b->poll = NULL;
-        cr_err_set(err, CR_ENOMEM, "cannot watch broker socket");
-        goto fail;
-    }
-    b->poll->data = b;
-    uv_poll_start(b->poll, UV_READABLE, on_poll);
+    b->up = 1;
     b->generation++;
     b->reconnect_delay_ms = 0;
-    if (b->cfg.heartbeat > 0) {
-        uint64_t every = (uint64_t)b->cfg.heartbeat * 1000 / 4;
+    b->hb_ms = (uint64_t)amqp_get_heartbeat(b->cons.conn) * 1000;
+    if (b->hb_ms > 0) {
+        uint64_t every = b->hb_ms / 4;
         uv_timer_start(&b->timer, on_timer, every ? every : 250, every ? every : 250);
     } else {
         uv_timer_stop(&b->timer);
@@ -587,12 +784,42 @@ int broker_connect(struct broker *b, struct cr_err *err)
     if (b->on_conn)
         b->on_conn(b, 1, b->privdata);
     return 0;
-fail : {
-    struct cr_err e2 = *err;
-    cr_err_set(err, e2.code, "broker '%s': %s", redacted, e2.msg);
-}
+fail:
     teardown(b);
-    return err->code;
+    return cr_err_set(err, e2.code, "cannot connect to broker '%s': %s", redacted,
+                      e2.msg);
+}
+
+static void lost_heartbeats(struct broker *b, const struct link *l)
+{
+    char why[400];
+    snprintf(why, sizeof(why), "no heartbeat from %s for %llu s", b->peer,
+             (unsigned long long)((uv_now(b->loop) - l->last_recv_ms) / 1000));
+    connection_lost(b, why);
+}
+
+/* Two heartbeat intervals without a byte from the broker: the connection is
+ * as good as gone, even if the socket stays open (a silent partition, a
+ * broker host that vanished). rabbitmq-c notices that only when it is asked
+ * to read, so the timer checks too. Ours go out every half interval, as
+ * RabbitMQ sends its own, whatever else was written. */
+static void link_heartbeat(struct broker *b, struct link *l, uint64_t now)
+{
+    amqp_frame_t f;
+
+    if (!b->up || !l->conn)
+        return;
+    if (now - l->last_recv_ms > 2 * b->hb_ms) {
+        lost_heartbeats(b, l);
+        return;
+    }
+    if (now - l->last_beat_ms < b->hb_ms / 2)
+        return;
+    memset(&f, 0, sizeof(f));
+    f.frame_type = AMQP_FRAME_HEARTBEAT;
+    f.channel = 0;
+    l->last_beat_ms = now;
+    check_status(b, amqp_send_frame(l->conn, &f), "heartbeat");
 }
 
 static void on_timer(uv_timer_t *t)
@@ -600,8 +827,13 @@ static void on_timer(uv_timer_t *t)
     struct broker *b = t->data;
     struct cr_err err;
 
-    if (b->conn) {
-        pump(b);
+    if (b->up) {
+        pump(&b->cons);
+        pump(&b->pub);
+        if (b->hb_ms) {
+            link_heartbeat(b, &b->cons, uv_now(b->loop));
+            link_heartbeat(b, &b->pub, uv_now(b->loop));
+        }
         return;
     }
     if (b->stopping)
@@ -610,17 +842,23 @@ static void on_timer(uv_timer_t *t)
         b->reconnects++;
         return;
     }
-    LOG(LOG_ERROR, "consumer: cannot connect: %s; trying again in %.1f seconds", err.msg,
-        (double)b->reconnect_delay_ms / 1000.0);
+    /* The attempt blocked: a delay counted from the loop's stale time would
+     * be cut short by however long that took. */
+    uv_update_time(b->loop);
     b->reconnect_delay_ms = b->reconnect_delay_ms ? b->reconnect_delay_ms * 2 : 1000;
     if (b->reconnect_delay_ms > RECONNECT_MAX_MS)
         b->reconnect_delay_ms = RECONNECT_MAX_MS;
+    LOG(LOG_ERROR, "consumer: %s; trying again in %.1f seconds", err.msg,
+        (double)b->reconnect_delay_ms / 1000.0);
     uv_timer_start(&b->timer, on_timer, (uint64_t)b->reconnect_delay_ms, 0);
 }
 
+/* Either connection lost is the broker lost: both close (the broker requeues
+ * the unacked deliveries), pending confirms fail, and both open again. Only
+ * the first cause is said: later errors are its consequences. */
 static void connection_lost(struct broker *b, const char *why)
 {
-    if (!b->conn)
+    if (!b->up)
         return;
     LOG(LOG_ERROR, "consumer: connection to broker lost: %s; reconnecting", why);
     teardown(b);
@@ -629,7 +867,7 @@ static void connection_lost(struct broker *b, const char *why)
         b->on_conn(b, 0, b->privdata);
     if (b->stopping)
         return;
-    b->reconnect_delay_ms = 1000;
+    b->reconnect_delay_ms = 0;
     uv_timer_start(&b->timer, on_timer, 500, 0);
 }
 
@@ -653,7 +891,8 @@ static void start_delivery(struct broker *b, amqp_channel_t channel,
              * connection closes and keep every later ack from batching. */
             LOG(LOG_ERROR, "out of memory for a delivery; requeued");
             if (ack_batch_reject(&b->acks, d->delivery_tag) >= 0)
-                check_status(b, amqp_basic_reject(b->conn, CHANNEL, d->delivery_tag, 1),
+                check_status(b,
+                             amqp_basic_reject(b->cons.conn, CHANNEL, d->delivery_tag, 1),
                              "reject");
             return;
         }
@@ -719,20 +958,77 @@ static void finish_delivery(struct broker *b)
     b->on_msg(b, m, b->privdata);
 }
 
-static void on_method(struct broker *b, amqp_frame_t *f)
+static void send_held(struct broker *b);
+
+static void on_blocked(struct broker *b, struct link *l, const amqp_bytes_t *reason)
+{
+    if (reason) {
+        int was = b->cons.blocked || b->pub.blocked;
+        snprintf(l->blocked_why, sizeof(l->blocked_why), "%.*s", (int)reason->len,
+                 reason->bytes ? (const char *)reason->bytes : "");
+        l->blocked = 1;
+        if (!was)
+            LOG(LOG_WARNING,
+                "broker: publishing blocked by the broker (%s); tasks still run and are "
+                "acked, publishes wait",
+                l->blocked_why[0] ? l->blocked_why : "no reason given");
+        return;
+    }
+    if (!l->blocked)
+        return;
+    l->blocked = 0;
+    l->blocked_why[0] = '\0';
+    if (b->cons.blocked || b->pub.blocked)
+        return;
+    LOG(LOG_WARNING, "broker: publishing unblocked; sending %zu held publishes",
+        b->nheld - b->held_head);
+    send_held(b);
+}
+
+/* Methods both connections may receive. Returns 1 when f was one. */
+static int on_connection_method(struct broker *b, struct link *l, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
-    case AMQP_BASIC_DELIVER_METHOD:
-        start_delivery(b, f->channel, f->payload.method.decoded);
-        b->skip_content = 0;
-        break;
-    case AMQP_BASIC_RETURN_METHOD: {
-        amqp_basic_return_t *r = f->payload.method.decoded;
-        LOG(LOG_WARNING, "broker returned an unroutable message: %d %.*s", r->reply_code,
-            (int)r->reply_text.len, (char *)r->reply_text.bytes);
-        b->skip_content = 1;
-        break;
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+        amqp_channel_close_t *c = f->payload.method.decoded;
+        char why[300];
+        amqp_channel_close_ok_t ok = {0};
+        snprintf(why, sizeof(why), "channel closed by broker: %d %.*s", c->reply_code,
+                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
+        amqp_send_method(l->conn, f->channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+        connection_lost(b, why);
+        return 1;
     }
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+        amqp_connection_close_t *c = f->payload.method.decoded;
+        char why[300];
+        amqp_connection_close_ok_t ok = {0};
+        snprintf(why, sizeof(why), "connection closed by broker: %d %.*s", c->reply_code,
+                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
+        amqp_send_method(l->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+        connection_lost(b, why);
+        return 1;
+    }
+    case AMQP_CONNECTION_BLOCKED_METHOD: {
+        amqp_connection_blocked_t *m = f->payload.method.decoded;
+        on_blocked(b, l, &m->reason);
+        return 1;
+    }
+    case AMQP_CONNECTION_UNBLOCKED_METHOD:
+        on_blocked(b, l, NULL);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Frames of the publishing connection: confirms, and returns (whose content
+ * frames are dropped; nothing is published mandatory). */
+static void on_pub_frame(struct broker *b, amqp_frame_t *f)
+{
+    if (f->frame_type != AMQP_FRAME_METHOD)
+        return;
+    switch (f->payload.method.id) {
     case AMQP_BASIC_ACK_METHOD: {
         amqp_basic_ack_t *a = f->payload.method.decoded;
         resolve_confirms(b, a->delivery_tag, a->multiple, 1);
@@ -743,33 +1039,35 @@ static void on_method(struct broker *b, amqp_frame_t *f)
         resolve_confirms(b, a->delivery_tag, a->multiple, 0);
         break;
     }
+    case AMQP_BASIC_RETURN_METHOD: {
+        amqp_basic_return_t *r = f->payload.method.decoded;
+        LOG(LOG_WARNING, "broker returned an unroutable message: %d %.*s", r->reply_code,
+            (int)r->reply_text.len, (char *)r->reply_text.bytes);
+        break;
+    }
+    default:
+        if (!on_connection_method(b, &b->pub, f))
+            LOG(LOG_DEBUG, "broker: ignoring method 0x%08x",
+                (unsigned)f->payload.method.id);
+        break;
+    }
+}
+
+static void on_method(struct broker *b, amqp_frame_t *f)
+{
+    switch (f->payload.method.id) {
+    case AMQP_BASIC_DELIVER_METHOD:
+        start_delivery(b, f->channel, f->payload.method.decoded);
+        break;
     case AMQP_BASIC_CANCEL_METHOD:
         connection_lost(b, "the broker cancelled a consumer (queue deleted?)");
         break;
     case AMQP_BASIC_CANCEL_OK_METHOD:
         break;
-    case AMQP_CHANNEL_CLOSE_METHOD: {
-        amqp_channel_close_t *c = f->payload.method.decoded;
-        char why[300];
-        amqp_channel_close_ok_t ok = {0};
-        snprintf(why, sizeof(why), "channel closed by broker: %d %.*s", c->reply_code,
-                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
-        amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
-        connection_lost(b, why);
-        break;
-    }
-    case AMQP_CONNECTION_CLOSE_METHOD: {
-        amqp_connection_close_t *c = f->payload.method.decoded;
-        char why[300];
-        amqp_connection_close_ok_t ok = {0};
-        snprintf(why, sizeof(why), "connection closed by broker: %d %.*s", c->reply_code,
-                 (int)c->reply_text.len, (char *)c->reply_text.bytes);
-        amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
-        connection_lost(b, why);
-        break;
-    }
     default:
-        LOG(LOG_DEBUG, "broker: ignoring method 0x%08x", (unsigned)f->payload.method.id);
+        if (!on_connection_method(b, &b->cons, f))
+            LOG(LOG_DEBUG, "broker: ignoring method 0x%08x",
+                (unsigned)f->payload.method.id);
         break;
     }
 }
@@ -793,8 +1091,8 @@ static void on_stats_frame(struct broker *b, amqp_frame_t *f)
         amqp_channel_open_t op;
         memset(&op, 0, sizeof(op));
         op.out_of_band = amqp_empty_bytes;
-        amqp_send_method(b->conn, STATS_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
-        amqp_send_method(b->conn, STATS_CHANNEL, AMQP_CHANNEL_OPEN_METHOD, &op);
+        amqp_send_method(b->cons.conn, STATS_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+        amqp_send_method(b->cons.conn, STATS_CHANNEL, AMQP_CHANNEL_OPEN_METHOD, &op);
         b->stats_open = 2;
         while (b->stats_head < b->nstats)
             stats_pop(b, 0, 0, 0);
@@ -820,12 +1118,6 @@ static void on_frame(struct broker *b, amqp_frame_t *f)
         on_method(b, f);
         break;
     case AMQP_FRAME_HEADER:
-        if (b->skip_content) {
-            b->cur_body_size = f->payload.properties.body_size;
-            if (b->cur_body_size == 0)
-                b->skip_content = 0;
-            break;
-        }
         if (!b->cur)
             break;
         take_properties(b->cur, f->payload.properties.decoded);
@@ -843,12 +1135,6 @@ static void on_frame(struct broker *b, amqp_frame_t *f)
         break;
     case AMQP_FRAME_BODY: {
         amqp_bytes_t frag = f->payload.body_fragment;
-        if (b->skip_content) {
-            b->cur_body_size -= frag.len < b->cur_body_size ? frag.len : b->cur_body_size;
-            if (b->cur_body_size == 0)
-                b->skip_content = 0;
-            break;
-        }
         if (!b->cur || !b->cur->body)
             break;
         if (b->cur->body_len + frag.len > b->cur_body_size) {
@@ -868,34 +1154,50 @@ static void on_frame(struct broker *b, amqp_frame_t *f)
     }
 }
 
-static void pump(struct broker *b)
+static void pump(struct link *l)
 {
+    struct broker *b = l->b;
     struct timeval zero = {0, 0};
-    if (b->in_pump)
+    char buf[128];
+    if (l->in_pump)
         return;
-    b->in_pump = 1;
+    l->in_pump = 1;
     /* Bounded so that a flood of deliveries cannot starve the rest of the loop. */
-    for (int n = 0; n < 4096 && b->conn; n++) {
+    for (int n = 0; n < 4096 && l->conn; n++) {
         amqp_frame_t f;
-        int rc = amqp_simple_wait_frame_noblock(b->conn, &f, &zero);
+        int rc, e;
+        errno = 0;
+        rc = amqp_simple_wait_frame_noblock(l->conn, &f, &zero);
+        e = errno;
         if (rc == AMQP_STATUS_TIMEOUT)
             break;
-        if (rc != AMQP_STATUS_OK) {
-            connection_lost(b, amqp_error_string2(rc));
+        if (rc == AMQP_STATUS_HEARTBEAT_TIMEOUT) {
+            lost_heartbeats(b, l);
             break;
         }
-        on_frame(b, &f);
-        if (b->conn && !b->cur)
-            amqp_maybe_release_buffers(b->conn);
+        if (rc != AMQP_STATUS_OK) {
+            connection_lost(b, status_text(rc, e, buf, sizeof(buf)));
+            break;
+        }
+        l->last_recv_ms = uv_now(b->loop);
+        if (l == &b->pub)
+            on_pub_frame(b, &f);
+        else
+            on_frame(b, &f);
+        if (l->conn && (l == &b->pub || !b->cur))
+            amqp_maybe_release_buffers(l->conn);
     }
-    b->in_pump = 0;
+    l->in_pump = 0;
 }
 
 static void on_check(uv_check_t *c)
 {
     struct broker *b = c->data;
-    if (b->conn && (amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn)))
-        pump(b);
+    struct link *links[2] = {&b->cons, &b->pub};
+    for (int i = 0; i < 2; i++)
+        if (links[i]->conn &&
+            (amqp_data_in_buffer(links[i]->conn) || amqp_frames_enqueued(links[i]->conn)))
+            pump(links[i]);
 }
 
 /* ------------------------------------------------------------ public API */
@@ -908,6 +1210,9 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
         return NULL;
     b->loop = loop;
     b->cfg = *cfg;
+    b->cons.b = b->pub.b = b;
+    b->cons.role = "consume";
+    b->pub.role = "publish";
     b->on_msg = on_msg;
     b->on_conn = on_conn;
     b->privdata = privdata;
@@ -967,7 +1272,8 @@ static void send_consume(struct broker *b, struct consumer *c)
     req.no_ack = c->q.no_ack;
     req.nowait = 1;
     req.arguments = amqp_empty_table;
-    amqp_send_method(b->conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CONSUME_METHOD, &req);
+    amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CONSUME_METHOD,
+                     &req);
     c->active = 1;
 }
 
@@ -999,7 +1305,7 @@ int broker_add_consumer(struct broker *b, const struct broker_queue *q)
         return CR_ENOMEM;
     }
     b->nconsumers++;
-    if (b->conn) {
+    if (b->up) {
         if (declare_consumer(b, &c->q, 0, &err) == 0 && !c->q.no_consume)
             send_consume(b, c);
     }
@@ -1012,12 +1318,12 @@ int broker_cancel_consumer(struct broker *b, const char *queue)
         struct consumer *c = &b->consumers[i];
         if (strcmp(c->q.name, queue))
             continue;
-        if (b->conn && c->active) {
+        if (b->up && c->active) {
             amqp_basic_cancel_t req;
             req.consumer_tag = cstr(c->tag);
             req.nowait = 0;
-            amqp_send_method(b->conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CANCEL_METHOD,
-                             &req);
+            amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(&c->q),
+                             AMQP_BASIC_CANCEL_METHOD, &req);
         }
         consumer_release(c);
         memmove(c, c + 1, (size_t)(b->nconsumers - i - 1) * sizeof(*c));
@@ -1054,7 +1360,8 @@ int broker_declare_exchange(struct broker *b, const char *name, const char *type
         return CR_ENOMEM;
     }
     b->nexchanges++;
-    if (b->conn) {
+    /* On the publishing channel, ahead of the publishes that need it. */
+    if (b->up) {
         amqp_exchange_declare_t ed;
         memset(&ed, 0, sizeof(ed));
         ed.exchange = cstr(name);
@@ -1062,7 +1369,10 @@ int broker_declare_exchange(struct broker *b, const char *name, const char *type
         ed.durable = durable;
         ed.nowait = 1;
         ed.arguments = amqp_empty_table;
-        amqp_send_method(b->conn, CHANNEL, AMQP_EXCHANGE_DECLARE_METHOD, &ed);
+        check_status(
+            b,
+            amqp_send_method(b->pub.conn, PUB_CHANNEL, AMQP_EXCHANGE_DECLARE_METHOD, &ed),
+            "exchange.declare");
     }
     return 0;
 }
@@ -1072,7 +1382,7 @@ int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_f
 {
     amqp_queue_declare_t qd;
     int rc;
-    if (!b->conn || b->stats_open != 1)
+    if (!b->up || b->stats_open != 1)
         return CR_EBROKER;
     if (b->nstats == b->capstats) {
         size_t cap = b->capstats ? b->capstats * 2 : 16;
@@ -1086,7 +1396,7 @@ int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_f
     qd.queue = cstr(queue);
     qd.passive = 1;
     qd.arguments = amqp_empty_table;
-    rc = amqp_send_method(b->conn, STATS_CHANNEL, AMQP_QUEUE_DECLARE_METHOD, &qd);
+    rc = amqp_send_method(b->cons.conn, STATS_CHANNEL, AMQP_QUEUE_DECLARE_METHOD, &qd);
     if (check_status(b, rc, "queue.declare"))
         return CR_EBROKER;
     b->stats[b->nstats].cb = cb;
@@ -1110,17 +1420,17 @@ void broker_set_prefetch(struct broker *b, int prefetch_count)
     if (prefetch_count == b->prefetch)
         return;
     b->prefetch = prefetch_count;
-    if (!b->conn)
+    if (!b->up)
         return;
     memset(&req, 0, sizeof(req));
     req.prefetch_count = (uint16_t)prefetch_count;
     req.global = 1;
-    amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
+    amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 
 int broker_connected(const struct broker *b)
 {
-    return b->conn != NULL;
+    return b->up;
 }
 
 unsigned broker_generation(const struct broker *b)
@@ -1133,12 +1443,25 @@ unsigned long broker_reconnects(const struct broker *b)
     return b->reconnects;
 }
 
+int broker_blocked(const struct broker *b, const char **why)
+{
+    const struct link *l = b->pub.blocked ? &b->pub : b->cons.blocked ? &b->cons : NULL;
+    if (why)
+        *why = l ? l->blocked_why : NULL;
+    return l != NULL;
+}
+
+/* rc of a write: a failure loses the connection, said once with its cause.
+ * Called right after the write, so errno is still the write's. */
 static int check_status(struct broker *b, int rc, const char *what)
 {
+    int e = errno;
+    char buf[128], why[200];
     if (rc == AMQP_STATUS_OK)
         return 0;
-    LOG(LOG_ERROR, "broker: %s failed: %s", what, amqp_error_string2(rc));
-    connection_lost(b, amqp_error_string2(rc));
+    snprintf(why, sizeof(why), "cannot send %s: %s", what,
+             status_text(rc, e, buf, sizeof(buf)));
+    connection_lost(b, why);
     return CR_EBROKER;
 }
 
@@ -1153,16 +1476,16 @@ static int flush_acks(struct broker *b)
     size_t n;
     int rc;
 
-    if (!b->conn || ack_batch_npending(&b->acks) == 0)
+    if (!b->up || ack_batch_npending(&b->acks) == 0)
         return AMQP_STATUS_OK;
     n = ack_batch_flush(&b->acks, &upto, &singles);
     if (upto) {
-        rc = amqp_basic_ack(b->conn, CHANNEL, upto, 1);
+        rc = amqp_basic_ack(b->cons.conn, CHANNEL, upto, 1);
         if (rc != AMQP_STATUS_OK)
             return rc;
     }
     for (size_t i = 0; i < n; i++) {
-        rc = amqp_basic_ack(b->conn, CHANNEL, singles[i], 0);
+        rc = amqp_basic_ack(b->cons.conn, CHANNEL, singles[i], 0);
         if (rc != AMQP_STATUS_OK)
             return rc;
     }
@@ -1178,7 +1501,7 @@ static void on_prepare(uv_prepare_t *p)
 int broker_ack(struct broker *b, struct broker_msg *m)
 {
     int rc;
-    if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
+    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
     m->settled = 1;
     /* Usually only recorded here and sent by on_prepare() with the other acks
@@ -1193,12 +1516,13 @@ int broker_ack(struct broker *b, struct broker_msg *m)
             (unsigned long long)m->delivery_tag);
         return 0;
     }
-    return check_status(b, amqp_basic_ack(b->conn, CHANNEL, m->delivery_tag, 0), "ack");
+    return check_status(b, amqp_basic_ack(b->cons.conn, CHANNEL, m->delivery_tag, 0),
+                        "ack");
 }
 
 int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
 {
-    if (!b->conn || m->generation != b->generation || m->no_ack || m->settled)
+    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
     m->settled = 1;
     /* Sent at once. The acks still pending need not go first: see
@@ -1208,13 +1532,14 @@ int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
             (unsigned long long)m->delivery_tag);
         return 0;
     }
-    return check_status(b, amqp_basic_reject(b->conn, CHANNEL, m->delivery_tag, requeue),
-                        "reject");
+    return check_status(
+        b, amqp_basic_reject(b->cons.conn, CHANNEL, m->delivery_tag, requeue), "reject");
 }
 
-int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
-                   const struct broker_props *props, const char *body, size_t len,
-                   broker_confirm_fn *cb, void *privdata)
+/* Writes one publish on the publishing channel and queues its confirm. */
+static int send_publish(struct broker *b, const char *exchange, const char *routing_key,
+                        const struct broker_props *props, const char *body, size_t len,
+                        broker_confirm_fn *cb, void *privdata)
 {
     amqp_basic_properties_t p;
     amqp_pool_t pool;
@@ -1222,8 +1547,6 @@ int broker_publish(struct broker *b, const char *exchange, const char *routing_k
     struct cr_err err;
     int rc;
 
-    if (!b->conn)
-        return CR_EBROKER;
     if (b->nconfirms == b->capconfirms) {
         size_t cap = b->capconfirms ? b->capconfirms * 2 : 64;
         struct pending_confirm *pc = cr_realloc(b->confirms, cap * sizeof(*pc));
@@ -1262,8 +1585,8 @@ int broker_publish(struct broker *b, const char *exchange, const char *routing_k
     }
     bb.bytes = (void *)body;
     bb.len = len;
-    rc = amqp_basic_publish(b->conn, CHANNEL, cstr(exchange), cstr(routing_key), 0, 0, &p,
-                            bb);
+    rc = amqp_basic_publish(b->pub.conn, PUB_CHANNEL, cstr(exchange), cstr(routing_key),
+                            0, 0, &p, bb);
     empty_amqp_pool(&pool);
     if (check_status(b, rc, "publish"))
         return CR_EBROKER;
@@ -1274,9 +1597,109 @@ int broker_publish(struct broker *b, const char *exchange, const char *routing_k
     return 0;
 }
 
+static int dup_opt(char **dst, const char *src)
+{
+    *dst = src ? cr_strdup(src) : NULL;
+    return src && !*dst;
+}
+
+/* Keeps a copy of the publish until the broker unblocks. RabbitMQ would not
+ * read it anyway, and written into a socket it does not read it would fill
+ * the send buffer, and the next write would block the whole loop. */
+static int hold_publish(struct broker *b, const char *exchange, const char *routing_key,
+                        const struct broker_props *props, const char *body, size_t len,
+                        broker_confirm_fn *cb, void *privdata)
+{
+    struct held_publish *h;
+    size_t cost = len + 512;
+    int oom;
+
+    if (props->no_hold || b->held_bytes + cost > HELD_MAX_BYTES)
+        return CR_EBROKER;
+    if (b->held_head > 0 && b->held_head == b->nheld)
+        b->held_head = b->nheld = 0;
+    if (b->nheld == b->capheld) {
+        size_t cap = b->capheld ? b->capheld * 2 : 16;
+        struct held_publish *p = cr_realloc(b->held, cap * sizeof(*p));
+        if (!p)
+            return CR_ENOMEM;
+        b->held = p;
+        b->capheld = cap;
+    }
+    h = &b->held[b->nheld];
+    memset(h, 0, sizeof(*h));
+    oom = dup_opt(&h->exchange, exchange) | dup_opt(&h->routing_key, routing_key) |
+          dup_opt(&h->content_type, props->content_type) |
+          dup_opt(&h->content_encoding, props->content_encoding) |
+          dup_opt(&h->correlation_id, props->correlation_id) |
+          dup_opt(&h->reply_to, props->reply_to) |
+          dup_opt(&h->expiration, props->expiration);
+    if (props->headers && !(h->headers = cJSON_Duplicate(props->headers, 1)))
+        oom = 1;
+    if (!(h->body = cr_malloc(len + 1)))
+        oom = 1;
+    if (oom) {
+        held_release(h);
+        return CR_ENOMEM;
+    }
+    memcpy(h->body, body, len);
+    h->len = len;
+    h->delivery_mode = props->delivery_mode;
+    h->priority = props->priority;
+    h->cb = cb;
+    h->privdata = privdata;
+    b->nheld++;
+    b->held_bytes += cost;
+    return 0;
+}
+
+/* Publishing unblocked: the held publishes go out in order. A failed write
+ * loses the connection, which fails the rest. */
+static void send_held(struct broker *b)
+{
+    while (b->up && !b->pub.blocked && b->held_head < b->nheld) {
+        struct held_publish h = b->held[b->held_head++];
+        struct broker_props p;
+        int rc;
+        memset(&p, 0, sizeof(p));
+        p.content_type = h.content_type;
+        p.content_encoding = h.content_encoding;
+        p.correlation_id = h.correlation_id;
+        p.reply_to = h.reply_to;
+        p.expiration = h.expiration;
+        p.delivery_mode = h.delivery_mode;
+        p.priority = h.priority;
+        p.headers = h.headers;
+        b->held_bytes -= h.len + 512;
+        rc = send_publish(b, h.exchange ? h.exchange : "",
+                          h.routing_key ? h.routing_key : "", &p, h.body, h.len, h.cb,
+                          h.privdata);
+        held_release(&h);
+        if (rc) {
+            struct pending_confirm pc = {0, h.cb, h.privdata};
+            confirm_push_failed(b, pc);
+            uv_timer_start(&b->confirm_timer, on_confirm_timer, 0, 0);
+        }
+    }
+    if (b->held_head == b->nheld)
+        b->held_head = b->nheld = b->held_bytes = 0;
+}
+
+int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata)
+{
+    if (!b->up)
+        return CR_EBROKER;
+    /* Behind the held ones too, so that publishes keep their order. */
+    if (b->pub.blocked || b->held_head < b->nheld)
+        return hold_publish(b, exchange, routing_key, props, body, len, cb, privdata);
+    return send_publish(b, exchange, routing_key, props, body, len, cb, privdata);
+}
+
 void broker_stop_consuming(struct broker *b)
 {
-    if (!b->conn || !b->consuming)
+    if (!b->up || !b->consuming)
         return;
     for (int i = 0; i < b->nconsumers; i++) {
         amqp_basic_cancel_t req;
@@ -1284,7 +1707,7 @@ void broker_stop_consuming(struct broker *b)
             continue; /* control queues keep working during a warm shutdown */
         req.consumer_tag = cstr(b->consumers[i].tag);
         req.nowait = 0;
-        amqp_send_method(b->conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
+        amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_CANCEL_METHOD, &req);
         b->consumers[i].active = 0;
     }
     b->consuming = 0;
@@ -1294,7 +1717,7 @@ static void on_handle_closed(uv_handle_t *h)
 {
     struct broker *b = h->data;
     /* Four handles are closed; the last one frees. */
-    if (++b->in_pump == 4) {
+    if (++b->nclosed == 4) {
         for (int i = 0; i < b->nconsumers; i++)
             consumer_release(&b->consumers[i]);
         for (int i = 0; i < b->nexchanges; i++) {
@@ -1304,6 +1727,7 @@ static void on_handle_closed(uv_handle_t *h)
         cr_free(b->failed);
         cr_free(b->confirms);
         cr_free(b->stats);
+        cr_free(b->held);
         ack_batch_release(&b->acks);
         cr_free(b);
     }
@@ -1314,7 +1738,7 @@ void broker_free(struct broker *b)
     if (!b)
         return;
     b->stopping = 1;
-    if (b->conn) {
+    if (b->up) {
         /* Acks made since the last loop iteration go out first (a warm
          * shutdown's last tasks are settled in the iteration that stops the
          * loop, whose prepare never runs); channel.close waits for close-ok,
@@ -1326,16 +1750,22 @@ void broker_free(struct broker *b)
             LOG(LOG_ERROR, "broker: cannot send the last acks: %s",
                 amqp_error_string2(rc));
         /* A clean close: unacked deliveries go back to their queues at once. */
-        amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
-        amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+        amqp_channel_close(b->cons.conn, CHANNEL, AMQP_REPLY_SUCCESS);
+        amqp_connection_close(b->cons.conn, AMQP_REPLY_SUCCESS);
+        /* The broker has read every publish once it answers the close (the
+         * last events among them); a blocked one would answer only after
+         * the alarm, so that connection is just dropped. */
+        if (!b->pub.blocked)
+            amqp_connection_close(b->pub.conn, AMQP_REPLY_SUCCESS);
     }
     teardown(b);
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
         if (b->confirms[i].cb)
             b->confirms[i].cb(b, 0, b->confirms[i].privdata);
     b->confirm_head = b->nconfirms = 0;
+    fail_held(b);
     on_confirm_timer(&b->confirm_timer);
-    b->in_pump = 0;
+    b->nclosed = 0;
     uv_close((uv_handle_t *)&b->timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->confirm_timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->check, on_handle_closed);

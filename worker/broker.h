@@ -1,10 +1,17 @@
-/* broker.h -- the AMQP 0-9-1 connection (rabbitmq-c) on the worker's libuv loop.
+/* broker.h -- the AMQP 0-9-1 connections (rabbitmq-c) on the worker's libuv loop.
  *
- * One connection, one channel. Connecting (TCP, login, declarations, qos,
- * consume) uses rabbitmq-c's blocking calls with short timeouts; that happens at
- * start-up and on reconnect only. Afterwards frames are read when the socket is
- * readable and assembled here into whole deliveries; acks and publishes are
- * small writes. Not thread-safe: use on the loop thread only. */
+ * Two connections, as RabbitMQ advises: one consumes and acks, the other
+ * publishes (in confirm mode). RabbitMQ stops reading a connection that
+ * publishes while a memory or disk alarm is on; on a connection of its own that
+ * holds up publishes only, never the acks. Either connection lost is the
+ * broker lost: both are closed and opened again together.
+ *
+ * Connecting (TCP, login, declarations, qos, consume) uses rabbitmq-c's
+ * blocking calls with short timeouts; that happens at start-up and on reconnect
+ * only. Afterwards frames are read when a socket is readable and assembled here
+ * into whole deliveries; acks and publishes are small writes. A connection that
+ * hears nothing from the broker for two heartbeat intervals is lost. Not
+ * thread-safe: use on the loop thread only. */
 #ifndef CR_BROKER_H
 #define CR_BROKER_H
 
@@ -56,17 +63,21 @@ struct broker_props {
     int delivery_mode; /* 0 omits */
     int priority;      /* < 0 omits */
     const cJSON *headers;
+    /* Refused (CR_EBROKER) rather than held while the broker blocks
+     * publishing: for messages worth nothing late, such as events. */
+    int no_hold;
 };
 
 struct broker_config {
     const char *url;     /* amqp://user:pass@host:port/vhost */
     char *const *queues; /* names to declare and consume */
     int nqueues;
-    int prefetch_count;     /* basic.qos; 0 = unlimited */
-    int heartbeat;          /* seconds; 0 disables */
-    double connect_timeout; /* seconds */
-    const char *dlx;        /* dead-letter exchange to declare, or NULL */
-    const char *dlq;        /* its queue, bound with "#" */
+    int prefetch_count;          /* basic.qos; 0 = unlimited */
+    int heartbeat;               /* seconds; 0 disables */
+    double connect_timeout;      /* seconds */
+    const char *dlx;             /* dead-letter exchange to declare, or NULL */
+    const char *dlq;             /* its queue, bound with "#" */
+    const char *connection_name; /* shown by the broker (with the role), or NULL */
 };
 
 struct broker;
@@ -96,6 +107,10 @@ int broker_connected(const struct broker *b);
 unsigned broker_generation(const struct broker *b);
 /* Number of reconnects since start. */
 unsigned long broker_reconnects(const struct broker *b);
+/* 1 while the broker blocks publishing (connection.blocked: a memory or disk
+ * alarm), with its reason in *why when why is not NULL (borrowed, valid until
+ * the next call into the broker); 0 otherwise. */
+int broker_blocked(const struct broker *b, const char **why);
 
 /* Acks or rejects a delivery. A message from an older connection generation is
  * silently skipped (the broker already requeued it), and so is a second settle
@@ -112,7 +127,9 @@ int broker_ack(struct broker *b, struct broker_msg *m);
 int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
 
 /* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
- * or an error (cb never called). */
+ * or an error (cb never called). While the broker blocks publishing the
+ * message is copied and held, in order, and sent when it unblocks (cb waits);
+ * held past a bound (or with props->no_hold) it is refused with CR_EBROKER. */
 int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
                    const struct broker_props *props, const char *body, size_t len,
                    broker_confirm_fn *cb, void *privdata);
@@ -172,9 +189,9 @@ void broker_set_prefetch(struct broker *b, int prefetch_count);
  * without waiting). */
 void broker_stop_consuming(struct broker *b);
 
-/* Sends the acks still batched, closes the connection (unacked deliveries go
- * back to their queues) and frees. Pending confirms are called with ok = 0.
- * NULL is a no-op. */
+/* Sends the acks still batched, closes the connections (unacked deliveries go
+ * back to their queues) and frees. Pending confirms and held publishes are
+ * called with ok = 0. NULL is a no-op. */
 void broker_free(struct broker *b);
 
 #endif

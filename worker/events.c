@@ -79,6 +79,7 @@ static void publish(struct events *ev, const char *type, const struct buf *body)
     p.delivery_mode = 1;
     p.priority = 0;
     p.headers = ev->headers;
+    p.no_hold = 1; /* an event held through a broker alarm would be stale news */
     if (broker_publish(ev->w->broker, EVENT_EXCHANGE, key, &p, body->data, body->len,
                        on_confirm, NULL))
         ev->dropped++;

@@ -36,6 +36,7 @@ struct metrics {
     /* set at scrape time */
     struct prom_family *info, *in_flight, *prefetched, *scheduled, *concurrency;
     struct prom_family *queue_messages, *queue_consumers, *broker_up, *backend_up;
+    struct prom_family *broker_blocked;
     struct prom_family *broker_reconnects, *backend_reconnects, *uptime, *events_on;
 
     uv_timer_t *timer; /* queue polls and loop liveness; heap, freed on close */
@@ -120,6 +121,9 @@ static int add_families(struct metrics *m)
       PROM_COUNTER, status_type, 3, NULL, 0);
     F(broker_up, "celeriac_broker_connected", "1 while connected to the broker.",
       PROM_GAUGE, NULL, 0, NULL, 0);
+    F(broker_blocked, "celeriac_broker_blocked",
+      "1 while the broker blocks publishing (memory or disk alarm).", PROM_GAUGE, NULL, 0,
+      NULL, 0);
     F(backend_up, "celeriac_backend_connected",
       "1 while connected to the result backend.", PROM_GAUGE, NULL, 0, NULL, 0);
     F(broker_reconnects, "celeriac_broker_reconnects_total",
@@ -346,6 +350,7 @@ static void set_gauges(struct metrics *m)
     prom_set(m->scheduled, NULL, (double)w->neta);
     prom_set(m->concurrency, NULL, w->concurrency);
     prom_set(m->broker_up, NULL, broker_connected(w->broker));
+    prom_set(m->broker_blocked, NULL, broker_blocked(w->broker, NULL));
     prom_set(m->backend_up, NULL, backend_connected(w->backend));
     prom_set(m->broker_reconnects, NULL, (double)broker_reconnects(w->broker));
     prom_set(m->backend_reconnects, NULL, (double)backend_reconnects(w->backend));
@@ -387,12 +392,19 @@ static int make_health(struct metrics *m, struct buf *body)
 {
     struct worker *w = m->w;
     int broker = broker_connected(w->broker), backend = backend_connected(w->backend);
+    int blocked = broker_blocked(w->broker, NULL);
     int loop = loop_alive(m);
     int ok = broker && backend && loop;
-    if (buf_printf(
-            body, "{\"status\": \"%s\", \"broker\": %s, \"backend\": %s, \"loop\": %s}\n",
-            ok ? "ok" : "fail", broker ? "true" : "false", backend ? "true" : "false",
-            loop ? "true" : "false"))
+    /* Blocked publishing is degraded, not failed: tasks still run and are
+     * acked, and restarting the worker would not lift a broker alarm. */
+    if (buf_printf(body,
+                   "{\"status\": \"%s\", \"broker\": %s, \"broker_blocked\": %s, "
+                   "\"backend\": %s, \"loop\": %s}\n",
+                   !ok       ? "fail"
+                   : blocked ? "degraded"
+                             : "ok",
+                   broker ? "true" : "false", blocked ? "true" : "false",
+                   backend ? "true" : "false", loop ? "true" : "false"))
         return -1;
     return ok ? HTTP_STATUS_OK : HTTP_STATUS_SERVICE_UNAVAILABLE;
 }

@@ -1810,6 +1810,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->bcfg.connect_timeout = 5;
     w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
     w->bcfg.dlq = cfg->dead_letter_queue[0] ? cfg->dead_letter_queue : NULL;
+    w->bcfg.connection_name = cfg->hostname;
     w->broker = broker_new(loop, &w->bcfg, on_msg, on_broker_conn, w);
     if (!w->broker)
         goto oom;

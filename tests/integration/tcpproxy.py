@@ -129,12 +129,20 @@ class TcpProxy:
                     data = s.recv(65536)
                 except OSError:
                     data = b""
-                if not data:
-                    self._drop(s)
-                    continue
                 with self._lock:
                     peer = self._pairs.get(s)
                     holed = self._holed
+                if not data and holed:
+                    # A partition hides a close too: this side goes, its peer
+                    # stays open and hears nothing (until forwarding resumes
+                    # and a write to the closed side drops it).
+                    with self._lock:
+                        self._pairs.pop(s, None)
+                    s.close()
+                    continue
+                if not data:
+                    self._drop(s)
+                    continue
                 if holed:
                     self.dropped_bytes += len(data)
                     continue

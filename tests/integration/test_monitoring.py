@@ -610,6 +610,7 @@ def test_metrics_endpoint_matches_the_work_done(env):
 
     status, ctype, body = http_get("http://127.0.0.1:%d/healthz" % port)
     assert status == 200 and json.loads(body) == {"status": "ok", "broker": True,
+                                                  "broker_blocked": False,
                                                   "backend": True, "loop": True}
     assert http_get("http://127.0.0.1:%d/nope" % port)[0] == 404
 

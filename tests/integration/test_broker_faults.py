@@ -1,0 +1,161 @@
+"""Issue 13: broker faults the worker must notice and name -- a silent partition,
+a reset, a refused login -- and a memory alarm, which blocks publishing but
+must never stop the acks."""
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from conftest import BIN, free_port, wait_until
+from tcpproxy import TcpProxy
+
+
+def proxied_url(env, proxy):
+    return "amqp://guest:guest@127.0.0.1:%d/%s" % (
+        proxy.port, urllib.parse.quote(env.vhost, safe=""))
+
+
+def proxied_worker(env, proxy, *args):
+    """A worker whose broker connections go through proxy (the client's do not)."""
+    w = env.worker(*args, start=False)
+    i = w.args.index("-b")
+    w.args[i + 1] = proxied_url(env, proxy)
+    return w.start()
+
+
+def http_get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def gauge(port, name):
+    _, text = http_get("http://127.0.0.1:%d/metrics" % port)
+    m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_silent_partition_is_noticed_and_reconnects(env):
+    # Packets dropped, sockets left open: no error ever comes from the socket;
+    # only the missing heartbeats tell.
+    proxy = TcpProxy(env.services.amqp_port).start()
+    try:
+        w = proxied_worker(env, proxy, "--heartbeat", "2")
+        assert env.app.send_task("celery.accumulate", args=[1]).get(timeout=20) == [1]
+        proxy.blackhole(True)
+        # a bound, not a speed: two intervals are 4 s
+        w.wait_for(r"connection to broker lost: no heartbeat from 127\.0\.0\.1:%d for \d+ s; "
+                   r"reconnecting" % proxy.port, timeout=30)
+        proxy.blackhole(False)
+        w.wait_for(r"Connected to amqp://", timeout=90, count=2)
+        assert env.app.send_task("celery.accumulate", args=[2]).get(timeout=30) == [2]
+        assert w.count(r"connection to broker lost") == 1, w.log()
+    finally:
+        proxy.close()
+
+
+def test_reset_connection_is_named_as_such(env):
+    # A broker that dies resets the connection: say so, once, and not as the
+    # "bad file descriptor" libuv reports for any socket error.
+    proxy = TcpProxy(env.services.amqp_port).start()
+    try:
+        w = proxied_worker(env, proxy, "--heartbeat", "30")
+        assert env.app.send_task("celery.accumulate", args=[1]).get(timeout=20) == [1]
+        proxy.reset_all()
+        w.wait_for(r"connection to broker lost: ", timeout=30)
+        w.wait_for(r"Connected to amqp://", timeout=60, count=2)
+        lost = [l for l in w.lines if "connection to broker lost" in l]
+        assert len(lost) == 1, lost
+        assert re.search(r"lost: (connection reset by peer|connection closed by peer); "
+                         r"reconnecting$", lost[0]), lost
+        assert "bad file descriptor" not in w.log().lower()
+        assert env.app.send_task("celery.accumulate", args=[2]).get(timeout=30) == [2]
+    finally:
+        proxy.close()
+
+
+def test_refused_login_is_one_whole_line(env):
+    url = "amqp://guest:not-the-password@127.0.0.1:%d/%s" % (
+        env.services.amqp_port, urllib.parse.quote(env.vhost, safe=""))
+    out = subprocess.run([BIN, "worker", "-b", url, "--result-backend", env.backend],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OPENAI_API_KEY="sk-x"))
+    assert out.returncode != 0
+    lines = [l for l in out.stderr.splitlines() if "login" in l.lower()]
+    assert len(lines) == 1, out.stderr
+    assert re.search(r"cannot connect to broker 'amqp://guest:\*+@127\.0\.0\.1:\d+/[^']*': "
+                     r"login refused: ACCESS_REFUSED - Login was refused using "
+                     r"authentication mechanism PLAIN", lines[0]), lines[0]
+    assert lines[0].count("cannot connect to broker") == 1, lines[0]
+    assert "not-the-password" not in out.stderr
+
+
+def test_memory_alarm_blocks_publishes_not_acks(env):
+    # RabbitMQ stops reading a connection that publishes during an alarm. With
+    # -E the worker publishes events, so on a single connection its acks would
+    # stop too and nothing would complete past the prefetch window.
+    n = 12
+    port = free_port()
+    env.fake.script(["latency_ms=100;tokens=2"] * n)
+    results = [env.app.send_task("llm.generate", args=["alarm-%d" % i]) for i in range(n)]
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == n, 20,
+               what="tasks queued")
+    env.services.ctl("set_vm_memory_high_watermark", "0.0000001")
+    try:
+        t0 = time.time()
+        w = env.worker("-E", "-c", "2", "--prefetch-multiplier", "1", "--heartbeat", "2",
+                       "--metrics-port", str(port))
+        wait_until(lambda: all(env.meta(r.id) for r in results), 60, interval=0.2,
+                   what="every result during the alarm")
+        assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30,
+                   what="the queue drained (all acked)")
+        # blocked from the first event on (worker-online), and still blocked
+        w.wait_for(r"publishing blocked by the broker \(low on memory\)", timeout=10)
+        status, body = http_get("http://127.0.0.1:%d/healthz" % port)
+        assert status == 200 and json.loads(body)["status"] == "degraded", body
+        assert json.loads(body)["broker_blocked"] is True, body
+        assert gauge(port, "celeriac_broker_blocked") == 1
+        # still connected through a few heartbeat intervals of alarm
+        time.sleep(max(0.0, 8 - (time.time() - t0)))
+        assert "connection to broker lost" not in w.log()
+    finally:
+        env.services.ctl("set_vm_memory_high_watermark", "0.4")
+    w.wait_for(r"broker: publishing unblocked", timeout=30)
+    status, body = http_get("http://127.0.0.1:%d/healthz" % port)
+    assert status == 200 and json.loads(body)["status"] == "ok", body
+    assert json.loads(body)["broker_blocked"] is False
+    assert gauge(port, "celeriac_broker_blocked") == 0
+    assert w.count(r"publishing blocked by the broker") == 1
+    assert w.count(r"publishing unblocked") == 1
+    assert "connection to broker lost" not in w.log()
+
+
+def test_a_retry_published_during_an_alarm_waits_and_goes_out_after(env):
+    # The retry's publish is held while publishing is blocked, not written to
+    # a socket the broker does not read; it goes out on unblock and the task
+    # then succeeds.
+    env.fake.script(["latency_ms=1500;status=503", "tokens=3"])
+    r = env.app.send_task("llm.generate", args=["held retry"])
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 1, 20,
+               what="task queued")
+    env.services.ctl("set_vm_memory_high_watermark", "0.0000001")
+    try:
+        w = env.worker("-c", "1", "--retry-backoff", "0.2", "--retry-jitter", "false")
+        # the worker-online event is what gets the publishing connection blocked
+        w.wait_for(r"publishing blocked by the broker", timeout=30)
+        w.wait_for(r"Task llm\.generate\[%s\] retry" % r.id, timeout=30)
+        time.sleep(2)
+        assert (env.meta(r.id) or {}).get("status") != "SUCCESS"
+    finally:
+        env.services.ctl("set_vm_memory_high_watermark", "0.4")
+    w.wait_for(r"broker: publishing unblocked; sending [1-9]\d* held publishes", timeout=30)
+    wait_until(lambda: (env.meta(r.id) or {}).get("status") == "SUCCESS", 30,
+               what="the retried task succeeded")
+    assert "connection to broker lost" not in w.log()
