@@ -23,6 +23,7 @@ ENDPOINTS
   POST /__config              {"defaults": "k=v;..", "rpm": N, "tpm": N} (runtime defaults)
   GET  /__expected?prompt=P[&tokens=N&seed=S&unicode=0|1&reply=lorem|echo]
                               -> {"text": .., "tokens": [..]}
+  POST /__release             {"name": NAME}: lets the requests held by hold=NAME go on
   Control paths (/__*) are not recorded in the stats.
 
 SCENARIO SELECTION (first match wins; the winner is merged over the defaults)
@@ -60,6 +61,8 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
                     defaults: once per connection before reading its first request;
                     model/script scenario: added to latency
   ttft_ms           after headers, before the first token
+  hold=NAME         after the latency, wait until POST /__release {"name": NAME} (not
+                    scaled; a released name holds nothing more; /__reset releases all)
   tps               tokens/s after the first (0 = as fast as possible: one write)
   jitter            +/- percent random variation of each inter-chunk gap (seeded)
   tokens, seed, reply(lorem|echo), unicode(0|1), json_ascii(0|1: \\uXXXX escapes)
@@ -209,7 +212,7 @@ KNOBS = {
     "stall_after_tokens": (int, -1), "stall_pings": (bool, 0), "stall_ms": (float, 0.0),
     "garbage": (int, -1), "content_type": (str, ""), "prompt_truncate_to": (int, -1),
     "framing": (("chunked", "close"), "chunked"), "keepalive": (bool, 1),
-    "dim": (int, 16),
+    "dim": (int, 16), "hold": (str, ""),
 }
 ALIASES = {"err": "status", "latency": "latency_ms", "ttft": "ttft_ms"}
 BUILTIN = {k: v[1] for k, v in KNOBS.items()}
@@ -640,6 +643,9 @@ class Server:
         self.reset()
 
     def reset(self):
+        for ev in getattr(self, "holds", {}).values():
+            ev.set()
+        self.holds = {}  # hold name -> asyncio.Event, set once released
         self.defaults = dict(self.cli_defaults)
         self.rpm = self.cli_rpm
         self.tpm = self.cli_tpm
@@ -651,6 +657,12 @@ class Server:
 
     def ms(self, x):
         return max(0.0, x) * self.scale / 1000.0
+
+    async def hold(self, K):
+        """Waits for POST /__release of K's hold name, if it has one: a test
+        decides when held responses go out (e.g. only once a broker is down)."""
+        if K["hold"]:
+            await self.holds.setdefault(K["hold"], asyncio.Event()).wait()
 
     async def handle(self, reader, writer):
         self.conn_seq += 1
@@ -715,6 +727,12 @@ class Server:
         if p == "/__reset" and m == "POST":
             self.reset()
             return await conn.simple(200, {"ok": True})
+        if p == "/__release" and m == "POST":
+            name = body.get("name") if isinstance(body, dict) else None
+            if not isinstance(name, str) or not name:
+                return await conn.simple(400, {"error": {"message": 'want {"name": str}'}})
+            self.holds.setdefault(name, asyncio.Event()).set()
+            return await conn.simple(200, {"ok": True, "name": name})
         if p == "/__script" and m == "GET":
             return await conn.simple(200, {k: list(v) for k, v in self.scripts.items()})
         if p == "/__script" and m == "POST":
@@ -922,6 +940,7 @@ class Server:
             delay += sc.get("accept_delay_ms", 0)
         if delay > 0:
             await asyncio.sleep(self.ms(delay))
+        await self.hold(K)
 
         if not K["keepalive"]:
             conn.keep = False
@@ -1141,6 +1160,7 @@ class Server:
             (sc.get("accept_delay_ms", 0) if entry["scenario_src"] in ("model", "script") else 0)
         if delay > 0:
             await asyncio.sleep(self.ms(delay))
+        await self.hold(K)
         if not K["keepalive"]:
             conn.keep = False
         if K["status"] >= 400:

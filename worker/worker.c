@@ -4,7 +4,7 @@
  *   delivery -> decode -> registry -> [expired?] -> backend GET (already done?)
  *   -> [eta: held on the cron, no slot] -> ready queue -> slot -> LLM call
  *   -> outcome: SUCCESS stored | retry republished (confirmed) + RETRY stored |
- *      FAILURE stored + dead-lettered (confirmed) -> ack.
+ *      dead-lettered (confirmed) + FAILURE stored -> ack.
  * A job holds every delivery of its task id (a redelivery after a broker
  * reconnect attaches to the running job) and acks them all once its outcome is
  * durable: one settle per delivery, never before. */
@@ -45,6 +45,7 @@
 
 static void schedule(struct worker *w);
 static void settle(struct job *j);
+static void store_then_ack(struct job *j);
 static void revoke_terminated(struct job *j, const char *partial);
 static void queue_job(struct job *j);
 static void lease_drop(struct job *j);
@@ -114,6 +115,34 @@ static void abandon_job(struct job *j)
     }
     if (j->pending == 0)
         job_free(j);
+}
+
+/* Whether j's message comes back to be run again if j lets go of it without
+ * settling it: a delivery still unacked (requeued by RabbitMQ when its
+ * connection closes), or a parked copy whose lease names this worker. Not so
+ * with --acks-early, whose deliveries were acked when the task started. */
+static int job_comes_back(const struct job *j)
+{
+    if (j->leased)
+        return 1;
+    for (int i = 0; i < j->nmsgs; i++)
+        if (!j->msgs[i]->settled)
+            return 1;
+    return 0;
+}
+
+/* Whether j holds an unacked delivery of the broker connection now up. A
+ * delivery of a connection since lost is back in its queue already; its
+ * redelivery joins j while j exists (see on_msg()). */
+static int job_live(const struct job *j)
+{
+    struct broker *b = j->w->broker;
+    if (!broker_connected(b))
+        return 0;
+    for (int i = 0; i < j->nmsgs; i++)
+        if (!j->msgs[i]->settled && j->msgs[i]->generation == broker_generation(b))
+            return 1;
+    return 0;
 }
 
 static struct job *job_new(struct worker *w, struct broker_msg *m)
@@ -436,22 +465,37 @@ static cJSON *dead_letter_headers(struct worker *w, struct job *j)
     return h;
 }
 
+/* A dead letter the broker did not take. While the delivery comes back (see
+ * job_comes_back()) the job ends as a retry whose confirm failed does (see
+ * on_retry_confirm()): unacked, nothing stored, so the redelivery runs the
+ * task again and dead-letters it then. A delivery acked early does not come
+ * back: its FAILURE is stored all the same, without the dead letter. */
+static void dead_letter_failed(struct job *j)
+{
+    if (job_comes_back(j)) {
+        abandon_job(j);
+        return;
+    }
+    LOG(LOG_ERROR,
+        "Task %s[%s] was acked early: storing its FAILURE without a dead letter",
+        job_name(j), j->tm.id ? j->tm.id : "?");
+    store_then_ack(j);
+}
+
 static void on_dead_letter_confirm(struct broker *b, int ok, void *privdata)
 {
     struct job *j = privdata;
     (void)b;
     j->pending--;
     if (!ok) {
-        /* Not confirmed (nack or connection lost): the original delivery
-         * stays unacked and comes back; its stored outcome stops a rerun. */
         LOG(LOG_ERROR,
             "Task %s[%s] dead-letter publish not confirmed; leaving the message "
             "unacked",
             job_name(j), j->tm.id ? j->tm.id : "?");
-        abandon_job(j);
+        dead_letter_failed(j);
         return;
     }
-    finish_job(j);
+    store_then_ack(j);
 }
 
 static void dead_letter(struct job *j)
@@ -462,10 +506,6 @@ static void dead_letter(struct job *j)
     cJSON *h;
     int rc;
 
-    if (!w->cfg->dead_letter_exchange[0]) {
-        finish_job(j);
-        return;
-    }
     h = dead_letter_headers(w, j);
     props_of(&p, m, h);
     rc = broker_publish(w->broker, w->cfg->dead_letter_exchange, m->queue ? m->queue : "",
@@ -474,21 +514,13 @@ static void dead_letter(struct job *j)
     if (rc) {
         LOG(LOG_ERROR, "Task %s[%s] cannot be dead-lettered now (%s); leaving it unacked",
             job_name(j), j->tm.id ? j->tm.id : "?", cr_strerror(rc));
-        abandon_job(j);
+        dead_letter_failed(j);
         return;
     }
     j->pending++;
     LOG(LOG_WARNING, "Task %s[%s] dead-lettered to %s: %s: %s", job_name(j),
         j->tm.id ? j->tm.id : "?", w->cfg->dead_letter_exchange, failure_of(j)->exc_type,
         failure_of(j)->exc_message);
-}
-
-static void after_store(struct job *j)
-{
-    if (j->dead_letter)
-        dead_letter(j);
-    else
-        finish_job(j);
 }
 
 static void on_stored(struct backend *bk, int status, int skipped, void *privdata)
@@ -504,7 +536,7 @@ static void on_stored(struct backend *bk, int status, int skipped, void *privdat
     if (skipped)
         LOG(LOG_INFO, "Task %s[%s] already has SUCCESS stored; not overwriting it",
             job_name(j), j->tm.id);
-    after_store(j);
+    finish_job(j);
 }
 
 /* Hands j->meta to the backend to store (it is the backend's from here). */
@@ -515,12 +547,11 @@ static int store_meta(struct job *j, backend_store_fn *cb)
     return backend_store(j->w->backend, j->tm.id, meta, strlen(meta), cb, j);
 }
 
-/* Makes the outcome durable (store, then maybe dead-letter), then acks. */
-static void settle(struct job *j)
+/* Stores j's outcome, if it has one to store, then acks. */
+static void store_then_ack(struct job *j)
 {
-    job_set_state(j, JOB_SETTLING);
     if (!j->meta || !j->tm.id) {
-        after_store(j);
+        finish_job(j);
         return;
     }
     if (store_meta(j, on_stored)) {
@@ -532,7 +563,25 @@ static void settle(struct job *j)
     j->pending++;
 }
 
-/* A final failure: FAILURE stored (unless ignored) and the message dead-lettered. */
+/* Makes the outcome durable, then acks. A failure's dead letter goes first and
+ * its FAILURE is stored only once the broker confirmed it, because a stored
+ * FAILURE is what makes a redelivery ack without running (check_job()): were
+ * it stored first, a connection lost before the confirm would leave a
+ * redelivery that finds FAILURE, is acked, and loses the dead letter. Sending
+ * the dead letter again on such a redelivery instead would duplicate it every
+ * time only the ack was lost. In this order a stored FAILURE means the dead
+ * letter is in, and only a crash between the confirm and the store sends a
+ * second one (at least once, as every publish here). */
+static void settle(struct job *j)
+{
+    job_set_state(j, JOB_SETTLING);
+    if (j->dead_letter && j->w->cfg->dead_letter_exchange[0])
+        dead_letter(j);
+    else
+        store_then_ack(j);
+}
+
+/* A final failure: the message dead-lettered and FAILURE stored (unless ignored). */
 static void fail_job_llm(struct job *j, const char *exc_type, const char *exc_module,
                          const char *message, const char *reason, int dead_letter,
                          const struct llm_result *llm)
@@ -724,6 +773,7 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
 {
     struct job *j = privdata;
     struct worker *w = j->w;
+    int rc;
     (void)r;
 
     release_slot(j);
@@ -766,7 +816,8 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
         if (j->tm.ignore_result != 1)
             j->meta = exc_meta(j, "RETRY", res->exc_type, EXC_MODULE, res->message, 0);
         job_set_state(j, JOB_SETTLING);
-        if (retry_job(j, delay) == 0) {
+        rc = retry_job(j, delay);
+        if (rc == 0) {
             struct task_event_info info;
             LOG(LOG_INFO, "Task %s[%s] retry: %s", job_name(j), j->tm.id, msg);
             memset(&info, 0, sizeof(info));
@@ -776,6 +827,20 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
             info.llm = res;
             info.retry_delay_ms = delay;
             worker_notify(w, j, &info);
+            schedule(w);
+            return;
+        }
+        if (rc == CR_EBROKER && job_comes_back(j)) {
+            /* The broker is away: a failure now would be for its sake, not
+             * the task's. As when the confirm fails (on_retry_confirm()),
+             * nothing is stored and the delivery stays unacked: RabbitMQ
+             * requeues it with the lost connection, and the redelivery runs
+             * the task again, which is the attempt the retry was for. */
+            LOG(LOG_ERROR,
+                "Task %s[%s] cannot publish its retry now (broker away); the message "
+                "will be redelivered",
+                job_name(j), j->tm.id);
+            abandon_job(j);
             schedule(w);
             return;
         }
@@ -1153,6 +1218,20 @@ static void schedule(struct worker *w)
         }
         list_unlink(&w->ready_head, &w->ready_tail, j);
         w->nready--;
+        if (!job_live(j)) {
+            /* Its connection was lost: RabbitMQ has its delivery back and
+             * redelivers it once the worker is connected again (a redelivery
+             * that came already made it live). A call started now would be
+             * paid for an outcome that cannot be acked, and a retry or dead
+             * letter that cannot be published. */
+            LOG(LOG_DEBUG,
+                "Task %s[%s] not started: its delivery went with the broker "
+                "connection",
+                job_name(j), j->tm.id);
+            abandon_job(j);
+            j = next;
+            continue;
+        }
         start_job(j);
         j = next;
     }

@@ -104,6 +104,10 @@ class FakeLLM:
     def script(self, scenarios, model="*", replace=True):
         self._req("POST", "/__script", {"model": model, "scenarios": scenarios, "replace": replace})
 
+    def release(self, name):
+        """Lets the calls held by the scenario knob hold=<name> answer."""
+        self._req("POST", "/__release", {"name": name})
+
     def expected(self, prompt, tokens=16, **kw):
         q = {"prompt": prompt, "tokens": tokens}
         q.update(kw)

@@ -963,6 +963,26 @@ def t_accept_delay(port, srv):
     check("connection-level accept delay", el >= 0.29 and r.status == 200, el)
 
 
+def t_hold(port, srv):
+    c = Client(port)
+    c.send("POST", "/v1/chat/completions", chat_body(stream=False),
+           {"X-Fake-Scenario": "hold=h1;status=503"})
+    end = time.time() + 5
+    while not [e for e in get_stats(port) if e["scenario"] == "hold=h1;status=503"]:
+        check("held request arrives", time.time() < end)
+        time.sleep(0.02)
+    time.sleep(0.2)  # held, it stays so however long we look
+    st = [e for e in get_stats(port) if e["scenario"] == "hold=h1;status=503"][0]
+    eq("held: no headers yet", (st["ended"], st["t_headers"]), ("in_progress", None))
+    eq("release", post(port, "/__release", {"name": "h1"}).json, {"ok": True, "name": "h1"})
+    r = c.read_response()
+    c.close()
+    eq("released answer", r.status, 503)
+    r = chat(port, "hold=h1;tokens=2", stream=False)
+    eq("a released name holds no more", (r.status, r.end == "timeout"), (200, False))
+    eq("release without a name", post(port, "/__release", {}).status, 400)
+
+
 def t_framing(port, srv):
     r = chat(port, "framing=close", stream=False)
     check("close non-stream", r.framing == "close" and r.end == "close" and
@@ -1182,7 +1202,7 @@ def bench(n=1000, tps=0):
 # ---------------------------------------------------------------- main --------------
 TESTS = [t_basic, t_nonstream_chat, t_expected, t_stream_default, t_usage, t_echo_unicode,
          t_chunking, t_eol, t_sse_extras, t_finish_done, t_tools_reasoning, t_errors,
-         t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_framing,
+         t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_framing,
          t_completions, t_embeddings, t_selection, t_stats]
 
 

@@ -439,11 +439,12 @@ def test_bad_message_corpus(env):
         if doc.get("exc_type"):
             assert h["x-celeriac-exception-type"] == doc["exc_type"], (corr, h)
         if doc["id_known"]:
-            meta = env.meta(tid)
-            assert meta and meta["status"] == "FAILURE", (corr, meta)
+            # FAILURE is stored once the dead letter is confirmed, so just after it
+            meta = wait_until(lambda: env.meta(tid), 20, what="FAILURE of " + corr)
+            assert meta["status"] == "FAILURE", (corr, meta)
             assert meta["result"]["exc_type"] == doc["exc_type"], (corr, meta)
     assert w.proc.poll() is None
-    assert env.services.queue_depth(env.vhost, "celery") == 0
+    assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 20)
     # and a valid task right after succeeds
     r = env.app.send_task("llm.generate", args=["still alive"])
     assert r.get(timeout=20) == env.fake.expected_text("still alive")
@@ -548,6 +549,68 @@ def test_redis_outage_mid_run(env):
     for e in calls(env):
         per_prompt[e["prompt"]] = per_prompt.get(e["prompt"], 0) + 1
     assert len(per_prompt) == n
+
+
+def test_broker_outage_keeps_retries_and_dead_letters(env):
+    """Calls in flight when RabbitMQ goes away answer while it is down. A 503
+    whose retry cannot be published must not become FAILURE, a 400 whose dead
+    letter cannot be published must still reach celeriac.dead once the broker
+    is back (a FAILURE stored before it would make the redelivery ack without
+    dead-lettering), a success stored meanwhile is not paid for again, and the
+    tasks still waiting for a slot in the worker start only once the broker is
+    back (their deliveries died with the connection). The fake LLM holds every
+    first answer until the worker has seen the connection go, so the order is
+    fixed, not a race."""
+    n = 15
+    w = env.worker("-c", str(3 * n), *FAST)
+    groups = {"ok": ["hold=out;tokens=3"],
+              "retry": ["hold=out;status=503;err_msg=overloaded", "tokens=3"],
+              "perm": ["hold=out;status=400;err_msg=nope", "status=400;err_msg=nope"],
+              "queued": ["tokens=3"]}
+    for g, sc in groups.items():
+        for i in range(n):
+            env.fake.script(sc, model="out-%s-%d" % (g, i))
+    rs = {g: [env.app.send_task("llm.generate", args=["outage %s %d" % (g, i)],
+                                kwargs={"model": "out-%s-%d" % (g, i)})
+              for i in range(n)]
+          for g in ("ok", "retry", "perm", "queued")}
+    # every task received, the first 3n calls held, the last n waiting for a slot
+    w.wait_for(r"Task llm.generate\[.*\] received$", 30, count=4 * n)
+    wait_until(lambda: len(calls(env)) == 3 * n, 30, what="the held calls")
+    env.services.script("rabbit-stop")
+    w.wait_for("connection to broker lost", 30)
+    env.fake.release("out")
+    # the answers are handled while the broker is still down
+    wait_until(lambda: all(env.meta(r.id) for r in rs["ok"]), 30, what="ok stored")
+    w.wait_for("cannot publish its retry", 30, count=n)
+    w.wait_for("cannot be dead-lettered now", 30, count=n)
+    t_back = time.time()
+    env.services.script("rabbit-start")
+    everything = [r for g in rs.values() for r in g]
+    wait_until(lambda: all(env.meta(r.id) and env.meta(r.id)["status"] != "RETRY"
+                           for r in everything), 120, interval=0.5,
+               what="every task final after the outage")
+    status = {g: [env.meta(r.id)["status"] for r in rs[g]] for g in rs}
+    assert status["ok"] == ["SUCCESS"] * n
+    assert status["retry"] == ["SUCCESS"] * n, status["retry"]
+    assert status["queued"] == ["SUCCESS"] * n
+    assert status["perm"] == ["FAILURE"] * n
+    per_model = {}
+    for c in calls(env):
+        per_model.setdefault(c["model"], []).append(c)
+    for g, ncalls in (("ok", 1), ("retry", 2), ("perm", 2), ("queued", 1)):
+        for i in range(n):
+            assert len(per_model.get("out-%s-%d" % (g, i), [])) == ncalls, (g, i)
+    for i in range(n):
+        assert per_model["out-queued-%d" % i][0]["t"] >= t_back, \
+            "a queued task was started while the broker was down"
+    # exactly one dead letter for each permanent failure, none for the others
+    dead = drain_dead_letters(env, timeout=30, want=n)
+    time.sleep(1)
+    dead += drain_dead_letters(env, timeout=0.1, want=1)
+    ids = sorted(m.headers["id"] for m in dead)
+    assert ids == sorted(r.id for r in rs["perm"]), ids
+    assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
 
 
 # ------------------------------------------------------------ dlq command
