@@ -291,13 +291,17 @@ static void on_request(struct gw_server *srv, struct gw_conn *c, void *privdata)
         return;
     }
     if (r.kind == GW_ROUTE_HEALTH) {
-        char out[160];
+        char out[320];
         int n = snprintf(out, sizeof(out),
                          "{\"status\": \"ok\", \"broker\": %s, \"redis\": %s, "
-                         "\"websockets\": %zu}",
+                         "\"websockets\": %zu, \"queued_bytes\": %zu, "
+                         "\"websockets_dropped\": %zu, \"unauthenticated\": %zu, "
+                         "\"unauthenticated_closed\": %zu}",
                          broker_connected(app->broker) ? "true" : "false",
                          backend_connected(app->backend) ? "true" : "false",
-                         gw_server_ws_count(app->srv));
+                         gw_server_ws_count(app->srv), gw_hub_queued(app->hub),
+                         gw_hub_drops(app->hub), gw_server_untrusted(app->srv),
+                         gw_server_evicted(app->srv));
         respond_json(c, 200, out, (size_t)n);
         return;
     }
@@ -307,6 +311,7 @@ static void on_request(struct gw_server *srv, struct gw_conn *c, void *privdata)
         respond_error(c, &e);
         return;
     }
+    gw_conn_trust(c);
     switch (r.kind) {
     case GW_ROUTE_PAGE:
         gw_conn_respond(c, 200, "text/html; charset=utf-8", gw_page_html,
@@ -369,6 +374,7 @@ static void on_ws_open(struct gw_server *srv, struct gw_conn *c, void *privdata)
         ws_refuse(c, &e);
         return;
     }
+    gw_conn_trust(c);
     s = gw_hub_join(app->hub, r.task_id, r.from_seq, c, (int64_t)uv_now(app->loop));
     if (!s) {
         gw_error_set(&e, 503, "out_of_memory", "out of memory");
@@ -376,6 +382,16 @@ static void on_ws_open(struct gw_server *srv, struct gw_conn *c, void *privdata)
         return;
     }
     gw_conn_set_data(c, s);
+}
+
+static void on_ws_written(struct gw_server *srv, struct gw_conn *c, size_t len,
+                          void *privdata)
+{
+    struct gw_app *app = privdata;
+    struct gw_session *s = gw_conn_data(c);
+    (void)srv;
+    if (s)
+        gw_hub_on_written(app->hub, s, len);
 }
 
 static void on_ws_close(struct gw_server *srv, struct gw_conn *c, void *privdata)
@@ -584,8 +600,20 @@ static void op_close(struct gw_session *s, void *privdata)
     gw_conn_close(gw_session_data(s), 1000, "done");
 }
 
+/* 1008 (policy) whichever limit it was, with the reason in the text: 1013
+ * (try again later) would say it better, but Python's websocket-client as
+ * Debian 12 ships it rejects that code as invalid. The page resumes from its
+ * last seq on any close before the result. */
+static void op_drop(struct gw_session *s, int reason, void *privdata)
+{
+    (void)privdata;
+    gw_conn_drop(gw_session_data(s), 1008,
+                 reason == GW_DROP_BUDGET ? "over the gateway's memory budget"
+                                          : "too slow");
+}
+
 static const struct gw_hub_ops hub_ops = {
-    op_subscribe, op_unsubscribe, op_fetch, op_get_meta, op_send, op_close,
+    op_subscribe, op_unsubscribe, op_fetch, op_get_meta, op_send, op_close, op_drop,
 };
 
 /* ------------------------------------------------------------- pub/sub */
@@ -646,7 +674,7 @@ static void on_broker_msg(struct broker *b, struct broker_msg *m, void *privdata
 }
 
 static const struct gw_server_handlers server_handlers = {on_request, on_ws_open,
-                                                          on_ws_close};
+                                                          on_ws_close, on_ws_written};
 
 struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
                           struct cr_err *err)
@@ -683,6 +711,7 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
         cr_free(app);
         return NULL;
     }
+    gw_hub_set_limits(app->hub, GW_WS_QUEUE_MAX, cfg->max_buffered_bytes);
     uv_timer_init(loop, app->cron);
     app->cron->data = app;
     bc.url = cfg->backend_url;
@@ -730,6 +759,8 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     app->scfg.port = cfg->port;
     app->scfg.max_body_bytes = cfg->max_body_bytes;
     app->scfg.cors_origin = cfg->cors_origin;
+    app->scfg.header_timeout = cfg->header_timeout;
+    app->scfg.max_untrusted = cfg->max_unauthenticated;
     app->srv = gw_server_new(loop, &app->scfg, &server_handlers, app, err);
     if (!app->srv)
         goto fail;

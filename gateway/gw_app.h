@@ -23,6 +23,9 @@ struct gw_app_config {
     int ntasks;
     const char *const *queues; /* queues a client may choose; [0] is the default */
     int nqueues;
+    int header_timeout;         /* seconds for a request head (gw_server.h) */
+    size_t max_unauthenticated; /* connections without an authorized request */
+    size_t max_buffered_bytes;  /* WebSocket output queued over all clients */
 };
 
 struct gw_app;

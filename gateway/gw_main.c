@@ -26,6 +26,9 @@ struct gw_opts {
     char *auth_token;
     char *cors_origin;
     long max_body_bytes;
+    long header_timeout;
+    long max_unauthenticated;
+    long max_buffered_bytes;
     char *queues;
     char *tasks;
     char *loglevel;
@@ -72,6 +75,17 @@ static const struct gw_opt {
     {"max-body-bytes", 0, "CELERIAC_MAX_BODY_BYTES", OPT_INT,
      offsetof(struct gw_opts, max_body_bytes), "1048576", 64, 1 << 30,
      "largest request body accepted"},
+    {"header-timeout", 0, "CELERIAC_HEADER_TIMEOUT", OPT_INT,
+     offsetof(struct gw_opts, header_timeout), "10", 1, 3600,
+     "seconds a connection has to send a whole request head"},
+    {"max-unauthenticated", 0, "CELERIAC_MAX_UNAUTHENTICATED", OPT_INT,
+     offsetof(struct gw_opts, max_unauthenticated), "512", 0, 1000000,
+     "connections that have not yet sent an authorized request; past it the oldest "
+     "is closed (0: no limit)"},
+    {"max-buffered-bytes", 0, "CELERIAC_MAX_BUFFERED_BYTES", OPT_INT,
+     offsetof(struct gw_opts, max_buffered_bytes), "67108864", 0, 1L << 40,
+     "WebSocket output queued over all clients; past it the furthest behind are "
+     "closed (1008) and may resume (0: no limit)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPT_STR, offsetof(struct gw_opts, queues),
      "celery", 0, 0,
      "queues clients may send to, comma-separated; the first is the default"},
@@ -259,6 +273,9 @@ int cmd_gateway(int argc, char **argv)
     cfg.auth_token = o.auth_token;
     cfg.cors_origin = o.cors_origin;
     cfg.max_body_bytes = (size_t)o.max_body_bytes;
+    cfg.header_timeout = (int)o.header_timeout;
+    cfg.max_unauthenticated = (size_t)o.max_unauthenticated;
+    cfg.max_buffered_bytes = (size_t)o.max_buffered_bytes;
     cfg.nqueues = split(o.queues, queues);
     cfg.queues = cfg.nqueues ? queues : NULL;
     if (!strcmp(o.tasks, "*")) {

@@ -13,6 +13,9 @@
 
 #define CHUNK 16384             /* bytes of an HTTP body written per writable event */
 #define DISCARD_MAX (16u << 20) /* oversize bodies up to this are read, then 413 */
+/* lws 4.1 frames a write of this kind as a close (its private
+ * LWS_WRITE_CLOSE: the public header leaves it to lws_close_reason()). */
+#define WRITE_CLOSE ((enum lws_write_protocol)4)
 
 struct frame {
     struct frame *next;
@@ -42,12 +45,22 @@ struct gw_conn {
     struct frame *qhead, *qtail;
     size_t qbytes;
     int closing;
+    int close_sent; /* the close frame is written: the next writable ends it */
     int close_status;
     char close_reason[64];
 };
 
 struct pss {
     struct gw_conn *c;
+};
+
+/* One accepted connection, from its accept to its end (lws's opaque user
+ * data of the wsi, which unlike the per-session memory exists from the
+ * accept on). Untrusted ones are in the server's list, oldest first. */
+struct peer {
+    struct peer *prev, *next;
+    struct lws *wsi;
+    int listed; /* in the untrusted list */
 };
 
 struct gw_server {
@@ -59,7 +72,82 @@ struct gw_server {
     void *privdata;
     int port;
     size_t nws;
+    struct peer *uhead, *utail; /* untrusted connections, oldest first */
+    size_t nuntrusted, nevicted;
 };
+
+/* --------------------------------------------------------------- peers */
+
+static void peer_unlist(struct gw_server *srv, struct peer *p)
+{
+    if (!p->listed)
+        return;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        srv->uhead = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    else
+        srv->utail = p->prev;
+    p->prev = p->next = NULL;
+    p->listed = 0;
+    srv->nuntrusted--;
+}
+
+/* A new connection: untrusted until it carries an authorized request. Past
+ * max_untrusted the oldest untrusted one goes, so that idle or trickling
+ * connections cannot hold every slot while new clients wait. */
+static int peer_new(struct gw_server *srv, struct lws *wsi)
+{
+    struct peer *p = cr_calloc(1, sizeof(*p));
+    if (!p)
+        return -1;
+    p->wsi = wsi;
+    p->listed = 1;
+    p->prev = srv->utail;
+    if (srv->utail)
+        srv->utail->next = p;
+    else
+        srv->uhead = p;
+    srv->utail = p;
+    srv->nuntrusted++;
+    lws_set_opaque_user_data(wsi, p);
+    if (srv->cfg->max_untrusted && srv->nuntrusted > srv->cfg->max_untrusted) {
+        struct peer *old = srv->uhead;
+        peer_unlist(srv, old);
+        srv->nevicted++;
+        lws_set_timeout(old->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+    }
+    return 0;
+}
+
+static void peer_free(struct gw_server *srv, struct lws *wsi)
+{
+    struct peer *p = lws_get_opaque_user_data(wsi);
+    if (!p)
+        return;
+    lws_set_opaque_user_data(wsi, NULL);
+    peer_unlist(srv, p);
+    cr_free(p);
+}
+
+void gw_conn_trust(struct gw_conn *c)
+{
+    struct peer *p = c->wsi ? lws_get_opaque_user_data(c->wsi) : NULL;
+    if (p)
+        peer_unlist(c->srv, p);
+}
+
+size_t gw_server_untrusted(const struct gw_server *srv)
+{
+    return srv->nuntrusted;
+}
+
+size_t gw_server_evicted(const struct gw_server *srv)
+{
+    return srv->nevicted;
+}
 
 /* --------------------------------------------------------------- conns */
 
@@ -194,8 +282,7 @@ int gw_conn_send(struct gw_conn *c, const char *text, size_t len)
         return CR_ECANCELED;
     if (c->qbytes + len > GW_WS_QUEUE_MAX) {
         /* Too slow to keep up: free the memory now; it may resume with ?from. */
-        queue_clear(c);
-        gw_conn_close(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "too slow");
+        gw_conn_drop(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "too slow");
         return CR_ECANCELED;
     }
     f = cr_malloc(sizeof(*f) + LWS_PRE + len);
@@ -222,6 +309,19 @@ void gw_conn_close(struct gw_conn *c, int status, const char *reason)
     c->close_status = status;
     snprintf(c->close_reason, sizeof(c->close_reason), "%s", reason ? reason : "");
     lws_callback_on_writable(c->wsi);
+}
+
+void gw_conn_drop(struct gw_conn *c, int status, const char *reason)
+{
+    if (!c->wsi)
+        return;
+    queue_clear(c);
+    c->closing = 1;
+    c->close_status = status;
+    snprintf(c->close_reason, sizeof(c->close_reason), "%s", reason ? reason : "");
+    lws_callback_on_writable(c->wsi);
+    /* A client that reads nothing never makes the socket writable again. */
+    lws_set_timeout(c->wsi, PENDING_TIMEOUT_CLOSE_SEND, GW_DROP_GRACE_S);
 }
 
 /* ------------------------------------------------------------- requests */
@@ -438,6 +538,7 @@ static int on_ws_writable(struct lws *wsi, struct pss *pss)
         if (!c->qhead)
             c->qtail = NULL;
         c->qbytes -= f->len;
+        c->srv->h->on_ws_written(c->srv, c, f->len, c->srv->privdata);
         if (lws_write(wsi, f->data + LWS_PRE, f->len, LWS_WRITE_TEXT) < (int)f->len) {
             cr_free(f);
             return -1;
@@ -447,12 +548,23 @@ static int on_ws_writable(struct lws *wsi, struct pss *pss)
             lws_callback_on_writable(wsi);
         return 0;
     }
-    if (c->closing) {
-        lws_close_reason(wsi, (enum lws_close_status)c->close_status,
-                         (unsigned char *)c->close_reason, strlen(c->close_reason));
-        return -1;
+    if (c->closing && !c->close_sent) {
+        /* The close frame is written here rather than left to lws 4.1,
+         * which with lws_close_reason() and a -1 return cuts the socket
+         * without it: the client is to see why it was closed. */
+        unsigned char buf[LWS_PRE + 2 + sizeof(c->close_reason)];
+        size_t n = strlen(c->close_reason);
+        buf[LWS_PRE] = (unsigned char)((c->close_status >> 8) & 0xff);
+        buf[LWS_PRE + 1] = (unsigned char)(c->close_status & 0xff);
+        memcpy(buf + LWS_PRE + 2, c->close_reason, n);
+        c->close_sent = 1;
+        if (lws_write(wsi, buf + LWS_PRE, n + 2, WRITE_CLOSE) < (int)(n + 2))
+            return -1;
+        /* Once lws has it all on the socket, it calls back and we hang up. */
+        lws_callback_on_writable(wsi);
+        return 0;
     }
-    return 0;
+    return c->closing ? -1 : 0;
 }
 
 static void on_ws_closed(struct gw_server *srv, struct pss *pss)
@@ -477,6 +589,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     struct gw_server *srv = ctx ? lws_context_user(ctx) : NULL;
     struct pss *pss = user;
 
+    if (srv && reason == LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED)
+        return peer_new(srv, wsi);
+    if (srv && reason == LWS_CALLBACK_WSI_DESTROY)
+        peer_free(srv, wsi);
     /* lws may report on a connection that never got per-session memory
      * (a browser's speculative connect closed before its first request). */
     if (!pss || !srv)
@@ -569,8 +685,16 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
     info.user = srv;
     info.timeout_secs = 30;
     info.keepalive_timeout = 5;
+    /* lws 4.1 gives each connection a header buffer when it is accepted and
+     * takes it back when the head is parsed, or after timeout_secs_ah_idle
+     * counted from the accept (or from the first byte of a keep-alive
+     * connection's next request), however slowly the bytes trickle in.
+     * Connections past the pool wait for a buffer; so the pool is kept
+     * larger than the untrusted connections may ever hold. */
+    info.timeout_secs_ah_idle = cfg->header_timeout > 0 ? cfg->header_timeout : 10;
     info.max_http_header_data = 4096;
-    info.max_http_header_pool = 1024;
+    info.max_http_header_pool2 =
+        (unsigned int)(cfg->max_untrusted ? cfg->max_untrusted + 1024 : 1024);
     srv->ctx = lws_create_context(&info);
     if (!srv->ctx) {
         cr_err_set(err, CR_EIO, "cannot listen on %s:%d", cfg->host ? cfg->host : "*",

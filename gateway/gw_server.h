@@ -24,6 +24,14 @@ struct gw_server_config {
     int port;         /* 0: any free port (see gw_server_port()) */
     size_t max_body_bytes;
     const char *cors_origin; /* "" or NULL: no CORS headers; "*"; or one origin */
+    /* Seconds a connection has, from its accept or from the end of its
+     * previous request, to send a whole request head; trickling bytes does
+     * not extend it. 0: 10. */
+    int header_timeout;
+    /* Connections that have not completed an authorized request (see
+     * gw_conn_trust()); past this many, the oldest of them is closed for
+     * each new one. 0: no limit. */
+    size_t max_untrusted;
 };
 
 /* Handlers; conn pointers are valid for the call, or longer with gw_conn_ref(). */
@@ -36,6 +44,9 @@ struct gw_server_handlers {
     /* It is closed: called exactly once per on_ws_open, never from inside a
      * gw_conn_* call. */
     void (*on_ws_close)(struct gw_server *srv, struct gw_conn *c, void *privdata);
+    /* A queued frame of len bytes has been handed to the socket. */
+    void (*on_ws_written)(struct gw_server *srv, struct gw_conn *c, size_t len,
+                          void *privdata);
 };
 
 /* Returns a new listening server, or NULL with err set. cfg strings and
@@ -45,6 +56,9 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
                                 struct cr_err *err);
 int gw_server_port(const struct gw_server *srv);
 size_t gw_server_ws_count(const struct gw_server *srv);
+/* Connections not yet trusted, and how many of them were closed to make room. */
+size_t gw_server_untrusted(const struct gw_server *srv);
+size_t gw_server_evicted(const struct gw_server *srv);
 /* Closes every connection (on_ws_close for each WebSocket) and destroys the
  * lws context; the caller then runs the loop so lws's handles close. NULL is
  * a no-op. */
@@ -81,6 +95,15 @@ int gw_conn_respond(struct gw_conn *c, int status, const char *content_type,
 int gw_conn_send(struct gw_conn *c, const char *text, size_t len);
 /* Closes with status (1000 normal, 1008 policy...) once the queue is out. */
 void gw_conn_close(struct gw_conn *c, int status, const char *reason);
+/* Discards the queue and closes with status now: the close frame goes out
+ * when the socket takes it, and the connection is cut after
+ * GW_DROP_GRACE_S seconds if it never does (a client that stopped reading). */
+void gw_conn_drop(struct gw_conn *c, int status, const char *reason);
+#define GW_DROP_GRACE_S 30
+
+/* The connection carried an authorized request: it no longer counts against
+ * max_untrusted and is never closed to make room. */
+void gw_conn_trust(struct gw_conn *c);
 
 void gw_conn_set_data(struct gw_conn *c, void *data);
 void *gw_conn_data(const struct gw_conn *c);

@@ -22,6 +22,8 @@ struct gw_session {
     uint64_t min_gen; /* the first read that included this session */
     int done;         /* result sent (or failed), close asked */
     int in_read;      /* the read being handled started at or before cursor */
+    int dropped;      /* over a memory limit: nothing more is sent */
+    size_t queued;    /* bytes handed to send() and not yet written */
     char state[16];   /* last "state" message sent */
 };
 
@@ -60,6 +62,9 @@ struct gw_hub {
     size_t nwatches, nsessions;
     uint64_t tickets;
     int64_t now_ms;
+    size_t max_session, max_total; /* 0: no limit */
+    size_t queued;                 /* the sum of the sessions' queued */
+    size_t drops;
 };
 
 /* ------------------------------------------------------------ entries */
@@ -203,6 +208,59 @@ static char *stream_result_msg(const char *task_id, const struct gw_entry *e)
     return result_msg(s);
 }
 
+/* ------------------------------------------------------------- memory */
+
+static void drop_session(struct gw_hub *h, struct gw_session *s, int reason)
+{
+    s->dropped = 1;
+    s->done = 1;
+    h->queued -= s->queued;
+    s->queued = 0;
+    h->drops++;
+    h->ops->drop(s, reason, h->privdata);
+}
+
+/* The session furthest behind, counting len more for s; on a tie another
+ * than s, which has been slower to read what it already had. */
+static struct gw_session *furthest_behind(struct gw_hub *h, struct gw_session *s,
+                                          size_t len)
+{
+    struct gw_session *best = NULL;
+    for (struct watch *w = h->head; w; w = w->next)
+        for (struct gw_session *o = w->sessions; o; o = o->next)
+            if (o != s && !o->dropped && (!best || o->queued > best->queued))
+                best = o;
+    return best && best->queued >= s->queued + len ? best : s;
+}
+
+/* Hands text to the glue within the limits. Returns 0, or -1 when s itself
+ * was dropped (or had been) and nothing was sent. Sessions further behind
+ * than s are dropped first, so the ones that keep up keep their stream. */
+static int session_send(struct gw_hub *h, struct gw_session *s, const char *text,
+                        size_t len)
+{
+    if (s->dropped)
+        return -1;
+    if (h->max_session && s->queued && s->queued + len > h->max_session) {
+        drop_session(h, s, GW_DROP_SLOW);
+        return -1;
+    }
+    while (h->max_total && h->queued + len > h->max_total) {
+        struct gw_session *v = furthest_behind(h, s, len);
+        if (v == s) {
+            if (!s->queued)
+                break; /* nothing of its own queued: it is not the slow one */
+            drop_session(h, s, GW_DROP_BUDGET);
+            return -1;
+        }
+        drop_session(h, v, GW_DROP_BUDGET);
+    }
+    h->ops->send(s, text, len, h->privdata);
+    s->queued += len;
+    h->queued += len;
+    return 0;
+}
+
 /* ------------------------------------------------------------ watches */
 
 static void fail_session(struct gw_hub *h, struct gw_session *s)
@@ -211,8 +269,8 @@ static void fail_session(struct gw_hub *h, struct gw_session *s)
     if (s->done)
         return;
     s->done = 1;
-    h->ops->send(s, msg, sizeof(msg) - 1, h->privdata);
-    h->ops->close(s, h->privdata);
+    if (session_send(h, s, msg, sizeof(msg) - 1) == 0)
+        h->ops->close(s, h->privdata);
 }
 
 static void ask_subscribe(struct gw_hub *h, struct watch *w)
@@ -270,8 +328,8 @@ static void maybe_complete(struct gw_hub *h, struct watch *w, uint64_t gen)
         if (s->done || gen < s->min_gen || !s->in_read)
             continue;
         s->done = 1;
-        h->ops->send(s, w->final, strlen(w->final), h->privdata);
-        h->ops->close(s, h->privdata);
+        if (session_send(h, s, w->final, strlen(w->final)) == 0)
+            h->ops->close(s, h->privdata);
     }
 }
 
@@ -396,6 +454,7 @@ void gw_hub_leave(struct gw_hub *h, struct gw_session *s)
         w->sessions = s->next;
     if (s->next)
         s->next->prev = s->prev;
+    h->queued -= s->queued;
     cr_free(s);
     w->nsessions--;
     h->nsessions--;
@@ -442,10 +501,11 @@ static void deliver(struct gw_hub *h, struct watch *w, const struct gw_entry *e,
             int n = snprintf(gap, sizeof(gap),
                              "{\"type\": \"gap\", \"from\": %lld, \"to\": %lld}",
                              (long long)(s->cursor + 1), (long long)(e->seq - 1));
-            h->ops->send(s, gap, (size_t)n, h->privdata);
+            if (session_send(h, s, gap, (size_t)n))
+                continue;
         }
-        h->ops->send(s, msg, len, h->privdata);
-        s->cursor = e->seq;
+        if (session_send(h, s, msg, len) == 0)
+            s->cursor = e->seq;
     }
 }
 
@@ -542,7 +602,7 @@ static void handle_meta(struct gw_hub *h, struct watch *w, const char *meta, siz
                 buf_putc(&b, '}'))
                 fail_session(h, s);
             else
-                h->ops->send(s, b.data, b.len, h->privdata);
+                session_send(h, s, b.data, b.len);
             buf_release(&b);
         }
     }
@@ -604,6 +664,30 @@ void gw_hub_tick(struct gw_hub *h, int64_t now_ms)
             (w->meta_failed || (!w->final && now_ms - w->meta_at >= GW_META_POLL_MS)))
             ask_meta(h, w);
     }
+}
+
+void gw_hub_set_limits(struct gw_hub *h, size_t max_session_bytes, size_t max_total_bytes)
+{
+    h->max_session = max_session_bytes;
+    h->max_total = max_total_bytes;
+}
+
+void gw_hub_on_written(struct gw_hub *h, struct gw_session *s, size_t len)
+{
+    if (len > s->queued)
+        len = s->queued; /* a dropped session's late frames count no more */
+    s->queued -= len;
+    h->queued -= len;
+}
+
+size_t gw_hub_queued(const struct gw_hub *h)
+{
+    return h->queued;
+}
+
+size_t gw_hub_drops(const struct gw_hub *h)
+{
+    return h->drops;
 }
 
 size_t gw_hub_sessions(const struct gw_hub *h)

@@ -23,7 +23,14 @@
  *   {"type": "state", "state": S}                   the stored state changed
  *   {"type": "result", "task_id", "state", "result", "traceback",
  *    "date_done", "ready": true[, "error"]}         then the session closes
- * A client resumes with ?from=<last seq it saw>. */
+ * A client resumes with ?from=<last seq it saw>.
+ *
+ * Memory: the hub counts the bytes it has handed to send() and not yet seen
+ * written (gw_hub_on_written()), per session and in total. A session more
+ * than max_session_bytes behind, or the sessions furthest behind when the
+ * total would pass max_total_bytes, are dropped: nothing more is sent to
+ * them and the glue discards their queue and closes them at once (the client
+ * may resume with ?from=). */
 #ifndef CR_GW_SESSION_H
 #define CR_GW_SESSION_H
 
@@ -77,6 +84,15 @@ struct gw_hub_ops {
     /* Close the connection once queued frames are out; the glue calls
      * gw_hub_leave() when it is closed. */
     void (*close)(struct gw_session *s, void *privdata);
+    /* Discard what is queued to s and close it now, telling the client why
+     * (enum gw_drop_reason); the glue calls gw_hub_leave() when it is closed
+     * and need not report the discarded bytes as written. */
+    void (*drop)(struct gw_session *s, int reason, void *privdata);
+};
+
+enum gw_drop_reason {
+    GW_DROP_SLOW = 1, /* this session alone is over max_session_bytes */
+    GW_DROP_BUDGET,   /* all sessions together are over max_total_bytes */
 };
 
 /* Returns a new hub or NULL on OOM. ops and privdata are borrowed for its life. */
@@ -89,6 +105,16 @@ void gw_hub_free(struct gw_hub *h);
  * lives until gw_hub_leave(). */
 struct gw_session *gw_hub_join(struct gw_hub *h, const char *task_id, int64_t from_seq,
                                void *data, int64_t now_ms);
+/* Limits on the bytes queued and not yet written (0: none). A message to a
+ * session with nothing queued is always sent, so one message larger than a
+ * limit still reaches a client that keeps up. */
+void gw_hub_set_limits(struct gw_hub *h, size_t max_session_bytes,
+                       size_t max_total_bytes);
+/* len bytes queued to s have been written (or discarded by the glue). */
+void gw_hub_on_written(struct gw_hub *h, struct gw_session *s, size_t len);
+size_t gw_hub_queued(const struct gw_hub *h); /* bytes queued over all sessions */
+size_t gw_hub_drops(const struct gw_hub *h);  /* sessions dropped so far */
+
 /* The connection is gone: frees the session (and the watch with its last one,
  * unsubscribing). Never calls send or close. */
 void gw_hub_leave(struct gw_hub *h, struct gw_session *s);

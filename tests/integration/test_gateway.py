@@ -540,3 +540,191 @@ def test_web_page_in_headless_chromium(env, gateway):
                        capture_output=True, text=True, timeout=120)
     print(p.stdout, p.stderr)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- hardening
+
+
+def raise_nofile(want):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want and (hard == resource.RLIM_INFINITY or hard >= want):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def test_idle_and_trickling_connections_do_not_starve_clients(env, gateway):
+    """300 connections that never finish a request head (half idle, half
+    sending a header byte every 0.3 s): past --max-unauthenticated the oldest
+    are closed at once, the rest after --header-timeout, and meanwhile an
+    authenticated client and /healthz are served."""
+    raise_nofile(4096)
+    gw = gateway("--auth-token", "tok", "--header-timeout", "2",
+                 "--max-unauthenticated", "100")
+    host, port = gw.base[len("http://"):].split(":")
+    auth = {"Authorization": "Bearer tok"}
+    # a client that authenticated before the flood keeps its connection
+    import http.client
+    keep = http.client.HTTPConnection(host, int(port), timeout=3)
+    keep.request("GET", "/v1/tasks/before", headers=auth)
+    r = keep.getresponse()
+    assert r.status == 200 and json.loads(r.read())["state"] == "PENDING"
+
+    socks = []
+    for i in range(300):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        if i % 2:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.3):
+            for i, s in enumerate(socks):
+                if i % 2:
+                    try:
+                        s.send(b"a")
+                    except OSError:
+                        pass
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        # served at all, with the slots taken: the bound guards a hang only
+        keep.request("GET", "/v1/tasks/during", headers=auth)
+        r = keep.getresponse()
+        assert r.status == 200 and json.loads(r.read())["task_id"] == "during"
+        req = urllib.request.Request(gw.base + "/v1/tasks/new", headers=auth)
+        with urllib.request.urlopen(req, timeout=3) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(gw.base + "/healthz", timeout=3) as r:
+            health = json.loads(r.read())
+        assert health["unauthenticated"] <= 100, health
+        assert health["unauthenticated_closed"] >= 200, health
+        # every flood connection is closed: the oldest at once, the others
+        # when their 2 s for a request head are over (lws's own default
+        # would keep them 10 s, an idle one waiting for a slot 30 s)
+        t0 = time.time()
+        closed = set()
+        while len(closed) < len(socks) and time.time() - t0 < 8:
+            for i, s in enumerate(socks):
+                if i in closed:
+                    continue
+                s.setblocking(False)
+                try:
+                    if s.recv(4096) == b"":
+                        closed.add(i)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed.add(i)
+            time.sleep(0.1)
+        assert len(closed) == len(socks), "%d of %d still open after %.1f s" % (
+            len(socks) - len(closed), len(socks), time.time() - t0)
+    finally:
+        stop.set()
+        t.join()
+        for s in socks:
+            s.close()
+        keep.close()
+    with urllib.request.urlopen(gw.base + "/healthz", timeout=3) as r:
+        assert json.loads(r.read())["unauthenticated"] <= 1
+
+
+def add_entries(r, tid, first, last, text):
+    key = "celeriac:progress:" + tid
+    p = r.pipeline(transaction=False)
+    for seq in range(first, last + 1):
+        p.xadd(key, {"seq": seq, "attempt": 1, "state": "STARTED" if seq == 1 else "PROGRESS",
+                     "text": text, "tokens": seq, "run": "t:1:1", "n": seq}, id="0-%d" % seq)
+    p.publish(key, last)
+    p.execute()
+
+
+def vm(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(field)
+
+
+def test_websocket_clients_that_never_read_stay_within_the_budget(env, gateway):
+    """30 WebSocket clients that never read, on a task that streams 6 MB (the
+    kernel takes about 2 MB of it per socket; without a budget the gateway
+    would hold the other 4 MB of each, 120 MB): the gateway keeps its queued
+    output under --max-buffered-bytes by closing the ones furthest behind
+    with 1008; a client that reads gets everything, and a dropped one
+    resumes from its last seq. The reader is sent a batch at a time, well
+    under the budget's share per client, so it is never the one furthest
+    behind."""
+    raise_nofile(4096)
+    budget = 4 << 20
+    gw = gateway("--max-buffered-bytes", str(budget))
+    tid = "budget-task"
+    n_slow, n_entries, per_batch = 30, 760, 8
+    text = "x" * 8000
+    url = "%s/v1/tasks/%s/stream" % (gw.ws_base, tid)
+    # a reader first; then the clients that never read, with small receive
+    # buffers so that what they do not read stays in the gateway
+    reader = websocket.create_connection(url, timeout=60)
+    slow = [websocket.create_connection(
+        url, timeout=60, sockopt=((socket.SOL_SOCKET, socket.SO_RCVBUF, 4096),))
+        for _ in range(n_slow)]
+    wait_until(lambda: gw.json("GET", "/healthz")[1]["websockets"] == n_slow + 1,
+               what="all clients connected")
+    base_rss = vm(gw.proc.pid, "VmRSS")
+    got, done = [], threading.Event()
+
+    def read():
+        read_all(reader, got.append)
+        done.set()
+    threading.Thread(target=read, daemon=True).start()
+    for first in range(1, n_entries + 1, per_batch):
+        last = first + per_batch - 1
+        add_entries(env.redis, tid, first, last, text)
+        wait_until(lambda: seqs(got)[-1:] == [last] or done.is_set(), timeout=30,
+                   what="the reader at %d" % last)
+        assert not done.is_set(), got[-3:]
+    peak = vm(gw.proc.pid, "VmHWM")
+    meta = {"status": "SUCCESS", "result": "fin", "traceback": None, "children": [],
+            "date_done": "2026-01-01T00:00:00", "task_id": tid}
+    env.redis.set("celery-task-meta-" + tid, json.dumps(meta))
+    env.redis.publish("celery-task-meta-" + tid, json.dumps(meta))
+    assert done.wait(30)
+    assert seqs(got) == list(range(1, n_entries + 1))
+    assert got[-1]["type"] == "result" and got[-1]["result"] == "fin"
+
+    # what each slow client got before it was closed, and how it was closed
+    def drain(ws):
+        msgs = []
+        while True:
+            try:
+                op, frame = ws.recv_data_frame(True)
+            except (websocket.WebSocketConnectionClosedException, OSError):
+                return msgs, None
+            if op == websocket.ABNF.OPCODE_CLOSE:
+                return msgs, int.from_bytes(frame.data[:2], "big")
+            if op == websocket.ABNF.OPCODE_TEXT:
+                msgs.append(json.loads(frame.data))
+    outcomes = [drain(ws) for ws in slow]
+    for ws in slow:
+        ws.close()
+    codes = [code for _, code in outcomes]
+    dropped = [msgs for msgs, code in outcomes if code == 1008]
+    assert len(dropped) >= n_slow - 5, codes
+    for msgs, code in outcomes:
+        if code != 1008:  # kept within the budget to the end
+            assert code == 1000 and msgs[-1]["type"] == "result", (code, msgs[-1:])
+        s = seqs(msgs)
+        assert s == list(range(1, len(s) + 1))
+    assert (peak - base_rss) < budget + (40 << 20), \
+        "gateway grew by %d MB" % ((peak - base_rss) >> 20)
+    # a dropped client resumes where it was cut off
+    msgs = dropped[0]
+    last = seqs(msgs)[-1] if seqs(msgs) else 0
+    rest = read_all(gw.stream(tid, from_seq=last))
+    assert seqs(rest) == list(range(last + 1, n_entries + 1))
+    assert rest[-1]["type"] == "result"
+    st, health = gw.json("GET", "/healthz")
+    assert health["websockets_dropped"] >= len(dropped) and health["queued_bytes"] == 0
+    print("\n%d of %d clients that never read closed with 1008; gateway grew by %.1f MB "
+          "(budget %d MB)" % (len(dropped), n_slow, (peak - base_rss) / 1e6, budget >> 20))

@@ -1,6 +1,7 @@
 /* test_gw_session.c -- progress sessions against a fake Redis and fake sockets:
  * replay then live with no gap or repeat, late joins, resume, trimming, retries
- * of failed reads, reconnects, stale answers, and an OOM sweep. */
+ * of failed reads, reconnects, stale answers, the memory limits (per session
+ * and in total, byte by byte), and an OOM sweep. */
 #include <check.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,10 +25,16 @@ struct fake {
     struct {
         struct gw_session *s;
         char text[256];
+        size_t len;
     } sent[MAX_SENT];
     int nsent;
     struct gw_session *closed[64];
     int nclosed;
+    struct {
+        struct gw_session *s;
+        int reason;
+    } dropped[64];
+    int ndropped;
 };
 
 static int f_subscribe(struct gw_hub *h, const char *id, void *p)
@@ -77,6 +84,7 @@ static void f_send(struct gw_session *s, const char *text, size_t len, void *p)
     struct fake *f = p;
     ck_assert_int_lt(f->nsent, MAX_SENT);
     f->sent[f->nsent].s = s;
+    f->sent[f->nsent].len = len;
     snprintf(f->sent[f->nsent].text, sizeof(f->sent[0].text), "%.*s", (int)len, text);
     f->nsent++;
 }
@@ -87,8 +95,17 @@ static void f_close(struct gw_session *s, void *p)
     f->closed[f->nclosed++] = s;
 }
 
-static const struct gw_hub_ops ops = {f_subscribe, f_unsubscribe, f_fetch,
-                                      f_get_meta,  f_send,        f_close};
+static void f_drop(struct gw_session *s, int reason, void *p)
+{
+    struct fake *f = p;
+    ck_assert_int_lt(f->ndropped, 64);
+    f->dropped[f->ndropped].s = s;
+    f->dropped[f->ndropped].reason = reason;
+    f->ndropped++;
+}
+
+static const struct gw_hub_ops ops = {f_subscribe, f_unsubscribe, f_fetch, f_get_meta,
+                                      f_send,      f_close,       f_drop};
 
 /* The "Redis stream": entries 1..n with text "t<seq> ". */
 struct stream {
@@ -454,6 +471,219 @@ START_TEST(test_entry_parse)
 }
 END_TEST
 
+/* ------------------------------------------------------------- memory */
+
+/* Writes out everything queued to s, as a socket that keeps up would. */
+static void drain(struct gw_hub *h, struct fake *f, struct gw_session *s, int *upto)
+{
+    for (; *upto < f->nsent; (*upto)++)
+        if (f->sent[*upto].s == s)
+            gw_hub_on_written(h, s, f->sent[*upto].len);
+}
+
+/* The next entry lands and is read: st->last becomes seq. */
+static void publish(struct gw_hub *h, struct fake *f, struct stream *st, int64_t seq,
+                    const char *task)
+{
+    st->last = seq;
+    gw_hub_on_notify(h, task);
+    for (int i = 0; i < 5 && f->fetching; i++)
+        answer(h, f, st, GW_FETCH_COUNT);
+}
+
+static int sent_to(const struct fake *f, const struct gw_session *s)
+{
+    int n = 0;
+    for (int i = 0; i < f->nsent; i++)
+        n += f->sent[i].s == s;
+    return n;
+}
+
+/* Lengths of the messages for entries 1 and 2 (3, 4... are as long as 2). */
+static void message_lengths(size_t *l1, size_t *l)
+{
+    struct fake f;
+    struct gw_hub *h = hub_with(&f);
+    struct stream st = {1, 2, NULL, NULL};
+    struct gw_session *s = gw_hub_join(h, "T", 0, (void *)1, 0);
+    gw_hub_on_subscribed(h, "T");
+    answer(h, &f, &st, GW_FETCH_COUNT);
+    ck_assert_int_eq(f.nsent, 2);
+    *l1 = f.sent[0].len;
+    *l = f.sent[1].len;
+    ck_assert_uint_eq(gw_hub_queued(h), *l1 + *l);
+    gw_hub_leave(h, s);
+    ck_assert_uint_eq(gw_hub_queued(h), 0);
+    gw_hub_free(h);
+}
+
+/* Two clients on one task: a reads everything, b nothing. For every total
+ * budget from the smallest that holds entry 1 twice up to past what all
+ * three entries need, byte by byte: b is dropped exactly when the next
+ * message would take the total past the budget, a is never dropped and gets
+ * every entry, the count never passes the budget, and b gets nothing more. */
+START_TEST(test_total_budget_byte_by_byte)
+{
+    size_t l1, l;
+    message_lengths(&l1, &l);
+    for (size_t budget = 2 * l1; budget <= 3 * l + 2; budget++) {
+        struct fake f;
+        struct gw_hub *h = hub_with(&f);
+        struct stream st = {1, 0, NULL, NULL};
+        struct gw_session *a, *b;
+        int da = 0, drop_step = budget < 2 * l ? 2 : budget < 3 * l ? 3 : 0;
+        gw_hub_set_limits(h, 0, budget);
+        a = gw_hub_join(h, "T", 0, (void *)1, 0);
+        b = gw_hub_join(h, "T", 0, (void *)2, 0);
+        gw_hub_on_subscribed(h, "T");
+        publish(h, &f, &st, 1, "T"); /* M1 to both; they write it */
+        ck_assert_int_eq(f.ndropped, 0);
+        drain(h, &f, a, &da);
+        gw_hub_on_written(h, b, l1);
+        ck_assert_uint_eq(gw_hub_queued(h), 0);
+        for (int64_t seq = 2; seq <= 3; seq++) {
+            publish(h, &f, &st, seq, "T");
+            ck_assert_uint_le(gw_hub_queued(h), budget);
+            if (drop_step && seq >= drop_step) {
+                ck_assert_int_eq(f.ndropped, 1);
+                ck_assert_ptr_eq(f.dropped[0].s, b);
+                ck_assert_int_eq(f.dropped[0].reason, GW_DROP_BUDGET);
+            } else {
+                ck_assert_int_eq(f.ndropped, 0);
+            }
+            drain(h, &f, a, &da);
+            if (seq == 3 && !drop_step)
+                ck_assert_uint_eq(gw_hub_queued(h), 2 * l); /* b's M2 and M3 */
+        }
+        if (drop_step) {
+            ck_assert_uint_eq(gw_hub_queued(h), 0);
+            ck_assert_uint_eq(gw_hub_drops(h), 1);
+            /* b's frames reported late count for nothing */
+            gw_hub_on_written(h, b, 1000);
+            ck_assert_uint_eq(gw_hub_queued(h), 0);
+            /* it was sent its message of the step, then made room for a's */
+            ck_assert_int_eq(sent_to(&f, b), drop_step);
+        }
+        ck_assert_int_eq(sent_to(&f, a), 3);
+        /* the end, with room for it: a gets the result and is closed; a
+         * dropped b is not */
+        gw_hub_set_limits(h, 0, 0);
+        st.final_state = "SUCCESS";
+        publish(h, &f, &st, 4, "T");
+        gw_hub_on_meta_published(h, "T", meta_ok, strlen(meta_ok));
+        for (int i = 0; i < 5 && f.fetching; i++)
+            answer(h, &f, &st, GW_FETCH_COUNT);
+        ck_assert_int_eq(f.nclosed, drop_step ? 1 : 2);
+        ck_assert_ptr_eq(f.closed[0], drop_step ? a : b);
+        ck_assert(strstr(f.sent[f.nsent - 1].text, "\"type\": \"result\""));
+        gw_hub_leave(h, b);
+        drain(h, &f, a, &da);
+        ck_assert_uint_eq(gw_hub_queued(h), 0);
+        gw_hub_leave(h, a);
+        gw_hub_free(h);
+    }
+}
+END_TEST
+
+/* A budget smaller than one message: a client with nothing queued still gets
+ * it (it keeps up); one that still holds a message when the next comes is
+ * dropped. */
+START_TEST(test_budget_smaller_than_a_message)
+{
+    size_t l1, l;
+    struct fake f;
+    struct gw_hub *h;
+    struct stream st = {1, 0, NULL, NULL};
+    struct gw_session *a;
+    int da = 0;
+    message_lengths(&l1, &l);
+    h = hub_with(&f);
+    gw_hub_set_limits(h, 0, l1);
+    a = gw_hub_join(h, "T", 0, (void *)1, 0);
+    gw_hub_on_subscribed(h, "T");
+    publish(h, &f, &st, 1, "T");
+    drain(h, &f, a, &da);
+    publish(h, &f, &st, 2, "T"); /* l > l1, but nothing else is queued */
+    ck_assert_int_eq(f.ndropped, 0);
+    ck_assert_uint_eq(gw_hub_queued(h), l);
+    publish(h, &f, &st, 3, "T"); /* M2 not yet written */
+    ck_assert_int_eq(f.ndropped, 1);
+    ck_assert_int_eq(f.dropped[0].reason, GW_DROP_BUDGET);
+    ck_assert_int_eq(sent_to(&f, a), 2);
+    ck_assert_uint_eq(gw_hub_queued(h), 0);
+    gw_hub_leave(h, a);
+    gw_hub_free(h);
+}
+END_TEST
+
+/* The per-session limit, byte by byte: b (reading nothing) is dropped as
+ * GW_DROP_SLOW exactly when its queue would pass the limit; a is not. */
+START_TEST(test_session_limit_byte_by_byte)
+{
+    size_t l1, l;
+    message_lengths(&l1, &l);
+    for (size_t limit = l1 + l; limit <= l1 + 2 * l + 1; limit++) {
+        struct fake f;
+        struct gw_hub *h = hub_with(&f);
+        struct stream st = {1, 0, NULL, NULL};
+        struct gw_session *a, *b;
+        int da = 0;
+        gw_hub_set_limits(h, limit, 0);
+        a = gw_hub_join(h, "T", 0, (void *)1, 0);
+        b = gw_hub_join(h, "T", 0, (void *)2, 0);
+        gw_hub_on_subscribed(h, "T");
+        for (int64_t seq = 1; seq <= 3; seq++) {
+            publish(h, &f, &st, seq, "T");
+            drain(h, &f, a, &da);
+        }
+        if (limit < l1 + 2 * l) {
+            ck_assert_int_eq(f.ndropped, 1);
+            ck_assert_ptr_eq(f.dropped[0].s, b);
+            ck_assert_int_eq(f.dropped[0].reason, GW_DROP_SLOW);
+            ck_assert_int_eq(sent_to(&f, b), 2);
+        } else {
+            ck_assert_int_eq(f.ndropped, 0);
+            ck_assert_int_eq(sent_to(&f, b), 3);
+        }
+        ck_assert_int_eq(sent_to(&f, a), 3);
+        gw_hub_leave(h, a);
+        gw_hub_leave(h, b);
+        ck_assert_uint_eq(gw_hub_queued(h), 0);
+        gw_hub_free(h);
+    }
+}
+END_TEST
+
+/* The budget is over all tasks: a message for one task's client drops the
+ * client furthest behind on another task. */
+START_TEST(test_budget_spans_tasks)
+{
+    size_t l1, l;
+    struct fake f;
+    struct gw_hub *h;
+    struct stream st = {1, 0, NULL, NULL};
+    struct gw_session *a, *c;
+    message_lengths(&l1, &l);
+    h = hub_with(&f);
+    gw_hub_set_limits(h, 0, 2 * l1 + l - 1);
+    a = gw_hub_join(h, "T", 0, (void *)1, 0);
+    gw_hub_on_subscribed(h, "T");
+    st.last = 2;
+    answer(h, &f, &st, GW_FETCH_COUNT); /* a holds l1 + l */
+    c = gw_hub_join(h, "U", 0, (void *)2, 0);
+    gw_hub_on_subscribed(h, "U");
+    st.last = 1;
+    answer(h, &f, &st, GW_FETCH_COUNT); /* c's l1 would make 2 * l1 + l */
+    ck_assert_int_eq(f.ndropped, 1);
+    ck_assert_ptr_eq(f.dropped[0].s, a);
+    ck_assert_uint_eq(gw_hub_queued(h), l1);
+    ck_assert_int_eq(sent_to(&f, c), 1);
+    gw_hub_leave(h, a);
+    gw_hub_leave(h, c);
+    gw_hub_free(h);
+}
+END_TEST
+
 /* Fails allocation 1, 2, ... through a whole scenario: nothing crashes or
  * leaks (valgrind), and a session is either served or told and closed. */
 START_TEST(test_oom_sweep)
@@ -514,6 +744,10 @@ int main(void)
     tcase_add_test(tc, test_failures_and_reconnects);
     tcase_add_test(tc, test_ignored_result_comes_from_the_stream);
     tcase_add_test(tc, test_entry_parse);
+    tcase_add_test(tc, test_total_budget_byte_by_byte);
+    tcase_add_test(tc, test_budget_smaller_than_a_message);
+    tcase_add_test(tc, test_session_limit_byte_by_byte);
+    tcase_add_test(tc, test_budget_spans_tasks);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
