@@ -13,8 +13,8 @@ LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lm
 CHECK_LIBS = $(shell pkg-config --libs check)
 CHECK_CFLAGS = $(shell pkg-config --cflags check)
 
-LIB_SRC   := $(wildcard util/*.c protocol/*.c llm/*.c gateway/*.c) \
-	         $(filter-out worker/main.c,$(wildcard worker/*.c))
+LIB_SRC   := $(wildcard util/*.c protocol/*.c llm/*.c net/*.c engine/*.c gateway/*.c \
+	           worker/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB       := $(BUILD)/libceleriac.a
 BIN       := $(BUILD)/celeriac
@@ -37,7 +37,7 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BIN): $(BUILD)/worker/main.o $(LIB)
+$(BIN): $(BUILD)/cmd/main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIB)
@@ -110,7 +110,7 @@ check-src:
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/worker/main.d
+-include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d
 
 # Benchmarks (issue 6): bench tools are built on their own, never into $(LIB).
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))

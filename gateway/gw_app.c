@@ -11,15 +11,15 @@
 
 #include "gw_msg.h"
 #include "gw_server.h"
-#include "gw_session.h"
+#include "gw_hub.h"
 #include "gw_sub.h"
 #include "protocol/celery_msg.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/buf.h"
-#include "worker/backend.h"
-#include "worker/broker.h"
-#include "worker/log.h"
+#include "net/results.h"
+#include "net/amqp.h"
+#include "util/log.h"
 #include "worker/progress.h"
 
 #define CRON_MS 500

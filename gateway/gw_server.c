@@ -9,7 +9,7 @@
 
 #include "util/alloc.h"
 #include "util/buf.h"
-#include "worker/log.h"
+#include "util/log.h"
 
 #define CHUNK 16384             /* bytes of an HTTP body written per writable event */
 #define DISCARD_MAX (16u << 20) /* oversize bodies up to this are read, then 413 */

@@ -3,13 +3,13 @@
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
-#include "worker/redis_uv.h"
+#include "net/redis.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/alloc.h"
-#include "worker/log.h"
+#include "util/log.h"
 
 #define CONNECT_TIMEOUT_MS 5000
 #define RECONNECT_MAX_MS 5000

@@ -14,7 +14,7 @@
 #include <uv.h>
 #include <cjson/cJSON.h>
 
-#include "llm/policy.h"
+#include "policy.h"
 #include "protocol/openai.h"
 #include "util/err.h"
 #include "util/redact.h"

@@ -12,7 +12,7 @@
 
 #include "util/alloc.h"
 #include "util/buf.h"
-#include "log.h"
+#include "util/log.h"
 
 enum opt_type { OPT_STR, OPT_INT, OPT_DBL, OPT_BOOL, OPT_LIST };
 

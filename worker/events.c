@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "util/log.h"
 #include "worker_int.h"
 #include "protocol/celery_events.h"
 #include "protocol/result.h"

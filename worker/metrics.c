@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "events.h"
-#include "log.h"
+#include "util/log.h"
 #include "worker_int.h"
 #include "protocol/prom.h"
 #include "util/alloc.h"

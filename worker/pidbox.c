@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "events.h"
-#include "log.h"
+#include "util/log.h"
 #include "worker_int.h"
 #include "protocol/pidbox_msg.h"
 #include "protocol/result.h"

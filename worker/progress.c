@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "util/log.h"
 #include "worker_int.h"
 #include "protocol/result.h"
 #include "util/alloc.h"

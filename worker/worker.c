@@ -20,15 +20,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "net/results.h"
 #include "events.h"
 #include "metrics.h"
 #include "pidbox.h"
 #include "progress.h"
 #include "worker_int.h"
-#include "broker.h"
-#include "log.h"
-#include "tasks.h"
+#include "net/amqp.h"
+#include "util/log.h"
+#include "engine/tasks.h"
 #include "llm/llm_client.h"
 #include "llm/policy.h"
 #include "protocol/celery_msg.h"

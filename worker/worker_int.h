@@ -8,14 +8,14 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "backend.h"
-#include "broker.h"
+#include "net/results.h"
+#include "net/amqp.h"
 #include "config.h"
-#include "tasks.h"
+#include "engine/tasks.h"
 #include "llm/llm_client.h"
 #include "protocol/celery_msg.h"
 #include "util/strmap.h"
-#include "ratelimit.h"
+#include "engine/ratelimit.h"
 
 struct events;
 struct pidbox;

@@ -8,7 +8,7 @@
 
 #include "util/alloc.h"
 #include "util/err.h"
-#include "worker/ack_batch.h"
+#include "net/ack_batch.h"
 
 /* ------------------------------------------------------------ the model */
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "util/alloc.h"
-#include "worker/amqp_url.h"
+#include "net/amqp_url.h"
 
 static const struct {
     const char *url;

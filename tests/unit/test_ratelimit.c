@@ -2,7 +2,7 @@
 #include <check.h>
 
 #include "util/alloc.h"
-#include "worker/ratelimit.h"
+#include "engine/ratelimit.h"
 
 START_TEST(test_parse)
 {

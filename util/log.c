@@ -8,7 +8,7 @@
 #include <sys/time.h>
 #include <time.h>
 
-#include "util/esc.h"
+#include "esc.h"
 
 int log_threshold = LOG_INFO;
 

@@ -5,9 +5,9 @@
 #include <curl/curl.h>
 #include <uv.h>
 
-#include "worker/commands.h"
+#include "commands.h"
 #include "worker/config.h"
-#include "worker/log.h"
+#include "util/log.h"
 #include "worker/worker.h"
 #include "util/alloc.h"
 

@@ -1,5 +1,5 @@
-/* backend.c -- Redis result backend: hiredis async glued to the libuv loop. */
-#include "backend.h"
+/* results.c -- Redis result backend: hiredis async glued to the libuv loop. */
+#include "results.h"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "log.h"
-#include "redis_uv.h"
+#include "worker/config.h"
+#include "util/log.h"
+#include "redis.h"
 #include "util/alloc.h"
 #include "util/sha1.h"
 

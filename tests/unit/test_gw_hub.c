@@ -1,4 +1,4 @@
-/* test_gw_session.c -- progress sessions against a fake Redis and fake sockets:
+/* test_gw_hub.c -- progress sessions against a fake Redis and fake sockets:
  * replay then live with no gap or repeat, late joins, resume, trimming, retries
  * of failed reads, reconnects, stale answers, the memory limits (per session
  * and in total, byte by byte), and an OOM sweep. */
@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gateway/gw_session.h"
+#include "gateway/gw_hub.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/err.h"
@@ -732,7 +732,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("gw_session");
+    Suite *s = suite_create("gw_hub");
     TCase *tc = tcase_create("core");
     SRunner *sr;
     int failed;

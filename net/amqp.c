@@ -1,4 +1,4 @@
-/* broker.c -- rabbitmq-c connections pumped from the libuv loop.
+/* amqp.c -- rabbitmq-c connections pumped from the libuv loop.
  *
  * rabbitmq-c owns a non-blocking socket per connection; we watch each fd with
  * a uv_poll_t and, when it is readable, pull frames with a zero timeout until
@@ -7,7 +7,7 @@
  * only when it is called into, so a timer does that work on its own clock: it
  * sends ours every half interval and declares a connection lost after two
  * intervals without a byte from the broker. */
-#include "broker.h"
+#include "amqp.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
@@ -19,8 +19,8 @@
 #include <sys/socket.h>
 
 #include "ack_batch.h"
-#include "log.h"
-#include "config.h"
+#include "util/log.h"
+#include "worker/config.h"
 #include "amqp_url.h"
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"

@@ -1,4 +1,4 @@
-/* broker.h -- the AMQP 0-9-1 connections (rabbitmq-c) on the worker's libuv loop.
+/* amqp.h -- the AMQP 0-9-1 connections (rabbitmq-c) on the worker's libuv loop.
  *
  * Two connections, as RabbitMQ advises: one consumes and acks, the other
  * publishes (in confirm mode). RabbitMQ stops reading a connection that

@@ -1,4 +1,4 @@
-/* gw_session.h -- WebSocket progress sessions: replay, live updates and the
+/* gw_hub.h -- WebSocket progress sessions: replay, live updates and the
  * final result, with no text lost or repeated. Pure: no sockets, no loop, no
  * clock (time is an argument); Redis and the sockets are reached through a
  * vtable the glue provides, so tests drive it with fakes.

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amqp_url.h"
+#include "net/amqp_url.h"
 #include "commands.h"
-#include "config.h"
+#include "worker/config.h"
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
 #include "util/buf.h"

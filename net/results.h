@@ -1,4 +1,4 @@
-/* backend.h -- Celery's Redis result backend on the worker loop (hiredis async).
+/* results.h -- Celery's Redis result backend on the worker loop (hiredis async).
  *
  * Writes results exactly as Celery's RedisBackend does: the meta JSON under
  * "celery-task-meta-<id>" with SETEX (result_expires) and a PUBLISH of the same

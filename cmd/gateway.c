@@ -1,4 +1,4 @@
-/* gw_main.c -- `celeriac gateway`: options, start-up and the loop of the HTTP
+/* gateway.c -- `celeriac gateway`: options, start-up and the loop of the HTTP
  * and WebSocket gateway (gw_app.h). */
 #include <errno.h>
 #include <getopt.h>
@@ -10,10 +10,10 @@
 #include <sys/resource.h>
 #include <uv.h>
 
-#include "gw_app.h"
-#include "worker/commands.h"
-#include "worker/log.h"
-#include "worker/tasks.h"
+#include "gateway/gw_app.h"
+#include "commands.h"
+#include "util/log.h"
+#include "engine/tasks.h"
 #include "util/alloc.h"
 
 #define MAX_LIST 64

@@ -1,4 +1,4 @@
-/* redis_uv.h -- hiredis async contexts on a libuv loop.
+/* redis.h -- hiredis async contexts on a libuv loop.
  *
  * Our own glue instead of hiredis's adapters/libuv.h, because that one (as
  * shipped in Debian's hiredis 0.14) drops every poll error: libuv stops a poll

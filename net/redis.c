@@ -1,5 +1,5 @@
-/* redis_uv.c -- hiredis async glue for libuv that reports poll errors. */
-#include "redis_uv.h"
+/* redis.c -- hiredis async glue for libuv that reports poll errors. */
+#include "redis.h"
 
 #include <hiredis/hiredis.h>
 

@@ -1,5 +1,5 @@
-/* gw_session.c -- progress sessions and per-task watches (no I/O, no clock). */
-#include "gw_session.h"
+/* gw_hub.c -- progress sessions and per-task watches (no I/O, no clock). */
+#include "gw_hub.h"
 
 #include <stdio.h>
 #include <stdlib.h>
