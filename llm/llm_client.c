@@ -26,17 +26,16 @@
 #define MAX_RAW_BODY (64u << 20) /* a non-streamed body (embeddings) */
 #define MAX_ERR_BODY (64u << 10) /* an error body is only read for its message */
 /* Finished easy handles kept for the next request. Reuse saves the handle's
- * allocation and set-up (a 5 KB struct and its buffers) on every call; the
+ * allocation and set-up (a large struct and its buffers) on every call; the
  * bound keeps a burst of thousands of calls from pinning their handles. */
 #define EASY_POOL_MAX 64
 /* Idle provider connections kept at least; see track_peak(). */
 #define MIN_CACHED_CONNECTIONS 64
 /* libcurl's receive buffer per transfer (its default is 16 KB; 1 KB is its
  * floor). Stream events are a few hundred bytes and usually arrive one or two
- * per read, so the floor costs nothing there; a burst of queued events takes
- * more reads (+0.1 us per token for 257 tokens at once). An idle bare libcurl
- * stream measured 15.5 KB with 4 KB, 13.4 KB with 2 KB and 12.4 KB with 1 KB
- * (bench/idle_streams.c): at 10,000 streams, 30 MB less than with 4 KB. */
+ * per read, so the floor costs nothing there; only a burst of queued events
+ * takes more reads. The buffer is held by every idle stream, so its size is
+ * most of an idle stream's memory (docs/benchmarks.md, bench/idle_streams.c). */
 #define RECV_BUFFER_BYTES 1024L
 /* libcurl 7.88 copies an HTTPS/1.1 request into an upload buffer of this size
  * (64 KB by default), allocated on the first send and kept until the transfer
@@ -137,12 +136,10 @@ static void check_multi_info(struct llm_client *c);
 /* libcurl's sockets live in an epoll set of the client's own, which the loop
  * watches as one descriptor (still on the loop's thread, never blocking: the
  * set is read with a zero timeout), instead of in one uv_poll_t each. A
- * uv_poll_t costs 176 bytes, an allocation and about seven epoll_ctl() calls
- * per call (uv_poll_init() adds and removes the descriptor to check it, and
- * each change of events removes it and adds it back); in the set a socket
- * costs one ADD and one MOD per change, and nothing on close. Measured at
- * 10,000 streams: worker CPU 1.92-2.03 -> 1.78-1.84 s, 0.3-0.5 KB less per
- * stream.
+ * uv_poll_t costs an allocation and several epoll_ctl() calls per call
+ * (uv_poll_init() adds and removes the descriptor to check it, and each change
+ * of events removes it and adds it back); in the set a socket costs one ADD
+ * and one MOD per change, and nothing on close (figures: docs/benchmarks.md).
  *
  * An error or hang-up is passed on as readable and writable, as libuv does:
  * libcurl finds the error itself when it reads or writes. The event of a
@@ -393,8 +390,8 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
         return 0;
     }
     /* A stream spends most of its life waiting for the next token: hold no
-     * parser buffers meanwhile (512 B per stream, 3% of an idle stream's
-     * memory, for an allocation or two per read). */
+     * parser buffers meanwhile, for the price of an allocation or two per
+     * read. */
     sse_parser_trim(r->sse);
     return n;
 }
@@ -740,8 +737,8 @@ static struct curl_slist *shared_headers(struct llm_client *c, enum llm_op op,
 
 /* libcurl keeps idle connections up to CURLMOPT_MAXCONNECTS, by default four
  * per easy handle currently added. Between two bursts that can fall to zero,
- * and then every connection is closed and the next burst connects again (11%
- * of calls made a new connection in the dispatch benchmark). So the cache
+ * and then every connection is closed and the next burst connects again. So
+ * the cache
  * follows the most calls ever in flight instead, unless a cap was set. */
 static void track_peak(struct llm_client *c)
 {
@@ -777,8 +774,8 @@ static int on_close_socket(void *clientp, curl_socket_t fd)
  * HTTP/1.1 runs one call per connection, so when there are no more sockets
  * than calls in flight, every connection is busy. libcurl 7.88 would still
  * look at each of them before connecting (ConnectionExists walks every
- * connection to the host), which is O(calls in flight) per call: 35% of the
- * worker's CPU with 10,000 streams in the concurrency bench. Over HTTPS the
+ * connection to the host), which is O(calls in flight) per call, a large share
+ * of the worker's CPU with thousands of streams. Over HTTPS the
  * search stays, as HTTP/2 can multiplex calls on a busy connection. */
 static int no_idle_connection(const struct llm_client *c, const char *url)
 {
@@ -788,12 +785,12 @@ static int no_idle_connection(const struct llm_client *c, const char *url)
 /* Whether a new connection (see no_idle_connection()) is kept for reuse when
  * its call ends. libcurl 7.88 walks its connection cache from the oldest
  * connection on every curl_multi_remove_handle() until it meets the one the
- * call used (close_connect_only() in lib/multi.c), so with 10,000 connections
- * kept each finished call costs about 5,000 steps: 22% of the worker's CPU in
- * the concurrency bench. Past keep_connections calls in flight, a call that
- * needs a new connection closes it when done (CURLOPT_FORBID_REUSE): a
- * connect per call (about 20 us here) against a walk that grows with every
- * connection kept (about 10 ns a step). */
+ * call used (close_connect_only() in lib/multi.c), so with thousands of
+ * connections kept each finished call walks half of them. Past
+ * keep_connections calls in flight, a call that needs a new connection closes
+ * it when done (CURLOPT_FORBID_REUSE): a connect per call, which costs the
+ * same at any size, against a walk that grows with every connection kept
+ * (figures: docs/benchmarks.md). */
 static int keep_connection(const struct llm_client *c)
 {
     /* Calls in flight rather than sockets: libcurl opens a call's socket
