@@ -1,5 +1,6 @@
 # celeriac -- native Celery worker for LLM jobs.
-# Targets: all test unit integration demo bench asan valgrind fuzz format check-src clean
+# Targets: all test unit integration demo bench asan valgrind fuzz format check-src
+#          check-src-selftest clean
 
 PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8
 CC        ?= cc
@@ -24,7 +25,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PY        := /usr/bin/python3
 
 .PHONY: all test unit integration demo bench asan asan-integration valgrind fuzz format check-src \
-	    clean deps services
+	    check-src-selftest clean deps services
 
 all: $(BIN)
 
@@ -103,9 +104,14 @@ valgrind: $(UNIT_BIN)
 format:
 	clang-format -i $(wildcard */*.c */*.h tests/*/*.c)
 
+# Banned functions, includes against the layers, clang-format: one line per violation
+# (scripts/check-src.sh). The selftest runs the gate on tests/check-src/ fixtures: every
+# rule must catch its violation, and a clean tree must pass.
 check-src:
-	@! grep -nE '\b(sprintf|strcpy|strcat|strtok|atoi|gets)\s*\(' $(wildcard */*.c */*.h) \
-	|| (echo "banned function used" && false)
+	@bash scripts/check-src.sh
+
+check-src-selftest:
+	@bash scripts/check-src.sh --selftest
 
 clean:
 	rm -rf build build-asan build-fuzz

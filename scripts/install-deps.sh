@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(
-    gcc make pkg-config clang valgrind
+    gcc make pkg-config clang clang-format valgrind
     librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev libuv1-dev
     libwebsockets-dev libpcre2-dev check
     rabbitmq-server redis-server

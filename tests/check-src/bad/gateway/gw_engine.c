@@ -1,0 +1,3 @@
+/* gw_engine.c -- fixture: gateway/ reaches into engine/ (rule "gateway"), both forms. */
+#include "engine/tasks.h"
+#include "../engine/engine.h"

@@ -1,0 +1,3 @@
+/* gw_worker.c -- fixture: gateway/ reaches into worker/ (rule "worker"). */
+#include "gw_local.h"
+#include "worker/progress.h"

@@ -1,0 +1,1 @@
+/* pyjson.h -- fixture: a header that exists, so <protocol/pyjson.h> is one of ours. */

@@ -1,0 +1,9 @@
+/* redis.c -- fixture: net/ includes its own headers, protocol/, util/, the system. */
+#include <net/if.h>
+#include <hiredis/hiredis.h>
+#include <uv.h>
+
+#include "redis.h"
+#include "amqp_url.h"
+#include "protocol/amqp_json.h"
+#include "../util/err.h"

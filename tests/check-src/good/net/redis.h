@@ -1,0 +1,2 @@
+/* redis.h -- fixture: the header beside redis.c. */
+#include "../util/buf.h"

@@ -1,0 +1,1 @@
+/* worker.h -- fixture: the header beside worker.c. */
