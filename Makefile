@@ -41,9 +41,17 @@ $(LIB): $(LIB_OBJ)
 $(BIN): $(BUILD)/cmd/main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(LIB)
+# Every unit-test binary is its test_<module>.c, which defines suite(), linked with the
+# one shared main() of tests/unit/main.c.
+UNIT_MAIN := $(BUILD)/tests/unit/main.o
+
+$(UNIT_MAIN): tests/unit/main.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(LIB) $(LDLIBS) $(CHECK_LIBS)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(UNIT_MAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(UNIT_MAIN) $(LIB) $(LDLIBS) $(CHECK_LIBS)
 
 # Installs missing Debian packages (idempotent).
 deps:
@@ -116,7 +124,7 @@ check-src-selftest:
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d
+-include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d $(UNIT_BIN:=.d) $(UNIT_MAIN:.o=.d)
 
 # Benchmarks (issue 6): bench tools are built on their own, never into $(LIB).
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))

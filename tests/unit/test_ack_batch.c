@@ -383,13 +383,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("ack_batch");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_contiguous_is_one_frame);
     tcase_add_test(tc, test_gap_sends_singles);
     tcase_add_test(tc, test_reject_is_not_a_gap);
@@ -400,9 +397,5 @@ int main(void)
     tcase_add_loop_test(tc, test_random_against_model, 0, 6);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

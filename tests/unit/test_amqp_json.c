@@ -538,14 +538,11 @@ START_TEST(test_oom_from_table)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("amqp_json");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_test(tc, test_py_amqp_wire);
     tcase_add_test(tc, test_json_to_wire);
     tcase_add_test(tc, test_every_kind);
@@ -559,9 +556,5 @@ int main(void)
     tcase_add_test(tc, test_null_and_empty);
     tcase_add_test(tc, test_oom_from_table);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -330,13 +330,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("celery_events");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_task_vectors, 0,
                         sizeof(task_vecs) / sizeof(task_vecs[0]));
     tcase_add_test(tc, test_llm_unknowns_are_null);
@@ -350,9 +347,5 @@ int main(void)
     tcase_add_test(tc, test_tokens_per_second);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -1034,14 +1034,11 @@ START_TEST(test_oom_decode_encode)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("celery_msg");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_test(tc, test_fixture_files);
     tcase_add_loop_test(tc, test_fixture_decode, 0, N_EXPECTS);
     tcase_add_loop_test(tc, test_fixture_reencode, 0, N_EXPECTS);
@@ -1062,9 +1059,5 @@ int main(void)
     tcase_add_loop_test(tc, test_oom_decode_encode, 0, N_EXPECTS);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -71,19 +71,13 @@ START_TEST(test_esc_truncates_whole)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("esc");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
     tcase_add_loop_test(tc, test_esc_vectors, 0, sizeof(vecs) / sizeof(vecs[0]));
     tcase_add_test(tc, test_esc_nul);
     tcase_add_test(tc, test_esc_truncates_whole);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

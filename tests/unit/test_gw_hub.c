@@ -730,13 +730,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("gw_hub");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_replay_then_live_then_result);
     tcase_add_loop_test(tc, test_joins, 0, (int)(sizeof(joins) / sizeof(joins[0])));
     tcase_add_test(tc, test_joining_a_finished_task);
@@ -750,9 +747,5 @@ int main(void)
     tcase_add_test(tc, test_budget_spans_tasks);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

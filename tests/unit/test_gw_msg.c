@@ -409,13 +409,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("gw_msg");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_routes, 0, (int)(sizeof(routes) / sizeof(routes[0])));
     tcase_add_test(tc, test_long_task_id);
     tcase_add_test(tc, test_query);
@@ -431,9 +428,5 @@ int main(void)
     tcase_add_test(tc, test_error_json);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

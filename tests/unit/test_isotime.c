@@ -152,14 +152,11 @@ START_TEST(test_round_trip_days)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("isotime");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_parse_good, 0, sizeof(good) / sizeof(good[0]));
     tcase_add_loop_test(tc, test_parse_bad, 0, sizeof(bad) / sizeof(bad[0]));
     tcase_add_test(tc, test_parse_null);
@@ -168,9 +165,5 @@ int main(void)
     tcase_add_test(tc, test_round_trip_days);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -1251,14 +1251,11 @@ START_TEST(test_fast_path_no_alloc)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("openai");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_openai_stream, 0, 3);
     tcase_add_test(tc, test_vllm_merged_finish);
     tcase_add_test(tc, test_llamacpp_null_content);
@@ -1290,9 +1287,5 @@ int main(void)
     tcase_add_test(tc, test_fast_path_taken);
     tcase_add_test(tc, test_fast_path_no_alloc);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -852,13 +852,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("pidbox_msg");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_parse_call);
     tcase_add_test(tc, test_parse_cast);
     tcase_add_loop_test(tc, test_parse_bad, 0,
@@ -883,9 +880,5 @@ int main(void)
                         sizeof(statedb_files) / sizeof(statedb_files[0]));
     tcase_add_loop_test(tc, test_oom_sweep, 0, 7);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -238,14 +238,11 @@ START_TEST(test_backoff_determinism)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("policy");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_classify, 0,
                         (int)(sizeof(class_vecs) / sizeof(class_vecs[0])));
     tcase_add_loop_test(tc, test_retry_after, 0,
@@ -254,9 +251,5 @@ int main(void)
     tcase_add_test(tc, test_backoff_jitter_bounds);
     tcase_add_test(tc, test_backoff_determinism);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

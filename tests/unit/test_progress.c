@@ -165,21 +165,14 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("progress");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_vectors, 0, (int)(sizeof(vecs) / sizeof(vecs[0])));
     tcase_add_test(tc, test_text_is_kept_in_order_across_writes);
     tcase_add_test(tc, test_clock_going_backwards);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

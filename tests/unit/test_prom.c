@@ -367,13 +367,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("prom");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_render);
     tcase_add_test(tc, test_render_parse_round_trip);
     tcase_add_loop_test(tc, test_format_value, 0, sizeof(values) / sizeof(values[0]));
@@ -388,9 +385,5 @@ int main(void)
     tcase_add_test(tc, test_parse_prefixes);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -58,20 +58,13 @@ START_TEST(test_bucket_slow_and_unlimited)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("ratelimit");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_parse);
     tcase_add_test(tc, test_bucket_rate);
     tcase_add_test(tc, test_bucket_slow_and_unlimited);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -152,21 +152,14 @@ START_TEST(test_config_secrets)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("redact");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_redact_vectors, 0, sizeof(vecs) / sizeof(vecs[0]));
     tcase_add_test(tc, test_redact_add);
     tcase_add_test(tc, test_redact_long);
     tcase_add_test(tc, test_config_secrets);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -749,14 +749,11 @@ START_TEST(test_oom_meta)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("result");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_repr_vectors, 0, sizeof(vec) / sizeof(vec[0]));
     tcase_add_loop_test(tc, test_dumps_vectors, 0, sizeof(vec) / sizeof(vec[0]));
     tcase_add_test(tc, test_repr_special_numbers);
@@ -783,9 +780,5 @@ int main(void)
     tcase_add_test(tc, test_oom_meta);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -638,15 +638,12 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("sse");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
     int nvec = (int)(sizeof(vecs) / sizeof(vecs[0]));
-    int failed;
 
-    cr_alloc_init();
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_vectors, 0, nvec);
     tcase_add_loop_test(tc, test_vectors_trimmed, 0, nvec);
@@ -666,9 +663,5 @@ int main(void)
     tcase_add_test(tc, test_trim_returns_memory);
     tcase_add_loop_test(tc, test_oom_sweep, 0, 4);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

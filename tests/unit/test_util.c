@@ -94,22 +94,15 @@ START_TEST(test_sha1)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("util");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_buf_grow);
     tcase_add_test(tc, test_buf_limit);
     tcase_add_test(tc, test_buf_oom);
     tcase_add_test(tc, test_err);
     tcase_add_test(tc, test_sha1);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }
