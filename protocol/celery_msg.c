@@ -8,7 +8,7 @@
 
 #include "../util/alloc.h"
 #include "isotime.h"
-#include "result.h"
+#include "pyjson.h"
 
 /* Celery's argsrepr_maxsize / kwargsrepr_maxsize. */
 #define REPR_MAX 1024
