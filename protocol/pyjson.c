@@ -584,31 +584,39 @@ int py_repr(const cJSON *v, struct buf *out, size_t max_bytes)
 }
 
 /* ======================================================================== */
-/* Strict JSON parsing                                                      */
+/* Strict JSON scanning                                                     */
 /* ======================================================================== */
 
-struct scan {
-    const char *s;
-    size_t len, pos;
-    int depth;
-    int nonfinite; /* NaN or [-]Infinity seen */
-    const char *why;
-};
+/* One scanner for every strict reading of JSON text: py_json_parse() runs it
+ * over the whole text before cJSON sees it, and the OpenAI chunk fast path
+ * (protocol/openai.c) walks the objects it knows with it. Nothing here
+ * allocates; recursion is bounded by PY_JSON_MAX_DEPTH. */
 
-static int fail(struct scan *sc, const char *why)
+static int fail(struct py_json_scan *sc, const char *why)
 {
-    sc->why = why;
+    if (!sc->why)
+        sc->why = why;
     return -1;
 }
 
-static void skip_ws(struct scan *sc)
+void py_json_scan_init(struct py_json_scan *sc, const char *text, size_t len)
+{
+    sc->s = text;
+    sc->len = len;
+    sc->pos = 0;
+    sc->depth = 0;
+    sc->nonfinite = 0;
+    sc->why = NULL;
+}
+
+void py_json_skip_ws(struct py_json_scan *sc)
 {
     while (sc->pos < sc->len && (sc->s[sc->pos] == ' ' || sc->s[sc->pos] == '\t' ||
                                  sc->s[sc->pos] == '\n' || sc->s[sc->pos] == '\r'))
         sc->pos++;
 }
 
-static int hex4(struct scan *sc, uint32_t *v)
+static int hex4(struct py_json_scan *sc, uint32_t *v)
 {
     *v = 0;
     if (sc->len - sc->pos < 4)
@@ -622,25 +630,62 @@ static int hex4(struct scan *sc, uint32_t *v)
     return 0;
 }
 
-static int scan_string(struct scan *sc)
+static size_t utf8_len(uint32_t cp)
 {
-    sc->pos++; /* opening quote */
+    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
+
+/* 1 for a byte that stands for itself in a string: printable ASCII but the
+ * quote and the backslash. Scanning a plain run costs one look-up per byte,
+ * which matters on the OpenAI fast path (every streamed token). */
+/* clang-format off */
+static const unsigned char plain[256] = {
+    /* 0x00-0x1F: control characters */
+    0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
+    /* 0x20-0x3F: '"' is 0x22 */
+    1,1,0,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1,
+    /* 0x40-0x5F: '\\' is 0x5C */
+    1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,0,1,1,1,
+    /* 0x60-0x7F */
+    1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1, 1,1,1,1,1,1,1,1,
+    /* 0x80-0xFF: UTF-8, checked a sequence at a time */
+};
+/* clang-format on */
+
+int py_json_scan_string(struct py_json_scan *sc, struct py_json_str *out)
+{
+    const unsigned char *s = (const unsigned char *)sc->s;
+    size_t i = sc->pos, n = sc->len, shrink = 0; /* escapes: bytes saved decoding */
+
+    if (i >= n || s[i] != '"')
+        return fail(sc, "expected string");
+    out->p = sc->s + ++i;
     for (;;) {
         unsigned char c;
-        if (sc->pos >= sc->len)
+        while (i < n && plain[s[i]])
+            i++;
+        if (i >= n) {
+            sc->pos = i;
             return fail(sc, "unterminated string");
-        c = (unsigned char)sc->s[sc->pos];
+        }
+        c = s[i];
         if (c == '"') {
-            sc->pos++;
+            out->raw = (size_t)(sc->s + i - out->p);
+            out->len = out->raw - shrink;
+            sc->pos = i + 1;
             return 0;
         }
         if (c == '\\') {
             uint32_t cp, lo;
-            if (++sc->pos >= sc->len)
+            sc->pos = i + 1;
+            if (sc->pos >= n)
                 return fail(sc, "unterminated string");
-            c = (unsigned char)sc->s[sc->pos++];
-            if (strchr("\"\\/bfnrt", c) && c)
+            c = s[sc->pos++];
+            if (strchr("\"\\/bfnrt", c) && c) {
+                shrink += 1;
+                i = sc->pos;
                 continue;
+            }
             if (c != 'u')
                 return fail(sc, "bad escape");
             if (hex4(sc, &cp))
@@ -650,40 +695,44 @@ static int scan_string(struct scan *sc)
             if (cp >= 0xDC00 && cp <= 0xDFFF)
                 return fail(sc, "lone low surrogate");
             if (cp >= 0xD800 && cp <= 0xDBFF) {
-                if (sc->len - sc->pos < 2 || sc->s[sc->pos] != '\\' ||
-                    sc->s[sc->pos + 1] != 'u')
+                if (n - sc->pos < 2 || s[sc->pos] != '\\' || s[sc->pos + 1] != 'u')
                     return fail(sc, "lone high surrogate");
                 sc->pos += 2;
                 if (hex4(sc, &lo))
                     return -1;
                 if (lo < 0xDC00 || lo > 0xDFFF)
                     return fail(sc, "lone high surrogate");
+                cp = 0x10000;
             }
+            shrink += (cp >= 0x10000 ? 12 : 6) - utf8_len(cp);
+            i = sc->pos;
             continue;
         }
-        if (c < 0x20)
-            return fail(sc, "control character in string");
         if (c < 0x80) {
-            sc->pos++;
-        } else {
+            sc->pos = i;
+            return fail(sc, "control character in string");
+        }
+        {
             uint32_t cp;
-            size_t n = py_utf8_next(sc->s + sc->pos, sc->len - sc->pos, &cp);
-            if (n == 0)
+            size_t k = py_utf8_next(sc->s + i, n - i, &cp);
+            if (k == 0) {
+                sc->pos = i;
                 return fail(sc, "invalid UTF-8");
-            sc->pos += n;
+            }
+            i += k;
         }
     }
 }
 
-static int is_digit(struct scan *sc)
+static int is_digit(const struct py_json_scan *sc)
 {
     return sc->pos < sc->len && sc->s[sc->pos] >= '0' && sc->s[sc->pos] <= '9';
 }
 
-static int scan_number(struct scan *sc)
+int py_json_scan_number(struct py_json_scan *sc)
 {
     size_t start = sc->pos;
-    if (sc->s[sc->pos] == '-')
+    if (sc->pos < sc->len && sc->s[sc->pos] == '-')
         sc->pos++;
     if (!is_digit(sc))
         return fail(sc, "bad number");
@@ -709,12 +758,12 @@ static int scan_number(struct scan *sc)
             sc->pos++;
     }
     /* cJSON copies a number into a 64-byte buffer and stops there. */
-    if (sc->pos - start > 63)
+    if (sc->pos - start > PY_JSON_MAX_NUMBER)
         return fail(sc, "number too long");
     return 0;
 }
 
-static int scan_literal(struct scan *sc, const char *lit)
+int py_json_scan_literal(struct py_json_scan *sc, const char *lit)
 {
     size_t n = strlen(lit);
     if (sc->len - sc->pos < n || memcmp(sc->s + sc->pos, lit, n) != 0)
@@ -723,85 +772,223 @@ static int scan_literal(struct scan *sc, const char *lit)
     return 0;
 }
 
-static int scan_value(struct scan *sc);
-
-/* Arrays and objects; recursion is bounded by PY_JSON_MAX_DEPTH. */
-static int scan_container(struct scan *sc, char close)
+/* After a member or element: a ',' (returns 1, more follow) or the closing
+ * byte (returns 0, the container is done). */
+static int next_or_close(struct py_json_scan *sc, char close)
 {
+    py_json_skip_ws(sc);
+    if (sc->pos >= sc->len)
+        return fail(sc, "unexpected end");
+    if (sc->s[sc->pos] == ',') {
+        sc->pos++;
+        return 1;
+    }
+    if (sc->s[sc->pos] != close)
+        return fail(sc, "expected ',' or end of container");
+    sc->pos++;
+    sc->depth--;
+    return 0;
+}
+
+/* Enters the container at sc->pos: returns 1 when it holds something, 0 when
+ * it was empty (and is already closed), -1 when nested too deep. */
+static int open_container(struct py_json_scan *sc, char open, char close)
+{
+    if (sc->pos >= sc->len || sc->s[sc->pos] != open)
+        return fail(sc, open == '{' ? "expected object" : "expected array");
     if (++sc->depth > PY_JSON_MAX_DEPTH)
         return fail(sc, "nested too deep");
     sc->pos++;
-    skip_ws(sc);
+    py_json_skip_ws(sc);
     if (sc->pos < sc->len && sc->s[sc->pos] == close) {
         sc->pos++;
         sc->depth--;
         return 0;
     }
-    for (;;) {
-        if (close == '}') {
-            skip_ws(sc);
-            if (sc->pos >= sc->len || sc->s[sc->pos] != '"')
-                return fail(sc, "expected key");
-            if (scan_string(sc))
-                return -1;
-            skip_ws(sc);
-            if (sc->pos >= sc->len || sc->s[sc->pos] != ':')
-                return fail(sc, "expected ':'");
-            sc->pos++;
-        }
-        if (scan_value(sc))
-            return -1;
-        skip_ws(sc);
-        if (sc->pos >= sc->len)
-            return fail(sc, "unexpected end");
-        if (sc->s[sc->pos] == ',') {
-            sc->pos++;
-            continue;
-        }
-        if (sc->s[sc->pos] != close)
-            return fail(sc, "expected ',' or end of container");
-        sc->pos++;
-        sc->depth--;
-        return 0;
-    }
+    return 1;
 }
 
-static int scan_value(struct scan *sc)
+int py_json_scan_object(struct py_json_scan *sc, py_json_member_fn *member,
+                        void *privdata)
 {
+    int rc = open_container(sc, '{', '}');
+
+    while (rc > 0) {
+        struct py_json_str key;
+        py_json_skip_ws(sc);
+        if (sc->pos >= sc->len || sc->s[sc->pos] != '"')
+            return fail(sc, "expected key");
+        if (py_json_scan_string(sc, &key))
+            return -1;
+        py_json_skip_ws(sc);
+        if (sc->pos >= sc->len || sc->s[sc->pos] != ':')
+            return fail(sc, "expected ':'");
+        sc->pos++;
+        py_json_skip_ws(sc);
+        if (member(sc, &key, privdata))
+            return fail(sc, "value refused");
+        rc = next_or_close(sc, '}');
+    }
+    return rc;
+}
+
+int py_json_scan_array(struct py_json_scan *sc, py_json_element_fn *element,
+                       void *privdata)
+{
+    int rc = open_container(sc, '[', ']');
+    size_t index = 0;
+
+    while (rc > 0) {
+        py_json_skip_ws(sc);
+        if (element(sc, index++, privdata))
+            return fail(sc, "value refused");
+        rc = next_or_close(sc, ']');
+    }
+    return rc;
+}
+
+static int any_member(struct py_json_scan *sc, const struct py_json_str *key,
+                      void *privdata)
+{
+    (void)key;
+    (void)privdata;
+    return py_json_scan_value(sc);
+}
+
+static int any_element(struct py_json_scan *sc, size_t index, void *privdata)
+{
+    (void)index;
+    (void)privdata;
+    return py_json_scan_value(sc);
+}
+
+int py_json_scan_value(struct py_json_scan *sc)
+{
+    struct py_json_str ignored;
     char c;
-    skip_ws(sc);
+
+    py_json_skip_ws(sc);
     if (sc->pos >= sc->len)
         return fail(sc, "unexpected end");
     c = sc->s[sc->pos];
     switch (c) {
     case '{':
-        return scan_container(sc, '}');
+        return py_json_scan_object(sc, any_member, NULL);
     case '[':
-        return scan_container(sc, ']');
+        return py_json_scan_array(sc, any_element, NULL);
     case '"':
-        return scan_string(sc);
+        return py_json_scan_string(sc, &ignored);
     case 't':
-        return scan_literal(sc, "true");
+        return py_json_scan_literal(sc, "true");
     case 'f':
-        return scan_literal(sc, "false");
+        return py_json_scan_literal(sc, "false");
     case 'n':
-        return scan_literal(sc, "null");
+        return py_json_scan_literal(sc, "null");
     case 'N':
         sc->nonfinite = 1;
-        return scan_literal(sc, "NaN");
+        return py_json_scan_literal(sc, "NaN");
     case 'I':
         sc->nonfinite = 1;
-        return scan_literal(sc, "Infinity");
+        return py_json_scan_literal(sc, "Infinity");
     default:
         if (c == '-' && sc->pos + 1 < sc->len && sc->s[sc->pos + 1] == 'I') {
             sc->nonfinite = 1;
-            return scan_literal(sc, "-Infinity");
+            return py_json_scan_literal(sc, "-Infinity");
         }
         if (c == '-' || (c >= '0' && c <= '9'))
-            return scan_number(sc);
+            return py_json_scan_number(sc);
         return fail(sc, "unexpected character");
     }
 }
+
+int py_json_scan_text(struct py_json_scan *sc)
+{
+    if (py_json_scan_value(sc))
+        return -1;
+    py_json_skip_ws(sc);
+    if (sc->pos != sc->len)
+        return fail(sc, "trailing data");
+    return 0;
+}
+
+static char *put_utf8(char *out, uint32_t cp)
+{
+    if (cp < 0x80) {
+        *out++ = (char)cp;
+    } else if (cp < 0x800) {
+        *out++ = (char)(0xC0 | cp >> 6);
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *out++ = (char)(0xE0 | cp >> 12);
+        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    } else {
+        *out++ = (char)(0xF0 | cp >> 18);
+        *out++ = (char)(0x80 | (cp >> 12 & 0x3F));
+        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
+        *out++ = (char)(0x80 | (cp & 0x3F));
+    }
+    return out;
+}
+
+/* The four hex digits at p, which py_json_scan_string() has checked. */
+static uint32_t hex4_at(const char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v = v << 4 | (uint32_t)cr_hexval(p[i]);
+    return v;
+}
+
+void py_json_unescape(const struct py_json_str *s, char *out)
+{
+    const char *p = s->p, *end = s->p + s->raw;
+
+    if (s->raw == s->len) {
+        memcpy(out, p, s->len);
+        return;
+    }
+    while (p < end) {
+        uint32_t cp;
+        if (*p != '\\') {
+            *out++ = *p++;
+            continue;
+        }
+        switch (p[1]) {
+        case 'u':
+            cp = hex4_at(p + 2);
+            p += 6;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                cp = 0x10000 + ((cp & 0x3FF) << 10 | (hex4_at(p + 2) & 0x3FF));
+                p += 6;
+            }
+            out = put_utf8(out, cp);
+            continue;
+        case 'b':
+            *out++ = '\b';
+            break;
+        case 'f':
+            *out++ = '\f';
+            break;
+        case 'n':
+            *out++ = '\n';
+            break;
+        case 'r':
+            *out++ = '\r';
+            break;
+        case 't':
+            *out++ = '\t';
+            break;
+        default: /* " \ / */
+            *out++ = p[1];
+        }
+        p += 2;
+    }
+}
+
+/* ======================================================================== */
+/* Strict JSON parsing                                                      */
+/* ======================================================================== */
 
 /* Finds the next number token (NaN and [-]Infinity included) at or after *pos,
  * skipping strings; returns its start and sets *pos past it. */
@@ -875,7 +1062,7 @@ static char *placeholders(const char *text, size_t len)
 
 int py_json_parse(const char *text, size_t len, cJSON **out, struct cr_err *err)
 {
-    struct scan sc = {text, len, 0, 0, 0, NULL};
+    struct py_json_scan sc;
     size_t pos = 0;
     char *copy = NULL;
     cJSON *root;
@@ -883,12 +1070,8 @@ int py_json_parse(const char *text, size_t len, cJSON **out, struct cr_err *err)
     *out = NULL;
     if (!text)
         return cr_err_set(err, CR_EDECODE, "no JSON text");
-    if (scan_value(&sc) == 0) {
-        skip_ws(&sc);
-        if (sc.pos != len)
-            fail(&sc, "trailing data");
-    }
-    if (sc.why)
+    py_json_scan_init(&sc, text, len);
+    if (py_json_scan_text(&sc))
         return cr_err_set(err, CR_EDECODE, "bad JSON at byte %zu: %s", sc.pos, sc.why);
     /* The text is known to be valid, so the only way left for cJSON to fail is
      * running out of memory. The length-bounded call never reads past len. */

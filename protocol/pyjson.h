@@ -67,6 +67,76 @@ int py_json_dumps(const cJSON *v, struct buf *out);
  * partial string). */
 int py_json_string(struct buf *out, const char *s);
 
+/* ---- Strict scanning, no tree ----
+ *
+ * The checks py_json_parse() makes, for callers that read JSON text in place
+ * (the OpenAI chunk fast path). A scanner reads len bytes from text (no NUL
+ * needed, borrowed for the scanner's life) and never allocates. Every
+ * py_json_scan_*() function returns 0, having moved pos past what it read, or
+ * -1 with why set to a static description of the first error and pos at (or
+ * near) the offending byte; after an error the scanner is only good for
+ * reading why and pos. What is accepted: RFC 8259 exactly, strict UTF-8 (no
+ * overlongs, no encoded surrogates) in strings, no "\u0000" and no lone
+ * surrogate escapes, numbers at most PY_JSON_MAX_NUMBER characters long,
+ * nesting at most PY_JSON_MAX_DEPTH deep; py_json_scan_value() also takes NaN,
+ * Infinity and -Infinity, and notes them in nonfinite. */
+
+/* Longest number accepted: cJSON reads a number through a 64-byte buffer. */
+#define PY_JSON_MAX_NUMBER 63
+
+struct py_json_scan {
+    /* read-only */
+    const char *s;
+    size_t len;
+    size_t pos;      /* next byte to read */
+    int depth;       /* containers open now */
+    int nonfinite;   /* NaN or [-]Infinity was scanned */
+    const char *why; /* NULL, or the first error */
+};
+
+/* A scanned string: its raw bytes between the quotes, borrowed from the text. */
+struct py_json_str {
+    const char *p;
+    size_t raw; /* bytes in the text */
+    size_t len; /* bytes once unescaped; == raw exactly when there is no escape */
+};
+
+void py_json_scan_init(struct py_json_scan *sc, const char *text, size_t len);
+/* Skips the four JSON whitespace bytes. */
+void py_json_skip_ws(struct py_json_scan *sc);
+/* Scans one value of any kind (no whitespace skipped after it). */
+int py_json_scan_value(struct py_json_scan *sc);
+/* Scans a whole text: one value with only whitespace around it. */
+int py_json_scan_text(struct py_json_scan *sc);
+/* The string at pos (which must be '"') into *out. */
+int py_json_scan_string(struct py_json_scan *sc, struct py_json_str *out);
+/* The number at pos; NaN and Infinity are not numbers here. */
+int py_json_scan_number(struct py_json_scan *sc);
+/* The exact bytes of lit ("true", "null", ...) at pos. */
+int py_json_scan_literal(struct py_json_scan *sc, const char *lit);
+
+/* Called with pos at the start of a member's value (whitespace skipped); must
+ * scan exactly that value and return 0, or return non-zero to stop the scan
+ * (setting why is optional). key is borrowed for the call. */
+typedef int py_json_member_fn(struct py_json_scan *sc, const struct py_json_str *key,
+                              void *privdata);
+/* Called with pos at the start of element number index (0, 1, ...). */
+typedef int py_json_element_fn(struct py_json_scan *sc, size_t index, void *privdata);
+
+/* The object (or array) at pos, handing each member (element) to the callback,
+ * which scans its value. The container counts towards PY_JSON_MAX_DEPTH while
+ * it is open. A callback's refusal fails the scan with why "value refused"
+ * unless the callback set why itself. */
+int py_json_scan_object(struct py_json_scan *sc, py_json_member_fn *member,
+                        void *privdata);
+int py_json_scan_array(struct py_json_scan *sc, py_json_element_fn *element,
+                       void *privdata);
+
+/* Writes the s->len bytes of a string py_json_scan_string() accepted, escapes
+ * decoded (\uXXXX as UTF-8, surrogate pairs joined) exactly as cJSON decodes
+ * them. No NUL is added; out must hold s->len bytes. */
+void py_json_unescape(const struct py_json_str *s, char *out);
+
 /* Returns a new number item with PY_JSON_FLOAT set, or NULL on OOM. */
 cJSON *py_json_float(double v);
 
