@@ -47,6 +47,13 @@ void task_msg_release(struct task_msg *m)
     task_msg_init(m);
 }
 
+const char *task_msg_display_name(const struct task_msg *m)
+{
+    if (m->shadow)
+        return m->shadow;
+    return m->task ? m->task : "unknown";
+}
+
 /* ---- helpers ---- */
 
 static int oom(struct cr_err *err)

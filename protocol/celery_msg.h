@@ -72,6 +72,12 @@ void task_msg_init(struct task_msg *m);
 /* Frees everything m owns and re-inits it. */
 void task_msg_release(struct task_msg *m);
 
+/* The name shown for the task in logs, events, inspect replies and metrics,
+ * as Celery shows it: the shadow name when the message has one, else the task
+ * name, else "unknown" (a message that failed to decode). Borrowed from m
+ * (or static); never NULL. */
+const char *task_msg_display_name(const struct task_msg *m);
+
 /* Decodes one message. Returns 0, or an error with detail in err:
  *  CR_ECONTENT  content type other than JSON (pickle, yaml, msgpack, ...) or a
  *               compression header: the body is never deserialized;

@@ -112,6 +112,19 @@ oom:
     return NULL;
 }
 
+int result_traceback(struct buf *out, const char *task, const char *exc_module,
+                     const char *exc_type, const char *message)
+{
+    int builtin = !exc_module || !*exc_module || strcmp(exc_module, "builtins") == 0;
+
+    return buf_printf(out,
+                      "Traceback (most recent call last):\n  File \"celeriac\", in %s\n"
+                      "%s%s%s: %s\n",
+                      task ? task : "unknown", builtin ? "" : exc_module,
+                      builtin ? "" : ".", exc_type ? exc_type : "Exception",
+                      message ? message : "");
+}
+
 int result_meta_status(const char *json, size_t len, char *status, size_t size)
 {
     cJSON *root = NULL;

@@ -40,6 +40,19 @@ char *result_meta_encode(const struct result_meta *m);
  * "exc_module"} (message NULL gives an empty list), or NULL on OOM. */
 cJSON *result_exc_new(const char *exc_type, const char *exc_module, const char *message);
 
+/* Appends the Python-looking traceback celeriac stores with a FAILURE or RETRY
+ * and sends in task-failed events, so that tools which print it show
+ * something familiar; the one frame names the task, not Python code:
+ *   Traceback (most recent call last):\n
+ *     File "celeriac", in <task>\n
+ *   <exc_module>.<exc_type>: <message>\n
+ * "<exc_module>." is left out when exc_module is NULL, "" or "builtins" (as
+ * Python prints builtin exceptions). NULL reads as "unknown" for task,
+ * "Exception" for exc_type and "" for message. Returns 0 or CR_ENOMEM (out may
+ * then hold part of the text). */
+int result_traceback(struct buf *out, const char *task, const char *exc_module,
+                     const char *exc_type, const char *message);
+
 /* Reads the "status" of a stored meta JSON into status (NUL-terminated, cut at
  * size; size 0 copies nothing). Returns 0, CR_EDECODE when it is not a meta
  * object (not strict JSON, not an object, no string "status"), or CR_ENOMEM. */
