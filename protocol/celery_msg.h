@@ -95,7 +95,7 @@ const char *task_msg_display_name(const struct task_msg *m);
  *   is JSON, case-insensitive); NULL or "" means JSON. content_encoding is not
  *   consulted: the body must be UTF-8 whatever it says.
  * - a "compression" header that is not null: CR_ECONTENT.
- * - the body is parsed with py_json_parse() (result.h): strict UTF-8 and RFC 8259,
+ * - the body is parsed with py_json_parse() (pyjson.h): strict UTF-8 and RFC 8259,
  *   depth <= 64, float-ness of numbers kept. Failure: CR_EDECODE.
  * - a body dict is protocol 1 (proto = 1), also when a "task" header exists:
  *   each field is taken from the headers when present there (even as null),
