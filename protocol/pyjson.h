@@ -67,6 +67,14 @@ int py_json_dumps(const cJSON *v, struct buf *out);
  * partial string). */
 int py_json_string(struct buf *out, const char *s);
 
+/* Returns a new number item with PY_JSON_FLOAT set, or NULL on OOM. */
+cJSON *py_json_float(double v);
+
+/* Decodes one strict UTF-8 sequence at s (len > 0 bytes available): returns its
+ * length (1..4) and sets *cp, or returns 0 when the bytes are not valid UTF-8
+ * (overlong forms, surrogates, values above U+10FFFF, truncation). */
+size_t py_utf8_next(const char *s, size_t len, uint32_t *cp);
+
 /* ---- Strict scanning, no tree ----
  *
  * The checks py_json_parse() makes, for callers that read JSON text in place
@@ -136,13 +144,5 @@ int py_json_scan_array(struct py_json_scan *sc, py_json_element_fn *element,
  * decoded (\uXXXX as UTF-8, surrogate pairs joined) exactly as cJSON decodes
  * them. No NUL is added; out must hold s->len bytes. */
 void py_json_unescape(const struct py_json_str *s, char *out);
-
-/* Returns a new number item with PY_JSON_FLOAT set, or NULL on OOM. */
-cJSON *py_json_float(double v);
-
-/* Decodes one strict UTF-8 sequence at s (len > 0 bytes available): returns its
- * length (1..4) and sets *cp, or returns 0 when the bytes are not valid UTF-8
- * (overlong forms, surrogates, values above U+10FFFF, truncation). */
-size_t py_utf8_next(const char *s, size_t len, uint32_t *cp);
 
 #endif
