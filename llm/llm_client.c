@@ -15,12 +15,12 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "protocol/sse.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/clock.h"
 
 #define SWEEP_MS 100
 #define MAX_RAW_BODY (64u << 20) /* a non-streamed body (embeddings) */
@@ -116,13 +116,6 @@ struct llm_client {
     struct curl_slist *hdrs[2];
     char *hdrs_key;
 };
-
-static uint64_t epoch_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------ curl glue */
 
@@ -525,8 +518,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         res.code = CR_ELLM;
         res.verdict = llm_classify(0, r->status, oe.code, oe.type, r->should_retry, 0);
         res.exc_type = exc_for_status(r->status);
-        res.retry_after_ms =
-            llm_retry_after_ms(r->retry_after_ms, r->retry_after, (int64_t)epoch_ms());
+        res.retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
+                                                clock_epoch_us() / 1000);
         snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
                  oe.message[0] ? oe.message : "(no message)");
     } else if (r->op == LLM_OP_EMBED) {

@@ -8,7 +8,7 @@
 
 #include "../util/alloc.h"
 #include "../util/buf.h"
-#include "result.h"
+#include "pyjson.h"
 
 /* Same limit as the JSON body decoder; the top-level table counts as 1. */
 #define MAX_DEPTH PY_JSON_MAX_DEPTH

@@ -11,7 +11,7 @@
  *   Python therefore survive; an unsigned value above 2^63-1 does not.
  * - 64-bit ints and timestamps become cJSON doubles: exact up to 2^53 only.
  * - Decimals are signed (as py-amqp writes them): value / 10^decimals.
- * - 'f', 'd', and decimals with decimals > 0 get PY_JSON_FLOAT (result.h), so a
+ * - 'f', 'd', and decimals with decimals > 0 get PY_JSON_FLOAT (pyjson.h), so a
  *   Python float header stays a float when written back.
  * - 'S' and 'x' bytes that are not valid UTF-8, and NUL bytes (cJSON strings
  *   cannot hold them), are replaced by U+FFFD. Keys get the same treatment.

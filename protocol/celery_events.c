@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "result.h"
+#include "pyjson.h"
 #include "../util/err.h"
 
 static const char *const task_type_names[] = {

@@ -8,7 +8,7 @@
 
 #include "../util/alloc.h"
 #include "isotime.h"
-#include "result.h"
+#include "pyjson.h"
 
 /* Celery's argsrepr_maxsize / kwargsrepr_maxsize. */
 #define REPR_MAX 1024
@@ -45,6 +45,13 @@ void task_msg_release(struct task_msg *m)
     cJSON_Delete(m->embed);
     cJSON_Delete(m->headers);
     task_msg_init(m);
+}
+
+const char *task_msg_display_name(const struct task_msg *m)
+{
+    if (m->shadow)
+        return m->shadow;
+    return m->task ? m->task : "unknown";
 }
 
 /* ---- helpers ---- */

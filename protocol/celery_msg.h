@@ -72,6 +72,12 @@ void task_msg_init(struct task_msg *m);
 /* Frees everything m owns and re-inits it. */
 void task_msg_release(struct task_msg *m);
 
+/* The name shown for the task in logs, events, inspect replies and metrics,
+ * as Celery shows it: the shadow name when the message has one, else the task
+ * name, else "unknown" (a message that failed to decode). Borrowed from m
+ * (or static); never NULL. */
+const char *task_msg_display_name(const struct task_msg *m);
+
 /* Decodes one message. Returns 0, or an error with detail in err:
  *  CR_ECONTENT  content type other than JSON (pickle, yaml, msgpack, ...) or a
  *               compression header: the body is never deserialized;
@@ -89,7 +95,7 @@ void task_msg_release(struct task_msg *m);
  *   is JSON, case-insensitive); NULL or "" means JSON. content_encoding is not
  *   consulted: the body must be UTF-8 whatever it says.
  * - a "compression" header that is not null: CR_ECONTENT.
- * - the body is parsed with py_json_parse() (result.h): strict UTF-8 and RFC 8259,
+ * - the body is parsed with py_json_parse() (pyjson.h): strict UTF-8 and RFC 8259,
  *   depth <= 64, float-ness of numbers kept. Failure: CR_EDECODE.
  * - a body dict is protocol 1 (proto = 1), also when a "task" header exists:
  *   each field is taken from the headers when present there (even as null),

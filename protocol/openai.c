@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../util/alloc.h"
-#include "util/hex.h"
+#include "pyjson.h"
 
 /* How much of a bad payload to quote in an error message. */
 #define QUOTE_BYTES 60
@@ -421,26 +421,24 @@ static int feed_json(struct openai_stream *s, const char *data, size_t len,
  * {"choices":[{"text":".."}]}) in place. It gives up, and the payload goes
  * through feed_json(), on anything else: errors, usage objects, tool calls or
  * any other key in "delta", nested values, several choices, a non-zero
- * "index", escapes in keys, the model or finish_reason, whitespace other than
- * JSON's, numbers over 32 bytes, \u0000. What it accepts, cJSON parses too
+ * "index", escapes in keys, the model or finish_reason, and all that strict
+ * JSON refuses (see pyjson.h: control characters or invalid UTF-8 in strings,
+ * other whitespace, \u0000, numbers over 63 bytes). What it accepts, cJSON parses too
  * and the result is byte for byte the same; the "fastpath" test and
  * tests/fuzz/fuzz_sse.c hold the two paths to that. A key that feed_json()
  * starts to read must be taught here as well (or made to give up). */
 
-/* A JSON string of the payload, as the raw bytes between its quotes. */
-struct jstr {
-    const char *p; /* NULL when absent or not a string */
-    size_t raw;    /* bytes in the payload */
-    size_t len;    /* bytes once unescaped; == raw when there is no escape */
-};
-
-/* What the cJSON path would read from a chunk. */
+/* What the cJSON path would read from a chunk; the strings are borrowed from
+ * the payload (p is NULL when absent or not a string). */
 struct chunk {
-    struct jstr model, content, text, finish;
+    struct py_json_str model, content, text, finish;
 };
 
+/* The payload is read with pyjson's strict scanner, which accepts a subset of
+ * what cJSON accepts: whatever it refuses (raw control characters or invalid
+ * UTF-8 in a string, say) simply gives up to cJSON. */
 struct scanner {
-    const char *p, *end;
+    struct py_json_scan js;
     struct chunk *c;
     unsigned seen; /* known keys met in the current object (duplicates give up) */
 };
@@ -453,170 +451,34 @@ struct scanner {
 #define KEY_FINISH 0x20u
 #define KEY_CONTENT 0x40u
 
-static void skip_space(struct scanner *sc)
+static int peek(const struct py_json_scan *js)
 {
-    while (sc->p < sc->end && is_space(*sc->p))
-        sc->p++;
-}
-
-static int hex4(const char *p, unsigned *out)
-{
-    unsigned v = 0;
-    int i;
-
-    for (i = 0; i < 4; i++) {
-        int d = cr_hexval(p[i]);
-        if (d < 0)
-            return -1;
-        v = v << 4 | (unsigned)d;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Reads the \uXXXX escape at p (two for a surrogate pair) into *cp. Returns
- * its length in the payload, or 0 for one the fast path leaves to cJSON: bad
- * hex (cJSON reads it as 0), U+0000 (it would cut cJSON's C string short) and
- * unpaired surrogates (cJSON rejects them). */
-static size_t unicode_escape(const char *p, const char *end, unsigned long *cp)
-{
-    unsigned hi, lo;
-
-    if (end - p < 6 || hex4(p + 2, &hi) || hi == 0 || (hi >= 0xDC00 && hi <= 0xDFFF))
-        return 0;
-    if (hi < 0xD800 || hi > 0xDBFF) {
-        *cp = hi;
-        return 6;
-    }
-    if (end - p < 12 || p[6] != '\\' || p[7] != 'u' || hex4(p + 8, &lo) || lo < 0xDC00 ||
-        lo > 0xDFFF)
-        return 0;
-    *cp = 0x10000 + (((unsigned long)hi & 0x3FF) << 10 | (lo & 0x3FF));
-    return 12;
-}
-
-static size_t utf8_len(unsigned long cp)
-{
-    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-}
-
-/* Scans the string at sc->p into *s. A raw byte stands for itself, as in
- * cJSON, control characters and invalid UTF-8 included; a NUL gives up. */
-static int scan_string(struct scanner *sc, struct jstr *s)
-{
-    const char *p = sc->p + 1;
-    size_t len = 0;
-
-    if (sc->p >= sc->end || *sc->p != '"')
-        return -1;
-    s->p = p;
-    while (p < sc->end && *p != '"') {
-        if (*p == '\\') {
-            unsigned long cp;
-            size_t n;
-            if (sc->end - p < 2)
-                return -1;
-            if (p[1] == 'u') {
-                n = unicode_escape(p, sc->end, &cp);
-                if (!n)
-                    return -1;
-                p += n;
-                len += utf8_len(cp);
-                continue;
-            }
-            if (!strchr("\"\\/bfnrt", p[1]) || p[1] == '\0')
-                return -1;
-            p += 2;
-            len++;
-            continue;
-        }
-        if (*p == '\0')
-            return -1;
-        p++;
-        len++;
-    }
-    if (p >= sc->end)
-        return -1;
-    s->raw = (size_t)(p - s->p);
-    s->len = len;
-    sc->p = p + 1;
-    return 0;
-}
-
-static int is_digit(const struct scanner *sc, const char *p)
-{
-    return p < sc->end && *p >= '0' && *p <= '9';
-}
-
-/* A number in strict JSON syntax. cJSON copies a number into a 64-byte buffer
- * for strtod() and fails past it; longer ones are left to cJSON. */
-static int scan_number(struct scanner *sc)
-{
-    const char *p = sc->p;
-
-    if (p < sc->end && *p == '-')
-        p++;
-    if (!is_digit(sc, p))
-        return -1;
-    if (*p == '0')
-        p++;
-    else
-        while (is_digit(sc, p))
-            p++;
-    if (p < sc->end && *p == '.') {
-        if (!is_digit(sc, ++p))
-            return -1;
-        while (is_digit(sc, p))
-            p++;
-    }
-    if (p < sc->end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < sc->end && (*p == '+' || *p == '-'))
-            p++;
-        if (!is_digit(sc, p))
-            return -1;
-        while (is_digit(sc, p))
-            p++;
-    }
-    if (p - sc->p > 32)
-        return -1;
-    sc->p = p;
-    return 0;
-}
-
-static int scan_word(struct scanner *sc, const char *word)
-{
-    size_t n = strlen(word);
-
-    if ((size_t)(sc->end - sc->p) < n || memcmp(sc->p, word, n) != 0)
-        return -1;
-    sc->p += n;
-    return 0;
+    return js->pos < js->len ? (unsigned char)js->s[js->pos] : -1;
 }
 
 /* Scans a string, number, true, false or null; *s gets the string, if any.
- * Objects and arrays give up. */
-static int scan_scalar(struct scanner *sc, struct jstr *s)
+ * Objects, arrays, NaN and Infinity give up. */
+static int scan_scalar(struct py_json_scan *js, struct py_json_str *s)
 {
-    struct jstr ignored;
+    struct py_json_str ignored;
 
-    if (sc->p >= sc->end)
+    switch (peek(js)) {
+    case -1:
         return -1;
-    switch (*sc->p) {
     case '"':
-        return scan_string(sc, s ? s : &ignored);
+        return py_json_scan_string(js, s ? s : &ignored);
     case 't':
-        return scan_word(sc, "true");
+        return py_json_scan_literal(js, "true");
     case 'f':
-        return scan_word(sc, "false");
+        return py_json_scan_literal(js, "false");
     case 'n':
-        return scan_word(sc, "null");
+        return py_json_scan_literal(js, "null");
     default:
-        return scan_number(sc);
+        return py_json_scan_number(js);
     }
 }
 
-static int key_is(const struct jstr *key, const char *name)
+static int key_is(const struct py_json_str *key, const char *name)
 {
     return key->raw == strlen(name) && memcmp(key->p, name, key->raw) == 0;
 }
@@ -631,136 +493,114 @@ static int first_time(struct scanner *sc, unsigned key)
     return 0;
 }
 
-typedef int member_fn(struct scanner *sc, const struct jstr *key);
-
-/* Scans the object at sc->p, handing each key to member(), which scans its
- * value. Keys with escapes give up. */
-static int scan_object(struct scanner *sc, member_fn *member)
+/* Scans the object at the scanner's position, handing each key to member(),
+ * which scans its value. Keys with escapes give up. */
+static int scan_object(struct scanner *sc, py_json_member_fn *member)
 {
     unsigned outer = sc->seen;
-    struct jstr key;
+    int rc;
 
-    if (sc->p >= sc->end || *sc->p != '{')
-        return -1;
-    sc->p++;
     sc->seen = 0;
-    skip_space(sc);
-    if (sc->p < sc->end && *sc->p == '}') {
-        sc->p++;
-        sc->seen = outer;
-        return 0;
-    }
-    for (;;) {
-        if (scan_string(sc, &key) || key.raw != key.len)
-            return -1;
-        skip_space(sc);
-        if (sc->p >= sc->end || *sc->p != ':')
-            return -1;
-        sc->p++;
-        skip_space(sc);
-        if (member(sc, &key))
-            return -1;
-        skip_space(sc);
-        if (sc->p >= sc->end)
-            return -1;
-        if (*sc->p == '}')
-            break;
-        if (*sc->p != ',')
-            return -1;
-        sc->p++;
-        skip_space(sc);
-    }
-    sc->p++;
+    rc = py_json_scan_object(&sc->js, member, sc);
     sc->seen = outer;
-    return 0;
+    return rc;
 }
 
 /* In "delta" only "content" and "role" are known; anything else there
  * (tool_calls, reasoning, refusal) may one day matter, so it gives up. */
-static int delta_member(struct scanner *sc, const struct jstr *key)
+static int delta_member(struct py_json_scan *js, const struct py_json_str *key,
+                        void *privdata)
 {
-    struct jstr v = {NULL, 0, 0};
+    struct scanner *sc = privdata;
+    struct py_json_str v = {NULL, 0, 0};
 
+    if (key->raw != key->len)
+        return -1;
     if (key_is(key, "content")) {
-        if (first_time(sc, KEY_CONTENT) || scan_scalar(sc, &v))
+        if (first_time(sc, KEY_CONTENT) || scan_scalar(js, &v))
             return -1;
         sc->c->content = v;
         return 0;
     }
     if (key_is(key, "role"))
-        return scan_scalar(sc, NULL);
+        return scan_scalar(js, NULL);
     return -1;
 }
 
-static int choice_member(struct scanner *sc, const struct jstr *key)
+static int choice_member(struct py_json_scan *js, const struct py_json_str *key,
+                         void *privdata)
 {
-    struct jstr v = {NULL, 0, 0};
+    struct scanner *sc = privdata;
+    struct py_json_str v = {NULL, 0, 0};
 
+    if (key->raw != key->len)
+        return -1;
     if (key_is(key, "index")) {
         /* Only a plain 0 is sure to equal 0 the way cJSON reads it ("01" or
-         * "0.5" fail at the next byte, which scan_object() wants to be , or }). */
-        return first_time(sc, KEY_INDEX) || scan_word(sc, "0") ? -1 : 0;
+         * "0.5" fail at the next byte, which must be , or } after a value). */
+        return first_time(sc, KEY_INDEX) || py_json_scan_literal(js, "0") ? -1 : 0;
     }
     if (key_is(key, "delta")) {
         if (first_time(sc, KEY_DELTA))
             return -1;
         /* Not an object: no content, as in apply_choice(). */
-        if (sc->p < sc->end && *sc->p == '{')
+        if (peek(js) == '{')
             return scan_object(sc, delta_member);
-        return scan_scalar(sc, NULL);
+        return scan_scalar(js, NULL);
     }
     if (key_is(key, "text")) {
-        if (first_time(sc, KEY_TEXT) || scan_scalar(sc, &v))
+        if (first_time(sc, KEY_TEXT) || scan_scalar(js, &v))
             return -1;
         sc->c->text = v;
         return 0;
     }
     if (key_is(key, "finish_reason")) {
-        if (first_time(sc, KEY_FINISH) || scan_scalar(sc, &v) || v.raw != v.len)
+        if (first_time(sc, KEY_FINISH) || scan_scalar(js, &v) || v.raw != v.len)
             return -1;
         sc->c->finish = v;
         return 0;
     }
-    return scan_scalar(sc, NULL);
+    return scan_scalar(js, NULL);
 }
 
-static int top_member(struct scanner *sc, const struct jstr *key)
+/* Zero or one choice, an object. */
+static int choice_element(struct py_json_scan *js, size_t index, void *privdata)
 {
-    struct jstr v = {NULL, 0, 0};
+    if (index > 0 || peek(js) != '{')
+        return -1;
+    return scan_object(privdata, choice_member);
+}
 
+static int top_member(struct py_json_scan *js, const struct py_json_str *key,
+                      void *privdata)
+{
+    struct scanner *sc = privdata;
+    struct py_json_str v = {NULL, 0, 0};
+
+    if (key->raw != key->len)
+        return -1;
     if (key_is(key, "model")) {
-        if (first_time(sc, KEY_MODEL) || scan_scalar(sc, &v) || v.raw != v.len)
+        if (first_time(sc, KEY_MODEL) || scan_scalar(js, &v) || v.raw != v.len)
             return -1;
         sc->c->model = v;
         return 0;
     }
     if (key_is(key, "choices")) {
-        /* Zero or one choice. */
-        if (first_time(sc, KEY_CHOICES) || sc->p >= sc->end || *sc->p != '[')
+        if (first_time(sc, KEY_CHOICES) || peek(js) != '[')
             return -1;
-        sc->p++;
-        skip_space(sc);
-        if (sc->p < sc->end && *sc->p == '{') {
-            if (scan_object(sc, choice_member))
-                return -1;
-            skip_space(sc);
-        }
-        if (sc->p >= sc->end || *sc->p != ']')
-            return -1;
-        sc->p++;
-        return 0;
+        return py_json_scan_array(js, choice_element, sc);
     }
     /* Error payloads are left to cJSON whatever their shape. */
     if (key_is(key, "error") || key_is(key, "type"))
         return -1;
     if (key_is(key, "object")) {
-        if (scan_scalar(sc, &v) || v.raw != v.len ||
+        if (scan_scalar(js, &v) || v.raw != v.len ||
             (v.p && v.raw == 5 && memcmp(v.p, "error", 5) == 0))
             return -1;
         return 0;
     }
     /* Other keys, "usage":null among them, are read by nobody. */
-    return scan_scalar(sc, NULL);
+    return scan_scalar(js, NULL);
 }
 
 /* Scans a whole payload into *c. Returns 0, or -1 to leave it to cJSON. */
@@ -769,84 +609,21 @@ static int scan_chunk(const char *data, size_t len, struct chunk *c)
     struct scanner sc;
 
     memset(c, 0, sizeof(*c));
-    sc.p = data;
-    sc.end = data + len;
+    py_json_scan_init(&sc.js, data, len);
     sc.c = c;
     sc.seen = 0;
-    skip_space(&sc);
-    if (scan_object(&sc, top_member))
+    py_json_skip_ws(&sc.js);
+    if (peek(&sc.js) != '{' || scan_object(&sc, top_member))
         return -1;
-    skip_space(&sc);
-    return sc.p == sc.end ? 0 : -1;
-}
-
-static char *put_utf8(char *out, unsigned long cp)
-{
-    if (cp < 0x80) {
-        *out++ = (char)cp;
-    } else if (cp < 0x800) {
-        *out++ = (char)(0xC0 | cp >> 6);
-        *out++ = (char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        *out++ = (char)(0xE0 | cp >> 12);
-        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
-        *out++ = (char)(0x80 | (cp & 0x3F));
-    } else {
-        *out++ = (char)(0xF0 | cp >> 18);
-        *out++ = (char)(0x80 | (cp >> 12 & 0x3F));
-        *out++ = (char)(0x80 | (cp >> 6 & 0x3F));
-        *out++ = (char)(0x80 | (cp & 0x3F));
-    }
-    return out;
-}
-
-/* Writes the s->len unescaped bytes of a string scan_string() accepted. */
-static void unescape(const struct jstr *s, char *out)
-{
-    const char *p = s->p, *end = s->p + s->raw;
-
-    if (s->raw == s->len) {
-        memcpy(out, p, s->len);
-        return;
-    }
-    while (p < end) {
-        unsigned long cp;
-        if (*p != '\\') {
-            *out++ = *p++;
-            continue;
-        }
-        switch (p[1]) {
-        case 'u':
-            p += unicode_escape(p, end, &cp);
-            out = put_utf8(out, cp);
-            continue;
-        case 'b':
-            *out++ = '\b';
-            break;
-        case 'f':
-            *out++ = '\f';
-            break;
-        case 'n':
-            *out++ = '\n';
-            break;
-        case 'r':
-            *out++ = '\r';
-            break;
-        case 't':
-            *out++ = '\t';
-            break;
-        default: /* " \ / */
-            *out++ = p[1];
-        }
-        p += 2;
-    }
+    py_json_skip_ws(&sc.js);
+    return sc.js.pos == len ? 0 : -1;
 }
 
 /* feed_json() for a chunk scan_chunk() read, in the same order. */
 static int feed_scanned(struct openai_stream *s, const struct chunk *c,
                         struct cr_err *err)
 {
-    const struct jstr *t = c->content.p ? &c->content : &c->text;
+    const struct py_json_str *t = c->content.p ? &c->content : &c->text;
     int rc;
 
     if (c->model.p) {
@@ -859,7 +636,7 @@ static int feed_scanned(struct openai_stream *s, const struct chunk *c,
         if (rc)
             return cr_err_set(err, rc, "cannot append delta to content: %s",
                               cr_strerror(rc));
-        unescape(t, s->content.data + s->content.len);
+        py_json_unescape(t, s->content.data + s->content.len);
         s->content.len += t->len;
         s->content.data[s->content.len] = '\0';
     }

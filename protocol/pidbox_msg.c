@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "celery_events.h"
-#include "result.h"
+#include "pyjson.h"
 #include "../util/alloc.h"
 #include "../util/hex.h"
 #include "../util/strmap.h"

@@ -1231,6 +1231,41 @@ START_TEST(test_fast_path_taken)
 }
 END_TEST
 
+/* The fast path reads with pyjson's strict scanner: what strict JSON refuses
+ * and cJSON takes (raw control characters, invalid UTF-8) goes the cJSON way,
+ * and reads the same; numbers up to cJSON's 63 bytes stay on the fast path. */
+START_TEST(test_fast_path_strict)
+{
+    static const struct payload slow[] = {
+        P("{\"choices\":[{\"delta\":{\"content\":\"tab\there\"}}]}"),
+        P("{\"choices\":[{\"delta\":{\"content\":\"bad \xff utf8\"}}]}"),
+        P("{\"choices\":[{\"delta\":{\"content\":\"overlong \xc0\xaf\"}}]}"),
+        P("{\"choices\":[{\"delta\":{\"content\":\"surrogate \xed\xa0\x80\"}}]}"),
+        P("{\"x\":\"\x01\",\"choices\":[{\"delta\":{\"content\":\"k\"}}]}"),
+        P("{\"created\":1234567890123456789012345678901234567890123456789012345678901234,"
+          "\"choices\":[{\"delta\":{\"content\":\"64\"}}]}"),
+        P("{\"created\":NaN,\"choices\":[{\"delta\":{\"content\":\"nan\"}}]}"),
+    };
+    static const struct payload fast[] = {
+        P("{\"choices\":[{\"delta\":{\"content\":"
+          "\"\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80\x7f\"}}]}"),
+        P("{\"created\":123456789012345678901234567890123456789012345678901234567890123,"
+          "\"choices\":[{\"delta\":{\"content\":\"63\"}}]}"),
+        P("{\"created\":-1.5e+300,\"choices\":[{\"delta\":{\"content\":\"e\"}}]}"),
+    };
+    size_t i;
+
+    for (i = 0; i < sizeof(slow) / sizeof(slow[0]); i++) {
+        ck_assert_msg(!openai__fast_path(slow[i].p, slow[i].n), "fast: %s", slow[i].p);
+        diff_sweep(slow[i].p, slow[i].n);
+    }
+    for (i = 0; i < sizeof(fast) / sizeof(fast[0]); i++) {
+        ck_assert_msg(openai__fast_path(fast[i].p, fast[i].n), "slow: %s", fast[i].p);
+        diff_sweep(fast[i].p, fast[i].n);
+    }
+}
+END_TEST
+
 /* The fast path allocates nothing for a token chunk beyond the text itself,
  * and only a change of model costs a copy. */
 START_TEST(test_fast_path_no_alloc)
@@ -1285,6 +1320,7 @@ Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_fast_path_same_as_json);
     tcase_add_test(tc, test_fast_path_taken);
+    tcase_add_test(tc, test_fast_path_strict);
     tcase_add_test(tc, test_fast_path_no_alloc);
     suite_add_tcase(s, tc);
     return s;

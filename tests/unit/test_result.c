@@ -669,6 +669,67 @@ START_TEST(test_meta_status)
 }
 END_TEST
 
+/* The traceback text, as worker.c stored it with a FAILURE or RETRY meta and
+ * as events.c sent it (no module, NULLs defaulted) before the two shared it. */
+static const struct {
+    const char *task, *module, *type, *message, *want;
+} tracebacks[] = {
+    {"llm.chat", "celeriac.exceptions", "RateLimitError", "Error code: 429 - slow down",
+     "Traceback (most recent call last):\n  File \"celeriac\", in llm.chat\n"
+     "celeriac.exceptions.RateLimitError: Error code: 429 - slow down\n"},
+    {"tasks.add", "builtins", "ValueError", "bad \xc3\xa9",
+     "Traceback (most recent call last):\n  File \"celeriac\", in tasks.add\n"
+     "ValueError: bad \xc3\xa9\n"},
+    {"t", "billiard.exceptions", "TimeLimitExceeded", "",
+     "Traceback (most recent call last):\n  File \"celeriac\", in t\n"
+     "billiard.exceptions.TimeLimitExceeded: \n"},
+    {"t", NULL, "Boom", "m",
+     "Traceback (most recent call last):\n  File \"celeriac\", in t\nBoom: m\n"},
+    {"t", "", "Boom", "m",
+     "Traceback (most recent call last):\n  File \"celeriac\", in t\nBoom: m\n"},
+    {NULL, NULL, NULL, NULL,
+     "Traceback (most recent call last):\n  File \"celeriac\", in unknown\n"
+     "Exception: \n"},
+};
+
+START_TEST(test_traceback)
+{
+    struct buf b;
+
+    buf_init(&b);
+    ck_assert_int_eq(buf_puts(&b, "kept|"), 0);
+    ck_assert_int_eq(result_traceback(&b, tracebacks[_i].task, tracebacks[_i].module,
+                                      tracebacks[_i].type, tracebacks[_i].message),
+                     0);
+    ck_assert_str_eq(b.data + 5, tracebacks[_i].want);
+    ck_assert(memcmp(b.data, "kept|", 5) == 0);
+    buf_release(&b);
+}
+END_TEST
+
+START_TEST(test_traceback_oom)
+{
+    struct buf b;
+    long n;
+
+    for (n = 1;; n++) {
+        int rc;
+        buf_init(&b);
+        cr_alloc_fail_after(n);
+        rc = result_traceback(&b, "t", "m", "E", "message");
+        cr_alloc_fail_after(0);
+        if (rc == 0)
+            break;
+        ck_assert_int_eq(rc, CR_ENOMEM);
+        buf_release(&b);
+    }
+    ck_assert_str_eq(b.data,
+                     "Traceback (most recent call last):\n  File \"celeriac\", in t\n"
+                     "m.E: message\n");
+    buf_release(&b);
+}
+END_TEST
+
 /* ---- OOM sweeps: fail allocation n = 1, 2, ... until the call succeeds ---- */
 
 START_TEST(test_oom_parse_dumps_repr)
@@ -776,6 +837,9 @@ Suite *suite(void)
     tcase_add_test(tc, test_meta_group_parent);
     tcase_add_test(tc, test_exc_new);
     tcase_add_test(tc, test_meta_status);
+    tcase_add_loop_test(tc, test_traceback, 0,
+                        sizeof(tracebacks) / sizeof(tracebacks[0]));
+    tcase_add_test(tc, test_traceback_oom);
     tcase_add_test(tc, test_oom_parse_dumps_repr);
     tcase_add_test(tc, test_oom_meta);
     tcase_set_timeout(tc, 60);
