@@ -95,7 +95,7 @@ FUZZ_QUICK_SECONDS ?= 15
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c) gateway/gw_msg.c
-FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+FUZZ_FLAGS := -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
 
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
