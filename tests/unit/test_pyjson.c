@@ -490,14 +490,11 @@ START_TEST(test_scan_no_alloc)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("pyjson");
     TCase *tc = tcase_create("scan");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_loop_test(tc, test_scan_good, 0, sizeof(good) / sizeof(good[0]));
     tcase_add_loop_test(tc, test_scan_bad, 0, sizeof(bad) / sizeof(bad[0]));
     tcase_add_loop_test(tc, test_scan_truncated, 0, sizeof(good) / sizeof(good[0]));
@@ -512,9 +509,5 @@ int main(void)
     tcase_add_test(tc, test_walk_depth);
     tcase_add_test(tc, test_scan_no_alloc);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

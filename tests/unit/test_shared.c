@@ -88,23 +88,16 @@ START_TEST(test_version)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("shared");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
-    cr_alloc_init();
     tcase_add_test(tc, test_display_name);
     tcase_add_test(tc, test_display_name_decoded);
     tcase_add_test(tc, test_clock_epoch);
     tcase_add_test(tc, test_clock_mono);
     tcase_add_test(tc, test_version);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }
