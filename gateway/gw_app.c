@@ -1,5 +1,5 @@
 /* gw_app.c -- the gateway's endpoints, wired to RabbitMQ, the result backend
- * and Redis pub/sub on one loop (see gw_app.h, gw_msg.h, gw_session.h). */
+ * and Redis pub/sub on one loop (see gw_app.h, gw_msg.h, gw_hub.h). */
 #include "gw_app.h"
 
 #include <hiredis/hiredis.h>
@@ -13,14 +13,14 @@
 #include "gw_server.h"
 #include "gw_hub.h"
 #include "gw_sub.h"
+#include "net/amqp.h"
+#include "net/results.h"
 #include "protocol/celery_msg.h"
+#include "protocol/progress.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/buf.h"
-#include "net/results.h"
-#include "net/amqp.h"
 #include "util/log.h"
-#include "worker/progress.h"
 
 #define CRON_MS 500
 #define JSON_TYPE "application/json"
@@ -411,8 +411,7 @@ static int channel_names(const char *id, struct buf *prog, struct buf *meta)
 {
     buf_init(prog);
     buf_init(meta);
-    if (buf_printf(prog, "%s%s", PROGRESS_KEY_PREFIX, id) ||
-        buf_printf(meta, "%s%s", BACKEND_META_PREFIX, id)) {
+    if (progress_key(prog, id) || buf_printf(meta, "%s%s", BACKEND_META_PREFIX, id)) {
         buf_release(prog);
         buf_release(meta);
         return CR_ENOMEM;
@@ -541,12 +540,12 @@ static int op_fetch(struct gw_hub *h, const char *id, int64_t after, uint64_t ti
     if (!rc)
         return CR_ENOMEM;
     buf_init(&key);
-    if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, id)) {
+    if (progress_key(&key, id)) {
         cr_free(rc);
         return CR_ENOMEM;
     }
-    /* Entry ids are "0-<seq>": "(" makes the start exclusive (Redis 6.2+). */
-    snprintf(start, sizeof(start), "(0-%lld", (long long)after);
+    /* "(" makes the start exclusive (Redis 6.2+); 40 bytes hold any int64. */
+    progress_range_after(start, sizeof(start), after);
     snprintf(count, sizeof(count), "%d", GW_FETCH_COUNT);
     argv[0] = "XRANGE";
     argv[1] = key.data;

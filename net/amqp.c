@@ -20,7 +20,7 @@
 
 #include "ack_batch.h"
 #include "util/log.h"
-#include "worker/config.h"
+#include "util/redact.h"
 #include "amqp_url.h"
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
@@ -755,7 +755,7 @@ int broker_connect(struct broker *b, struct cr_err *err)
     char redacted[512];
     struct cr_err e2;
 
-    config_redact_url(b->cfg.url, redacted, sizeof(redacted));
+    redact_url(b->cfg.url, redacted, sizeof(redacted));
     teardown(b);
     if (amqp_url_parse(b->cfg.url, &u, &e2))
         return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted,

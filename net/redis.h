@@ -1,4 +1,61 @@
-/* redis.h -- hiredis async contexts on a libuv loop.
+/* redis.h -- the one Redis connection manager on the libuv loop (hiredis async),
+ * shared by the result store (net/results.c), through it the progress writer,
+ * and the gateway's pub/sub (gateway/gw_sub.c).
+ *
+ * Three layers, each usable alone:
+ * - redis_url_parse(): the one Redis URL parser. Pure.
+ * - redis_uv_attach(): hiredis async contexts on a libuv loop.
+ * - struct redis_conn: one connection kept up -- connect with a timeout,
+ *   AUTH / SELECT / PING before it counts as up, reconnect with backoff, a
+ *   command timeout and an idle health probe. It keeps no queue: a command
+ *   sent while down is refused, and its owner decides (the result store
+ *   queues and sends again, the subscriber subscribes again on UP).
+ *
+ * Names: ours are snake_case redis_url_ / redis_conn_; hiredis's are camelCase
+ * (redisAsyncContext, redisReply), so the two never collide.
+ * Not thread-safe: loop thread only. */
+#ifndef CR_REDIS_H
+#define CR_REDIS_H
+
+#include <hiredis/async.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "util/err.h"
+
+/* ------------------------------------------------------------ URL (pure) */
+
+#define REDIS_URL_MAX_BYTES 2048 /* a longer URL is refused whole */
+#define REDIS_DEFAULT_PORT 6379
+
+struct redis_url {
+    char host[256];     /* "localhost" when the URL names none; IPv6 without [] */
+    int port;           /* REDIS_DEFAULT_PORT when none */
+    int db;             /* 0 when none */
+    char user[256];     /* "" when none */
+    char password[512]; /* "" when none: no AUTH is sent */
+};
+
+/* Parses redis://[[user]:password@]host[:port][/db][?query]:
+ * - the credentials run to the last '@' of the URL, as before, so a password
+ *   may hold '@' and '/' unescaped; they are taken as written (no %XX
+ *   decoding); "redis://secret@host" is a password, as some clients spell it;
+ * - an IPv6 host is written in brackets: redis://[::1]:6380/0;
+ * - the port is 1..65535, the database a decimal 0..INT_MAX (Redis refuses
+ *   a number beyond its "databases" setting when we SELECT it);
+ * - the query, if any, is ignored.
+ * what names the URL in messages ("result backend" gives "invalid port in
+ * result backend URL '...'"). Returns 0, or CR_EINVAL with detail in err (the
+ * password is never quoted); out is then unspecified. */
+int redis_url_parse(struct redis_url *out, const char *url, const char *what,
+                    struct cr_err *err);
+
+/* ------------------------------------------------------------ libuv glue */
+
+/* Attaches ac to loop. Returns REDIS_OK, or REDIS_ERR (then ac is untouched
+ * and the caller frees it). The glue is freed by hiredis through its cleanup
+ * hook when the context goes away.
  *
  * Our own glue instead of hiredis's adapters/libuv.h, because that one (as
  * shipped in Debian's hiredis 0.14) drops every poll error: libuv stops a poll
@@ -7,15 +64,130 @@
  * unanswered (seen when Redis is shut down under load). Here an error is handed
  * to hiredis as readiness, so its read or write fails and it disconnects
  * normally, calling every pending callback. */
-#ifndef CR_REDIS_UV_H
-#define CR_REDIS_UV_H
-
-#include <hiredis/async.h>
-#include <uv.h>
-
-/* Attaches ac to loop. Returns REDIS_OK, or REDIS_ERR (then ac is untouched
- * and the caller frees it). The glue is freed by hiredis through its cleanup
- * hook when the context goes away. */
 int redis_uv_attach(redisAsyncContext *ac, uv_loop_t *loop);
+
+/* ------------------------------------------------------------ connection */
+
+struct redis_conn;
+struct redisReply;
+
+enum redis_conn_event {
+    REDIS_CONN_UP,     /* Redis answered the handshake: commands may be sent */
+    REDIS_CONN_FAILED, /* an attempt failed (why); another follows after the backoff */
+    REDIS_CONN_LOST,   /* the connection went away (why: hiredis's reason, or
+                        * "closed"); a new one follows after the backoff */
+    REDIS_CONN_SILENT, /* a command or probe went unanswered for the timeout with
+                        * nothing heard meanwhile: dropped, rebuilt as LOST is */
+};
+
+/* What an event says. why is borrowed for the call (NULL for UP and SILENT). */
+struct redis_conn_news {
+    const char *why;
+    /* FAILED: Redis refused the handshake (WRONGPASS, NOAUTH, a bad database):
+     * retrying the same credentials will not help. */
+    int refused;
+    /* FAILED: worth an error line -- a reason not said since the connection
+     * was last up, once it has been up (or after a refusal, see say_refusals);
+     * otherwise a debug line. Each reason is loud once per outage. */
+    int loud;
+};
+
+/* Called for each event from the loop (or from inside redis_conn_wait(), which
+ * runs it), never from inside another redis_conn_*() call. The owner must not
+ * free the connection from inside it. */
+typedef void redis_conn_event_fn(struct redis_conn *c, enum redis_conn_event ev,
+                                 const struct redis_conn_news *news, void *privdata);
+
+/* An error reply Redis lifts by itself: out of memory, a replica or a node not
+ * writable yet, a dataset still loading, a script still running (OOM, READONLY,
+ * LOADING, BUSY, MASTERDOWN, NOREPLICAS, TRYAGAIN). */
+int redis_refusal_passes(const char *error);
+
+struct redis_conn_config {
+    const struct redis_url *url; /* copied; db 0 sends no SELECT */
+    /* Seconds a command (or the probe) may go unanswered, with nothing else
+     * heard meanwhile, before the connection counts as lost (SILENT); 0: for
+     * ever. */
+    double timeout;
+    /* Seconds of quiet after which the connection is probed (the timeout then
+     * covers the probe); 0: never. */
+    double health_check_interval;
+    /* The probe: NULL gives PING. Borrowed for the life of the connection. A
+     * subscribed connection cannot PING (hiredis 0.14 mixes up its replies),
+     * so the gateway's subscriber SUBSCRIBEs a channel nobody publishes on. */
+    int probe_argc;
+    const char *const *probe_argv;
+    /* Which error replies to the handshake still count as an answer (the
+     * connection is then up, and the owner meets the condition in its own
+     * commands); NULL: redis_refusal_passes(). Any other error is a refusal. */
+    int (*handshake_passes)(const char *error);
+    /* A refusal is loud even before the first connection: set it when nobody
+     * waits for the first connection to report it (redis_conn_wait()). */
+    int say_refusals;
+    redis_conn_event_fn *on_event;
+    void *privdata;
+};
+
+/* A command's registration, embedded by its owner (libuv's uv_req_t): it must
+ * stay valid until its callback has seen the last reply. */
+struct redis_req;
+/* reply is borrowed for the call. status 0 with a reply (an error reply too);
+ * CR_EBACKEND with NULL when the connection went away unanswered (the LOST or
+ * SILENT event, if any, came first); CR_ECANCELED with NULL from inside
+ * redis_conn_free(). */
+typedef void redis_reply_fn(struct redis_req *req, int status, struct redisReply *reply);
+struct redis_req {
+    /* public */
+    void *data; /* the owner's */
+    /* private */
+    struct redis_conn *conn;
+    redis_reply_fn *cb;
+    int counted; /* awaits one reply, under the timeout */
+};
+
+/* Returns a new connection that starts connecting at the next loop turn (and
+ * again after every loss), or NULL with err set (OOM). cfg is copied. Free
+ * with redis_conn_free(). */
+struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_config *cfg,
+                                  struct cr_err *err);
+
+/* Runs the loop until up or timeout_ms passes. For start-up only. Returns 0,
+ * CR_EPEER at once when Redis refused the handshake, or CR_ETIMEDOUT; the
+ * reason is redis_conn_last_error(). */
+int redis_conn_wait(struct redis_conn *c, int timeout_ms);
+
+/* Sends a command with one reply (argv copied; argvlen NULL: strlen), which
+ * the timeout then covers. cb is called exactly once if this returns 0, never
+ * from inside this call. Returns 0, or CR_EBACKEND when not up or when hiredis
+ * cannot take it (cb never called). When hiredis's output buffer holds
+ * 64 KiB or more, what the socket takes is written at once (see write_ahead). */
+int redis_conn_send(struct redis_conn *c, struct redis_req *req, redis_reply_fn *cb,
+                    int argc, const char *const *argv, const size_t *argvlen);
+
+/* SUBSCRIBE / UNSUBSCRIBE and their kin: cb is called for every reply to the
+ * command, the confirmations and then the messages, until the subscription
+ * ends or the connection goes; they are not awaited under the timeout.
+ * Otherwise as redis_conn_send(). */
+int redis_conn_send_pubsub(struct redis_conn *c, struct redis_req *req,
+                           redis_reply_fn *cb, int argc, const char *const *argv,
+                           const size_t *argvlen);
+
+/* read-only */
+int redis_conn_up(const struct redis_conn *c);
+const struct redis_url *redis_conn_url(const struct redis_conn *c);
+/* The last failure (hiredis's or Redis's words), "" once up. */
+const char *redis_conn_last_error(const struct redis_conn *c);
+/* Connections made (TCP up): tells one from the next. */
+unsigned long redis_conn_generation(const struct redis_conn *c);
+/* Times it came up again after having been up. */
+unsigned long redis_conn_reconnects(const struct redis_conn *c);
+/* Commands sent by redis_conn_send() and not yet answered. */
+size_t redis_conn_inflight(const struct redis_conn *c);
+uint64_t redis_conn_timeout_ms(const struct redis_conn *c);
+
+/* Disconnects: every registered callback gets CR_ECANCELED before this
+ * returns; no event afterwards. The memory goes at the next loop turn.
+ * NULL is a no-op. */
+void redis_conn_free(struct redis_conn *c);
 
 #endif

@@ -86,7 +86,7 @@ struct backend_script {
     size_t len;
     char sha[41]; /* "" until first use */
     /* EVALs of it sent and not yet answered, on the connection eval_gen of
-     * eval_bk (see on_noscript() in backend.c). */
+     * eval_bk (see on_noscript() in results.c). */
     const struct backend *eval_bk;
     unsigned long eval_gen;
     int evals_unanswered;

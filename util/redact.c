@@ -1,6 +1,7 @@
 /* redact.c -- cuts configured secrets out of text (no I/O). */
 #include "redact.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -122,4 +123,21 @@ size_t redact_str(const struct redact *r, char *s)
     n = redact_mem(r, s, strlen(s));
     s[n] = '\0';
     return n;
+}
+
+void redact_url(const char *url, char *out, size_t size)
+{
+    const char *scheme = strstr(url, "://");
+    const char *at, *colon;
+    if (!scheme) {
+        snprintf(out, size, "%s", url);
+        return;
+    }
+    at = strchr(scheme + 3, '@');
+    colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
+    if (!colon) {
+        snprintf(out, size, "%s", url);
+        return;
+    }
+    snprintf(out, size, "%.*s:**%s", (int)(colon - url), url, at);
 }

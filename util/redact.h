@@ -51,4 +51,10 @@ size_t redact_mem(const struct redact *r, char *s, size_t len);
 /* Redacts a NUL-terminated string in place; returns its new strlen(). */
 size_t redact_str(const struct redact *r, char *s);
 
+/* Writes url into out (size bytes, truncated and NUL-terminated) with the
+ * password of its credentials, the text between the user's ':' and the '@',
+ * replaced by "**": "amqp://guest:**@host//". A URL without ':' in its
+ * credentials is written as it is. */
+void redact_url(const char *url, char *out, size_t size);
+
 #endif

@@ -412,19 +412,7 @@ void config_release(struct config *cfg)
 
 void config_redact_url(const char *url, char *out, size_t size)
 {
-    const char *scheme = strstr(url, "://");
-    const char *at, *colon;
-    if (!scheme) {
-        snprintf(out, size, "%s", url);
-        return;
-    }
-    at = strchr(scheme + 3, '@');
-    colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
-    if (!colon) {
-        snprintf(out, size, "%s", url);
-        return;
-    }
-    snprintf(out, size, "%.*s:**%s", (int)(colon - url), url, at);
+    redact_url(url, out, size);
 }
 
 static int hexval(int c)

@@ -87,7 +87,7 @@ void config_usage(FILE *out);
  * CR_ENOMEM or CR_ERANGE (more secrets than a set holds). */
 int config_secrets(const struct config *cfg, struct redact *r);
 
-/* Writes url with any password replaced by "**" into out (size bytes). */
+/* redact_url() (util/redact.h) under its old name, for the worker's callers. */
 void config_redact_url(const char *url, char *out, size_t size);
 
 #endif

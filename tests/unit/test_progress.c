@@ -1,9 +1,12 @@
 /* test_progress.c -- the progress batcher: when text goes to the stream and the
- * PROGRESS meta, with a fake clock; malformed use and an OOM sweep. */
+ * PROGRESS meta, with a fake clock; malformed use and an OOM sweep. And the
+ * stream's names (protocol/progress.h). */
 #include <check.h>
 #include <string.h>
 
+#include "protocol/progress.h"
 #include "util/alloc.h"
+#include "util/buf.h"
 #include "util/err.h"
 #include "worker/progress.h"
 
@@ -165,6 +168,32 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
+/* The names the writer and the gateway share. */
+START_TEST(test_wire_names)
+{
+    struct buf b;
+    char start[24];
+    buf_init(&b);
+    ck_assert_int_eq(progress_key(&b, "7d2c-1"), 0);
+    ck_assert_str_eq(b.data, "celeriac:progress:7d2c-1");
+    buf_release(&b);
+    buf_init(&b);
+    cr_alloc_fail_after(1);
+    ck_assert_int_eq(progress_key(&b, "x"), CR_ENOMEM);
+    cr_alloc_fail_after(0);
+    buf_release(&b);
+
+    ck_assert_int_eq(progress_range_after(start, sizeof(start), 0), 0);
+    ck_assert_str_eq(start, "(0-0");
+    ck_assert_int_eq(progress_range_after(start, sizeof(start), 42), 0);
+    ck_assert_str_eq(start, "(0-42");
+    ck_assert_int_eq(progress_range_after(start, sizeof(start), INT64_MAX), 0);
+    ck_assert_str_eq(start, "(0-9223372036854775807");
+    ck_assert_int_eq(progress_range_after(start, 6, 42), 0);
+    ck_assert_int_eq(progress_range_after(start, 6, 420), CR_ERANGE);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("progress");
@@ -173,6 +202,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_text_is_kept_in_order_across_writes);
     tcase_add_test(tc, test_clock_going_backwards);
     tcase_add_test(tc, test_oom_sweep);
+    tcase_add_test(tc, test_wire_names);
     suite_add_tcase(s, tc);
     return s;
 }

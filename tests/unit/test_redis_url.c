@@ -1,0 +1,215 @@
+/* test_redis_url.c -- the one Redis URL parser (net/redis.c): whole URLs,
+ * malformed ones, limits; and the URL redaction it shares with the logs. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "net/redis.h"
+#include "util/alloc.h"
+#include "util/redact.h"
+
+static const struct {
+    const char *url;
+    const char *host, *user, *password;
+    int port, db;
+} good[] = {
+    {"redis://", "localhost", "", "", 6379, 0},
+    {"redis://h", "h", "", "", 6379, 0},
+    {"redis://h/", "h", "", "", 6379, 0},
+    {"redis://h:6380", "h", "", "", 6380, 0},
+    {"redis://127.0.0.1:6379/0", "127.0.0.1", "", "", 6379, 0},
+    {"redis://h:1/15", "h", "", "", 1, 15},
+    {"redis://h:65535/2147483647", "h", "", "", 65535, 2147483647},
+    {"redis://h/3", "h", "", "", 6379, 3},
+    {"redis://:pw@h:7/2", "h", "", "pw", 7, 2},
+    {"redis://u:pw@h/1", "h", "u", "pw", 6379, 1},
+    /* a password alone, as some clients spell it */
+    {"redis://secret@h", "h", "", "secret", 6379, 0},
+    /* credentials run to the last '@': '@', ':' and '/' in a password */
+    {"redis://u:p@ss:w/rd@h:9/4", "h", "u", "p@ss:w/rd", 9, 4},
+    /* taken as written: no %XX decoding (as before) */
+    {"redis://:p%40ss@h", "h", "", "p%40ss", 6379, 0},
+    {"redis://:@h", "h", "", "", 6379, 0},
+    {"redis://@h", "h", "", "", 6379, 0},
+    {"redis://:pw@:6390/5", "localhost", "", "pw", 6390, 5},
+    /* the query is ignored */
+    {"redis://h?timeout=3", "h", "", "", 6379, 0},
+    {"redis://h:6381?x=1", "h", "", "", 6381, 0},
+    {"redis://h:6381/?x=1", "h", "", "", 6381, 0},
+    {"redis://h/7?x=1", "h", "", "", 6379, 7},
+    /* IPv6 in brackets */
+    {"redis://[::1]", "::1", "", "", 6379, 0},
+    {"redis://[::1]:6380/2", "::1", "", "", 6380, 2},
+    {"redis://u:p@[2001:db8::2]/1", "2001:db8::2", "u", "p", 6379, 1},
+};
+
+START_TEST(test_good)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    ck_assert_msg(redis_url_parse(&u, good[_i].url, "result backend", &e) == 0, "%s: %s",
+                  good[_i].url, e.msg);
+    ck_assert_str_eq(u.host, good[_i].host);
+    ck_assert_str_eq(u.user, good[_i].user);
+    ck_assert_str_eq(u.password, good[_i].password);
+    ck_assert_int_eq(u.port, good[_i].port);
+    ck_assert_int_eq(u.db, good[_i].db);
+}
+END_TEST
+
+/* Every malformed URL is CR_EINVAL with a message that says what is wrong and
+ * never quotes the password ("secret"). */
+static const struct {
+    const char *url;
+    const char *says;
+} bad[] = {
+    {"rediss://h", "unsupported result backend URL (want redis://)"},
+    {"http://h:6379/0", "unsupported result backend URL (want redis://)"},
+    {"unix:///tmp/redis.sock", "unsupported"},
+    {"REDIS://h", "unsupported"},
+    {"", "unsupported"},
+    {"redis://h:", "invalid port in result backend URL 'redis://h:'"},
+    {"redis://h:0", "invalid port"},
+    {"redis://h:65536", "invalid port"},
+    {"redis://h:-1", "invalid port"},
+    {"redis://h: 1", "invalid port"},
+    {"redis://h:12x/0", "invalid port"},
+    {"redis://h:99999999999999999999", "invalid port"},
+    {"redis://:secret@h:x/0", "invalid port in result backend URL 'redis://:**@h:x/0'"},
+    {"redis://secret@h:x", "invalid port in result backend URL 'redis://**@h:x'"},
+    {"redis://u:secret@h:x", "'redis://u:**@h:x'"},
+    {"redis://h/x", "invalid database in result backend URL 'redis://h/x'"},
+    {"redis://h/-1", "invalid database"},
+    {"redis://h/+1", "invalid database"},
+    {"redis://h/1x", "invalid database"},
+    {"redis://h/1/2", "invalid database"},
+    {"redis://h/2147483648", "invalid database"},
+    {"redis://h/99999999999999999999", "invalid database"},
+    {"redis://:secret@h/x", "'redis://:**@h/x'"},
+    {"redis://[::1", "invalid IPv6 host"},
+    {"redis://[]:6379", "invalid IPv6 host"},
+    {"redis://[::1]x", "invalid IPv6 host"},
+    {"redis://[::1]:0", "invalid port"},
+};
+
+START_TEST(test_bad)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    ck_assert_int_eq(redis_url_parse(&u, bad[_i].url, "result backend", &e), CR_EINVAL);
+    ck_assert_int_eq(e.code, CR_EINVAL);
+    ck_assert_msg(strstr(e.msg, bad[_i].says) != NULL, "%s: '%s'", bad[_i].url, e.msg);
+    ck_assert_msg(strstr(e.msg, "secret") == NULL, "%s: '%s'", bad[_i].url, e.msg);
+}
+END_TEST
+
+/* The owner's name for the URL goes into the message. */
+START_TEST(test_what)
+{
+    struct redis_url u;
+    struct cr_err e;
+    ck_assert_int_eq(redis_url_parse(&u, "amqp://h", "broker", &e), CR_EINVAL);
+    ck_assert_str_eq(e.msg, "unsupported broker URL (want redis://)");
+}
+END_TEST
+
+/* Limits: each part has its buffer, the whole URL REDIS_URL_MAX_BYTES. A part
+ * that just fits is taken; one byte more is refused, whole. */
+static void fill(char *out, const char *head, char c, size_t n, const char *tail)
+{
+    size_t h = strlen(head);
+    memcpy(out, head, h);
+    memset(out + h, c, n);
+    memcpy(out + h + n, tail, strlen(tail) + 1); /* sized by the caller */
+}
+
+START_TEST(test_limits)
+{
+    static char url[REDIS_URL_MAX_BYTES + 64];
+    struct redis_url u;
+    struct cr_err e;
+
+    fill(url, "redis://", 'h', sizeof(u.host) - 1, ":1/2");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), 0);
+    ck_assert_uint_eq(strlen(u.host), sizeof(u.host) - 1);
+    ck_assert_int_eq(u.port, 1);
+    ck_assert_int_eq(u.db, 2);
+    fill(url, "redis://", 'h', sizeof(u.host), ":1/2");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), CR_EINVAL);
+    ck_assert(strstr(e.msg, "host name too long") != NULL);
+
+    fill(url, "redis://[", ':', sizeof(u.host), "]");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), CR_EINVAL);
+    ck_assert(strstr(e.msg, "host name too long") != NULL);
+
+    fill(url, "redis://:", 's', sizeof(u.password) - 1, "@h");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), 0);
+    ck_assert_uint_eq(strlen(u.password), sizeof(u.password) - 1);
+    fill(url, "redis://:", 's', sizeof(u.password), "@h");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), CR_EINVAL);
+    ck_assert(strstr(e.msg, "password too long") != NULL);
+    ck_assert(strstr(e.msg, "sss") == NULL);
+
+    fill(url, "redis://", 'u', sizeof(u.user), ":pw@h");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), CR_EINVAL);
+    ck_assert(strstr(e.msg, "user name too long") != NULL);
+
+    fill(url, "redis://h/0?", 'q', REDIS_URL_MAX_BYTES - strlen("redis://h/0?"), "");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), 0);
+    fill(url, "redis://h/0?", 'q', REDIS_URL_MAX_BYTES + 1 - strlen("redis://h/0?"), "");
+    ck_assert_int_eq(redis_url_parse(&u, url, "result backend", &e), CR_EINVAL);
+    ck_assert(strstr(e.msg, "too long") != NULL);
+}
+END_TEST
+
+/* A failed parse leaves nothing to free, and a good one after it is whole. */
+START_TEST(test_reuse)
+{
+    struct redis_url u;
+    struct cr_err e;
+    ck_assert_int_eq(redis_url_parse(&u, "redis://u:pw@h:1/x", "result backend", &e),
+                     CR_EINVAL);
+    ck_assert_int_eq(redis_url_parse(&u, "redis://h2", "result backend", &e), 0);
+    ck_assert_str_eq(u.host, "h2");
+    ck_assert_str_eq(u.user, "");
+    ck_assert_str_eq(u.password, "");
+    ck_assert_int_eq(u.port, 6379);
+    ck_assert_int_eq(u.db, 0);
+}
+END_TEST
+
+/* redact_url() (util/redact.c, was config_redact_url): what the worker logs
+ * of its broker and backend URLs. */
+START_TEST(test_redact_url)
+{
+    static const char *const v[][2] = {
+        {"redis://:pw@h:6379/0", "redis://:**@h:6379/0"},
+        {"redis://u:pw@h/1", "redis://u:**@h/1"},
+        {"amqp://guest:guest@localhost:5672//", "amqp://guest:**@localhost:5672//"},
+        {"redis://h:6379/0", "redis://h:6379/0"},
+        {"amqp://user@h//", "amqp://user@h//"},
+        {"not a url", "not a url"},
+    };
+    char out[128];
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        redact_url(v[i][0], out, sizeof(out));
+        ck_assert_str_eq(out, v[i][1]);
+    }
+    redact_url("redis://:pw@hostname", out, 8);
+    ck_assert_str_eq(out, "redis:/");
+}
+END_TEST
+
+Suite *suite(void)
+{
+    Suite *s = suite_create("redis_url");
+    TCase *tc = tcase_create("core");
+    tcase_add_loop_test(tc, test_good, 0, (int)(sizeof(good) / sizeof(good[0])));
+    tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof(bad) / sizeof(bad[0])));
+    tcase_add_test(tc, test_what);
+    tcase_add_test(tc, test_limits);
+    tcase_add_test(tc, test_reuse);
+    tcase_add_test(tc, test_redact_url);
+    suite_add_tcase(s, tc);
+    return s;
+}
