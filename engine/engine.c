@@ -26,15 +26,15 @@ static void queue_job(struct job *j);
 
 /* ------------------------------------------------------------ entry, exit */
 
-/* Every entry point starts with enter() and ends with leave(): the outermost
- * one schedules once and checks whether a warm shutdown is complete. */
-static void enter(struct engine *e, struct engine_now now)
+/* Every entry point starts with engine__enter() and ends with engine__leave(): the
+ * outermost one schedules once and checks whether a warm shutdown is complete. */
+void engine__enter(struct engine *e, struct engine_now now)
 {
     if (e->depth++ == 0)
         e->now = now;
 }
 
-static void leave(struct engine *e)
+void engine__leave(struct engine *e)
 {
     if (--e->depth > 0)
         return;
@@ -488,7 +488,7 @@ static int try_retry(struct job *j, const struct llm_result *res)
 void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
                         const struct llm_result *res)
 {
-    enter(e, now);
+    engine__enter(e, now);
     engine__release_slot(j);
     j->call = NULL;
     j->pending--;
@@ -524,7 +524,7 @@ void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
                          1, res);
         }
     }
-    leave(e);
+    engine__leave(e);
 }
 
 /* ------------------------------------------------------------- completions */
@@ -532,7 +532,7 @@ void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
 void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
                       enum engine_store_kind kind, int status, int skipped)
 {
-    enter(e, now);
+    engine__enter(e, now);
     if (kind == ENGINE_STORE_STARTED) {
         job_release_ref(j);
     } else if (status) {
@@ -546,7 +546,7 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
                 job_name(j), j->tm.id);
         finish_job(j);
     }
-    leave(e);
+    engine__leave(e);
 }
 
 static void on_retry_confirm(struct job *j, int ok)
@@ -606,7 +606,7 @@ static void on_park_confirm(struct engine_publish *p, int ok)
 void engine_on_confirm(struct engine *e, struct engine_now now, struct engine_publish *p,
                        int ok)
 {
-    enter(e, now);
+    engine__enter(e, now);
     p->j->pending--;
     switch (p->kind) {
     case PUBLISH_RETRY:
@@ -620,7 +620,7 @@ void engine_on_confirm(struct engine *e, struct engine_now now, struct engine_pu
         break;
     }
     cr_free(p);
-    leave(e);
+    engine__leave(e);
 }
 
 /* --------------------------------------------------------------- parking */
@@ -637,14 +637,12 @@ void engine_on_confirm(struct engine *e, struct engine_now now, struct engine_pu
  * lease lapsed (the worker died): nothing is lost, nothing runs twice while
  * its runner is alive. */
 
-#define PARK_PREFIX "celeriac.park."
-
 static int park_queue_name(const struct engine *e, const char *queue, char *out,
                            size_t size)
 {
     for (int i = 0; i < e->cfg->nqueues; i++)
         if (queue && !strcmp(e->cfg->queues[i], queue))
-            return snprintf(out, size, PARK_PREFIX "%s", queue) < (int)size;
+            return snprintf(out, size, ENGINE_PARK_PREFIX "%s", queue) < (int)size;
     return 0; /* a queue added at run time has no park queue: never park it */
 }
 
@@ -692,7 +690,7 @@ static int park_eta_job(struct job *j)
 void engine_on_lease(struct engine *e, struct engine_now now, struct job *j, int status,
                      const char *holder)
 {
-    enter(e, now);
+    engine__enter(e, now);
     j->pending--;
     if (status || e->shutdown) {
         if (!status)
@@ -705,7 +703,7 @@ void engine_on_lease(struct engine *e, struct engine_now now, struct job *j, int
     } else {
         queue_job(j);
     }
-    leave(e);
+    engine__leave(e);
 }
 
 /* --------------------------------------------------------------- running */
@@ -909,7 +907,7 @@ void engine_on_state(struct engine *e, struct engine_now now, struct job *j, int
                      const char *value, size_t len)
 {
     char st[32] = "";
-    enter(e, now);
+    engine__enter(e, now);
     j->pending--;
     if (status) {
         engine__abandon(j);
@@ -918,7 +916,7 @@ void engine_on_state(struct engine *e, struct engine_now now, struct job *j, int
             st[0] = '\0';
         check_job(j, st);
     }
-    leave(e);
+    engine__leave(e);
 }
 
 /* Decodes d into j. 0, or the decoder's error with err filled. */
@@ -1040,7 +1038,7 @@ void engine_on_delivery(struct engine *e, struct engine_now now, struct delivery
     struct job *j, *running;
     int rc;
 
-    enter(e, now);
+    engine__enter(e, now);
     if (e->shutdown) {
         e->ops->reject(e->ctx, d, 1);
         e->ops->release(e->ctx, d);
@@ -1077,14 +1075,14 @@ void engine_on_delivery(struct engine *e, struct engine_now now, struct delivery
     }
     accept_job(e, j, d);
 out:
-    leave(e);
+    engine__leave(e);
 }
 
 /* --------------------------------------------------------------- the tick */
 
 void engine_on_tick(struct engine *e, struct engine_now now)
 {
-    enter(e, now);
+    engine__enter(e, now);
     engine__tick(e);
     if (e->shutdown == 1 && e->cfg->shutdown_timeout > 0 &&
         e->now.loop_ms - e->shutdown_started >
@@ -1093,7 +1091,7 @@ void engine_on_tick(struct engine *e, struct engine_now now)
             e->cfg->shutdown_timeout);
         engine_shutdown(e, now, 1);
     }
-    leave(e);
+    engine__leave(e);
 }
 
 struct engine *engine_of_publish(const struct engine_publish *p)
@@ -1110,7 +1108,7 @@ void *engine_ctx(const struct engine *e)
 
 void engine_shutdown(struct engine *e, struct engine_now now, int cold)
 {
-    enter(e, now);
+    engine__enter(e, now);
     if (cold) {
         if (e->shutdown != 2) {
             LOG(LOG_WARNING, "worker: Cold shutdown (MainProcess)");
@@ -1125,7 +1123,7 @@ void engine_shutdown(struct engine *e, struct engine_now now, int cold)
         /* Not started yet: back to the queue now, so other workers can take them. */
         engine__drop_waiting(e);
     }
-    leave(e);
+    engine__leave(e);
 }
 
 void engine_halt(struct engine *e)
@@ -1137,208 +1135,6 @@ void engine_halt(struct engine *e)
 int engine_shutting_down(const struct engine *e)
 {
     return e->shutdown;
-}
-
-void engine_remember_revoked(struct engine *e, const char *id, int64_t expires_epoch_s,
-                             struct engine_now now)
-{
-    revoked_set_add(&e->revoked, id, expires_epoch_s, now.epoch_us / 1000000);
-}
-
-int engine_is_revoked(struct engine *e, const char *id, struct engine_now now)
-{
-    return revoked_set_has(&e->revoked, id, now.epoch_us / 1000000);
-}
-
-void engine_each_revoked(struct engine *e, struct engine_now now,
-                         void (*fn)(const char *id, int64_t expires_epoch_s, void *arg),
-                         void *arg)
-{
-    revoked_set_each(&e->revoked, now.epoch_us / 1000000, fn, arg);
-}
-
-int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate)
-{
-    struct job *j;
-    int rc = 0;
-
-    enter(e, now);
-    revoked_set_add(&e->revoked, id, now.epoch_us / 1000000 + ENGINE_REVOKE_EXPIRES_S,
-                    now.epoch_us / 1000000);
-    j = strmap_get(&e->jobs, id);
-    switch (j ? j->state : JOB_DONE) {
-    case JOB_READY:
-        engine__ready_unlink(e, j);
-        engine__revoke_job(j, "revoked", NULL);
-        break;
-    case JOB_ETA:
-        engine__eta_unlink(e, j);
-        engine__revoke_job(j, "revoked", NULL);
-        break;
-    case JOB_RUNNING:
-        if (!terminate || !j->call)
-            break;
-        LOG(LOG_INFO, "Terminating %s[%s]", job_name(j), j->tm.id);
-        j->revoked = 1;
-        /* engine_on_llm_done() follows from the loop and sees j->revoked. */
-        e->ops->abort_llm(e->ctx, j, "TaskRevokedError", "terminated");
-        j->call = NULL;
-        rc = 1;
-        break;
-    default:
-        /* CHECKING: engine_on_state() sees the revoked id; SETTLING/DONE: too late. */
-        break;
-    }
-    leave(e);
-    return rc;
-}
-
-void engine_set_concurrency(struct engine *e, struct engine_now now, int n)
-{
-    enter(e, now);
-    if (n < 1)
-        n = 1;
-    if (n > ENGINE_MAX_CONCURRENCY)
-        n = ENGINE_MAX_CONCURRENCY;
-    e->concurrency = n;
-    engine__sync_prefetch(e);
-    leave(e);
-}
-
-int engine_knows_task(const struct engine *e, const char *name)
-{
-    return tasks_lookup(name, e->cfg->aliases, e->cfg->naliases) != TASK_UNKNOWN;
-}
-
-int engine_set_rate_limit(struct engine *e, struct engine_now now, const char *task,
-                          const char *rate)
-{
-    struct task_limits *tl;
-    double r;
-    if (!engine_knows_task(e, task))
-        return CR_ENOTFOUND;
-    r = ratelimit_parse(rate);
-    if (r < 0)
-        return CR_EINVAL;
-    tl = engine__limits(e, task, 1);
-    if (!tl)
-        return CR_ENOMEM;
-    enter(e, now);
-    tl->has_rate = r > 0;
-    snprintf(tl->rate_text, sizeof(tl->rate_text), "%s", r > 0 ? rate : "");
-    token_bucket_init(&tl->bucket, r, (int64_t)now.loop_ms);
-    leave(e);
-    return 0;
-}
-
-const char *engine_rate_limit(struct engine *e, const char *task)
-{
-    const struct task_limits *tl = engine__limits(e, task, 0);
-    return tl && tl->has_rate ? tl->rate_text : NULL;
-}
-
-int engine_set_time_limit(struct engine *e, const char *task, double soft, double hard)
-{
-    struct task_limits *tl;
-    if (!engine_knows_task(e, task))
-        return CR_ENOTFOUND;
-    tl = engine__limits(e, task, 1);
-    if (!tl)
-        return CR_ENOMEM;
-    tl->soft = soft > 0 ? soft : 0;
-    tl->hard = hard > 0 ? hard : 0;
-    return 0;
-}
-
-/* --------------------------------------------------------------- queries */
-
-struct count_arg {
-    size_t n;
-};
-
-static void count_checking(const char *key, void *value, void *arg)
-{
-    const struct job *j = value;
-    (void)key;
-    if (j->state == JOB_CHECKING)
-        ((struct count_arg *)arg)->n++;
-}
-
-void engine_stats(const struct engine *e, struct engine_stats *st)
-{
-    struct count_arg c = {0};
-    memset(st, 0, sizeof(*st));
-    strmap_each((struct strmap *)&e->jobs, count_checking, &c);
-    st->concurrency = e->concurrency;
-    st->active = e->active;
-    st->nready = e->nready;
-    st->neta = e->neta;
-    st->nchecking = c.n;
-    st->live = e->live;
-    st->processed = e->processed;
-    st->prefetch_count =
-        engine_prefetch_count(e->concurrency, e->cfg->prefetch_multiplier, e->neta);
-}
-
-struct each_arg {
-    void (*fn)(struct job *j, void *arg);
-    void *arg;
-};
-
-static void each_checking(const char *key, void *value, void *arg)
-{
-    struct each_arg *a = arg;
-    struct job *j = value;
-    (void)key;
-    if (j->state == JOB_CHECKING)
-        a->fn(j, a->arg);
-}
-
-void engine_each_job(struct engine *e, enum engine_job_set set,
-                     void (*fn)(struct job *j, void *arg), void *arg)
-{
-    struct each_arg a = {fn, arg};
-    switch (set) {
-    case ENGINE_JOBS_RUNNING:
-        for (struct job *j = e->run_head; j; j = j->rnext)
-            fn(j, arg);
-        break;
-    case ENGINE_JOBS_READY:
-        for (struct job *j = e->ready_head; j; j = j->next)
-            fn(j, arg);
-        break;
-    case ENGINE_JOBS_ETA:
-        for (struct job *j = e->eta_head; j; j = j->next)
-            fn(j, arg);
-        break;
-    case ENGINE_JOBS_CHECKING:
-        strmap_each(&e->jobs, each_checking, &a);
-        break;
-    }
-}
-
-struct job *engine_find_job(struct engine *e, const char *id)
-{
-    return id ? strmap_get(&e->jobs, id) : NULL;
-}
-
-struct total_arg {
-    void (*fn)(const char *name, unsigned long n, void *arg);
-    void *arg;
-};
-
-static void total_one(const char *key, void *value, void *arg)
-{
-    struct total_arg *a = arg;
-    a->fn(key, *(unsigned long *)value, a->arg);
-}
-
-void engine_each_total(struct engine *e,
-                       void (*fn)(const char *name, unsigned long n, void *arg),
-                       void *arg)
-{
-    struct total_arg a = {fn, arg};
-    strmap_each(&e->totals, total_one, &a);
 }
 
 /* ------------------------------------------------------------- lifecycle */

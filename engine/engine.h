@@ -179,6 +179,11 @@ void engine_halt(struct engine *e);
 /* 0 running, 1 warm shutdown, 2 cold. */
 int engine_shutting_down(const struct engine *e);
 
+/* The park queue of task queue Q is ENGINE_PARK_PREFIX Q: a durable queue
+ * with a fixed message TTL that dead-letters back to Q (declared by the
+ * switchboard for every queue consumed at start-up). */
+#define ENGINE_PARK_PREFIX "celeriac.park."
+
 #define ENGINE_REVOKES_MAX 50000
 #define ENGINE_REVOKE_EXPIRES_S 10800
 

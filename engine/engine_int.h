@@ -1,5 +1,5 @@
 /* engine_int.h -- the engine's insides, shared by its own files (engine.c,
- * sched.c, outcome.c) and nobody else. */
+ * sched.c, outcome.c, control.c) and nobody else. */
 #ifndef CR_ENGINE_INT_H
 #define CR_ENGINE_INT_H
 
@@ -58,6 +58,8 @@ struct engine_publish {
 };
 
 /* engine.c */
+void engine__enter(struct engine *e, struct engine_now now);
+void engine__leave(struct engine *e);
 void engine__set_state(struct job *j, enum job_state s);
 void engine__settle(struct job *j);
 void engine__abandon(struct job *j);

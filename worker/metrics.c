@@ -140,9 +140,7 @@ static int add_families(struct metrics *m)
 
 static const char *job_task(const struct job *j)
 {
-    if (j->tm.shadow)
-        return j->tm.shadow;
-    return j->tm.task ? j->tm.task : "unknown";
+    return job_name(j);
 }
 
 static void count_llm(struct metrics *m, struct job *j, const struct llm_result *llm)

@@ -32,8 +32,10 @@
 
 #define CRON_MS 100
 #define CELERIAC_VERSION "0.1.0"
-#define PARK_PREFIX "celeriac.park."
 #define LEASE_PREFIX "celeriac-lease-"
+
+/* pool_grow clamps to the configured bound, the engine to its own. */
+_Static_assert(ENGINE_MAX_CONCURRENCY == CONFIG_MAX_CONCURRENCY, "concurrency bounds");
 
 struct worker {
     const struct config *cfg;
@@ -402,7 +404,7 @@ static int declare_park_queues(struct worker *w)
         cJSON *args = cJSON_CreateObject();
         struct broker_queue bq;
         int rc;
-        snprintf(name, sizeof(name), PARK_PREFIX "%s", q);
+        snprintf(name, sizeof(name), ENGINE_PARK_PREFIX "%s", q);
         if (!args ||
             !cJSON_AddNumberToObject(args, "x-message-ttl",
                                      (double)(int64_t)(w->cfg->park_after * 1000)) ||
