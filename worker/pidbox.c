@@ -1015,7 +1015,8 @@ static int cmd_pool_grow(struct pidbox *pb, const cJSON *args, cJSON **reply)
                  CONFIG_MAX_CONCURRENCY);
         return error_reply(text, reply);
     }
-    engine_set_concurrency(pb->w->engine, worker_ctx_now(pb->w), concurrency(pb) + (n < room ? n : room));
+    engine_set_concurrency(pb->w->engine, worker_ctx_now(pb->w),
+                           concurrency(pb) + (n < room ? n : room));
     if (n > room) {
         LOG(LOG_WARNING, "Concurrency is now %d, its maximum (pool_grow by %d)",
             concurrency(pb), n);
