@@ -923,6 +923,135 @@ START_TEST(test_track_started)
 }
 END_TEST
 
+START_TEST(test_parked_copy_of_a_live_runner_is_parked_again)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject(d->headers, "x-celeriac-parked", "celery@other");
+    deliver(&f, d);
+    /* it came back through a dead-letter path: read first, then the lease */
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, NULL, 0);
+    log_is(&f, "read1 lease-get");
+    f.leases[0] = NULL;
+    engine_on_lease(f.e, f.now, j, 0, "celery@other");
+    log_is(&f, "publish:celeriac.park.celery");
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm ack1 release1");
+    ck_assert_int_eq(f.ncalls, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_parked_copy_with_lapsed_lease_runs)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject(d->headers, "x-celeriac-parked", "celery@other");
+    deliver(&f, d);
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, NULL, 0);
+    f.leases[0] = NULL;
+    engine_on_lease(f.e, f.now, j, 0, NULL);
+    log_is(&f, "read1 lease-get call1");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "mine now");
+    stored(&f, 0, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_revoke_waiting_job)
+{
+    struct fake f;
+    struct engine_stats st;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    engine_stats(f.e, &st);
+    ck_assert_int_eq(st.active, 1);
+    ck_assert_uint_eq(st.nready, 1);
+    ck_assert_int_eq(engine_revoke(f.e, f.now, "0f0b8c1e-0002-4000-8000-000000000002", 1),
+                     0);
+    log_is(&f, "call1 store-REVOKED");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack2 release2");
+    ck_assert(engine_is_revoked(f.e, "0f0b8c1e-0002-4000-8000-000000000002", f.now));
+    llm_done(&f, 0, LLM_OK, NULL, -1, "first");
+    stored(&f, 1, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_acks_early)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.acks_early = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_OK, NULL, -1, "x");
+    stored(&f, 0, 0);
+    /* acked when it started, never again */
+    log_is(&f, "ack1 call1 done store-SUCCESS stored release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+static void count_job(struct job *j, void *arg)
+{
+    (void)j;
+    ++*(int *)arg;
+}
+
+START_TEST(test_queries)
+{
+    struct fake f;
+    int running = 0, ready = 0, eta = 0;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    deliver(&f, generate(&f, "eta"));
+    engine_each_job(f.e, ENGINE_JOBS_RUNNING, count_job, &running);
+    engine_each_job(f.e, ENGINE_JOBS_READY, count_job, &ready);
+    engine_each_job(f.e, ENGINE_JOBS_ETA, count_job, &eta);
+    ck_assert_int_eq(running, 1);
+    ck_assert_int_eq(ready, 1);
+    ck_assert_int_eq(eta, 1);
+    ck_assert_ptr_nonnull(engine_find_job(f.e, "0f0b8c1e-0001-4000-8000-000000000001"));
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "nope", "1/s"), CR_ENOTFOUND);
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "llm.generate", "x/s"), CR_EINVAL);
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "llm.generate", "10/m"), 0);
+    ck_assert_str_eq(engine_rate_limit(f.e, "llm.generate"), "10/m");
+    /* more slots start the waiting one (the bucket starts full) */
+    engine_set_concurrency(f.e, f.now, 2);
+    log_is(&f, "call1 call2");
+    ck_assert_int_eq(f.prefetch, 2 * 4 + 1);
+    fake_release(&f);
+}
+END_TEST
+
 /* Every allocation of engine_on_delivery() fails in turn; whatever happens,
  * the delivery is released exactly once, settled at most once, and an ack
  * comes only after a store completed. */
@@ -1005,6 +1134,11 @@ int main(void)
     tcase_add_test(tc, test_warm_shutdown);
     tcase_add_test(tc, test_lost_connection_before_start);
     tcase_add_test(tc, test_track_started);
+    tcase_add_test(tc, test_parked_copy_of_a_live_runner_is_parked_again);
+    tcase_add_test(tc, test_parked_copy_with_lapsed_lease_runs);
+    tcase_add_test(tc, test_revoke_waiting_job);
+    tcase_add_test(tc, test_acks_early);
+    tcase_add_test(tc, test_queries);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
