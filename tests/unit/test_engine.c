@@ -267,33 +267,6 @@ static void fake_start(struct fake *f)
     ck_assert_ptr_nonnull(f->e);
 }
 
-static void fake_release(struct fake *f)
-{
-    engine_halt(f->e);
-    /* what the clients owe comes back with errors, as on worker_free() */
-    for (int i = 0; i < f->nstores; i++)
-        if (f->stores[i])
-            engine_on_stored(f->e, f->now, f->stores[i], f->store_kind[i], CR_ECANCELED,
-                             0);
-    for (int i = 0; i < f->npubs; i++)
-        if (f->pubs[i].p)
-            engine_on_confirm(f->e, f->now, f->pubs[i].p, 0);
-    for (int i = 0; i < f->nreads; i++)
-        if (f->reads[i])
-            engine_on_state(f->e, f->now, f->reads[i], CR_ECANCELED, NULL, 0);
-    for (int i = 0; i < f->nleases; i++)
-        if (f->leases[i])
-            engine_on_lease(f->e, f->now, f->leases[i], CR_ECANCELED, NULL);
-    engine_free(f->e);
-    for (int i = 0; i < f->nstores; i++)
-        cr_free(f->metas[i]);
-    for (int i = 0; i < f->npubs; i++) {
-        cJSON_Delete(f->pubs[i].headers);
-        free(f->pubs[i].body);
-    }
-    buf_release(&f->log);
-}
-
 /* Each delivery is released exactly once and settled at most once. */
 static void check_once(const struct fake *f)
 {
@@ -445,6 +418,36 @@ static const char *meta_status(struct fake *f, int i, char *st, size_t n)
     st[0] = '\0';
     result_meta_status(f->metas[i], strlen(f->metas[i]), st, n);
     return st;
+}
+
+static void fake_release(struct fake *f)
+{
+    engine_halt(f->e);
+    /* what the clients owe comes back with errors, as on worker_free() */
+    for (int i = 0; i < f->ncalls; i++)
+        if (f->calls[i])
+            llm_done(f, i, LLM_PERMANENT, "APIConnectionError", -1, NULL);
+    for (int i = 0; i < f->nstores; i++)
+        if (f->stores[i])
+            engine_on_stored(f->e, f->now, f->stores[i], f->store_kind[i], CR_ECANCELED,
+                             0);
+    for (int i = 0; i < f->npubs; i++)
+        if (f->pubs[i].p)
+            engine_on_confirm(f->e, f->now, f->pubs[i].p, 0);
+    for (int i = 0; i < f->nreads; i++)
+        if (f->reads[i])
+            engine_on_state(f->e, f->now, f->reads[i], CR_ECANCELED, NULL, 0);
+    for (int i = 0; i < f->nleases; i++)
+        if (f->leases[i])
+            engine_on_lease(f->e, f->now, f->leases[i], CR_ECANCELED, NULL);
+    engine_free(f->e);
+    for (int i = 0; i < f->nstores; i++)
+        cr_free(f->metas[i]);
+    for (int i = 0; i < f->npubs; i++) {
+        cJSON_Delete(f->pubs[i].headers);
+        free(f->pubs[i].body);
+    }
+    buf_release(&f->log);
 }
 
 /* ---------------------------------------------------------------- tests */
