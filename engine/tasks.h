@@ -11,7 +11,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "llm/llm_client.h"
+#include "llm/llm_types.h"
 #include "protocol/celery_msg.h"
 #include "util/buf.h"
 

@@ -14,6 +14,7 @@
 #include <uv.h>
 #include <cjson/cJSON.h>
 
+#include "llm_types.h"
 #include "policy.h"
 #include "protocol/openai.h"
 #include "util/err.h"
@@ -33,11 +34,6 @@ struct llm_client_config {
     const struct redact *secrets;
 };
 
-enum llm_op {
-    LLM_OP_CHAT,  /* POST /chat/completions, streamed */
-    LLM_OP_EMBED, /* POST /embeddings */
-};
-
 struct llm_request {
     enum llm_op op;
     const char *url;     /* full endpoint URL (copied) */
@@ -45,22 +41,6 @@ struct llm_request {
     const char *body;    /* JSON body (copied) */
     size_t body_len;
     int embed_list; /* LLM_OP_EMBED: the input was a list */
-};
-
-/* The outcome of one call; everything is borrowed for the callback only. */
-struct llm_result {
-    enum llm_verdict verdict; /* LLM_OK, LLM_RETRYABLE or LLM_PERMANENT */
-    int code;                 /* 0, or CR_ELLM, CR_ETIMEDOUT, CR_ECANCELED */
-    const char *exc_type;     /* Python-style exception name, e.g. RateLimitError */
-    const char *message;      /* one line, for FAILURE and logs; secrets cut out */
-    long http_status;         /* 0 when no response */
-    int curl_code;
-    int64_t retry_after_ms;           /* server-given delay, or -1 */
-    const struct openai_stream *chat; /* LLM_OP_CHAT: text, finish, usage */
-    cJSON *embedding;                 /* LLM_OP_EMBED on success; callee may detach it */
-    long embed_tokens;
-    double ttft_s; /* time to first token (or first byte), -1 if none */
-    double elapsed_s;
 };
 
 struct llm_client;

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
-#include "worker_int.h"
+#include "worker_ctx.h"
 #include "protocol/celery_events.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
@@ -23,7 +23,7 @@
 #define HEARTBEAT_CMD_FREQ 5.0
 
 struct events {
-    struct worker *w;
+    const struct worker_ctx *w;
     uv_timer_t *timer; /* heap: freed in its close callback */
     cJSON *headers;    /* {"hostname": nodename}, on every event */
     int enabled;       /* task events */
@@ -87,15 +87,17 @@ static void publish(struct events *ev, const char *type, const struct buf *body)
 
 static void send_worker_event(struct events *ev, const char *type, int sw_only)
 {
-    struct worker *w = ev->w;
+    const struct worker_ctx *w = ev->w;
     struct cev_common c;
     struct cev_worker wk;
+    struct engine_stats st;
     struct buf b;
 
+    engine_stats(w->engine, &st);
     memset(&wk, 0, sizeof(wk));
     wk.freq = sw_only ? HEARTBEAT_CMD_FREQ : w->cfg->event_heartbeat;
-    wk.active = w->active;
-    wk.processed = w->processed;
+    wk.active = st.active;
+    wk.processed = st.processed;
     if (getloadavg(wk.loadavg, 3) < 0)
         memset(wk.loadavg, 0, sizeof(wk.loadavg));
     wk.sw_ident = EVENTS_SW_IDENT;
@@ -118,7 +120,7 @@ static void on_heartbeat(uv_timer_t *t)
         send_worker_event(ev, "worker-heartbeat", 0);
 }
 
-struct events *events_new(struct worker *w)
+struct events *events_new(const struct worker_ctx *w)
 {
     struct events *ev = cr_calloc(1, sizeof(*ev));
     struct utsname un;
@@ -209,13 +211,7 @@ unsigned long events_clock_value(const struct events *ev)
 
 const char *events_job_model(const struct job *j)
 {
-    const cJSON *m =
-        j->tm.kwargs ? cJSON_GetObjectItemCaseSensitive(j->tm.kwargs, "model") : NULL;
-    if (cJSON_IsString(m) && *m->valuestring)
-        return m->valuestring;
-    if (j->model && *j->model) /* kwargs dropped while the call runs */
-        return j->model;
-    return j->kind == TASK_EMBED ? j->w->cfg->llm_embed_model : j->w->cfg->llm_model;
+    return job_model(j);
 }
 
 /* ---------------------------------------------------------- task events */

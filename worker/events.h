@@ -8,14 +8,14 @@
 #ifndef CR_EVENTS_H
 #define CR_EVENTS_H
 
-struct worker;
+struct worker_ctx;
 struct job;
 struct task_event_info;
 struct events;
 
 /* Returns a new publisher for w (declares celeryev, sends worker-online and
  * starts the heartbeat timer), or NULL on OOM. w must outlive it. */
-struct events *events_new(struct worker *w);
+struct events *events_new(const struct worker_ctx *w);
 /* Sends worker-offline (while the broker is still connected), stops the timer
  * and frees; the timer's memory goes in its close callback, so the loop must
  * run once more. NULL is a no-op. */

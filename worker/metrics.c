@@ -1,7 +1,7 @@
 /* metrics.c -- Prometheus metrics and /healthz, served by libwebsockets on the
  * worker's libuv loop (a foreign loop to lws).
  *
- * Counters and histograms are updated from worker_notify(); gauges (in-flight,
+ * Counters and histograms are updated from worker.c's notify op; gauges (in-flight,
  * prefetched, queue depths, connection state) are read when /metrics is
  * scraped, from the worker and from the last queue-depth poll. The text comes
  * from protocol/prom (pure). lws does all HTTP parsing; this file only routes
@@ -13,7 +13,7 @@
 
 #include "events.h"
 #include "util/log.h"
-#include "worker_int.h"
+#include "worker_ctx.h"
 #include "protocol/prom.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -28,7 +28,7 @@ struct queue_depth {
 };
 
 struct metrics {
-    struct worker *w;
+    const struct worker_ctx *w;
     struct prom_registry *reg;
     /* counted as things happen */
     struct prom_family *received, *tasks, *runtime, *wait, *retries, *dead_letters;
@@ -140,9 +140,7 @@ static int add_families(struct metrics *m)
 
 static const char *job_task(const struct job *j)
 {
-    if (j->tm.shadow)
-        return j->tm.shadow;
-    return j->tm.task ? j->tm.task : "unknown";
+    return job_name(j);
 }
 
 static void count_llm(struct metrics *m, struct job *j, const struct llm_result *llm)
@@ -204,6 +202,8 @@ void metrics_on_task(struct metrics *m, struct job *j, const struct task_event_i
         break;
     case TEV_REJECTED:
         count_final(m, j, "REJECTED");
+        break;
+    case TEV_DEAD_LETTERED: /* metrics_on_dead_letter() counts it */
         break;
     }
     if (info->llm)
@@ -326,29 +326,21 @@ static void on_tick(uv_timer_t *t)
 
 /* ------------------------------------------------------------ rendering */
 
-static void count_checking(const char *key, void *value, void *arg)
-{
-    const struct job *j = value;
-    (void)key;
-    if (j->state == JOB_CHECKING)
-        ++*(size_t *)arg;
-}
-
 static void set_gauges(struct metrics *m)
 {
-    struct worker *w = m->w;
+    const struct worker_ctx *w = m->w;
     const char *info[] = {w->cfg->hostname, EVENTS_SW_VER};
-    size_t checking = 0;
+    struct engine_stats st;
 
-    /* received and not started: ready, eta-held, or still asking the backend
-     * whether a result is stored already */
-    strmap_each(&w->jobs, count_checking, &checking);
+    engine_stats(w->engine, &st);
     prom_set(m->info, info, 1);
     prom_set(m->uptime, NULL, (double)(uv_now(w->loop) - w->started_ms) / 1000.0);
-    prom_set(m->in_flight, NULL, w->active);
-    prom_set(m->prefetched, NULL, (double)(w->nready + w->neta + checking));
-    prom_set(m->scheduled, NULL, (double)w->neta);
-    prom_set(m->concurrency, NULL, w->concurrency);
+    prom_set(m->in_flight, NULL, st.active);
+    /* received and not started: ready, eta-held, or still asking the backend
+     * whether a result is stored already */
+    prom_set(m->prefetched, NULL, (double)(st.nready + st.neta + st.nchecking));
+    prom_set(m->scheduled, NULL, (double)st.neta);
+    prom_set(m->concurrency, NULL, st.concurrency);
     prom_set(m->broker_up, NULL, broker_connected(w->broker));
     prom_set(m->broker_blocked, NULL, broker_blocked(w->broker, NULL));
     prom_set(m->backend_up, NULL, backend_connected(w->backend));
@@ -390,7 +382,7 @@ static int loop_alive(struct metrics *m)
 
 static int make_health(struct metrics *m, struct buf *body)
 {
-    struct worker *w = m->w;
+    const struct worker_ctx *w = m->w;
     int broker = broker_connected(w->broker), backend = backend_connected(w->backend);
     int blocked = broker_blocked(w->broker, NULL);
     int loop = loop_alive(m);
@@ -630,7 +622,7 @@ static void on_timer_closed(uv_handle_t *h)
     cr_free(h);
 }
 
-struct metrics *metrics_new(struct worker *w, struct cr_err *err)
+struct metrics *metrics_new(const struct worker_ctx *w, struct cr_err *err)
 {
     struct metrics *m = cr_calloc(1, sizeof(*m));
     double poll_s = w->cfg->event_heartbeat;

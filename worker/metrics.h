@@ -12,7 +12,7 @@
 
 #include "util/err.h"
 
-struct worker;
+struct worker_ctx;
 struct job;
 struct task_event_info;
 struct metrics;
@@ -21,7 +21,7 @@ struct buf;
 /* Returns a new metrics registry for w and, with --metrics-port, starts the
  * HTTP endpoint on the worker loop. NULL with err set on failure (port in
  * use, OOM). w must outlive it. */
-struct metrics *metrics_new(struct worker *w, struct cr_err *err);
+struct metrics *metrics_new(const struct worker_ctx *w, struct cr_err *err);
 /* Counts one step of a job (info borrowed for the call). NULL m is a no-op. */
 void metrics_on_task(struct metrics *m, struct job *j,
                      const struct task_event_info *info);

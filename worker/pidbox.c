@@ -2,7 +2,7 @@
  *
  * A request is decoded and matched by protocol/pidbox_msg (pure), run by one
  * handler from the table below, and answered on the reply exchange. Handlers
- * change the worker only through the control API of worker_int.h. Reply shapes
+ * change the worker only through the engine's control API (engine/engine.h). Reply shapes
  * follow the Python worker exactly; Flower's pages break on anything else. */
 #include "pidbox.h"
 
@@ -18,11 +18,12 @@
 
 #include "events.h"
 #include "util/log.h"
-#include "worker_int.h"
+#include "worker_ctx.h"
 #include "protocol/pidbox_msg.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "engine/ratelimit.h"
 
 #define MAILBOX_EXCHANGE "celery.pidbox"
 #define REPLY_EXCHANGE "reply.celery.pidbox"
@@ -37,7 +38,7 @@
 struct statedb;
 
 struct pidbox {
-    struct worker *w;
+    const struct worker_ctx *w;
     char *queue;
     struct statedb *db; /* NULL without --statedb */
     struct pidbox_matcher *matcher;
@@ -60,7 +61,7 @@ static int64_t now_epoch_s(void)
 struct statedb {
     char *path;
     uv_loop_t *loop;
-    struct worker *w; /* NULL once the pidbox is freed */
+    const struct worker_ctx *w; /* NULL once the pidbox is freed */
     uv_timer_t timer;
     uv_work_t work;
     struct buf snapshot; /* owned by the thread-pool write while inflight */
@@ -95,13 +96,13 @@ static void snap_one(const char *id, int64_t expires, void *arg)
         a->rc = pidbox_statedb_line(id, expires, a->out);
 }
 
-static int take_snapshot(struct worker *w, struct buf *out)
+static int take_snapshot(const struct worker_ctx *w, struct buf *out)
 {
     struct snap_arg a = {out, 0};
     buf_reset(out);
     a.rc = pidbox_statedb_header(out);
     if (!a.rc)
-        worker_each_revoked(w, snap_one, &a);
+        engine_each_revoked(w->engine, worker_ctx_now(w), snap_one, &a);
     return a.rc;
 }
 
@@ -210,18 +211,18 @@ static void on_statedb_timer_closed(uv_handle_t *h)
 }
 
 struct load_arg {
-    struct worker *w;
+    const struct worker_ctx *w;
 };
 
 static void load_one(const char *id, int64_t expires, void *arg)
 {
     struct load_arg *a = arg;
-    worker_remember_revoked(a->w, id, expires);
+    engine_remember_revoked(a->w->engine, id, expires, worker_ctx_now(a->w));
 }
 
 /* Reads the state file at start-up (blocking is fine then). A missing file is
  * a first start; an unreadable or foreign one is reported and left alone. */
-static void statedb_load(struct statedb *db, struct worker *w)
+static void statedb_load(struct statedb *db, const struct worker_ctx *w)
 {
     struct load_arg a = {w};
     struct buf b;
@@ -256,7 +257,7 @@ static void statedb_load(struct statedb *db, struct worker *w)
     buf_release(&b);
 }
 
-static struct statedb *statedb_new(struct worker *w, const char *path)
+static struct statedb *statedb_new(const struct worker_ctx *w, const char *path)
 {
     struct statedb *db = cr_calloc(1, sizeof(*db));
     if (!db)
@@ -307,12 +308,19 @@ void pidbox_revoked_changed(struct pidbox *pb)
 
 /* ================================================================ helpers */
 
+static int concurrency(const struct pidbox *pb)
+{
+    struct engine_stats st;
+    engine_stats(pb->w->engine, &st);
+    return st.concurrency;
+}
+
 static const char *job_task_name(const struct job *j)
 {
     return j->tm.shadow ? j->tm.shadow : j->tm.task;
 }
 
-static double job_started_epoch(const struct worker *w, const struct job *j)
+static double job_started_epoch(const struct worker_ctx *w, const struct job *j)
 {
     if (!j->t_started)
         return -1;
@@ -322,12 +330,12 @@ static double job_started_epoch(const struct worker *w, const struct job *j)
 
 static cJSON *job_info(struct pidbox *pb, struct job *j, int safe)
 {
-    struct worker *w = pb->w;
-    const struct broker_msg *m = j->nmsgs > 0 ? j->msgs[0] : NULL;
+    const struct worker_ctx *w = pb->w;
+    const struct delivery *m = j->nmsgs > 0 ? j->msgs[0] : NULL;
     struct pidbox_task_info ti;
     int running = j->state == JOB_RUNNING;
 
-    worker_job_args(j); /* a running call dropped them */
+    engine_job_args(j); /* a running call dropped them */
     memset(&ti, 0, sizeof(ti));
     ti.id = j->tm.id;
     ti.name = job_task_name(j);
@@ -418,19 +426,19 @@ struct totals_arg {
     int rc;
 };
 
-static void total_one(const char *key, void *value, void *arg)
+static void total_one(const char *name, unsigned long n, void *arg)
 {
     struct totals_arg *a = arg;
-    const struct task_total *t = value;
-    if (!a->rc && !cJSON_AddNumberToObject(a->o, key, (double)t->n))
+    if (!a->rc && !cJSON_AddNumberToObject(a->o, name, (double)n))
         a->rc = CR_ENOMEM;
 }
 
 static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
-    struct worker *w = pb->w;
+    const struct worker_ctx *w = pb->w;
     struct pidbox_broker_info bi;
     struct pidbox_stats st;
+    struct engine_stats es;
     struct pidbox_rusage ru;
     struct rusage r;
     struct totals_arg ta = {cJSON_CreateObject(), 0};
@@ -438,7 +446,7 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
 
     if (!ta.o)
         return CR_ENOMEM;
-    strmap_each(&w->totals, total_one, &ta);
+    engine_each_total(w->engine, total_one, &ta);
     if (ta.rc) {
         cJSON_Delete(ta.o);
         return ta.rc;
@@ -451,14 +459,14 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     st.clock = events_clock_value(w->events);
     st.uptime_s = (long)((uv_now(w->loop) - w->started_ms) / 1000);
     st.pool_implementation = "celeriac:libuv";
-    st.max_concurrency = w->concurrency;
+    engine_stats(w->engine, &es);
+    st.max_concurrency = es.concurrency;
     st.soft_time_limit = w->cfg->soft_time_limit;
     st.hard_time_limit = w->cfg->time_limit;
     st.broker = &bi;
     st.broker_heartbeat = w->cfg->heartbeat;
-    st.broker_connect_timeout = w->bcfg.connect_timeout;
-    st.prefetch_count =
-        worker_prefetch_count(w->concurrency, w->cfg->prefetch_multiplier, w->neta);
+    st.broker_connect_timeout = w->bcfg->connect_timeout;
+    st.prefetch_count = es.prefetch_count;
     if (getrusage(RUSAGE_SELF, &r) == 0) {
         memset(&ru, 0, sizeof(ru));
         ru.utime = (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6;
@@ -484,62 +492,58 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     return *reply ? 0 : CR_ENOMEM;
 }
 
-static int cmd_active(struct pidbox *pb, const cJSON *args, cJSON **reply)
-{
-    int safe = 0, rc = 0;
-    pidbox_arg_bool(args, "safe", &safe);
-    *reply = cJSON_CreateArray();
-    if (!*reply)
-        return CR_ENOMEM;
-    for (struct job *j = pb->w->run_head; j && !rc; j = j->rnext)
-        rc = push(*reply, job_info(pb, j, safe));
-    return rc;
-}
-
 struct collect_arg {
     struct pidbox *pb;
     cJSON *arr;
-    enum job_state state;
     int safe;
+    int scheduled; /* wrap each as a scheduled entry */
     int rc;
 };
 
-static void collect_state(const char *key, void *value, void *arg)
+static void collect_one(struct job *j, void *arg)
 {
     struct collect_arg *a = arg;
-    struct job *j = value;
-    (void)key;
-    if (!a->rc && j->state == a->state)
+    if (a->rc)
+        return;
+    if (a->scheduled)
+        a->rc = push(a->arr, pidbox_scheduled_item_new(j->tm.eta, SCHEDULED_PRIORITY,
+                                                       job_info(a->pb, j, a->safe)));
+    else
         a->rc = push(a->arr, job_info(a->pb, j, a->safe));
+}
+
+/* The jobs of the given sets, in order, as a new array in *reply. */
+static int collect(struct pidbox *pb, const cJSON *args, const enum engine_job_set *sets,
+                   int nsets, int scheduled, cJSON **reply)
+{
+    struct collect_arg a = {pb, NULL, 0, scheduled, 0};
+    pidbox_arg_bool(args, "safe", &a.safe);
+    *reply = a.arr = cJSON_CreateArray();
+    if (!a.arr)
+        return CR_ENOMEM;
+    for (int i = 0; i < nsets && !a.rc; i++)
+        engine_each_job(pb->w->engine, sets[i], collect_one, &a);
+    return a.rc;
+}
+
+static int cmd_active(struct pidbox *pb, const cJSON *args, cJSON **reply)
+{
+    static const enum engine_job_set sets[] = {ENGINE_JOBS_RUNNING};
+    return collect(pb, args, sets, 1, 0, reply);
 }
 
 /* Received and not running, not held for an eta: the ready queue, then the
  * jobs still checking the backend for a stored result. */
 static int cmd_reserved(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
-    struct collect_arg a = {pb, NULL, JOB_CHECKING, 0, 0};
-    pidbox_arg_bool(args, "safe", &a.safe);
-    *reply = a.arr = cJSON_CreateArray();
-    if (!a.arr)
-        return CR_ENOMEM;
-    for (struct job *j = pb->w->ready_head; j && !a.rc; j = j->next)
-        a.rc = push(a.arr, job_info(pb, j, a.safe));
-    if (!a.rc)
-        strmap_each(&pb->w->jobs, collect_state, &a);
-    return a.rc;
+    static const enum engine_job_set sets[] = {ENGINE_JOBS_READY, ENGINE_JOBS_CHECKING};
+    return collect(pb, args, sets, 2, 0, reply);
 }
 
 static int cmd_scheduled(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
-    int safe = 0, rc = 0;
-    pidbox_arg_bool(args, "safe", &safe);
-    *reply = cJSON_CreateArray();
-    if (!*reply)
-        return CR_ENOMEM;
-    for (struct job *j = pb->w->eta_head; j && !rc; j = j->next)
-        rc = push(*reply, pidbox_scheduled_item_new(j->tm.eta, SCHEDULED_PRIORITY,
-                                                    job_info(pb, j, safe)));
-    return rc;
+    static const enum engine_job_set sets[] = {ENGINE_JOBS_ETA};
+    return collect(pb, args, sets, 1, 1, reply);
 }
 
 struct ids_arg {
@@ -562,7 +566,7 @@ static int cmd_revoked(struct pidbox *pb, const cJSON *args, cJSON **reply)
     *reply = a.arr;
     if (!a.arr)
         return CR_ENOMEM;
-    worker_each_revoked(pb->w, revoked_one, &a);
+    engine_each_revoked(pb->w->engine, worker_ctx_now(pb->w), revoked_one, &a);
     return a.rc;
 }
 
@@ -584,8 +588,7 @@ static int cmd_registered(struct pidbox *pb, const cJSON *args, cJSON **reply)
         names[n++] = alias[i];
     }
     for (int i = 0; i < n; i++) {
-        const struct task_limits *tl = strmap_get(&pb->w->task_limits, names[i]);
-        rates[i] = tl && tl->has_rate ? tl->rate_text : NULL;
+        rates[i] = engine_rate_limit(pb->w->engine, names[i]);
     }
     *reply = pidbox_registered_new(names, rates, n);
     return *reply ? 0 : CR_ENOMEM;
@@ -653,7 +656,7 @@ static int cmd_query_task(struct pidbox *pb, const cJSON *args, cJSON **reply)
     rc = *reply ? 0 : CR_ENOMEM;
     cJSON_ArrayForEach(id, ids)
     {
-        struct job *j = strmap_get(&pb->w->jobs, id->valuestring);
+        struct job *j = engine_find_job(pb->w->engine, id->valuestring);
         cJSON *pair;
         if (rc || !j)
             continue;
@@ -713,7 +716,7 @@ static int cmd_conf(struct pidbox *pb, const cJSON *args, cJSON **reply)
     N("task_max_retries", c->max_retries);
     S("worker_state_db", c->statedb);
     S("celeriac_llm_base_url",
-      worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)));
+      worker_ctx_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)));
     S("celeriac_llm_model", c->llm_model);
     S("celeriac_llm_embed_model", c->llm_embed_model);
     S("celeriac_dead_letter_exchange", c->dead_letter_exchange);
@@ -747,8 +750,8 @@ static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
                     "worker_concurrency: %d\nllm_base_url: '%s'\nllm_model: '%s'\n",
                     EVENTS_SW_IDENT, EVENTS_SW_VER, uv_version_string(),
                     events_enabled(pb->w->events) ? "on" : "off", (long)getpid(),
-                    c->hostname, broker, backend, pb->w->concurrency,
-                    worker_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)),
+                    c->hostname, broker, backend, concurrency(pb),
+                    worker_ctx_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)),
                     c->llm_model);
     if (!rc)
         rc = ok_reply(b.data, reply);
@@ -765,7 +768,7 @@ static void hello_one(const char *id, int64_t expires, void *arg)
 {
     struct hello_arg *a = arg;
     /* Celery's LimitedSet sends the time each id was added, as a float. */
-    cJSON *ts = a->rc ? NULL : py_json_float((double)(expires - WORKER_REVOKE_EXPIRES_S));
+    cJSON *ts = a->rc ? NULL : py_json_float((double)(expires - ENGINE_REVOKE_EXPIRES_S));
     if (a->rc)
         return;
     if (!ts || !cJSON_AddItemToObject(a->o, id, ts)) {
@@ -777,7 +780,7 @@ static void hello_one(const char *id, int64_t expires, void *arg)
 /* Mingle: another node starting up sends its revoked ids and asks for ours. */
 static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
-    struct worker *w = pb->w;
+    const struct worker_ctx *w = pb->w;
     const char *from = NULL;
     const cJSON *revoked = cJSON_GetObjectItemCaseSensitive(args, "revoked"), *r;
     struct hello_arg a = {NULL, 0};
@@ -796,8 +799,9 @@ static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
     {
         const cJSON *t = cJSON_IsArray(r) ? cJSON_GetArrayItem(r, 0) : r;
         if (cJSON_IsNumber(t) && t->valuedouble > 0) {
-            worker_remember_revoked(w, r->string,
-                                    (int64_t)t->valuedouble + WORKER_REVOKE_EXPIRES_S);
+            engine_remember_revoked(w->engine, r->string,
+                                    (int64_t)t->valuedouble + ENGINE_REVOKE_EXPIRES_S,
+                                    worker_ctx_now(w));
             merged++;
         }
     }
@@ -809,7 +813,7 @@ static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
         cJSON_Delete(a.o);
         return CR_ENOMEM;
     }
-    worker_each_revoked(w, hello_one, &a);
+    engine_each_revoked(w->engine, worker_ctx_now(w), hello_one, &a);
     if (a.rc || !cJSON_AddItemToObject(*reply, "revoked", a.o)) {
         cJSON_Delete(a.o);
         return CR_ENOMEM;
@@ -824,7 +828,7 @@ static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
 static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const char *fn,
                      cJSON **reply)
 {
-    struct worker *w = pb->w;
+    const struct worker_ctx *w = pb->w;
     cJSON *ids = NULL, *terminated = NULL;
     const cJSON *id;
     const char *sig = NULL;
@@ -847,11 +851,11 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
     rc = 0;
     cJSON_ArrayForEach(id, ids)
     {
-        const struct job *j = strmap_get(&w->jobs, id->valuestring);
+        const struct job *j = engine_find_job(w->engine, id->valuestring);
         int known = j && j->state != JOB_SETTLING && j->state != JOB_DONE;
         /* Any signal ends an LLM call the same way: its transfer is aborted
-         * (worker_revoke logs it). */
-        worker_revoke(w, id->valuestring, terminate);
+         * (engine_revoke logs it). */
+        engine_revoke(w->engine, worker_ctx_now(w), id->valuestring, terminate);
         if (terminate && known && !rc)
             rc = push(terminated, cJSON_CreateString(id->valuestring));
     }
@@ -932,7 +936,7 @@ static int cmd_rate_limit(struct pidbox *pb, const cJSON *args, cJSON **reply)
     } else if (!cJSON_IsNull(rv)) {
         return bad_type("rate_limit", "rate_limit", reply);
     }
-    rc = worker_set_rate_limit(pb->w, task, rate);
+    rc = engine_set_rate_limit(pb->w->engine, worker_ctx_now(pb->w), task, rate);
     if (rc == CR_ENOTFOUND)
         return error_reply("unknown task", reply);
     if (rc == CR_EINVAL) {
@@ -976,7 +980,7 @@ static int cmd_time_limit(struct pidbox *pb, const cJSON *args, cJSON **reply)
         return bad_type("time_limit", "soft", reply);
     if (pidbox_arg_num(args, "hard", &hard) < 0)
         return bad_type("time_limit", "hard", reply);
-    rc = task ? worker_set_time_limit(pb->w, task, soft, hard) : CR_ENOTFOUND;
+    rc = task ? engine_set_time_limit(pb->w->engine, task, soft, hard) : CR_ENOTFOUND;
     if (rc == CR_ENOTFOUND)
         return error_reply("unknown task", reply);
     if (rc)
@@ -1003,23 +1007,24 @@ static int cmd_pool_grow(struct pidbox *pb, const cJSON *args, cJSON **reply)
         return bad_type("pool_grow", "n", reply);
     /* Both terms are at most CONFIG_MAX_CONCURRENCY, so repeated grows can
      * neither overflow the count nor, through it, the prefetch window. */
-    room = CONFIG_MAX_CONCURRENCY - pb->w->concurrency;
+    room = CONFIG_MAX_CONCURRENCY - concurrency(pb);
     if (n > 0 && room <= 0) {
         LOG(LOG_WARNING, "Concurrency stays %d, its maximum (pool_grow by %d)",
-            pb->w->concurrency, n);
+            concurrency(pb), n);
         snprintf(text, sizeof(text), "pool is at its maximum of %d",
                  CONFIG_MAX_CONCURRENCY);
         return error_reply(text, reply);
     }
-    worker_set_concurrency(pb->w, pb->w->concurrency + (n < room ? n : room));
+    engine_set_concurrency(pb->w->engine, worker_ctx_now(pb->w),
+                           concurrency(pb) + (n < room ? n : room));
     if (n > room) {
         LOG(LOG_WARNING, "Concurrency is now %d, its maximum (pool_grow by %d)",
-            pb->w->concurrency, n);
+            concurrency(pb), n);
         snprintf(text, sizeof(text), "pool will grow to its maximum of %d",
                  CONFIG_MAX_CONCURRENCY);
         return ok_reply(text, reply);
     }
-    LOG(LOG_INFO, "Concurrency is now %d (pool_grow)", pb->w->concurrency);
+    LOG(LOG_INFO, "Concurrency is now %d (pool_grow)", concurrency(pb));
     return ok_reply("pool will grow", reply);
 }
 
@@ -1028,9 +1033,9 @@ static int cmd_pool_shrink(struct pidbox *pb, const cJSON *args, cJSON **reply)
     int n;
     if (pool_n(args, &n))
         return bad_type("pool_shrink", "n", reply);
-    worker_set_concurrency(pb->w,
-                           pb->w->concurrency - n > 1 ? pb->w->concurrency - n : 1);
-    LOG(LOG_INFO, "Concurrency is now %d (pool_shrink)", pb->w->concurrency);
+    engine_set_concurrency(pb->w->engine, worker_ctx_now(pb->w),
+                           concurrency(pb) - n > 1 ? concurrency(pb) - n : 1);
+    LOG(LOG_INFO, "Concurrency is now %d (pool_shrink)", concurrency(pb));
     return ok_reply("pool will shrink", reply);
 }
 
@@ -1098,7 +1103,7 @@ static int cmd_shutdown(struct pidbox *pb, const cJSON *args, cJSON **reply)
     const char *msg = NULL;
     pidbox_arg_str(args, "msg", &msg);
     LOG(LOG_WARNING, "%s", msg ? msg : "Got shutdown from remote");
-    worker_request_shutdown(pb->w);
+    pb->w->request_shutdown(pb->w->owner);
     *reply = NULL;
     return NO_REPLY;
 }
@@ -1176,7 +1181,7 @@ static void on_reply_confirm(struct broker *b, int ok, void *privdata)
 static void send_reply(struct pidbox *pb, const struct pidbox_request *rq,
                        const cJSON *reply)
 {
-    struct worker *w = pb->w;
+    const struct worker_ctx *w = pb->w;
     struct broker_props p;
     struct buf body;
     cJSON *headers;
@@ -1284,7 +1289,7 @@ int pidbox_owns(const struct pidbox *pb, const struct broker_msg *m)
     return m->no_ack;
 }
 
-struct pidbox *pidbox_new(struct worker *w)
+struct pidbox *pidbox_new(const struct worker_ctx *w)
 {
     struct pidbox *pb = cr_calloc(1, sizeof(*pb));
     struct broker_queue q;

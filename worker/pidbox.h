@@ -9,13 +9,13 @@
 #ifndef CR_PIDBOX_H
 #define CR_PIDBOX_H
 
-struct worker;
+struct worker_ctx;
 struct broker_msg;
 struct pidbox;
 
 /* Returns a new mailbox for w: loads --statedb (blocking; call at start-up)
  * and adds the mailbox consumer. NULL on OOM. w must outlive it. */
-struct pidbox *pidbox_new(struct worker *w);
+struct pidbox *pidbox_new(const struct worker_ctx *w);
 /* Handles one control message. Takes m (frees it), also when pb is NULL. */
 void pidbox_on_message(struct pidbox *pb, struct broker_msg *m);
 /* Whether m came from the mailbox queue (a delivery without acks). */

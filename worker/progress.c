@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
-#include "worker_int.h"
+#include "worker_ctx.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 
@@ -165,7 +165,7 @@ struct ptask {
 };
 
 struct progress {
-    struct worker *w;
+    const struct worker_ctx *w;
     struct progress_policy pol;
     struct ptask *head;
     uv_timer_t *timer; /* heap: freed in its close callback */
@@ -267,16 +267,16 @@ oom:
 
 /* The PROGRESS meta as Celery's update_state(state="PROGRESS", meta=...)
  * would store it, with the job's usual extra fields. New string or NULL. */
-static char *progress_meta(struct ptask *t)
+static char *progress_meta(struct progress *p, struct ptask *t)
 {
     struct job *j = t->j;
     cJSON *res = cJSON_CreateObject();
     char *out = NULL;
 
-    if (!res || !cJSON_AddStringToObject(res, "text", worker_job_text(j)) ||
+    if (!res || !cJSON_AddStringToObject(res, "text", p->w->job_text(j)) ||
         !cJSON_AddNumberToObject(res, "tokens", (double)t->b.tokens))
         goto done;
-    out = worker_job_meta(j, "PROGRESS", res, NULL, 0);
+    out = engine_job_meta(j, "PROGRESS", res, NULL, 0);
 done:
     cJSON_Delete(res);
     return out;
@@ -300,7 +300,7 @@ static void flush(struct progress *p, struct ptask *t, const struct entry *final
     if (!final && backend_pending(p->w->backend) > BACKLOG_MAX)
         return;
     if ((due & PROGRESS_DUE_META) && t->j && t->j->tm.ignore_result != 1)
-        meta = progress_meta(t);
+        meta = progress_meta(p, t);
     if (due & PROGRESS_DUE_STREAM)
         e[k++] =
             (struct entry){"PROGRESS", t->b.text.data, t->b.text.len, t->b.tokens, NULL};
@@ -321,7 +321,7 @@ static void arm_one(struct progress *p, struct ptask *t);
 static void on_timer(uv_timer_t *timer)
 {
     struct progress *p = timer->data;
-    if (p->w->shutdown == 2)
+    if (engine_shutting_down(p->w->engine) == 2)
         return;
     for (struct ptask *t = p->head; t; t = t->next)
         flush(p, t, NULL);
@@ -397,7 +397,7 @@ static struct ptask *ptask_new(struct progress *p, struct job *j)
     return t;
 }
 
-struct progress *progress_new(struct worker *w)
+struct progress *progress_new(const struct worker_ctx *w)
 {
     struct progress *p;
     const char *mode = w->cfg->progress;

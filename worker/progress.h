@@ -20,14 +20,14 @@
 #define PROGRESS_BATCH_BYTES 4096
 #define PROGRESS_META_MIN_MS 500
 
-struct worker;
+struct worker_ctx;
 struct job;
 struct task_event_info;
 struct progress;
 
 /* Returns a new progress writer for w (--progress), or NULL when off or on OOM
  * (progress is then simply not written). Free with progress_free(). */
-struct progress *progress_new(struct worker *w);
+struct progress *progress_new(const struct worker_ctx *w);
 /* A text delta of a running job (borrowed for the call). */
 void progress_on_delta(struct progress *p, struct job *j, const char *text, size_t len);
 /* Lifecycle: SUCCEEDED/FAILED/RETRIED/REVOKED close an attempt (writing any

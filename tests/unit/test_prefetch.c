@@ -1,8 +1,8 @@
-/* test_prefetch.c -- worker_prefetch_count(): the basic.qos window, bounded. */
+/* test_prefetch.c -- engine_prefetch_count(): the basic.qos window, bounded. */
 #include <check.h>
 #include <limits.h>
 
-#include "worker/worker_int.h"
+#include "engine/engine.h"
 
 struct vec {
     int concurrency, multiplier;
@@ -16,7 +16,7 @@ static const struct vec vecs[] = {
     {1, 1, 0, 1},
     {16383, 4, 3, 65535},
     {16383, 4, 4, 65535},
-    {CONFIG_MAX_CONCURRENCY, 1000, 0, 65535},
+    {ENGINE_MAX_CONCURRENCY, 1000, 0, 65535},
     /* what repeated pool_grows used to reach: 2^29 x 4 overflowed an int */
     {1 << 29, 4, 0, 65535},
     {INT_MAX, INT_MAX, (size_t)-1, 65535},
@@ -30,7 +30,7 @@ static const struct vec vecs[] = {
 START_TEST(test_prefetch_vectors)
 {
     const struct vec *v = &vecs[_i];
-    ck_assert_int_eq(worker_prefetch_count(v->concurrency, v->multiplier, v->neta),
+    ck_assert_int_eq(engine_prefetch_count(v->concurrency, v->multiplier, v->neta),
                      v->want);
 }
 END_TEST

@@ -1,0 +1,106 @@
+/* engine_int.h -- the engine's insides, shared by its own files (engine.c,
+ * sched.c, outcome.c, control.c) and nobody else. */
+#ifndef CR_ENGINE_INT_H
+#define CR_ENGINE_INT_H
+
+#include "engine.h"
+#include "ratelimit.h"
+#include "revoked.h"
+#include "util/buf.h"
+#include "util/strmap.h"
+
+struct task_limits {
+    double soft, hard; /* 0: not set */
+    int has_rate;
+    char rate_text[32];
+    struct token_bucket bucket;
+};
+
+struct engine {
+    const struct engine_config *cfg;
+    const struct engine_ops *ops;
+    void *ctx;
+    struct engine_now now; /* of the call under way */
+    int depth;             /* engine calls on the stack: the outermost schedules */
+
+    struct strmap jobs; /* task id -> job, for jobs not yet settled */
+    struct job *ready_head, *ready_tail;
+    struct job *eta_head;
+    size_t nready, neta;
+    int active;           /* jobs holding a slot */
+    size_t live;          /* jobs allocated, whatever their state */
+    struct job *run_head; /* jobs holding a slot, for the time-limit sweep */
+    int concurrency;
+    unsigned long processed;
+    uint64_t seed;
+
+    int shutdown; /* 0 running, 1 warm, 2 cold */
+    uint64_t shutdown_started;
+    int stopped; /* ops->stop called */
+
+    struct revoked_set revoked;
+    struct strmap task_limits; /* task name -> struct task_limits */
+    struct strmap totals;      /* task name -> unsigned long * (stats "total") */
+};
+
+/* A publish whose confirm the engine waits for. */
+enum publish_kind {
+    PUBLISH_RETRY,
+    PUBLISH_DEAD_LETTER,
+    PUBLISH_PARK,
+};
+
+struct engine_publish {
+    struct job *j;
+    enum publish_kind kind;
+    struct delivery *d; /* PUBLISH_PARK: the delivery parked */
+    int release_job;    /* PUBLISH_PARK of an eta job: the job ends once confirmed */
+};
+
+/* engine.c */
+void engine__enter(struct engine *e, struct engine_now now);
+void engine__leave(struct engine *e);
+void engine__set_state(struct job *j, enum job_state s);
+void engine__settle(struct job *j);
+void engine__abandon(struct job *j);
+void engine__revoke_job(struct job *j, const char *reason, const char *partial);
+void engine__fail(struct job *j, const char *exc_type, const char *exc_module,
+                  const char *message, const char *reason, int dead_letter,
+                  const struct llm_result *llm);
+void engine__start(struct job *j);
+int engine__park(struct job *j, struct delivery *d, int release_job, int mark_running);
+
+/* sched.c */
+void engine__ready_push(struct engine *e, struct job *j);
+void engine__eta_push(struct engine *e, struct job *j);
+void engine__ready_unlink(struct engine *e, struct job *j);
+void engine__eta_unlink(struct engine *e, struct job *j);
+void engine__run_push(struct engine *e, struct job *j);
+void engine__release_slot(struct job *j);
+void engine__sync_prefetch(struct engine *e);
+void engine__schedule(struct engine *e);
+void engine__tick(struct engine *e);
+void engine__drop_waiting(struct engine *e);
+struct task_limits *engine__limits(struct engine *e, const char *task, int create);
+
+/* outcome.c */
+char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
+                       const char *exc_module, const char *message, int ready);
+cJSON *engine__dead_letter_headers(struct job *j);
+cJSON *engine__headers_copy(struct job *j, const struct delivery *d);
+const cJSON *engine__headers_of(const struct job *j, const struct delivery *d);
+void engine__outbound_of(struct outbound *o, const struct delivery *d,
+                         const cJSON *headers);
+int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
+                          struct buf *body, cJSON **headers);
+const struct job_failure *engine__failure_of(const struct job *j);
+void engine__set_failure(struct job *j, const char *exc_type, const char *message,
+                         const char *reason);
+void engine__free_failure(struct job *j);
+void engine__raw_of(struct celery_raw_msg *raw, const struct delivery *d,
+                    const cJSON *headers);
+void engine__drop_args(struct job *j);
+
+#define ENGINE_EXC_MODULE "celeriac.exceptions"
+
+#endif

@@ -1,0 +1,1152 @@
+/* test_engine.c -- the engine driven by a recording fake engine_ops, fed real
+ * Celery messages (tests/fixtures/messages). Every effect is written to one
+ * log line ("call1 store1 ack1 release1"), so each test states the exact
+ * effects and their order: exactly one settle per delivery, an ack never
+ * before its store or confirm, none on a cold shutdown or a lost connection.
+ * Ends with an allocation-failure sweep over engine_on_delivery(). */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "protocol/result.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/log.h"
+
+#define FIXTURES "tests/fixtures/messages/"
+#define T0_US 1700000000000000LL /* 2023-11-14: before every eta and expiry */
+#define MAXOPS 64
+
+/* ------------------------------------------------------------ the fake */
+
+struct fmsg {
+    struct delivery d;
+    int n; /* 1, 2, ... in delivery order */
+    char *body, *ct, *ce, *corr, *reply, *exchange, *rk, *queue;
+};
+
+struct pub {
+    struct engine_publish *p;
+    char exchange[64], routing_key[128];
+    cJSON *headers;
+    char *body;
+};
+
+struct fake {
+    struct buf log;
+    struct engine *e;
+    struct engine_config cfg;
+    char *aliases[4];
+    char *queues[2];
+    struct engine_now now;
+    int connected;
+    int fail_store, fail_publish, fail_call;
+    int ndeliveries;
+    int acks[32], rejects[32], releases[32];
+    /* what is waiting for a completion */
+    struct job *stores[MAXOPS];
+    enum engine_store_kind store_kind[MAXOPS];
+    char *metas[MAXOPS];
+    int nstores;
+    struct pub pubs[MAXOPS];
+    int npubs;
+    struct job *calls[MAXOPS];
+    int ncalls;
+    struct job *reads[MAXOPS];
+    int nreads;
+    struct job *leases[MAXOPS];
+    int nleases;
+    int notes[TEV_DEAD_LETTERED + 1];
+    int prefetch, stopped, cold;
+    char last_abort[64];
+};
+
+static void note(struct fake *f, const char *what, int n)
+{
+    if (n)
+        buf_printf(&f->log, "%s%s%d", f->log.len ? " " : "", what, n);
+    else
+        buf_printf(&f->log, "%s%s", f->log.len ? " " : "", what);
+}
+
+static int num(const struct delivery *d)
+{
+    return ((const struct fmsg *)d)->n;
+}
+
+static int f_num_of(const struct job *j)
+{
+    return j->nmsgs ? num(j->msgs[0]) : 0;
+}
+
+static void f_ack(void *ctx, struct delivery *d)
+{
+    struct fake *f = ctx;
+    ck_assert(!d->settled);
+    d->settled = 1;
+    f->acks[num(d)]++;
+    note(f, "ack", num(d));
+}
+
+static void f_reject(void *ctx, struct delivery *d, int requeue)
+{
+    struct fake *f = ctx;
+    ck_assert(!d->settled);
+    d->settled = 1;
+    f->rejects[num(d)]++;
+    note(f, requeue ? "requeue" : "reject", num(d));
+}
+
+static int f_live(void *ctx, const struct delivery *d)
+{
+    (void)d;
+    return ((struct fake *)ctx)->connected;
+}
+
+static void f_release(void *ctx, struct delivery *d)
+{
+    struct fake *f = ctx;
+    struct fmsg *m = (struct fmsg *)d;
+    f->releases[m->n]++;
+    note(f, "release", m->n);
+    cJSON_Delete(d->headers);
+    free(m->body);
+    free(m->ct);
+    free(m->ce);
+    free(m->corr);
+    free(m->reply);
+    free(m->exchange);
+    free(m->rk);
+    free(m->queue);
+    free(m);
+}
+
+static int f_read_state(void *ctx, struct job *j)
+{
+    struct fake *f = ctx;
+    f->reads[f->nreads++] = j;
+    note(f, "read", f_num_of(j));
+    return 0;
+}
+
+static int f_store(void *ctx, struct job *j, char *meta, size_t n,
+                   enum engine_store_kind kind)
+{
+    struct fake *f = ctx;
+    char st[32] = "";
+    (void)n;
+    if (f->fail_store) {
+        cr_free(meta);
+        return CR_ENOMEM;
+    }
+    result_meta_status(meta, strlen(meta), st, sizeof(st));
+    note(f, kind == ENGINE_STORE_STARTED ? "store-STARTED" : "store-", 0);
+    if (kind == ENGINE_STORE_FINAL)
+        buf_puts(&f->log, st);
+    f->stores[f->nstores] = j;
+    f->store_kind[f->nstores] = kind;
+    f->metas[f->nstores++] = meta;
+    return 0;
+}
+
+static int f_publish(void *ctx, const struct outbound *o, struct engine_publish *p)
+{
+    struct fake *f = ctx;
+    struct pub *u;
+    if (f->fail_publish)
+        return f->fail_publish;
+    u = &f->pubs[f->npubs++];
+    u->p = p;
+    snprintf(u->exchange, sizeof(u->exchange), "%s", o->exchange);
+    snprintf(u->routing_key, sizeof(u->routing_key), "%s", o->routing_key);
+    u->headers = o->headers ? cJSON_Duplicate(o->headers, 1) : NULL;
+    u->body = strndup(o->body, o->body_len);
+    note(f, "publish:", 0);
+    buf_puts(&f->log, o->exchange[0] ? o->exchange : o->routing_key);
+    return 0;
+}
+
+static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr_err *err)
+{
+    struct fake *f = ctx;
+    ck_assert(c->body && c->body_len);
+    if (f->fail_call)
+        return cr_err_set(err, CR_ENOMEM, "no call today");
+    j->call = j;
+    f->calls[f->ncalls++] = j;
+    note(f, "call", f_num_of(j));
+    return 0;
+}
+
+static void f_abort(void *ctx, struct job *j, const char *exc_type, const char *msg)
+{
+    struct fake *f = ctx;
+    (void)msg;
+    ck_assert_ptr_nonnull(j->call);
+    snprintf(f->last_abort, sizeof(f->last_abort), "%s", exc_type);
+    note(f, "abort", f_num_of(j));
+}
+
+static int f_lease(void *ctx, struct job *j, enum engine_lease_op op, long ttl_s)
+{
+    struct fake *f = ctx;
+    (void)ttl_s;
+    if (op == ENGINE_LEASE_GET)
+        f->leases[f->nleases++] = j;
+    note(f,
+         op == ENGINE_LEASE_GET   ? "lease-get"
+         : op == ENGINE_LEASE_SET ? "lease-set"
+                                  : "lease-del",
+         0);
+    return 0;
+}
+
+static void f_prefetch(void *ctx, int n)
+{
+    ((struct fake *)ctx)->prefetch = n;
+}
+
+static void f_notify(void *ctx, struct job *j, const struct task_event_info *info)
+{
+    (void)j;
+    ((struct fake *)ctx)->notes[info->type]++;
+}
+
+static void f_forget(void *ctx, struct job *j)
+{
+    (void)ctx;
+    (void)j;
+}
+
+static void f_stop(void *ctx, int cold)
+{
+    struct fake *f = ctx;
+    f->stopped++;
+    f->cold = cold;
+    note(f, cold ? "stop-cold" : "stop-warm", 0);
+}
+
+static const struct engine_ops fake_ops = {
+    f_ack,  f_reject, f_live,  f_release,  f_read_state, f_store,  f_publish,
+    f_call, f_abort,  f_lease, f_prefetch, f_notify,     f_forget, f_stop,
+};
+
+static void fake_init(struct fake *f, const char *alias)
+{
+    memset(f, 0, sizeof(*f));
+    buf_init(&f->log);
+    f->connected = 1;
+    f->now.loop_ms = 1000;
+    f->now.epoch_us = T0_US;
+    f->aliases[0] = (char *)(alias ? alias : "proj.add=celery.accumulate");
+    f->queues[0] = (char *)"celery";
+    f->cfg.hostname = "celery@test";
+    f->cfg.pid = 42;
+    f->cfg.concurrency = 4;
+    f->cfg.prefetch_multiplier = 4;
+    f->cfg.aliases = f->aliases;
+    f->cfg.naliases = 1;
+    f->cfg.queues = f->queues;
+    f->cfg.nqueues = 1;
+    f->cfg.max_message_size = 1 << 20;
+    f->cfg.max_retries = 3;
+    f->cfg.retry_backoff = 1;
+    f->cfg.retry_backoff_factor = 2;
+    f->cfg.retry_backoff_max = 60;
+    f->cfg.seed = 7;
+    f->cfg.dead_letter_exchange = "celeriac.dlx";
+    f->cfg.llm_model = "m";
+    f->cfg.llm_embed_model = "e";
+}
+
+static void fake_start(struct fake *f)
+{
+    f->e = engine_new(&f->cfg, &fake_ops, f, f->now);
+    ck_assert_ptr_nonnull(f->e);
+}
+
+/* Each delivery is released exactly once and settled at most once. */
+static void check_once(const struct fake *f)
+{
+    for (int i = 1; i <= f->ndeliveries; i++) {
+        ck_assert_int_eq(f->releases[i], 1);
+        ck_assert_int_le(f->acks[i] + f->rejects[i], 1);
+    }
+}
+
+static void log_is(struct fake *f, const char *want)
+{
+    ck_assert_str_eq(f->log.data ? f->log.data : "", want);
+    buf_reset(&f->log);
+}
+
+/* ------------------------------------------------------------ messages */
+
+static char *read_file(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    char *data;
+    long n;
+    ck_assert_msg(fp != NULL, "cannot open '%s' (run tests from the repo root)", path);
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    data = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(data, 1, (size_t)n, fp), (size_t)n);
+    data[n] = '\0';
+    fclose(fp);
+    return data;
+}
+
+static char *opt_dup(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? strdup(v->valuestring) : NULL;
+}
+
+/* A delivery of fixture `name`. task, when not NULL, renames the task and
+ * body replaces the body (a generate call needs a prompt, the captures add
+ * numbers). */
+static struct delivery *fixture(struct fake *f, const char *name, const char *task,
+                                const char *body)
+{
+    char path[256];
+    struct fmsg *m = calloc(1, sizeof(*m));
+    cJSON *root, *props, *info, *h;
+    char *text;
+
+    snprintf(path, sizeof(path), FIXTURES "%s.json", name);
+    text = read_file(path);
+    root = cJSON_Parse(text);
+    free(text);
+    ck_assert_ptr_nonnull(root);
+    props = cJSON_GetObjectItemCaseSensitive(root, "properties");
+    info = cJSON_GetObjectItemCaseSensitive(props, "delivery_info");
+    m->n = ++f->ndeliveries;
+    m->body = body ? strdup(body) : opt_dup(root, "body");
+    m->ct = opt_dup(root, "content_type");
+    m->ce = opt_dup(root, "content_encoding");
+    m->corr = opt_dup(props, "correlation_id");
+    m->reply = opt_dup(props, "reply_to");
+    m->exchange = opt_dup(info, "exchange");
+    m->rk = opt_dup(info, "routing_key");
+    m->queue = strdup("celery");
+    m->d.body = m->body;
+    m->d.body_len = strlen(m->body);
+    m->d.content_type = m->ct;
+    m->d.content_encoding = m->ce;
+    m->d.correlation_id = m->corr;
+    m->d.reply_to = m->reply;
+    m->d.delivery_mode =
+        cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
+    m->d.priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
+    m->d.exchange = m->exchange;
+    m->d.routing_key = m->rk;
+    m->d.queue = m->queue;
+    m->d.received_ms = f->now.loop_ms;
+    m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |
+                DELIVERY_CAP_PARK;
+    h = cJSON_DetachItemFromObjectCaseSensitive(root, "headers");
+    if (task) {
+        cJSON_DeleteItemFromObjectCaseSensitive(h, "task");
+        cJSON_AddStringToObject(h, "task", task);
+    }
+    m->d.headers = h;
+    cJSON_Delete(root);
+    return &m->d;
+}
+
+#define GENERATE_BODY "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": null}]"
+
+static struct delivery *generate(struct fake *f, const char *name)
+{
+    return fixture(f, name, "llm.generate", GENERATE_BODY);
+}
+
+/* -------------------------------------------------------------- driving */
+
+static void deliver(struct fake *f, struct delivery *d)
+{
+    engine_on_delivery(f->e, f->now, d);
+}
+
+static void stored(struct fake *f, int i, int status)
+{
+    struct job *j = f->stores[i];
+    ck_assert_ptr_nonnull(j);
+    f->stores[i] = NULL;
+    note(f, "stored", 0);
+    engine_on_stored(f->e, f->now, j, f->store_kind[i], status, 0);
+}
+
+static void confirm(struct fake *f, int i, int ok)
+{
+    struct engine_publish *p = f->pubs[i].p;
+    ck_assert_ptr_nonnull(p);
+    f->pubs[i].p = NULL;
+    note(f, ok ? "confirm" : "nack", 0);
+    engine_on_confirm(f->e, f->now, p, ok);
+}
+
+static void llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
+                     int64_t retry_after_ms, const char *text)
+{
+    struct openai_stream s;
+    struct llm_result r;
+    struct job *j = f->calls[i];
+    ck_assert_ptr_nonnull(j);
+    f->calls[i] = NULL;
+    openai_stream_init(&s);
+    if (text)
+        buf_puts(&s.content, text);
+    memset(&r, 0, sizeof(r));
+    r.verdict = v;
+    r.exc_type = exc ? exc : "";
+    r.message = exc ? "it went wrong" : "";
+    r.http_status = v == LLM_OK ? 200 : 429;
+    r.retry_after_ms = retry_after_ms;
+    r.chat = &s;
+    note(f, "done", 0);
+    engine_on_llm_done(f->e, f->now, j, &r);
+    openai_stream_release(&s);
+}
+
+static const char *meta_status(struct fake *f, int i, char *st, size_t n)
+{
+    st[0] = '\0';
+    result_meta_status(f->metas[i], strlen(f->metas[i]), st, n);
+    return st;
+}
+
+static void fake_release(struct fake *f)
+{
+    engine_halt(f->e);
+    /* what the clients owe comes back with errors, as on worker_free() */
+    for (int i = 0; i < f->ncalls; i++)
+        if (f->calls[i])
+            llm_done(f, i, LLM_PERMANENT, "APIConnectionError", -1, NULL);
+    for (int i = 0; i < f->nstores; i++)
+        if (f->stores[i])
+            engine_on_stored(f->e, f->now, f->stores[i], f->store_kind[i], CR_ECANCELED,
+                             0);
+    for (int i = 0; i < f->npubs; i++)
+        if (f->pubs[i].p)
+            engine_on_confirm(f->e, f->now, f->pubs[i].p, 0);
+    for (int i = 0; i < f->nreads; i++)
+        if (f->reads[i])
+            engine_on_state(f->e, f->now, f->reads[i], CR_ECANCELED, NULL, 0);
+    for (int i = 0; i < f->nleases; i++)
+        if (f->leases[i])
+            engine_on_lease(f->e, f->now, f->leases[i], CR_ECANCELED, NULL);
+    engine_free(f->e);
+    for (int i = 0; i < f->nstores; i++)
+        cr_free(f->metas[i]);
+    for (int i = 0; i < f->npubs; i++) {
+        cJSON_Delete(f->pubs[i].headers);
+        free(f->pubs[i].body);
+    }
+    buf_release(&f->log);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+START_TEST(test_success_accumulate)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "group_member", NULL, NULL));
+    /* no read for a first delivery; stored before acked */
+    log_is(&f, "store-SUCCESS");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "[2, 2]"));
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    ck_assert_int_eq(f.notes[TEV_RECEIVED], 1);
+    ck_assert_int_eq(f.notes[TEV_STARTED], 1);
+    ck_assert_int_eq(f.notes[TEV_SUCCEEDED], 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_success_llm)
+{
+    struct fake f;
+    char st[32];
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    log_is(&f, "call1");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "hi there");
+    log_is(&f, "done store-SUCCESS");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "SUCCESS");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "hi there"));
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_ignore_result_acks_without_store)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "ignore_result", NULL, NULL));
+    log_is(&f, "ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_retry_with_retry_after)
+{
+    struct fake f;
+    const cJSON *eta, *retries;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "RateLimitError", 1500, NULL);
+    /* the retry goes to the original routing; nothing stored until confirmed */
+    log_is(&f, "call1 done publish:celery");
+    eta = cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "eta");
+    retries = cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "retries");
+    ck_assert(cJSON_IsString(eta));
+    ck_assert_str_eq(eta->valuestring, "2023-11-14T22:13:21.500000+00:00");
+    ck_assert_int_eq(retries->valueint, 1);
+    ck_assert_int_eq(f.notes[TEV_RETRIED], 1);
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm store-RETRY");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_retry_not_confirmed_leaves_it_unacked)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "APIConnectionError", -1, NULL);
+    confirm(&f, 0, 0);
+    log_is(&f, "call1 done publish:celery nack release1");
+    ck_assert_int_eq(f.acks[1] + f.rejects[1], 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_retry_broker_away_leaves_it_unacked)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    f.fail_publish = CR_EBROKER;
+    llm_done(&f, 0, LLM_RETRYABLE, "APIConnectionError", -1, NULL);
+    log_is(&f, "call1 done release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A final failure: dead letter confirmed, then FAILURE stored, then acked. */
+static void final_failure(enum llm_verdict v, int max_retries, const char *reason)
+{
+    struct fake f;
+    const cJSON *r;
+    fake_init(&f, NULL);
+    f.cfg.max_retries = max_retries;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, v, "RateLimitError", -1, NULL);
+    log_is(&f, "call1 done publish:celeriac.dlx");
+    ck_assert_str_eq(f.pubs[0].routing_key, "celery");
+    r = cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "x-celeriac-reason");
+    ck_assert_str_eq(r->valuestring, reason);
+    ck_assert_int_eq(f.notes[TEV_FAILED], 1);
+    ck_assert_int_eq(f.notes[TEV_DEAD_LETTERED], 1);
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm store-FAILURE");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+
+START_TEST(test_exhausted_retries)
+{
+    final_failure(LLM_RETRYABLE, 0, "retries exhausted");
+}
+END_TEST
+
+START_TEST(test_permanent_failure)
+{
+    final_failure(LLM_PERMANENT, 3, "permanent failure");
+}
+END_TEST
+
+START_TEST(test_dead_letter_not_confirmed)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.max_retries = 0;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    confirm(&f, 0, 0);
+    /* no FAILURE stored: the redelivery must run and dead-letter it again */
+    log_is(&f, "call1 done publish:celeriac.dlx nack release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_unregistered_task)
+{
+    struct fake f;
+    fake_init(&f, "other=celery.accumulate");
+    fake_start(&f);
+    deliver(&f, fixture(&f, "group_member", NULL, NULL));
+    log_is(&f, "publish:celeriac.dlx");
+    ck_assert_str_eq(
+        cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "x-celeriac-reason")
+            ->valuestring,
+        "unregistered task");
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-FAILURE stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_bad_arguments_fail_without_call)
+{
+    struct fake f;
+    fake_init(&f, "proj.add=llm.generate");
+    f.cfg.dead_letter_exchange = "";
+    fake_start(&f);
+    deliver(&f, fixture(&f, "send_task_args", NULL, NULL)); /* generate(2, 3) */
+    log_is(&f, "store-FAILURE");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_revoked_before_delivery)
+{
+    struct fake f;
+    char st[32];
+    fake_init(&f, NULL);
+    fake_start(&f);
+    ck_assert_int_eq(engine_revoke(f.e, f.now, "0f0b8c1e-0001-4000-8000-000000000001", 0),
+                     0);
+    deliver(&f, generate(&f, "send_task_args"));
+    log_is(&f, "store-REVOKED");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "REVOKED");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    ck_assert_int_eq(f.notes[TEV_REVOKED], 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_revoked_during_call)
+{
+    struct fake f;
+    const char *id;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    id = f.calls[0]->tm.id;
+    ck_assert_int_eq(engine_revoke(f.e, f.now, id, 1), 1);
+    ck_assert_str_eq(f.last_abort, "TaskRevokedError");
+    llm_done(&f, 0, LLM_PERMANENT, "TaskRevokedError", -1, "partial te");
+    log_is(&f, "call1 abort1 done store-REVOKED");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "partial te"));
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_expired)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.now.epoch_us = 2000000000000000LL; /* 2033: after its expiry */
+    fake_start(&f);
+    deliver(&f, generate(&f, "expires"));
+    log_is(&f, "store-REVOKED");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "expired"));
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_eta_held_then_run)
+{
+    struct fake f;
+    struct engine_stats st;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "eta"));
+    log_is(&f, "");
+    engine_stats(f.e, &st);
+    ck_assert_uint_eq(st.neta, 1);
+    /* held eta tasks widen the prefetch window */
+    ck_assert_int_eq(f.prefetch, 4 * 4 + 1);
+    engine_on_tick(f.e, f.now);
+    log_is(&f, "");
+    f.now.epoch_us = 1893553446000000LL; /* just after 2030-01-02T03:04:05.678901 */
+    engine_on_tick(f.e, f.now);
+    ck_assert_int_eq(f.prefetch, 16);
+    llm_done(&f, 0, LLM_OK, NULL, -1, "later");
+    stored(&f, 0, 0);
+    log_is(&f, "call1 done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_duplicate_joins_running_job)
+{
+    struct fake f;
+    struct delivery *again;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    again = generate(&f, "send_task_args");
+    again->redelivered = 1;
+    deliver(&f, again);
+    /* no second call, no read: it rides on the first */
+    log_is(&f, "call1");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "once");
+    stored(&f, 0, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 ack2 release1 release2");
+    ck_assert_int_eq(f.ncalls, 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_redelivery_with_success_stored)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    static const char meta[] = "{\"status\": \"SUCCESS\", \"result\": \"hi\"}";
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    d->redelivered = 1;
+    deliver(&f, d);
+    log_is(&f, "read1");
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, meta, strlen(meta));
+    /* durable already: acked without a second call */
+    log_is(&f, "ack1 release1");
+    ck_assert_int_eq(f.ncalls, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_redelivery_with_nothing_stored_runs)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    d->redelivered = 1;
+    deliver(&f, d);
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, NULL, 0);
+    llm_done(&f, 0, LLM_OK, NULL, -1, "again");
+    stored(&f, 0, 0);
+    log_is(&f, "read1 call1 done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_parking_far_eta)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    deliver(&f, generate(&f, "eta"));
+    log_is(&f, "publish:celeriac.park.celery");
+    confirm(&f, 0, 1);
+    /* the copy is in: the original is acked and the job let go */
+    log_is(&f, "confirm ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_parking_running_keeps_a_lease)
+{
+    struct fake f;
+    const cJSON *h;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    f.now.loop_ms += 61000;
+    engine_on_tick(f.e, f.now);
+    log_is(&f, "call1 publish:celeriac.park.celery lease-set");
+    h = cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "x-celeriac-parked");
+    ck_assert_str_eq(h->valuestring, "celery@test");
+    confirm(&f, 0, 1);
+    llm_done(&f, 0, LLM_OK, NULL, -1, "long");
+    stored(&f, 0, 0);
+    /* acked once (by the park), the lease dropped when it is done */
+    log_is(&f, "confirm ack1 done store-SUCCESS stored lease-del release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_time_limits)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "time_limits")); /* timelimit [30, 20.5] */
+    f.now.loop_ms += 20499;
+    engine_on_tick(f.e, f.now);
+    log_is(&f, "call1");
+    f.now.loop_ms += 1;
+    engine_on_tick(f.e, f.now);
+    ck_assert_str_eq(f.last_abort, "SoftTimeLimitExceeded");
+    llm_done(&f, 0, LLM_PERMANENT, "SoftTimeLimitExceeded", -1, NULL);
+    log_is(&f, "abort1 done publish:celeriac.dlx");
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-FAILURE stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_cold_shutdown_settles_nothing)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    engine_shutdown(f.e, f.now, 1);
+    llm_done(&f, 0, LLM_OK, NULL, -1, "too late");
+    log_is(&f, "call1 stop-cold done release1");
+    ck_assert_int_eq(f.acks[1] + f.rejects[1], 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_warm_shutdown)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    engine_shutdown(f.e, f.now, 0);
+    /* the one not started goes back now; the running one finishes */
+    log_is(&f, "call1 requeue2 release2");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "done");
+    stored(&f, 0, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 release1 stop-warm");
+    ck_assert_int_eq(f.stopped, 1);
+    /* after it a delivery is given back at once */
+    deliver(&f, generate(&f, "eta"));
+    log_is(&f, "requeue3 release3");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_lost_connection_before_start)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    f.connected = 0;
+    llm_done(&f, 0, LLM_OK, NULL, -1, "ok");
+    /* the second is not started: its delivery went back with the connection */
+    log_is(&f, "call1 done store-SUCCESS release2");
+    stored(&f, 0, CR_ECANCELED);
+    /* the store went away too: nothing acked */
+    log_is(&f, "stored release1");
+    ck_assert_int_eq(f.acks[1] + f.acks[2], 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_track_started)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.track_started = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    log_is(&f, "store-STARTED call1");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "x");
+    stored(&f, 1, 0);
+    /* the ack waits for the final state only, and the job for both */
+    log_is(&f, "done store-SUCCESS stored ack1");
+    stored(&f, 0, 0);
+    log_is(&f, "stored release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_parked_copy_of_a_live_runner_is_parked_again)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject(d->headers, "x-celeriac-parked", "celery@other");
+    deliver(&f, d);
+    /* it came back through a dead-letter path: read first, then the lease */
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, NULL, 0);
+    log_is(&f, "read1 lease-get");
+    f.leases[0] = NULL;
+    engine_on_lease(f.e, f.now, j, 0, "celery@other");
+    log_is(&f, "publish:celeriac.park.celery");
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm ack1 release1");
+    ck_assert_int_eq(f.ncalls, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_parked_copy_with_lapsed_lease_runs)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    f.cfg.park_after = 60;
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject(d->headers, "x-celeriac-parked", "celery@other");
+    deliver(&f, d);
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, NULL, 0);
+    f.leases[0] = NULL;
+    engine_on_lease(f.e, f.now, j, 0, NULL);
+    log_is(&f, "read1 lease-get call1");
+    llm_done(&f, 0, LLM_OK, NULL, -1, "mine now");
+    stored(&f, 0, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_revoke_waiting_job)
+{
+    struct fake f;
+    struct engine_stats st;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    engine_stats(f.e, &st);
+    ck_assert_int_eq(st.active, 1);
+    ck_assert_uint_eq(st.nready, 1);
+    ck_assert_int_eq(engine_revoke(f.e, f.now, "0f0b8c1e-0002-4000-8000-000000000002", 1),
+                     0);
+    log_is(&f, "call1 store-REVOKED");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack2 release2");
+    ck_assert(engine_is_revoked(f.e, "0f0b8c1e-0002-4000-8000-000000000002", f.now));
+    llm_done(&f, 0, LLM_OK, NULL, -1, "first");
+    stored(&f, 1, 0);
+    log_is(&f, "done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_acks_early)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.acks_early = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_OK, NULL, -1, "x");
+    stored(&f, 0, 0);
+    /* acked when it started, never again */
+    log_is(&f, "ack1 call1 done store-SUCCESS stored release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+static void count_job(struct job *j, void *arg)
+{
+    (void)j;
+    ++*(int *)arg;
+}
+
+START_TEST(test_queries)
+{
+    struct fake f;
+    int running = 0, ready = 0, eta = 0;
+    fake_init(&f, NULL);
+    f.cfg.concurrency = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    deliver(&f, generate(&f, "delay_kwargs"));
+    deliver(&f, generate(&f, "eta"));
+    engine_each_job(f.e, ENGINE_JOBS_RUNNING, count_job, &running);
+    engine_each_job(f.e, ENGINE_JOBS_READY, count_job, &ready);
+    engine_each_job(f.e, ENGINE_JOBS_ETA, count_job, &eta);
+    ck_assert_int_eq(running, 1);
+    ck_assert_int_eq(ready, 1);
+    ck_assert_int_eq(eta, 1);
+    ck_assert_ptr_nonnull(engine_find_job(f.e, "0f0b8c1e-0001-4000-8000-000000000001"));
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "nope", "1/s"), CR_ENOTFOUND);
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "llm.generate", "x/s"), CR_EINVAL);
+    ck_assert_int_eq(engine_set_rate_limit(f.e, f.now, "llm.generate", "10/m"), 0);
+    ck_assert_str_eq(engine_rate_limit(f.e, "llm.generate"), "10/m");
+    /* more slots start the waiting one (the bucket starts full) */
+    engine_set_concurrency(f.e, f.now, 2);
+    log_is(&f, "call1 call2");
+    ck_assert_int_eq(f.prefetch, 2 * 4 + 1);
+    fake_release(&f);
+}
+END_TEST
+
+/* Every allocation of engine_on_delivery() fails in turn; whatever happens,
+ * the delivery is released exactly once, settled at most once, and an ack
+ * comes only after a store completed. */
+START_TEST(test_oom_sweep)
+{
+    long n;
+    for (n = 1; n < 5000; n++) {
+        struct fake f;
+        struct delivery *d;
+        long failed;
+        int rounds = 0;
+        fake_init(&f, NULL);
+        fake_start(&f);
+        d = generate(&f, "link");
+        cr_alloc_fail_after(n);
+        deliver(&f, d);
+        failed = cr_alloc_failed();
+        cr_alloc_fail_after(0);
+        /* run whatever it started to its end */
+        while (rounds++ < 10) {
+            int busy = 0;
+            for (int i = 0; i < f.ncalls; i++)
+                if (f.calls[i]) {
+                    llm_done(&f, i, LLM_OK, NULL, -1, "fine");
+                    busy = 1;
+                }
+            for (int i = 0; i < f.npubs; i++)
+                if (f.pubs[i].p) {
+                    confirm(&f, i, 1);
+                    busy = 1;
+                }
+            for (int i = 0; i < f.nstores; i++)
+                if (f.stores[i]) {
+                    ck_assert_int_eq(f.acks[1], 0);
+                    stored(&f, i, 0);
+                    busy = 1;
+                }
+            if (!busy)
+                break;
+        }
+        check_once(&f);
+        fake_release(&f);
+        if (failed == 0)
+            break;
+    }
+    ck_assert_int_lt(n, 5000);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("core");
+    SRunner *sr;
+    int failed;
+    cr_alloc_init();
+    log_threshold = LOG_CRITICAL + 1;
+    tcase_add_test(tc, test_success_accumulate);
+    tcase_add_test(tc, test_success_llm);
+    tcase_add_test(tc, test_ignore_result_acks_without_store);
+    tcase_add_test(tc, test_retry_with_retry_after);
+    tcase_add_test(tc, test_retry_not_confirmed_leaves_it_unacked);
+    tcase_add_test(tc, test_retry_broker_away_leaves_it_unacked);
+    tcase_add_test(tc, test_exhausted_retries);
+    tcase_add_test(tc, test_permanent_failure);
+    tcase_add_test(tc, test_dead_letter_not_confirmed);
+    tcase_add_test(tc, test_unregistered_task);
+    tcase_add_test(tc, test_bad_arguments_fail_without_call);
+    tcase_add_test(tc, test_revoked_before_delivery);
+    tcase_add_test(tc, test_revoked_during_call);
+    tcase_add_test(tc, test_expired);
+    tcase_add_test(tc, test_eta_held_then_run);
+    tcase_add_test(tc, test_duplicate_joins_running_job);
+    tcase_add_test(tc, test_redelivery_with_success_stored);
+    tcase_add_test(tc, test_redelivery_with_nothing_stored_runs);
+    tcase_add_test(tc, test_parking_far_eta);
+    tcase_add_test(tc, test_parking_running_keeps_a_lease);
+    tcase_add_test(tc, test_time_limits);
+    tcase_add_test(tc, test_cold_shutdown_settles_nothing);
+    tcase_add_test(tc, test_warm_shutdown);
+    tcase_add_test(tc, test_lost_connection_before_start);
+    tcase_add_test(tc, test_track_started);
+    tcase_add_test(tc, test_parked_copy_of_a_live_runner_is_parked_again);
+    tcase_add_test(tc, test_parked_copy_with_lapsed_lease_runs);
+    tcase_add_test(tc, test_revoke_waiting_job);
+    tcase_add_test(tc, test_acks_early);
+    tcase_add_test(tc, test_queries);
+    tcase_add_test(tc, test_oom_sweep);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
