@@ -1104,13 +1104,10 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     log_threshold = LOG_CRITICAL + 1;
     tcase_add_test(tc, test_success_accumulate);
     tcase_add_test(tc, test_success_llm);
@@ -1144,9 +1141,5 @@ int main(void)
     tcase_add_test(tc, test_queries);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -13,6 +13,7 @@
  * names a function by its qualname ("generate()"); celeriac uses the task name
  * ("llm.generate()"), which is not counted as a difference. */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
