@@ -42,9 +42,7 @@ void engine__free_failure(struct job *j)
 
 const char *job_name(const struct job *j)
 {
-    if (j->tm.shadow)
-        return j->tm.shadow;
-    return j->tm.task ? j->tm.task : "unknown";
+    return task_msg_display_name(&j->tm);
 }
 
 const char *job_model(const struct job *j)
@@ -170,12 +168,7 @@ char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
     buf_init(&tb);
     /* A Python-looking traceback, so tools that print it show something
      * familiar; the frames are ours, not Python's. */
-    buf_printf(
-        &tb,
-        "Traceback (most recent call last):\n  File \"celeriac\", in %s\n%s%s%s: %s\n",
-        j->tm.task ? j->tm.task : "unknown",
-        strcmp(exc_module, "builtins") ? exc_module : "",
-        strcmp(exc_module, "builtins") ? "." : "", exc_type, message);
+    result_traceback(&tb, j->tm.task, exc_module, exc_type, message);
     meta = exc ? engine_job_meta(j, status, exc, tb.data, ready) : NULL;
     cJSON_Delete(exc);
     buf_release(&tb);

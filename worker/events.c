@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
+#include "util/version.h"
 #include "util/log.h"
 #include "worker_ctx.h"
 #include "protocol/celery_events.h"
@@ -41,12 +43,6 @@ static void on_confirm(struct broker *b, int ok, void *privdata)
     (void)privdata;
 }
 
-static double now_epoch_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Read each time: a DST change moves it while the worker runs. */
 static int utcoffset_now(void)
@@ -64,7 +60,7 @@ static void fill_common(struct events *ev, struct cev_common *c)
     c->utcoffset = utcoffset_now();
     c->pid = (long)getpid();
     c->clock = events_clock_tick(ev);
-    c->timestamp = now_epoch_s();
+    c->timestamp = (double)clock_epoch_us() / 1e6;
 }
 
 static void publish(struct events *ev, const char *type, const struct buf *body)
@@ -101,7 +97,7 @@ static void send_worker_event(struct events *ev, const char *type, int sw_only)
     if (getloadavg(wk.loadavg, 3) < 0)
         memset(wk.loadavg, 0, sizeof(wk.loadavg));
     wk.sw_ident = EVENTS_SW_IDENT;
-    wk.sw_ver = EVENTS_SW_VER;
+    wk.sw_ver = CELERIAC_VERSION;
     wk.sw_sys = ev->sw_sys;
     wk.sw_only = sw_only;
     fill_common(ev, &c);
@@ -216,13 +212,6 @@ const char *events_job_model(const struct job *j)
 
 /* ---------------------------------------------------------- task events */
 
-static const char *task_name(const struct job *j)
-{
-    if (j->tm.shadow)
-        return j->tm.shadow;
-    return j->tm.task;
-}
-
 static void fill_llm(const struct job *j, const struct llm_result *llm,
                      struct cev_task *t)
 {
@@ -249,12 +238,7 @@ static int traceback_text(const struct job *j, const struct task_event_info *inf
 {
     if (info->traceback)
         return buf_puts(out, info->traceback);
-    return buf_printf(out,
-                      "Traceback (most recent call last):\n  File \"celeriac\", in %s\n"
-                      "%s: %s\n",
-                      j->tm.task ? j->tm.task : "unknown",
-                      info->exc_type ? info->exc_type : "Exception",
-                      info->exc_message ? info->exc_message : "");
+    return result_traceback(out, j->tm.task, NULL, info->exc_type, info->exc_message);
 }
 
 void events_on_task(struct events *ev, struct job *j, const struct task_event_info *info)
@@ -277,7 +261,7 @@ void events_on_task(struct events *ev, struct job *j, const struct task_event_in
     switch (info->type) {
     case TEV_RECEIVED:
         t.type = CEV_TASK_RECEIVED;
-        t.name = task_name(j);
+        t.name = job_name(j);
         if (j->tm.argsrepr)
             t.args = j->tm.argsrepr;
         else if ((rc = cev_args_repr(j->tm.args, &args, CEV_REPR_MAX)) == 0)

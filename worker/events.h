@@ -43,6 +43,5 @@ const char *events_job_model(const struct job *j);
 
 /* The software identity sent in worker events and reports. */
 #define EVENTS_SW_IDENT "celeriac"
-#define EVENTS_SW_VER "0.1.0"
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "events.h"
 #include "util/log.h"
+#include "util/version.h"
 #include "worker_ctx.h"
 #include "protocol/prom.h"
 #include "util/alloc.h"
@@ -329,7 +330,7 @@ static void on_tick(uv_timer_t *t)
 static void set_gauges(struct metrics *m)
 {
     const struct worker_ctx *w = m->w;
-    const char *info[] = {w->cfg->hostname, EVENTS_SW_VER};
+    const char *info[] = {w->cfg->hostname, CELERIAC_VERSION};
     struct engine_stats st;
 
     engine_stats(w->engine, &st);

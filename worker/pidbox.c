@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include "events.h"
+#include "util/clock.h"
 #include "util/log.h"
+#include "util/version.h"
 #include "worker_ctx.h"
 #include "protocol/pidbox_msg.h"
 #include "protocol/result.h"
@@ -46,10 +48,6 @@ struct pidbox {
     unsigned long bad_patterns;
 };
 
-static int64_t now_epoch_s(void)
-{
-    return (int64_t)time(NULL);
-}
 
 /* ================================================================ statedb */
 
@@ -248,7 +246,7 @@ static void statedb_load(struct statedb *db, const struct worker_ctx *w)
     }
     fclose(f);
     count =
-        pidbox_statedb_parse(b.data ? b.data : "", b.len, now_epoch_s(), load_one, &a);
+        pidbox_statedb_parse(b.data ? b.data : "", b.len, clock_epoch_us() / 1000000, load_one, &a);
     if (count < 0)
         LOG(LOG_WARNING, "statedb: '%s' is not a celeriac state file; ignoring it",
             db->path);
@@ -315,11 +313,6 @@ static int concurrency(const struct pidbox *pb)
     return st.concurrency;
 }
 
-static const char *job_task_name(const struct job *j)
-{
-    return j->tm.shadow ? j->tm.shadow : j->tm.task;
-}
-
 static double job_started_epoch(const struct worker_ctx *w, const struct job *j)
 {
     if (!j->t_started)
@@ -338,7 +331,7 @@ static cJSON *job_info(struct pidbox *pb, struct job *j, int safe)
     engine_job_args(j); /* a running call dropped them */
     memset(&ti, 0, sizeof(ti));
     ti.id = j->tm.id;
-    ti.name = job_task_name(j);
+    ti.name = job_name(j);
     ti.args = j->tm.args;
     ti.kwargs = j->tm.kwargs;
     ti.argsrepr = j->tm.argsrepr;
@@ -748,7 +741,7 @@ static int cmd_report(struct pidbox *pb, const cJSON *args, cJSON **reply)
                     "settings -> transport:amqp results:redis\n\n"
                     "broker_url: '%s'\nresult_backend: '%s'\n"
                     "worker_concurrency: %d\nllm_base_url: '%s'\nllm_model: '%s'\n",
-                    EVENTS_SW_IDENT, EVENTS_SW_VER, uv_version_string(),
+                    EVENTS_SW_IDENT, CELERIAC_VERSION, uv_version_string(),
                     events_enabled(pb->w->events) ? "on" : "off", (long)getpid(),
                     c->hostname, broker, backend, concurrency(pb),
                     worker_ctx_shown_url(pb->w, c->llm_base_url, llm, sizeof(llm)),

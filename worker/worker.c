@@ -28,10 +28,10 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/version.h"
 #include "worker_ctx.h"
 
 #define CRON_MS 100
-#define CELERIAC_VERSION "0.1.0"
 #define LEASE_PREFIX "celeriac-lease-"
 
 /* pool_grow clamps to the configured bound, the engine to its own. */

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "net/amqp.h"
 #include "net/results.h"
+#include "util/clock.h"
 #include "util/redact.h"
 
 struct events;
@@ -43,10 +44,8 @@ struct worker_ctx {
 static inline struct engine_now worker_ctx_now(const struct worker_ctx *wc)
 {
     struct engine_now n;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     n.loop_ms = uv_now(wc->loop);
-    n.epoch_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    n.epoch_us = clock_epoch_us();
     return n;
 }
 
