@@ -130,7 +130,12 @@ static int add_params(cJSON *req, const struct binding *b, const struct task_msg
         dup = cJSON_Duplicate(kw, 1);
         if (!dup)
             return CR_ENOMEM;
-        cJSON_AddItemToObject(req, kw->string, dup);
+        /* The key is copied: that allocation can fail too, and then the
+         * item is ours to free. */
+        if (!cJSON_AddItemToObject(req, kw->string, dup)) {
+            cJSON_Delete(dup);
+            return CR_ENOMEM;
+        }
     }
     return 0;
 }
@@ -294,7 +299,10 @@ static int build_chat(const struct task_msg *m, const char *default_model,
     dup = cJSON_Duplicate(msgs, 1);
     if (!dup)
         goto oom;
-    cJSON_AddItemToObject(req, "messages", dup);
+    if (!cJSON_AddItemToObject(req, "messages", dup)) {
+        cJSON_Delete(dup);
+        goto oom;
+    }
     if (add_params(req, &b, m) || stream_options(req))
         goto oom;
     out->op = LLM_OP_CHAT;
@@ -344,7 +352,10 @@ static int build_embed(const struct task_msg *m, const char *default_model,
     dup = cJSON_Duplicate(input, 1);
     if (!dup)
         goto oom;
-    cJSON_AddItemToObject(req, "input", dup);
+    if (!cJSON_AddItemToObject(req, "input", dup)) {
+        cJSON_Delete(dup);
+        goto oom;
+    }
     /* Ask for floats: they go straight into the result without decoding. */
     if (!cJSON_AddStringToObject(req, "encoding_format", "float"))
         goto oom;

@@ -648,16 +648,13 @@ static const struct oom {
     {TASK_GENERATE, "[[\"a\",1,{\"k\":2}]]",
      "{\"system\":\"s\",\"template\":\"<{input}>\"}"},
     {TASK_GENERATE, "[\"hi\",\"m\"]", "{}"},
-    /* NEEDSWORK: the sweep finds that engine/tasks.c ignores the result of
-     * cJSON_AddItemToObject (add_params, build_chat's "messages", build_embed's
-     * "input"): when copying the key fails, the item is dropped from the request, which
-     * then goes out without it, and the duplicate leaks. Raise N_OOM_CHECKED to cover
-     * these three once that is fixed. */
+    /* These three once found that a failed cJSON_AddItemToObject (its key copy)
+     * dropped the item from the request and leaked it. */
     {TASK_GENERATE, "[\"hi\"]", "{\"temperature\":0.5,\"stop\":[\"x\"]}"},
     {TASK_CHAT, "[" CHAT_MSGS ",\"m\"]", "{\"max_tokens\":3}"},
     {TASK_EMBED, "[[\"a\",\"b\"]]", "{\"model\":\"e\"}"},
 };
-#define N_OOM_CHECKED 2
+#define N_OOM_CHECKED 5
 
 START_TEST(test_oom_sweep)
 {
