@@ -43,7 +43,6 @@ static void on_confirm(struct broker *b, int ok, void *privdata)
     (void)privdata;
 }
 
-
 /* Read each time: a DST change moves it while the worker runs. */
 static int utcoffset_now(void)
 {

@@ -48,7 +48,6 @@ struct pidbox {
     unsigned long bad_patterns;
 };
 
-
 /* ================================================================ statedb */
 
 /* The state file is written off the loop: a snapshot is taken on the loop
@@ -245,8 +244,8 @@ static void statedb_load(struct statedb *db, const struct worker_ctx *w)
         }
     }
     fclose(f);
-    count =
-        pidbox_statedb_parse(b.data ? b.data : "", b.len, clock_epoch_us() / 1000000, load_one, &a);
+    count = pidbox_statedb_parse(b.data ? b.data : "", b.len, clock_epoch_us() / 1000000,
+                                 load_one, &a);
     if (count < 0)
         LOG(LOG_WARNING, "statedb: '%s' is not a celeriac state file; ignoring it",
             db->path);
