@@ -137,6 +137,7 @@ int cmd_gateway(int argc, char **argv)
     const char *queues[MAX_LIST], *tasks[MAX_LIST];
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
+    uv_prepare_t log_flusher;
     struct rlimit rl;
     int rc;
 
@@ -195,7 +196,9 @@ int cmd_gateway(int argc, char **argv)
     uv_signal_start(&sigint, on_signal, SIGINT);
     /* Always printed: scripts wait for this line and read the port from it. */
     log_write(LOG_INFO, "gateway listening on http://%s:%d/", o.host, gw_app_port(app));
+    cmd_log_attach(&loop, &log_flusher);
     uv_run(&loop, UV_RUN_DEFAULT);
+    cmd_log_detach(&log_flusher);
     uv_close((uv_handle_t *)&sigterm, on_closed);
     uv_close((uv_handle_t *)&sigint, on_closed);
     gw_app_free(app);
