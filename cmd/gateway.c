@@ -76,7 +76,7 @@ static const struct opt opts[] = {
      "queues clients may send to, comma-separated; the first is the default"},
     {"tasks", 0, "CELERIAC_GATEWAY_TASKS", OPTS_STR, OFF(tasks), "", 0, 0,
      "task names clients may send, comma-separated (empty: the built-ins; *: any)"},
-    {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "info", 0, 0,
+    {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "warning", 0, 0,
      "debug, info, warning, error or critical"},
 };
 

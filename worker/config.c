@@ -30,7 +30,7 @@ static const struct opt opts[] = {
      CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPTS_STR, OFF(hostname), "celery@%h", 0, 0,
      "node name; %h host, %n name part, %d domain"},
-    {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "info", 0, 0,
+    {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "warning", 0, 0,
      "debug, info, warning, error or critical"},
     {"prefetch-multiplier", 0, "CELERIAC_PREFETCH_MULTIPLIER", OPTS_INT,
      OFF(prefetch_multiplier), "4", 1, 1000, "basic.qos = concurrency x this"},
