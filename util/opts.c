@@ -127,11 +127,8 @@ static int bad(const struct opts_spec *spec, const char *arg, struct cr_err *err
 {
     const char *fmt =
         spec->bad_option ? spec->bad_option : "unknown or incomplete option '%s'";
-    /* The format is the caller's constant, with exactly one %s. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    /* The format is the table's constant, with exactly one %s. */
     return cr_err_set(err, CR_EINVAL, fmt, arg);
-#pragma GCC diagnostic pop
 }
 
 /* The option whose long name is name[0..len): an exact match, else the only

@@ -10,9 +10,9 @@
  *
  * The command line follows getopt_long: "--name VALUE", "--name=VALUE", a
  * unique prefix of a long name, "-x VALUE", "-xVALUE", clusters of short
- * letters ("-Ec 5"), and "--" ending the options. No I/O except printing
- * --help to stdout; no globals; not thread-safe only in that it reads the
- * environment array it is given. */
+ * letters ("-Ec 5"), and "--" ending the options. Pure but for printing
+ * --help to stdout: no globals, and the environment is an argument. Error
+ * messages are one line, name the option as "--name", and quote the value. */
 #ifndef CR_OPTS_H
 #define CR_OPTS_H
 
