@@ -5,7 +5,7 @@
  * acted on; closing the connection puts every untouched one back in place. */
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,37 +17,49 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/esc.h"
+#include "util/opts.h"
 
 #define CH 1
 
 struct dlq_opts {
-    const char *broker;
-    const char *queue;
-    const char *task;   /* filter, or NULL */
-    const char *reason; /* substring filter, or NULL */
+    char *broker;
+    char *queue;
+    char *task;   /* filter, or NULL */
+    char *reason; /* substring filter, or NULL */
     char **ids;
     int nids;
     int json;
 };
 
-static void usage(FILE *out)
-{
-    fprintf(
-        out,
+#define OFF(f) offsetof(struct dlq_opts, f)
+
+static const struct opt opts[] = {
+    {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
+     "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP URL", "URL", OPT_HIDE_DEFAULT},
+    {"queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPTS_STR, OFF(queue), "celeriac.dead", 0,
+     0, "dead-letter queue", "NAME", OPT_HIDE_ENV},
+    {"task", 0, NULL, OPTS_STR, OFF(task), NULL, 0, 0, "only dead letters of this task",
+     "NAME"},
+    {"reason", 0, NULL, OPTS_STR, OFF(reason), NULL, 0, 0,
+     "only dead letters whose reason or exception contains TEXT", "TEXT"},
+    {"json", 0, NULL, OPTS_FLAG, OFF(json), NULL, 0, 0, "list as JSON lines"},
+};
+
+/* Options may come before or after the verb (OPTS_PERMUTE). */
+static const struct opts_spec spec = {
+    .opts = opts,
+    .n = sizeof(opts) / sizeof(opts[0]),
+    .head =
         "usage: celeriac dlq [options] list | show ID | replay [ID...] | purge "
         "[ID...]\n\n"
         "  list      one line per dead letter: id, task, reason, exception, failed at\n"
         "  show ID   every header and the body of one dead letter\n"
         "  replay    put dead letters back on their original queue, retries reset\n"
         "  purge     drop dead letters (all of them when no filter is given)\n\n"
-        "options:\n"
-        "  -b, --broker URL     AMQP URL [env: CELERY_BROKER_URL]\n"
-        "      --queue NAME     dead-letter queue [default: celeriac.dead]\n"
-        "      --task NAME      only dead letters of this task\n"
-        "      --reason TEXT    only dead letters whose reason or exception contains "
-        "TEXT\n"
-        "      --json           list as JSON lines\n");
-}
+        "options:\n",
+    .width = 20,
+    .flags = OPTS_PERMUTE,
+};
 
 static amqp_bytes_t cs(const char *s)
 {
@@ -352,61 +364,38 @@ out:
 
 int cmd_dlq(int argc, char **argv)
 {
-    static const struct option lo[] = {{"broker", required_argument, NULL, 'b'},
-                                       {"queue", required_argument, NULL, 'q'},
-                                       {"task", required_argument, NULL, 't'},
-                                       {"reason", required_argument, NULL, 'r'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
     struct dlq_opts o;
+    struct cr_err err;
     enum action a;
     const char *verb;
-    int c;
+    char **args;
+    int nargs, rc;
 
     memset(&o, 0, sizeof(o));
-    o.broker = getenv("CELERY_BROKER_URL");
-    if (!o.broker || !*o.broker)
-        o.broker = "amqp://guest:guest@localhost:5672//";
-    o.queue = getenv("CELERIAC_DEAD_LETTER_QUEUE");
-    if (!o.queue || !*o.queue)
-        o.queue = "celeriac.dead";
-    optind = 1;
-    opterr = 0;
-    /* Options may come before or after the verb. */
-    while ((c = getopt_long(argc, argv, "b:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'b':
-            o.broker = optarg;
-            break;
-        case 'q':
-            o.queue = optarg;
-            break;
-        case 't':
-            o.task = optarg;
-            break;
-        case 'r':
-            o.reason = optarg;
-            break;
-        case 'j':
-            o.json = 1;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            fprintf(stderr, "celeriac dlq: unknown or incomplete option '%s'\n",
-                    argv[optind - 1]);
-            return 2;
-        }
+    memset(&err, 0, sizeof(err));
+    args = cr_calloc((size_t)argc + 1, sizeof(*args));
+    if (!args) {
+        fprintf(stderr, "celeriac dlq: out of memory\n");
+        return 1;
     }
-    if (optind >= argc) {
-        usage(stderr);
-        return 2;
+    rc = opts_parse(&spec, &o, argc, argv, NULL, args, &nargs, &err);
+    if (rc == 1) {
+        rc = 0;
+        goto out;
     }
-    verb = argv[optind++];
-    o.ids = argv + optind;
-    o.nids = argc - optind;
+    if (rc) {
+        fprintf(stderr, "celeriac dlq: %s\n", err.msg);
+        rc = rc == CR_ENOMEM ? 1 : 2;
+        goto out;
+    }
+    rc = 2;
+    if (nargs == 0) {
+        opts_usage(&spec, stderr);
+        goto out;
+    }
+    verb = args[0];
+    o.ids = args + 1;
+    o.nids = nargs - 1;
     if (!strcmp(verb, "list"))
         a = A_LIST;
     else if (!strcmp(verb, "show"))
@@ -417,12 +406,16 @@ int cmd_dlq(int argc, char **argv)
         a = A_PURGE;
     else {
         fprintf(stderr, "celeriac dlq: unknown action '%s'\n", verb);
-        usage(stderr);
-        return 2;
+        opts_usage(&spec, stderr);
+        goto out;
     }
     if (a == A_SHOW && o.nids != 1) {
         fprintf(stderr, "celeriac dlq: show takes one task id\n");
-        return 2;
+        goto out;
     }
-    return run(&o, a);
+    rc = run(&o, a);
+out:
+    opts_release(&spec, &o);
+    cr_free(args);
+    return rc;
 }

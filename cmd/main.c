@@ -36,6 +36,7 @@ int cmd_worker(int argc, char **argv)
     struct cr_err err;
     struct worker *w;
     uv_loop_t loop;
+    uv_prepare_t log_flusher;
     int rc;
 
     /* hiredis writes with write(): were the Redis end gone, SIGPIPE would kill
@@ -63,7 +64,10 @@ int cmd_worker(int argc, char **argv)
         config_release(&cfg);
         return 1;
     }
+    cmd_log_attach(&loop, &log_flusher);
     rc = worker_run(w);
+    /* Before worker_free(), whose last loop run completes the close. */
+    cmd_log_detach(&log_flusher);
     worker_free(w);
     uv_loop_close(&loop);
     config_release(&cfg);

@@ -8,6 +8,7 @@
  * (bounded by a 2 s timeout each). */
 #include <curl/curl.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "protocol/prom.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/opts.h"
 
 #define TOP_MAX_WORKERS 32
 #define TOP_MAX_QUEUES 32
@@ -209,18 +211,36 @@ static void render(FILE *out, struct top_worker *ws, int n, double interval, int
     fflush(out);
 }
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: celeriac top [options] URL...\n\n"
+struct top_opts {
+    char *interval; /* checked here, for top's own messages */
+    char *iterations;
+    int once;
+};
+
+#define OFF(f) offsetof(struct top_opts, f)
+
+static const struct opt opts[] = {
+    {"interval", 'i', NULL, OPTS_STR, OFF(interval), NULL, 0, 0,
+     "seconds between refreshes (default 2)", "S"},
+    {"iterations", 'n', NULL, OPTS_STR, OFF(iterations), NULL, 0, 0,
+     "stop after N refreshes (default: until interrupted)", "N"},
+    {"once", 0, NULL, OPTS_FLAG, OFF(once), NULL, 0, 0,
+     "one refresh, rates measured over one interval"},
+};
+
+/* URLs may come before or after the options (OPTS_PERMUTE). */
+static const struct opts_spec spec = {
+    .opts = opts,
+    .n = sizeof(opts) / sizeof(opts[0]),
+    .head = "usage: celeriac top [options] URL...\n\n"
             "Live view of celeriac workers, read from their metrics endpoints\n"
             "(start workers with --metrics-port). URL is http://host:port[/metrics]\n"
-            "or host:port.\n\n"
-            "  -i, --interval S     seconds between refreshes (default 2)\n"
-            "  -n, --iterations N   stop after N refreshes (default: until interrupted)\n"
-            "      --once           one refresh, rates measured over one interval\n"
-            "  -h, --help           this text\n");
-}
+            "or host:port.\n\n",
+    .width = 20,
+    .help_line = "this text",
+    .bad_option = "unknown option '%s'",
+    .flags = OPTS_PERMUTE,
+};
 
 static char *metrics_url(const char *arg)
 {
@@ -253,53 +273,62 @@ static void sleep_s(double s)
 int cmd_top(int argc, char **argv)
 {
     struct top_worker ws[TOP_MAX_WORKERS];
+    struct top_opts o;
+    struct cr_err err;
+    char **args;
     double interval = 2.0;
     long iterations = -1;
-    int n = 0, once = 0, rc = 0;
+    int n = 0, nargs = 0, once, rc;
 
     memset(ws, 0, sizeof(ws));
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+    memset(&o, 0, sizeof(o));
+    memset(&err, 0, sizeof(err));
+    args = cr_calloc((size_t)argc + 1, sizeof(*args));
+    if (!args) {
+        fprintf(stderr, "celeriac top: out of memory\n");
+        return 1;
+    }
+    rc = opts_parse(&spec, &o, argc, argv, NULL, args, &nargs, &err);
+    if (rc) {
+        if (rc != 1)
+            fprintf(stderr, "celeriac top: %s\n", err.msg);
+        rc = rc == 1 ? 0 : rc == CR_ENOMEM ? 1 : 2;
+        goto out;
+    }
+    once = o.once;
+    rc = 2;
+    if (o.interval) {
+        char *end;
+        interval = strtod(o.interval, &end);
+        if (*end || !(interval >= 0.1) || interval > 3600) {
+            fprintf(stderr, "celeriac top: invalid interval '%s'\n", o.interval);
             goto out;
-        } else if ((!strcmp(a, "-i") || !strcmp(a, "--interval")) && i + 1 < argc) {
-            char *end;
-            interval = strtod(argv[++i], &end);
-            if (*end || !(interval >= 0.1) || interval > 3600) {
-                fprintf(stderr, "celeriac top: invalid interval '%s'\n", argv[i]);
-                rc = 2;
-                goto out;
-            }
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--iterations")) && i + 1 < argc) {
-            char *end;
-            iterations = strtol(argv[++i], &end, 10);
-            if (*end || iterations < 1) {
-                fprintf(stderr, "celeriac top: invalid iterations '%s'\n", argv[i]);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--once")) {
-            once = 1;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "celeriac top: unknown option '%s'\n", a);
-            rc = 2;
+        }
+    }
+    if (o.iterations) {
+        char *end;
+        iterations = strtol(o.iterations, &end, 10);
+        if (*end || iterations < 1) {
+            fprintf(stderr, "celeriac top: invalid iterations '%s'\n", o.iterations);
             goto out;
-        } else if (n == TOP_MAX_WORKERS) {
+        }
+    }
+    for (int i = 0; i < nargs; i++) {
+        if (n == TOP_MAX_WORKERS) {
             fprintf(stderr, "celeriac top: at most %d workers\n", TOP_MAX_WORKERS);
-            rc = 2;
             goto out;
-        } else if (!(ws[n++].url = metrics_url(a))) {
+        }
+        if (!(ws[n++].url = metrics_url(args[i]))) {
             fprintf(stderr, "celeriac top: out of memory\n");
             rc = 1;
             goto out;
         }
     }
     if (n == 0) {
-        usage(stderr);
-        rc = 2;
+        opts_usage(&spec, stderr);
         goto out;
     }
+    rc = 0;
     if (once) {
         /* two scrapes one interval apart, so the rates mean something */
         for (int i = 0; i < n; i++)
@@ -322,5 +351,7 @@ int cmd_top(int argc, char **argv)
 out:
     for (int i = 0; i < n; i++)
         cr_free(ws[i].url);
+    opts_release(&spec, &o);
+    cr_free(args);
     return rc;
 }

@@ -1,36 +1,33 @@
 /* config.h -- the worker's one configuration, filled from a table of options.
  *
  * The table in config.c is the documentation: each option has a long name, an
- * optional short flag, an environment variable, a type, bounds and a default.
- * config_load() validates everything up front; afterwards the config is const. */
+ * optional short flag, an environment variable, a kind, bounds and a default
+ * (util/opts.h parses it). config_load() validates everything up front;
+ * afterwards the config is const. */
 #ifndef CR_CONFIG_H
 #define CR_CONFIG_H
 
 #include <stdio.h>
 
 #include "util/err.h"
+#include "util/opts.h"
 #include "util/redact.h"
 
-#define CONFIG_MAX_LIST 64
+#define CONFIG_MAX_LIST OPTS_MAX_LIST
 /* The largest --concurrency, also the cap of pool_grow. */
 #define CONFIG_MAX_CONCURRENCY 100000
-
-struct config_list {
-    int n;
-    char *items[CONFIG_MAX_LIST];
-};
 
 struct config {
     char *broker;         /* AMQP URL */
     char *result_backend; /* redis:// URL */
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
-    struct config_list queues;
+    struct opts_list queues;
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
     int prefetch_multiplier;
-    struct config_list aliases; /* NAME=TASK */
+    struct opts_list aliases; /* NAME=TASK */
     int acks_early;
     int result_expires; /* seconds; 0 = never expire */
     int result_extended;

@@ -237,7 +237,10 @@ class Env:
         e["OPENAI_BASE_URL"] = self.fake.base + "/v1"
         e["OPENAI_API_KEY"] = "sk-test-secret-key"
         e.update(env or {})
-        full = ["-b", self.broker, "--result-backend", self.backend, "-n", "celeriac-%s@%%h" % uuid.uuid4().hex[:6]]
+        # -l info: the tests wait for INFO lines (the default level is WARNING);
+        # a test's own --loglevel comes later and wins.
+        full = ["-b", self.broker, "--result-backend", self.backend, "-n", "celeriac-%s@%%h" % uuid.uuid4().hex[:6],
+                "-l", "info"]
         full += list(args)
         w = Worker(full, e)
         self.workers.append(w)
