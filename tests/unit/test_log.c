@@ -210,13 +210,10 @@ START_TEST(test_level_parse)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("log");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_format);
     tcase_add_test(tc, test_escapes_and_truncates);
     tcase_add_test(tc, test_batch_waits_for_flush);
@@ -224,9 +221,5 @@ int main(void)
     tcase_add_test(tc, test_exit_flushes);
     tcase_add_test(tc, test_level_parse);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }

@@ -457,13 +457,10 @@ START_TEST(test_worker_usage_head)
 }
 END_TEST
 
-int main(void)
+Suite *suite(void)
 {
     Suite *s = suite_create("opts");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
-    cr_alloc_init();
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_every_kind);
     tcase_add_test(tc, test_short_forms);
@@ -480,9 +477,5 @@ int main(void)
     tcase_add_test(tc, test_worker_config);
     tcase_add_test(tc, test_worker_usage_head);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return s;
 }
