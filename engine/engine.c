@@ -50,13 +50,6 @@ void engine__leave(struct engine *e)
 /* ------------------------------------------------------------------ jobs */
 
 /* The one place a job's state changes. */
-void engine__set_state(struct job *j, enum job_state s)
-{
-    LOG(LOG_DEBUG, "task %s: %s -> [%s]", j->tm.id ? j->tm.id : "?",
-        job_state_names[j->state], job_state_names[s]);
-    j->state = s;
-}
-
 static void job_free(struct job *j)
 {
     struct engine *e = j->e;
@@ -86,7 +79,7 @@ static void job_release_ref(struct job *j)
  * is lost. Freed now, or by the last pending completion. */
 void engine__abandon(struct job *j)
 {
-    engine__set_state(j, JOB_DONE);
+    job_set_state(j, JOB_DONE);
     if (j->in_map) {
         strmap_del(&j->e->jobs, j->tm.id);
         j->in_map = 0;
@@ -286,7 +279,7 @@ static void store_then_ack(struct job *j)
 void engine__settle(struct job *j)
 {
     const char *dlx = j->e->cfg->dead_letter_exchange;
-    engine__set_state(j, JOB_SETTLING);
+    job_set_state(j, JOB_SETTLING);
     if (j->dead_letter && dlx && dlx[0])
         dead_letter(j);
     else
@@ -454,7 +447,7 @@ static int try_retry(struct job *j, const struct llm_result *res)
     if (j->tm.ignore_result != 1)
         j->meta = engine__exc_meta(j, "RETRY", res->exc_type, ENGINE_EXC_MODULE,
                                    res->message, 0);
-    engine__set_state(j, JOB_SETTLING);
+    job_set_state(j, JOB_SETTLING);
     rc = retry_job(j, delay);
     if (rc == 0) {
         LOG(LOG_INFO, "Task %s[%s] retry: %s", job_name(j), j->tm.id, msg);
@@ -537,7 +530,7 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
         job_release_ref(j);
     } else if (status) {
         /* The store went away (cold shutdown): the delivery goes back. */
-        engine__set_state(j, JOB_DONE);
+        job_set_state(j, JOB_DONE);
         job_release_ref(j);
     } else {
         j->pending--;
@@ -683,7 +676,7 @@ static int park_eta_job(struct job *j)
         return -1;
     LOG(LOG_INFO, "Task %s[%s] parked until closer to its eta (%s)", job_name(j),
         j->tm.id, j->tm.eta ? j->tm.eta : "?");
-    engine__set_state(j, JOB_SETTLING);
+    job_set_state(j, JOB_SETTLING);
     return 0;
 }
 
@@ -699,7 +692,7 @@ void engine_on_lease(struct engine *e, struct engine_now now, struct job *j, int
     } else if (holder && strcmp(holder, e->cfg->hostname) != 0 && j->nmsgs == 1 &&
                engine__park(j, j->msgs[0], 1, 1) == 0) {
         /* Its runner is alive elsewhere: back to the park queue. */
-        engine__set_state(j, JOB_SETTLING);
+        job_set_state(j, JOB_SETTLING);
     } else {
         queue_job(j);
     }
@@ -1025,7 +1018,7 @@ static void accept_job(struct engine *e, struct job *j, struct delivery *d)
         return;
     }
     if (e->ops->read_state(e->ctx, j)) {
-        engine__set_state(j, JOB_DONE);
+        job_set_state(j, JOB_DONE);
         give_back(j, d);
         return;
     }
@@ -1196,4 +1189,138 @@ void engine_free(struct engine *e)
         job_free(j);
     }
     cr_free(e);
+}
+
+/* ------------------------------------------------- the turn: start, tick */
+
+/* Whether j holds a delivery that can still be settled. A delivery of a
+ * connection since lost is back in its queue already; its redelivery joins j
+ * while j exists (see engine_on_delivery()). */
+static int job_live(const struct job *j)
+{
+    struct engine *e = j->e;
+    for (int i = 0; i < j->nmsgs; i++)
+        if (!j->msgs[i]->settled && e->ops->delivery_live(e->ctx, j->msgs[i]))
+            return 1;
+    return 0;
+}
+
+/* Starts ready jobs while slots are free. */
+void engine__schedule(struct engine *e)
+{
+    struct job *j = e->ready_head, *next;
+    int64_t now = (int64_t)e->now.loop_ms;
+    while (j && e->active < e->concurrency && e->shutdown != 2) {
+        struct task_limits *tl = engine__limits(e, j->tm.task, 0);
+        next = j->next;
+        /* A rate-limited task waits in the queue (the tick tries again) and
+         * does not hold up the tasks behind it. */
+        if (tl && tl->has_rate && token_bucket_take(&tl->bucket, now) > 0) {
+            j = next;
+            continue;
+        }
+        engine__ready_unlink(e, j);
+        if (!job_live(j)) {
+            /* Its connection was lost: the broker has its delivery back and
+             * redelivers it once the worker is connected again (a redelivery
+             * that came already made it live). A call started now would be
+             * paid for an outcome that cannot be acked, and a retry or dead
+             * letter that cannot be published. */
+            LOG(LOG_DEBUG,
+                "Task %s[%s] not started: its delivery went with the broker "
+                "connection",
+                job_name(j), j->tm.id);
+            engine__abandon(j);
+            j = next;
+            continue;
+        }
+        engine__start(j);
+        j = next;
+    }
+}
+
+/* Parks deliveries of running jobs held too long (see engine__park()). */
+static void park_running(struct engine *e)
+{
+    uint64_t now = e->now.loop_ms;
+    uint64_t limit = (uint64_t)(e->cfg->park_after * 1000);
+    for (struct job *j = e->run_head; j; j = j->rnext) {
+        for (int i = 0; i < j->nmsgs; i++) {
+            struct delivery *d = j->msgs[i];
+            if (d->settled || (d->flags & DELIVERY_F_PARKING) ||
+                now - d->received_ms < limit)
+                continue;
+            if (engine__park(j, d, 0, 1) == 0) {
+                if (e->ops->lease(e->ctx, j, ENGINE_LEASE_SET,
+                                  (long)(e->cfg->park_after * 3 + 1)) == 0)
+                    j->leased = 1;
+                LOG(LOG_INFO,
+                    "Task %s[%s] still running after %.0fs: delivery parked, lease "
+                    "kept",
+                    job_name(j), j->tm.id, (double)(now - d->received_ms) / 1000.0);
+            }
+        }
+    }
+}
+
+/* Time limits: the transfer is aborted at once; the switchboard defers
+ * engine_on_llm_done(), so the list is not changed under us. */
+static void time_limits(struct engine *e)
+{
+    int64_t now = (int64_t)e->now.loop_ms;
+    char msg[128];
+    for (struct job *j = e->run_head; j; j = j->rnext) {
+        if (!j->call)
+            continue;
+        if (j->hard_deadline && now >= j->hard_deadline) {
+            snprintf(msg, sizeof(msg), "%g", j->hard_limit_s);
+            LOG(LOG_ERROR, "Hard time limit (%gs) exceeded for %s[%s]", j->hard_limit_s,
+                job_name(j), j->tm.id);
+            e->ops->abort_llm(e->ctx, j, "TimeLimitExceeded", msg);
+            j->call = NULL;
+        } else if (j->soft_deadline && now >= j->soft_deadline) {
+            snprintf(msg, sizeof(msg), "soft time limit (%gs) exceeded", j->soft_limit_s);
+            LOG(LOG_WARNING, "Soft time limit (%gs) exceeded for %s[%s]", j->soft_limit_s,
+                job_name(j), j->tm.id);
+            e->ops->abort_llm(e->ctx, j, "SoftTimeLimitExceeded", msg);
+            j->call = NULL;
+        }
+    }
+}
+
+void engine__tick(struct engine *e)
+{
+    struct job *j, *next;
+
+    /* eta jobs whose time has come */
+    for (j = e->eta_head; j; j = next) {
+        next = j->next;
+        if (j->tm.eta_us <= e->now.epoch_us) {
+            engine__eta_unlink(e, j);
+            engine__sync_prefetch(e);
+            engine__ready_push(e, j);
+        }
+    }
+    engine__schedule(e);
+    if (e->cfg->park_after > 0 && e->run_head)
+        park_running(e);
+    time_limits(e);
+}
+
+/* A warm shutdown gives back what has not started, so other workers can take
+ * it now. */
+void engine__drop_waiting(struct engine *e)
+{
+    while (e->ready_head || e->eta_head) {
+        struct job *j = e->ready_head ? e->ready_head : e->eta_head;
+        if (j == e->ready_head)
+            engine__ready_unlink(e, j);
+        else
+            engine__eta_unlink(e, j);
+        for (int i = 0; i < j->nmsgs; i++) {
+            if (!j->msgs[i]->settled)
+                e->ops->reject(e->ctx, j->msgs[i], 1);
+        }
+        engine__abandon(j);
+    }
 }

@@ -7,6 +7,7 @@
 #include "ratelimit.h"
 #include "revoked.h"
 #include "util/buf.h"
+#include "util/log.h"
 #include "util/strmap.h"
 
 struct task_limits {
@@ -60,7 +61,13 @@ struct engine_publish {
 /* engine.c */
 void engine__enter(struct engine *e, struct engine_now now);
 void engine__leave(struct engine *e);
-void engine__set_state(struct job *j, enum job_state s);
+/* The one place a job's state changes. */
+static inline void job_set_state(struct job *j, enum job_state s)
+{
+    LOG(LOG_DEBUG, "task %s: %s -> [%s]", j->tm.id ? j->tm.id : "?",
+        job_state_names[j->state], job_state_names[s]);
+    j->state = s;
+}
 void engine__settle(struct job *j);
 void engine__abandon(struct job *j);
 void engine__revoke_job(struct job *j, const char *reason, const char *partial);

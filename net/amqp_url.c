@@ -8,7 +8,7 @@
 #include "util/hex.h"
 
 /* Copies [s, s+n) percent-decoded into out (size bytes). 0 or CR_EINVAL. */
-static int decode(const char *s, size_t n, char *out, size_t size)
+static int pct_decode(const char *s, size_t n, char *out, size_t size)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -48,11 +48,11 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     at = memchr(p, '@', n);
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (decode(p, colon ? (size_t)(colon - p) : (size_t)(at - p), out->user,
-                   sizeof(out->user)))
+        if (pct_decode(p, colon ? (size_t)(colon - p) : (size_t)(at - p), out->user,
+                       sizeof(out->user)))
             return cr_err_set(err, CR_EINVAL, "broker URL user name too long");
-        if (colon && decode(colon + 1, (size_t)(at - colon - 1), out->password,
-                            sizeof(out->password)))
+        if (colon && pct_decode(colon + 1, (size_t)(at - colon - 1), out->password,
+                                sizeof(out->password)))
             return cr_err_set(err, CR_EINVAL, "broker URL password too long");
         n -= (size_t)(at + 1 - p);
         p = at + 1;
@@ -86,7 +86,7 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     }
     if (path && path[1]) {
         size_t vn = strcspn(path + 1, "?");
-        if (vn && decode(path + 1, vn, out->vhost, sizeof(out->vhost)))
+        if (vn && pct_decode(path + 1, vn, out->vhost, sizeof(out->vhost)))
             return cr_err_set(err, CR_EINVAL, "broker URL vhost too long");
     }
     return 0;
