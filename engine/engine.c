@@ -352,6 +352,21 @@ static int expired(const struct job *j)
     return j->tm.expires_us >= 0 && j->e->now.epoch_us > j->tm.expires_us;
 }
 
+/* Settles j as REVOKED when it expired or was revoked meanwhile; checked on
+ * receipt and again right before its call starts. 1 when it did. */
+static int revoke_if_due(struct job *j)
+{
+    if (expired(j)) {
+        engine__revoke_job(j, "expired", NULL);
+        return 1;
+    }
+    if (revoked_now(j->e, j->tm.id)) {
+        engine__revoke_job(j, "revoked", NULL);
+        return 1;
+    }
+    return 0;
+}
+
 /* --------------------------------------------------------------- success */
 
 static void log_success(struct job *j, const cJSON *result, double runtime)
@@ -776,14 +791,8 @@ void engine__start(struct job *j)
     struct cr_err err;
     int rc;
 
-    if (expired(j)) {
-        engine__revoke_job(j, "expired", NULL);
+    if (revoke_if_due(j))
         return;
-    }
-    if (revoked_now(e, j->tm.id)) {
-        engine__revoke_job(j, "revoked", NULL);
-        return;
-    }
     take_slot(j);
     if (e->cfg->acks_early)
         settle_all(j, 1, 0);
@@ -1001,14 +1010,8 @@ static void accept_job(struct engine *e, struct job *j, struct delivery *d)
         return;
     }
     j->in_map = 1;
-    if (expired(j)) {
-        engine__revoke_job(j, "expired", NULL);
+    if (revoke_if_due(j))
         return;
-    }
-    if (revoked_now(e, j->tm.id)) {
-        engine__revoke_job(j, "revoked", NULL);
-        return;
-    }
     LOG(LOG_INFO, "Task %s[%s] received", job_name(j), j->tm.id);
     notify_simple(j, TEV_RECEIVED);
     if (!seen_before(j, d)) {

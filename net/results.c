@@ -184,8 +184,8 @@ static void eval_answered(struct op *op)
  * flushed, and then every EVALSHA in flight comes back so. One EVAL loads the
  * script again; the others go again as EVALSHA when such an EVAL is already
  * ahead of them on this connection, rather than each carrying the whole text
- * (a thousand results ending at once after a Redis restart made an 880 KB
- * write of the same script a thousand times). An op told NOSCRIPT twice (the
+ * (a burst of results after a Redis restart would otherwise write the same
+ * script once per result). An op told NOSCRIPT twice (the
  * cache flushed again meanwhile) sends the text itself. */
 static void on_noscript(struct op *op)
 {

@@ -18,7 +18,7 @@ struct openai_stream {
     /* The strings below are never NULL ("" until set) and are owned by the
      * stream. They live on the heap, sized exactly, because one is embedded
      * in every request in flight and most never see an error: inline buffers
-     * made up 768 of the struct's 872 bytes. */
+     * would be most of the struct. */
     const char *model;         /* model named by the server (first 127 bytes) */
     const char *error_type;    /* set with error (first 63 bytes) */
     const char *error_code;    /* string or integer code, as text (63 bytes) */
