@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "protocol/celery_msg.h"
 #include "protocol/isotime.h"
 #include "protocol/result.h"
@@ -16,23 +17,6 @@
 #define FIXTURES "tests/fixtures/messages/"
 
 /* ---- helpers ---- */
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *data;
-    long n;
-    ck_assert_msg(f != NULL, "cannot open '%s' (run tests from the repo root)", path);
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    data = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(data, 1, (size_t)n, f), (size_t)n);
-    data[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return data;
-}
 
 static cJSON *json(const char *text)
 {
@@ -89,7 +73,7 @@ static void fixture_load(const char *name, struct fixture *fx)
     const cJSON *props, *body;
 
     snprintf(path, sizeof(path), FIXTURES "%s.json", name);
-    text = read_file(path, &len);
+    text = unit_read_file(path, &len);
     ck_assert_int_eq(py_json_parse(text, len, &fx->root, NULL), 0);
     free(text);
     props = cJSON_GetObjectItemCaseSensitive(fx->root, "properties");

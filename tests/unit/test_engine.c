@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "engine/engine.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
@@ -284,22 +285,6 @@ static void log_is(struct fake *f, const char *want)
 
 /* ------------------------------------------------------------ messages */
 
-static char *read_file(const char *path)
-{
-    FILE *fp = fopen(path, "rb");
-    char *data;
-    long n;
-    ck_assert_msg(fp != NULL, "cannot open '%s' (run tests from the repo root)", path);
-    fseek(fp, 0, SEEK_END);
-    n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    data = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(data, 1, (size_t)n, fp), (size_t)n);
-    data[n] = '\0';
-    fclose(fp);
-    return data;
-}
-
 static char *opt_dup(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -318,7 +303,7 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     char *text;
 
     snprintf(path, sizeof(path), FIXTURES "%s.json", name);
-    text = read_file(path);
+    text = unit_read_file(path, NULL);
     root = cJSON_Parse(text);
     free(text);
     ck_assert_ptr_nonnull(root);
