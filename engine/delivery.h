@@ -14,7 +14,7 @@
 
 /* What the transport that brought a delivery can do. */
 #define DELIVERY_CAP_CONFIRMS 1u /* publishes are confirmed (engine_on_confirm) */
-#define DELIVERY_CAP_PRIORITY 2u /* messages carry a priority */
+#define DELIVERY_CAP_PRIORITY 2u /* messages carry a priority (see `priority`) */
 #define DELIVERY_CAP_PREFETCH 4u /* a prefetch window that set_prefetch moves */
 #define DELIVERY_CAP_PARK 8u     /* park queues: a TTL copy that comes back */
 
@@ -28,6 +28,12 @@ struct delivery {
     const char *correlation_id;
     const char *reply_to;
     int delivery_mode;
+    /* Higher = more urgent, on the engine's scale 0..ENGINE_PRIORITY_MAX
+     * (larger values are clamped, negative ones count as 0). The transport
+     * maps its own scale into it: AMQP's basic priority already reads this
+     * way; kombu's Redis transport, where 0 is the most urgent, must invert.
+     * Read only when caps has DELIVERY_CAP_PRIORITY; otherwise every delivery
+     * counts as priority 0. */
     int priority;
     const char *exchange;    /* where it was published */
     const char *routing_key; /* with what key */

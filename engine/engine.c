@@ -1151,6 +1151,10 @@ struct engine *engine_new(const struct engine_config *cfg, const struct engine_o
     strmap_init(&e->task_limits);
     strmap_init(&e->totals);
     revoked_set_init(&e->revoked, ENGINE_REVOKES_MAX);
+    if (engine__sched_init(e)) {
+        engine_free(e);
+        return NULL;
+    }
     return e;
 }
 
@@ -1191,6 +1195,7 @@ void engine_free(struct engine *e)
         engine__eta_unlink(e, j);
         job_free(j);
     }
+    engine__sched_release(e);
     cr_free(e);
 }
 

@@ -34,6 +34,23 @@ struct engine_now {
     int64_t epoch_us;
 };
 
+/* How the order of the consumed queues (-Q premium,free) weighs on the ready
+ * queue. Either way a higher message priority starts first among the tasks of
+ * one tier, and equal ones start in arrival order. */
+enum engine_queue_order {
+    /* One tier: tasks of every queue start in arrival order, as a Python worker
+     * serves its queues over one channel (the default). */
+    ENGINE_QUEUE_FAIR,
+    /* One tier per queue, in -Q order: every ready task of an earlier queue
+     * starts before any of a later one. Queues consumed only from run time on
+     * (add_consumer) come last. */
+    ENGINE_QUEUE_STRICT,
+};
+
+/* Message priorities are clamped to 0..ENGINE_PRIORITY_MAX (AMQP's octet), so
+ * the ready queue has a bounded number of levels per tier. */
+#define ENGINE_PRIORITY_MAX 255
+
 /* What the engine needs of the configuration (strings borrowed: must outlive
  * the engine). */
 struct engine_config {
@@ -63,6 +80,7 @@ struct engine_config {
     double shutdown_timeout;          /* seconds a warm shutdown may take; 0: forever */
     const char *llm_model;
     const char *llm_embed_model;
+    enum engine_queue_order queue_order; /* how -Q's order weighs (sched.c) */
 };
 
 /* Why a store or a publish was asked: echoed back in its completion. */
@@ -237,7 +255,8 @@ void engine_stats(const struct engine *e, struct engine_stats *st);
 
 enum engine_job_set {
     ENGINE_JOBS_RUNNING,  /* holding a slot, newest first */
-    ENGINE_JOBS_READY,    /* waiting for a slot, in start order */
+    ENGINE_JOBS_READY,    /* waiting for a slot, in start order (tier, priority,
+                             arrival) */
     ENGINE_JOBS_ETA,      /* held for their eta */
     ENGINE_JOBS_CHECKING, /* waiting for their stored state or lease */
 };

@@ -25,7 +25,13 @@ struct engine {
     int depth;             /* engine calls on the stack: the outermost schedules */
 
     struct strmap jobs; /* task id -> job, for jobs not yet settled */
+    /* The ready queue: one list sorted by level (tier, then priority, most
+     * urgent first), FIFO within a level; level_tail[] and level_bits (the
+     * non-empty levels) make an insertion O(levels), not O(queue). */
     struct job *ready_head, *ready_tail;
+    struct job **level_tail;
+    uint64_t *level_bits;
+    unsigned nlevels;
     struct job *eta_head;
     size_t nready, neta;
     int active;           /* jobs holding a slot */
@@ -78,6 +84,10 @@ void engine__start(struct job *j);
 int engine__park(struct job *j, struct delivery *d, int release_job, int mark_running);
 
 /* sched.c */
+int engine__sched_init(struct engine *e);
+void engine__sched_release(struct engine *e);
+/* d's priority on the engine's scale (0 without DELIVERY_CAP_PRIORITY). */
+int engine__priority_of(const struct delivery *d);
 void engine__ready_push(struct engine *e, struct job *j);
 void engine__eta_push(struct engine *e, struct job *j);
 void engine__ready_unlink(struct engine *e, struct job *j);

@@ -67,6 +67,7 @@ struct job {
 
     /* private to the engine */
     struct job *prev, *next;   /* ready queue or eta list */
+    unsigned level;            /* ready queue level while READY (sched.c) */
     struct job *rprev, *rnext; /* running list */
     int pending;               /* completions still to come back with this job */
     int in_map;

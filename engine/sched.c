@@ -1,7 +1,16 @@
 /* sched.c -- where jobs wait and run: the ready queue, the eta list, the
  * running list and its slots, the per-task limits and the prefetch window.
  * Only data structures: what to start and when is decided in engine.c
- * (engine__schedule(), engine__tick()), so nothing here calls back up. */
+ * (engine__schedule(), engine__tick()), so nothing here calls back up.
+ *
+ * The ready queue is one doubly linked list kept in start order: by tier (the
+ * place of the job's queue in -Q under ENGINE_QUEUE_STRICT, a single tier
+ * under ENGINE_QUEUE_FAIR), then by message priority, most urgent first, then
+ * by arrival. Every (tier, priority) pair is a level; the engine keeps the
+ * last job of each level and a bitmap of the levels in use, so a push finds
+ * its place in O(levels / 64) and an unlink from anywhere is O(1). Walking
+ * from the head is the order schedule() starts jobs in and the order inspect
+ * reserved shows. */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,24 +31,132 @@ static void list_unlink(struct job **head, struct job **tail, struct job *j)
     j->prev = j->next = NULL;
 }
 
-void engine__ready_push(struct engine *e, struct job *j)
+/* ------------------------------------------------------- the ready queue */
+
+/* Levels per tier: one per priority. */
+#define PRIO_LEVELS (ENGINE_PRIORITY_MAX + 1)
+
+/* Strict order gives each -Q queue a tier, plus one after them for queues
+ * consumed only from run time on; fair order has a single tier. */
+static unsigned tiers_of(const struct engine_config *cfg)
 {
-    job_set_state(j, JOB_READY);
-    j->prev = e->ready_tail;
-    j->next = NULL;
-    if (e->ready_tail)
-        e->ready_tail->next = j;
+    return cfg->queue_order == ENGINE_QUEUE_STRICT && cfg->nqueues > 0
+               ? (unsigned)cfg->nqueues + 1
+               : 1;
+}
+
+int engine__sched_init(struct engine *e)
+{
+    e->nlevels = tiers_of(e->cfg) * PRIO_LEVELS;
+    e->level_tail = cr_calloc(e->nlevels, sizeof(*e->level_tail));
+    e->level_bits = cr_calloc((e->nlevels + 63) / 64, sizeof(*e->level_bits));
+    return e->level_tail && e->level_bits ? 0 : CR_ENOMEM;
+}
+
+void engine__sched_release(struct engine *e)
+{
+    cr_free(e->level_tail);
+    cr_free(e->level_bits);
+    e->level_tail = NULL;
+    e->level_bits = NULL;
+    e->nlevels = 0;
+}
+
+/* The tier of a queue: its place in -Q under strict order, else 0. A linear
+ * look-up over at most OPTS_MAX_LIST names, done once per push. */
+static unsigned tier_of(const struct engine *e, const char *queue)
+{
+    const struct engine_config *cfg = e->cfg;
+    if (cfg->queue_order != ENGINE_QUEUE_STRICT || cfg->nqueues <= 0)
+        return 0;
+    for (int i = 0; queue && i < cfg->nqueues; i++)
+        if (!strcmp(cfg->queues[i], queue))
+            return (unsigned)i;
+    return (unsigned)cfg->nqueues;
+}
+
+int engine__priority_of(const struct delivery *d)
+{
+    if (!d || !(d->caps & DELIVERY_CAP_PRIORITY) || d->priority < 0)
+        return 0;
+    return d->priority > ENGINE_PRIORITY_MAX ? ENGINE_PRIORITY_MAX : d->priority;
+}
+
+/* Level 0 starts first: the tier, then the priority from most urgent down.
+ * The first delivery decides (a redelivery of the same id joins the job). */
+static unsigned level_of(const struct engine *e, const struct job *j)
+{
+    const struct delivery *d = j->nmsgs ? j->msgs[0] : NULL;
+    unsigned level = tier_of(e, d ? d->queue : NULL) * PRIO_LEVELS +
+                     (unsigned)(ENGINE_PRIORITY_MAX - engine__priority_of(d));
+    return level < e->nlevels ? level : e->nlevels - 1;
+}
+
+/* The nearest non-empty level more urgent than level, or -1: a scan of the
+ * bitmap, one word per 64 levels. */
+static long urgent_before(const struct engine *e, unsigned level)
+{
+    long w;
+    uint64_t bits;
+    if (level == 0)
+        return -1;
+    level--;
+    w = (long)(level / 64);
+    bits = e->level_bits[w] & (~(uint64_t)0 >> (63 - level % 64));
+    for (;;) {
+        if (bits)
+            return w * 64 + 63 - __builtin_clzll(bits);
+        if (--w < 0)
+            return -1;
+        bits = e->level_bits[w];
+    }
+}
+
+static void insert_after(struct engine *e, struct job *at, struct job *j)
+{
+    j->prev = at;
+    j->next = at ? at->next : e->ready_head;
+    if (j->next)
+        j->next->prev = j;
+    else
+        e->ready_tail = j;
+    if (at)
+        at->next = j;
     else
         e->ready_head = j;
-    e->ready_tail = j;
+}
+
+void engine__ready_push(struct engine *e, struct job *j)
+{
+    unsigned level = level_of(e, j);
+    struct job *at = e->level_tail[level];
+
+    job_set_state(j, JOB_READY);
+    j->level = level;
+    if (!at) {
+        long before = urgent_before(e, level);
+        at = before < 0 ? NULL : e->level_tail[before];
+        e->level_bits[level / 64] |= (uint64_t)1 << (level % 64);
+    }
+    insert_after(e, at, j);
+    e->level_tail[level] = j;
     e->nready++;
 }
 
 void engine__ready_unlink(struct engine *e, struct job *j)
 {
+    unsigned level = j->level;
+    if (e->level_tail[level] == j) {
+        struct job *p = j->prev && j->prev->level == level ? j->prev : NULL;
+        e->level_tail[level] = p;
+        if (!p)
+            e->level_bits[level / 64] &= ~((uint64_t)1 << (level % 64));
+    }
     list_unlink(&e->ready_head, &e->ready_tail, j);
     e->nready--;
 }
+
+/* ---------------------------------------------------------- the eta list */
 
 /* Held eta tasks are unacked deliveries: raise the prefetch window by one for
  * each, as Celery does, so ready tasks behind them still arrive. */
