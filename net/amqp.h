@@ -78,6 +78,13 @@ struct broker_config {
     const char *dlx;             /* dead-letter exchange to declare, or NULL */
     const char *dlq;             /* its queue, bound with "#" */
     const char *connection_name; /* shown by the broker (with the role), or NULL */
+    /* 0: one window for the whole task channel (basic.qos global, as Celery
+     * sets it on RabbitMQ), moved live by broker_set_prefetch(). 1: a window
+     * per task consumer (basic.qos global=0 before each basic.consume), so a
+     * queue whose window is full never holds back another queue's messages;
+     * RabbitMQ fixes such a window when the consumer starts, so a new count
+     * applies from the next consume (reconnect, add_consumer) on. */
+    int per_consumer_qos;
 };
 
 struct broker;
@@ -182,7 +189,8 @@ int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_f
  * called (for an owner freed before the broker). */
 void broker_queue_stats_cancel(struct broker *b, void *privdata);
 
-/* Sets basic.qos prefetch_count (sent without waiting). */
+/* Sets basic.qos prefetch_count (sent without waiting): at once for the
+ * channel-wide window, from the next consume on with per_consumer_qos. */
 void broker_set_prefetch(struct broker *b, int prefetch_count);
 
 /* Stops consuming task queues (basic.cancel on every consumer with acks, sent

@@ -26,6 +26,9 @@ static const struct opt opts[] = {
      "seconds an idle Redis connection waits before a PING tests it (0: never)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPTS_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
+    {"queue-order", 0, "CELERIAC_QUEUE_ORDER", OPTS_STR, OFF(queue_order), "fair", 0, 0,
+     "fair (arrival order across -Q queues, as Celery) or strict (an earlier -Q queue "
+     "first, with a prefetch window per queue)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPTS_INT, OFF(concurrency), "100", 1,
      CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPTS_STR, OFF(hostname), "celery@%h", 0, 0,
@@ -202,6 +205,9 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         strcmp(cfg->progress, "stream"))
         return cr_err_set(err, CR_EINVAL, "invalid --progress '%s' (off, meta or stream)",
                           cfg->progress);
+    if (strcmp(cfg->queue_order, "fair") && strcmp(cfg->queue_order, "strict"))
+        return cr_err_set(err, CR_EINVAL, "invalid --queue-order '%s' (fair or strict)",
+                          cfg->queue_order);
     if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9))
         return cr_err_set(err, CR_EINVAL, "unsupported broker URL scheme (want amqp://)");
     if (strncmp(cfg->result_backend, "redis://", 8))

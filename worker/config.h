@@ -23,6 +23,7 @@ struct config {
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
     struct opts_list queues;
+    char *queue_order; /* "fair" or "strict" (see enum engine_queue_order) */
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;

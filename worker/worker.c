@@ -438,6 +438,8 @@ static void engine_config_of(struct engine_config *ec, const struct config *cfg,
     ec->naliases = cfg->aliases.n;
     ec->queues = cfg->queues.items;
     ec->nqueues = cfg->queues.n;
+    ec->queue_order =
+        !strcmp(cfg->queue_order, "strict") ? ENGINE_QUEUE_STRICT : ENGINE_QUEUE_FAIR;
     ec->acks_early = cfg->acks_early;
     ec->result_extended = cfg->result_extended;
     ec->track_started = cfg->track_started;
@@ -489,6 +491,8 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->bcfg.url = cfg->broker;
     w->bcfg.queues = cfg->queues.items;
     w->bcfg.nqueues = cfg->queues.n;
+    /* strict tiers need a window per queue, or free's prefetch holds premium back */
+    w->bcfg.per_consumer_qos = !strcmp(cfg->queue_order, "strict");
     w->bcfg.prefetch_count =
         engine_prefetch_count(cfg->concurrency, cfg->prefetch_multiplier, 0);
     w->bcfg.heartbeat = cfg->heartbeat;
