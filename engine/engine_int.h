@@ -86,8 +86,6 @@ int engine__park(struct job *j, struct delivery *d, int release_job, int mark_ru
 /* sched.c */
 int engine__sched_init(struct engine *e);
 void engine__sched_release(struct engine *e);
-/* d's priority on the engine's scale (0 without DELIVERY_CAP_PRIORITY). */
-int engine__priority_of(const struct delivery *d);
 void engine__ready_push(struct engine *e, struct job *j);
 void engine__eta_push(struct engine *e, struct job *j);
 void engine__ready_unlink(struct engine *e, struct job *j);

@@ -75,7 +75,9 @@ static unsigned tier_of(const struct engine *e, const char *queue)
     return (unsigned)cfg->nqueues;
 }
 
-int engine__priority_of(const struct delivery *d)
+/* d's priority on the engine's scale: 0 without DELIVERY_CAP_PRIORITY (or
+ * without a delivery: a job made inside the engine), clamped otherwise. */
+static int priority_of(const struct delivery *d)
 {
     if (!d || !(d->caps & DELIVERY_CAP_PRIORITY) || d->priority < 0)
         return 0;
@@ -83,12 +85,13 @@ int engine__priority_of(const struct delivery *d)
 }
 
 /* Level 0 starts first: the tier, then the priority from most urgent down.
- * The first delivery decides (a redelivery of the same id joins the job). */
+ * The first delivery decides (a redelivery of the same id joins the job); a
+ * job without one goes to the last tier at priority 0. */
 static unsigned level_of(const struct engine *e, const struct job *j)
 {
     const struct delivery *d = j->nmsgs ? j->msgs[0] : NULL;
     unsigned level = tier_of(e, d ? d->queue : NULL) * PRIO_LEVELS +
-                     (unsigned)(ENGINE_PRIORITY_MAX - engine__priority_of(d));
+                     (unsigned)(ENGINE_PRIORITY_MAX - priority_of(d));
     return level < e->nlevels ? level : e->nlevels - 1;
 }
 
