@@ -434,6 +434,30 @@ START_TEST(test_worker_config)
 }
 END_TEST
 
+/* --queue-order: fair by default (Celery's arrival order), strict, or refused. */
+START_TEST(test_worker_queue_order)
+{
+    char *argv[] = {(char *)"worker", (char *)"--queue-order", (char *)"strict", NULL};
+    char *bad[] = {(char *)"worker", (char *)"--queue-order", (char *)"first", NULL};
+    struct config cfg;
+    struct cr_err err;
+    unsetenv("CELERIAC_QUEUE_ORDER");
+    unsetenv("CELERIAC_LOGLEVEL");
+    memset(&cfg, 0, sizeof(cfg));
+    ck_assert_int_eq(config_load(&cfg, 1, argv, &err), 0);
+    ck_assert_str_eq(cfg.queue_order, "fair");
+    config_release(&cfg);
+    memset(&cfg, 0, sizeof(cfg));
+    ck_assert_int_eq(config_load(&cfg, 3, argv, &err), 0);
+    ck_assert_str_eq(cfg.queue_order, "strict");
+    config_release(&cfg);
+    memset(&cfg, 0, sizeof(cfg));
+    ck_assert_int_eq(config_load(&cfg, 3, bad, &err), CR_EINVAL);
+    ck_assert_str_eq(err.msg, "invalid --queue-order 'first' (fair or strict)");
+    config_release(&cfg);
+}
+END_TEST
+
 START_TEST(test_worker_usage_head)
 {
     char *s = NULL;
@@ -475,6 +499,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_help_returns_one);
     tcase_add_test(tc, test_oom_sweep);
     tcase_add_test(tc, test_worker_config);
+    tcase_add_test(tc, test_worker_queue_order);
     tcase_add_test(tc, test_worker_usage_head);
     suite_add_tcase(s, tc);
     return s;
