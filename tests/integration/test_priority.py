@@ -113,3 +113,22 @@ def test_strict_tiers_premium_overtakes_prefetched_free(env):
     env.fake.release("p1")
     wait_until(lambda: len(env.fake.stats()) >= 250, 30, what="free again")
     assert all(p.startswith("free-") for p in prompts(env)[150:250])
+
+
+def test_fair_is_the_default_arrival_order_across_queues(env):
+    # no --queue-order: tasks of both queues start in arrival order, as on a
+    # Python worker; priority still orders among them
+    env.worker("-c", "1", "-Q", "premium,free", "--prefetch-multiplier", "10")
+    env.fake.script(["hold=busy"])
+    env.app.send_task("llm.generate", args=["blocker"], queue="free")
+    wait_until(lambda: len(env.fake.stats()) == 1, 10, what="the held call")
+    sent = [("free", 0, "f0"), ("premium", 0, "p0"), ("free", 0, "f1"),
+            ("premium", 0, "p1"), ("free", 4, "f4")]
+    rs = [env.app.send_task("llm.generate", args=[name], queue=q, priority=p)
+          for q, p, name in sent]
+    wait_until(lambda: ready_depth(env, "free") == 0 and ready_depth(env, "premium") == 0,
+               10, what="all delivered")
+    env.fake.release("busy")
+    for r in rs:
+        r.get(timeout=20)
+    assert prompts(env)[1:] == ["f4", "f0", "p0", "f1", "p1"]
