@@ -63,6 +63,7 @@ struct engine_config {
     char *const
         *queues; /* the queues consumed at start-up (park queues exist for them) */
     int nqueues;
+    enum engine_queue_order queue_order; /* how -Q's order weighs (sched.c) */
     int acks_early;
     int result_extended;
     int track_started;
@@ -80,7 +81,6 @@ struct engine_config {
     double shutdown_timeout;          /* seconds a warm shutdown may take; 0: forever */
     const char *llm_model;
     const char *llm_embed_model;
-    enum engine_queue_order queue_order; /* how -Q's order weighs (sched.c) */
 };
 
 /* Why a store or a publish was asked: echoed back in its completion. */

@@ -26,9 +26,6 @@ static const struct opt opts[] = {
      "seconds an idle Redis connection waits before a PING tests it (0: never)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPTS_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
-    {"queue-order", 0, "CELERIAC_QUEUE_ORDER", OPTS_STR, OFF(queue_order), "fair", 0, 0,
-     "fair (arrival order across -Q queues, as Celery) or strict (an earlier -Q queue "
-     "first, with a prefetch window per queue)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPTS_INT, OFF(concurrency), "100", 1,
      CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPTS_STR, OFF(hostname), "celery@%h", 0, 0,
@@ -37,6 +34,9 @@ static const struct opt opts[] = {
      "debug, info, warning, error or critical"},
     {"prefetch-multiplier", 0, "CELERIAC_PREFETCH_MULTIPLIER", OPTS_INT,
      OFF(prefetch_multiplier), "4", 1, 1000, "basic.qos = concurrency x this"},
+    {"queue-order", 0, "CELERIAC_QUEUE_ORDER", OPTS_STR, OFF(queue_order), "fair", 0, 0,
+     "fair (arrival order across -Q queues, as Celery) or strict (an earlier -Q queue "
+     "first, with a prefetch window per queue)"},
     {"task-alias", 0, NULL, OPTS_LIST, OFF(aliases), NULL, 0, 0,
      "NAME=TASK: run task NAME as built-in TASK (repeatable)"},
     {"acks-early", 0, "CELERIAC_ACKS_EARLY", OPTS_BOOL, OFF(acks_early), "0", 0, 1,

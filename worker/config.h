@@ -23,11 +23,11 @@ struct config {
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
     struct opts_list queues;
-    char *queue_order; /* "fair" or "strict" (see enum engine_queue_order) */
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
     int prefetch_multiplier;
+    char *queue_order;        /* "fair" or "strict" (see enum engine_queue_order) */
     struct opts_list aliases; /* NAME=TASK */
     int acks_early;
     int result_expires; /* seconds; 0 = never expire */
