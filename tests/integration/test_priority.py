@@ -138,3 +138,19 @@ def test_fair_is_the_default_arrival_order_across_queues(env):
     prio = {name: p for q, p, name in sent}
     want = sorted(arrived, key=lambda n: -prio[n])  # stable: arrival within a priority
     assert prompts(env)[1:] == want
+
+
+def test_strict_eta_tasks_still_run_and_wait_in_their_tier(env):
+    # held eta tasks count against their queue's own window under strict order;
+    # they still run at their time, and ready tasks of both tiers run meanwhile
+    env.worker("-c", "2", "-Q", "premium,free", "--queue-order", "strict")
+    later = [env.app.send_task("llm.generate", args=["eta-%d" % i], queue="free",
+                               countdown=2) for i in range(3)]
+    now = [env.app.send_task("llm.generate", args=["now-%s" % q], queue=q)
+           for q in ("free", "premium")]
+    for r in now:
+        r.get(timeout=20)
+    assert not any(p.startswith("eta-") for p in prompts(env))
+    for r in later:
+        r.get(timeout=20)
+    assert sorted(prompts(env)[2:]) == ["eta-0", "eta-1", "eta-2"]
