@@ -106,3 +106,21 @@ def test_chunks_sent_as_a_task_runs_here(env):
                           kwargs={"task": sig, "it": [[p] for p in prompts], "n": 2})
     want = [env.fake.expected_text(p) for p in prompts]
     assert r.get(timeout=30) == [want[0:2], want[2:3]]
+
+
+def test_revoke_terminate_aborts_the_running_items(env):
+    w = env.worker("-c", "2")
+    env.fake.script(["hold=never"] * 4)
+    r = xmap(env.app.signature("llm.generate"), ["r%d" % i for i in range(4)],
+             app=env.app).apply_async()
+    wait_until(lambda: in_progress(env) == 2, what="2 calls held")
+    r.revoke(terminate=True)
+    wait_until(lambda: r.state == "REVOKED", 15, what="REVOKED")
+    # the map settles only once its aborted calls are back: both held calls
+    # were cut (the fake, holding, does not see it), the other items never called
+    assert len(env.fake.stats()) == 2
+    env.fake.release("never")
+    assert w.count("Terminating celery.map") == 1
+    # the worker is idle again: a task after it runs
+    assert env.app.send_task("llm.generate", args=["after"]).get(timeout=20) == \
+        env.fake.expected_text("after")
