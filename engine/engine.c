@@ -1204,6 +1204,7 @@ void engine_free(struct engine *e)
     strmap_release(&e->task_limits);
     strmap_each(&e->totals, free_value_cb, NULL);
     strmap_release(&e->totals);
+    engine__fanout_release(e);
     while (e->ready_head) {
         struct job *j = e->ready_head;
         engine__ready_unlink(e, j);

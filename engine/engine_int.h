@@ -91,6 +91,8 @@ void engine__fanout_item_done(struct job *j, const struct llm_result *res);
 int engine__fanout_terminate(struct job *j);
 void engine__fanout_tick(struct engine *e);
 void engine__fanout_forget(struct job *j);
+/* engine_free(): lets every map go with its items not running. */
+void engine__fanout_release(struct engine *e);
 
 /* sched.c */
 void engine__ready_push(struct engine *e, struct job *j);

@@ -591,6 +591,19 @@ void engine__fanout_tick(struct engine *e)
     }
 }
 
+void engine__fanout_release(struct engine *e)
+{
+    struct job *j, *next;
+    for (j = e->run_head; j; j = next) {
+        next = j->rnext;
+        if (j->fan && j->fan->parent == j && !j->fan->finishing) {
+            /* Its waiting and queued items go; it follows once none is left. */
+            lose(j->fan, 1);
+            finish(j->fan);
+        }
+    }
+}
+
 /* Called by job_free() for every job with a fan. */
 void engine__fanout_forget(struct job *j)
 {

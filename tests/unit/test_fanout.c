@@ -867,6 +867,17 @@ START_TEST(test_cold_stop_mid_map_leaves_it_unacked)
     fake_release(&f);
     ck_assert_int_eq(f.acks + f.rejects, 0);
     ck_assert_int_eq(f.releases, 2);
+
+    /* freed with an item waiting for its retry */
+    fake_init(&f, 2);
+    fake_start(&f);
+    deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\"]");
+    ok(&f, 0, "A");
+    llm_done(&f, 1, LLM_RETRYABLE, "RateLimitError", 5000, NULL);
+    log_is(&f, "call call done done");
+    fake_release(&f);
+    ck_assert_int_eq(f.acks + f.rejects, 0);
+    ck_assert_int_eq(f.releases, 1);
 }
 END_TEST
 
