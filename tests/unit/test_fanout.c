@@ -35,6 +35,7 @@ struct fake {
     char *queues[1];
     struct engine_now now;
     int acks, rejects, releases;
+    int disconnected;
     struct job *stores[MAXOPS];
     enum engine_store_kind store_kind[MAXOPS];
     char *metas[MAXOPS];
@@ -80,9 +81,8 @@ static void f_reject(void *ctx, struct delivery *d, int requeue)
 
 static int f_live(void *ctx, const struct delivery *d)
 {
-    (void)ctx;
     (void)d;
-    return 1;
+    return !((struct fake *)ctx)->disconnected;
 }
 
 static void f_release(void *ctx, struct delivery *d)
@@ -881,6 +881,28 @@ START_TEST(test_cold_stop_mid_map_leaves_it_unacked)
 }
 END_TEST
 
+START_TEST(test_lost_delivery_stops_the_map)
+{
+    struct fake f;
+    fake_init(&f, 1);
+    fake_start(&f);
+    deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\", \"c\"]");
+    log_is(&f, "call");
+    /* the connection goes: the next item is not paid for, nothing is settled,
+     * and a redelivery starts a new map */
+    f.disconnected = 1;
+    ok(&f, 0, "A");
+    log_is(&f, "done");
+    ck_assert_int_eq(f.ncalls, 1);
+    ck_assert_ptr_null(engine_find_job(f.e, TASK_ID));
+    ck_assert_uint_eq(live(&f), 0);
+    ck_assert_int_eq(active(&f), 0);
+    ck_assert_int_eq(f.acks + f.rejects, 0);
+    ck_assert_int_eq(f.releases, 1);
+    fake_release(&f);
+}
+END_TEST
+
 START_TEST(test_map_waits_for_a_slot_like_a_task)
 {
     struct fake f;
@@ -923,6 +945,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_inspect_shows_the_map_only);
     tcase_add_test(tc, test_warm_shutdown_finishes_the_map);
     tcase_add_test(tc, test_cold_stop_mid_map_leaves_it_unacked);
+    tcase_add_test(tc, test_lost_delivery_stops_the_map);
     tcase_add_test(tc, test_map_waits_for_a_slot_like_a_task);
     suite_add_tcase(s, tc);
     return s;
