@@ -47,6 +47,10 @@ int engine_revoke(struct engine *e, struct engine_now now, const char *id, int t
         engine__revoke_job(j, "revoked", NULL);
         break;
     case JOB_RUNNING:
+        if (terminate && engine__fanout_terminate(j)) {
+            rc = 1;
+            break;
+        }
         if (!terminate || !j->call)
             break;
         LOG(LOG_INFO, "Terminating %s[%s]", job_name(j), j->tm.id);
@@ -170,13 +174,16 @@ void engine_each_job(struct engine *e, enum engine_job_set set,
 {
     struct each_arg a = {fn, arg};
     switch (set) {
+    /* A map's items are not tasks of their own: the map shows for them. */
     case ENGINE_JOBS_RUNNING:
         for (struct job *j = e->run_head; j; j = j->rnext)
-            fn(j, arg);
+            if (!engine__fanout_is_item(j))
+                fn(j, arg);
         break;
     case ENGINE_JOBS_READY:
         for (struct job *j = e->ready_head; j; j = j->next)
-            fn(j, arg);
+            if (!engine__fanout_is_item(j))
+                fn(j, arg);
         break;
     case ENGINE_JOBS_ETA:
         for (struct job *j = e->eta_head; j; j = j->next)

@@ -39,7 +39,11 @@ void engine__leave(struct engine *e)
     if (--e->depth > 0)
         return;
     e->depth++;
-    engine__schedule(e);
+    /* A map started by this schedule queues its items behind the walk. */
+    do {
+        e->rescan = 0;
+        engine__schedule(e);
+    } while (e->rescan);
     e->depth--;
     if (e->shutdown == 1 && e->live == 0 && !e->stopped) {
         e->stopped = 1;
@@ -53,6 +57,8 @@ void engine__leave(struct engine *e)
 static void job_free(struct job *j)
 {
     struct engine *e = j->e;
+    if (j->fan)
+        engine__fanout_forget(j);
     e->ops->forget(e->ctx, j);
     if (j->in_map && j->tm.id && strmap_get(&e->jobs, j->tm.id) == j)
         strmap_del(&e->jobs, j->tm.id);
@@ -381,6 +387,13 @@ static void log_success(struct job *j, const cJSON *result, double runtime)
     buf_release(&r);
 }
 
+static void succeed(struct job *j, cJSON *result, const struct llm_result *llm);
+
+void engine__succeed(struct job *j, cJSON *result)
+{
+    succeed(j, result, NULL);
+}
+
 static void succeed(struct job *j, cJSON *result, const struct llm_result *llm)
 {
     double runtime = (double)(j->e->now.loop_ms - j->t_started) / 1000.0;
@@ -500,7 +513,9 @@ void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
     engine__release_slot(j);
     j->call = NULL;
     j->pending--;
-    if (e->shutdown == 2) {
+    if (engine__fanout_is_item(j)) {
+        engine__fanout_item_done(j, res);
+    } else if (e->shutdown == 2) {
         /* Cold shutdown: the delivery goes back to the queue untouched. */
         engine__abandon(j);
     } else if (j->revoked) {
@@ -791,6 +806,10 @@ void engine__start(struct job *j)
     struct cr_err err;
     int rc;
 
+    if (engine__fanout_is_item(j)) {
+        engine__fanout_run_item(j);
+        return;
+    }
     if (revoke_if_due(j))
         return;
     take_slot(j);
@@ -801,6 +820,10 @@ void engine__start(struct job *j)
         store_started(j);
     if (j->kind == TASK_ACCUMULATE) {
         run_accumulate(j);
+        return;
+    }
+    if (tasks_is_fanout(j->kind)) {
+        engine__fanout_start(j);
         return;
     }
     memset(&te, 0, sizeof(te));
@@ -1185,6 +1208,7 @@ void engine_free(struct engine *e)
     strmap_release(&e->task_limits);
     strmap_each(&e->totals, free_value_cb, NULL);
     strmap_release(&e->totals);
+    engine__fanout_release(e);
     while (e->ready_head) {
         struct job *j = e->ready_head;
         engine__ready_unlink(e, j);
@@ -1207,10 +1231,18 @@ void engine_free(struct engine *e)
 static int job_live(const struct job *j)
 {
     struct engine *e = j->e;
+    /* A map's item has no delivery: fanout.c checks its map's. */
+    if (engine__fanout_is_item(j))
+        return 1;
     for (int i = 0; i < j->nmsgs; i++)
         if (!j->msgs[i]->settled && e->ops->delivery_live(e->ctx, j->msgs[i]))
             return 1;
     return 0;
+}
+
+int engine__job_live(const struct job *j)
+{
+    return job_live(j);
 }
 
 /* Starts ready jobs while slots are free. */
@@ -1313,15 +1345,24 @@ void engine__tick(struct engine *e)
     if (e->cfg->park_after > 0 && e->run_head)
         park_running(e);
     time_limits(e);
+    engine__fanout_tick(e);
 }
 
 /* A warm shutdown gives back what has not started, so other workers can take
  * it now. */
 void engine__drop_waiting(struct engine *e)
 {
-    while (e->ready_head || e->eta_head) {
-        struct job *j = e->ready_head ? e->ready_head : e->eta_head;
-        if (j == e->ready_head)
+    struct job *skip = NULL; /* the last of the leading map items kept */
+    for (;;) {
+        struct job *j = skip ? skip->next : e->ready_head;
+        if (j && engine__fanout_is_item(j)) {
+            /* Its map is running, and a running task finishes. */
+            skip = j;
+            continue;
+        }
+        if (!j && !(j = e->eta_head))
+            break;
+        if (j->state == JOB_READY)
             engine__ready_unlink(e, j);
         else
             engine__eta_unlink(e, j);

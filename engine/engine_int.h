@@ -48,6 +48,7 @@ struct engine {
     struct revoked_set revoked;
     struct strmap task_limits; /* task name -> struct task_limits */
     struct strmap totals;      /* task name -> unsigned long * (stats "total") */
+    int rescan; /* fanout.c queued items while a schedule ran: schedule again */
 };
 
 /* A publish whose confirm the engine waits for. */
@@ -82,6 +83,22 @@ void engine__fail(struct job *j, const char *exc_type, const char *exc_module,
                   const struct llm_result *llm);
 void engine__start(struct job *j);
 int engine__park(struct job *j, struct delivery *d, int release_job, int mark_running);
+
+void engine__succeed(struct job *j, cJSON *result);
+int engine__job_live(const struct job *j);
+
+/* fanout.c: celery.map, celery.starmap and celery.chunks */
+void engine__fanout_start(struct job *j);
+int engine__fanout_is_item(const struct job *j);
+/* The map an item belongs to (its delivery, queue and priority), else j. */
+const struct job *engine__fanout_owner(const struct job *j);
+void engine__fanout_run_item(struct job *j);
+void engine__fanout_item_done(struct job *j, const struct llm_result *res);
+int engine__fanout_terminate(struct job *j);
+void engine__fanout_tick(struct engine *e);
+void engine__fanout_forget(struct job *j);
+/* engine_free(): lets every map go with its items not running. */
+void engine__fanout_release(struct engine *e);
 
 /* sched.c */
 int engine__sched_init(struct engine *e);

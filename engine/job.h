@@ -18,6 +18,7 @@
 #include "protocol/celery_msg.h"
 
 struct engine;
+struct fanout;
 struct ptask;
 
 /* The job's life. Only job_set_state() (engine.c) changes it. */
@@ -81,6 +82,10 @@ struct job {
     int dead_letter; /* publish to the DLX before acking */
     int revoked;     /* terminated by revoke: settle as REVOKED */
     int leased;      /* a parked copy exists: the lease names us as its runner */
+    /* celery.map & co (engine/fanout.c): a map's own state, or for one of its
+     * items (a child job without a delivery) the map it belongs to */
+    struct fanout *fan;
+    int fan_index; /* an item's index in the map's `it` */
 };
 
 /* ---------------------------------------------------------- notifications */

@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "protocol/pyjson.h"
 #include "util/alloc.h"
 #include "util/err.h"
 
-const char *const tasks_builtin_names[] = {"celery.accumulate", "llm.chat", "llm.embed",
-                                           "llm.generate", NULL};
+const char *const tasks_builtin_names[] = {
+    "celery.accumulate", "celery.chunks", "celery.map",   "celery.starmap",
+    "llm.chat",          "llm.embed",     "llm.generate", NULL};
 
 static enum task_kind builtin(const char *name)
 {
@@ -21,6 +23,12 @@ static enum task_kind builtin(const char *name)
         return TASK_EMBED;
     if (!strcmp(name, "celery.accumulate"))
         return TASK_ACCUMULATE;
+    if (!strcmp(name, "celery.map"))
+        return TASK_MAP;
+    if (!strcmp(name, "celery.starmap"))
+        return TASK_STARMAP;
+    if (!strcmp(name, "celery.chunks"))
+        return TASK_CHUNKS;
     return TASK_UNKNOWN;
 }
 
@@ -457,4 +465,147 @@ cJSON *tasks_accumulate(const struct task_msg *m, struct task_error *te)
         return cJSON_Duplicate(cJSON_GetArrayItem(m->args, i), 1);
     }
     return cJSON_Duplicate(m->args, 1);
+}
+
+/* ----------------------------------------------- celery.map, starmap, chunks */
+
+const char *tasks_py_type(const cJSON *v)
+{
+    if (cJSON_IsBool(v))
+        return "bool";
+    if (cJSON_IsNumber(v))
+        return v->type & PY_JSON_FLOAT ? "float" : "int";
+    if (cJSON_IsString(v))
+        return "str";
+    if (cJSON_IsArray(v))
+        return "list";
+    if (cJSON_IsObject(v))
+        return "dict";
+    return "NoneType";
+}
+
+int tasks_bind_fanout(enum task_kind kind, const struct task_msg *m,
+                      struct task_fanout *out, struct task_error *te)
+{
+    static const char *const names[] = {"task", "it", "n"};
+    /* The names of Python's functions, which its TypeErrors show. */
+    const char *fn = kind == TASK_MAP       ? "xmap"
+                     : kind == TASK_STARMAP ? "xstarmap"
+                                            : "chunks";
+    struct binding b = {
+        fn, names, kind == TASK_CHUNKS ? 3 : 2, kind == TASK_CHUNKS ? 3 : 2, {0}};
+    const cJSON *task, *it, *kw;
+    int rc;
+
+    memset(out, 0, sizeof(*out));
+    out->n = 1;
+    if (!tasks_is_fanout(kind))
+        return fail(te, "TypeError", "task is not celery.map, starmap or chunks");
+    if ((rc = bind_args(&b, m, te)))
+        return rc;
+    cJSON_ArrayForEach(kw, m->kwargs)
+    {
+        if (!is_named(&b, kw->string))
+            return fail(te, "TypeError", "%s() got an unexpected keyword argument '%s'",
+                        fn, kw->string);
+    }
+    /* signature(task) takes a signature dict, or a task name. */
+    task = b.values[0];
+    if (cJSON_IsObject(task))
+        task = cJSON_GetObjectItemCaseSensitive(task, "task");
+    if (!cJSON_IsString(task) || !task->valuestring[0])
+        return fail(te, "TypeError",
+                    "%s() argument 'task' must be a signature or a task name", fn);
+    out->task = task->valuestring;
+    it = b.values[1];
+    if (cJSON_IsString(it) || cJSON_IsObject(it))
+        return fail(te, "TypeError", "%s() argument 'it' must be a list, not %s", fn,
+                    tasks_py_type(it));
+    if (!cJSON_IsArray(it))
+        return fail(te, "TypeError", "'%s' object is not iterable", tasks_py_type(it));
+    out->nitems = cJSON_GetArraySize(it);
+    if (out->nitems > TASKS_FANOUT_MAX_ITEMS)
+        return fail(te, "ValueError",
+                    "%s() argument 'it' has %d items, over the limit of %d", fn,
+                    out->nitems, TASKS_FANOUT_MAX_ITEMS);
+    out->it = it;
+    if (kind == TASK_CHUNKS) {
+        const cJSON *n = b.values[2];
+        /* Python's chunks() slices with islice(it, n - 1). */
+        if (!cJSON_IsNumber(n) || (n->type & PY_JSON_FLOAT) || n->valuedouble < 1 ||
+            n->valuedouble > 1e15)
+            return fail(te, "ValueError",
+                        "Stop argument for islice() must be None or an integer: 0 <= x "
+                        "<= sys.maxsize.");
+        out->n = (long)n->valuedouble;
+    }
+    return 0;
+}
+
+/* The characters of a UTF-8 string, one string each (Python's *"abc"). */
+static cJSON *string_chars(const char *s)
+{
+    cJSON *a = cJSON_CreateArray();
+    char ch[5];
+    while (a && *s) {
+        size_t n = 1;
+        cJSON *c;
+        while (s[n] && ((unsigned char)s[n] & 0xC0) == 0x80 && n < 4)
+            n++;
+        memcpy(ch, s, n);
+        ch[n] = '\0';
+        s += n;
+        c = cJSON_CreateString(ch);
+        if (!c || !cJSON_AddItemToArray(a, c)) {
+            cJSON_Delete(c);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static cJSON *dict_keys(const cJSON *o)
+{
+    cJSON *a = cJSON_CreateArray();
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, o)
+    {
+        cJSON *c;
+        if (!a)
+            return NULL;
+        c = cJSON_CreateString(kw->string);
+        if (!c || !cJSON_AddItemToArray(a, c)) {
+            cJSON_Delete(c);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+cJSON *tasks_item_args(enum task_kind kind, const char *inner, const cJSON *item,
+                       struct task_error *te)
+{
+    cJSON *a, *dup;
+    te->exc_type[0] = '\0';
+    if (kind == TASK_MAP) {
+        a = cJSON_CreateArray();
+        dup = cJSON_Duplicate(item, 1);
+        if (!a || !dup || !cJSON_AddItemToArray(a, dup)) {
+            cJSON_Delete(a);
+            cJSON_Delete(dup);
+            return NULL;
+        }
+        return a;
+    }
+    if (cJSON_IsArray(item))
+        return cJSON_Duplicate(item, 1);
+    if (cJSON_IsString(item))
+        return string_chars(item->valuestring);
+    if (cJSON_IsObject(item))
+        return dict_keys(item);
+    fail(te, "TypeError", "%s() argument after * must be an iterable, not %s", inner,
+         tasks_py_type(item));
+    return NULL;
 }

@@ -5,6 +5,11 @@
  *   llm.chat(messages, model=None, **params) -> {content, model, finish_reason, usage}
  *   llm.embed(input, model=None) -> [float] or [[float]]
  *   celery.accumulate(*args, index=None) -> args[index] or list(args)
+ *   celery.map(task, it) -> [task(item) for item in it]
+ *   celery.starmap(task, it) -> [task(*item) for item in it]
+ *   celery.chunks(task, it, n) -> [[task(*item) for item in part] for part
+ *                                 in parts of n]
+ * (the last three are run by engine/fanout.c: tasks.c only binds them)
  */
 #ifndef CR_TASKS_H
 #define CR_TASKS_H
@@ -21,7 +26,16 @@ enum task_kind {
     TASK_CHAT,
     TASK_EMBED,
     TASK_ACCUMULATE,
+    TASK_MAP,     /* celery.map */
+    TASK_STARMAP, /* celery.starmap */
+    TASK_CHUNKS,  /* celery.chunks */
 };
+
+/* Whether kind is one of the built-ins whose items are calls of another task. */
+static inline int tasks_is_fanout(enum task_kind kind)
+{
+    return kind == TASK_MAP || kind == TASK_STARMAP || kind == TASK_CHUNKS;
+}
 
 /* Names of the built-in tasks, NULL-terminated, sorted. */
 extern const char *const tasks_builtin_names[];
@@ -60,5 +74,40 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res);
 
 /* Runs celery.accumulate. Returns a new JSON value, or NULL with *te filled. */
 cJSON *tasks_accumulate(const struct task_msg *m, struct task_error *te);
+
+/* ----------------------------------------------- celery.map, starmap, chunks */
+
+/* The most items a map takes: each one costs a result kept until the map ends. */
+#define TASKS_FANOUT_MAX_ITEMS 100000
+
+/* What a celery.map / celery.starmap / celery.chunks message asks. Borrowed
+ * from the task_msg it was bound from (valid while its args and kwargs are). */
+struct task_fanout {
+    const char *task; /* the inner task's name (a signature's "task", or a name) */
+    const cJSON *it;  /* a JSON array of at most TASKS_FANOUT_MAX_ITEMS */
+    int nitems;
+    long n; /* celery.chunks: items per part (>= 1); 1 otherwise */
+};
+
+/* Binds m's arguments as Python's xmap(task, it), xstarmap(task, it) or
+ * chunks(task, it, n) do. The signature's own args, kwargs and options are not
+ * read: Python's built-ins call signature(task).type, the bare task. Returns 0,
+ * or CR_EINVAL with *te filled: TypeError for a bad call or an `it` that is
+ * not a list ("'int' object is not iterable" as Python says; a str or a dict,
+ * which Python would iterate, is refused here too), ValueError for a chunk
+ * size that is not an integer >= 1 or more than TASKS_FANOUT_MAX_ITEMS items. */
+int tasks_bind_fanout(enum task_kind kind, const struct task_msg *m,
+                      struct task_fanout *out, struct task_error *te);
+
+/* The positional arguments the inner task `inner` gets for one item: [item]
+ * for celery.map; for celery.starmap and celery.chunks the item unpacked as
+ * Python's *item does (a list as it is, a str as its characters, a dict as
+ * its keys). New array; NULL with *te filled (TypeError: not iterable), or
+ * NULL with te->exc_type empty on OOM. */
+cJSON *tasks_item_args(enum task_kind kind, const char *inner, const cJSON *item,
+                       struct task_error *te);
+
+/* Python's type name of a JSON value ("int", "str", "NoneType", ...). */
+const char *tasks_py_type(const cJSON *v);
 
 #endif

@@ -110,7 +110,7 @@ START_TEST(test_builtin_names)
             ck_assert_int_lt(strcmp(tasks_builtin_names[n - 1], tasks_builtin_names[n]),
                              0);
     }
-    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(n, 7);
 }
 END_TEST
 
