@@ -1275,6 +1275,12 @@ void engine__schedule(struct engine *e)
             continue;
         }
         engine__start(j);
+        /* A map that started has queued its items, which may be more urgent
+         * than next (a premium map before free tasks): start from the head. */
+        if (e->rescan) {
+            e->rescan = 0;
+            next = e->ready_head;
+        }
         j = next;
     }
 }

@@ -86,10 +86,12 @@ static int priority_of(const struct delivery *d)
 
 /* Level 0 starts first: the tier, then the priority from most urgent down.
  * The first delivery decides (a redelivery of the same id joins the job); a
- * job without one goes to the last tier at priority 0. */
+ * map's item has none and takes its map's, so a premium map's items stay in
+ * the premium tier. */
 static unsigned level_of(const struct engine *e, const struct job *j)
 {
-    const struct delivery *d = j->nmsgs ? j->msgs[0] : NULL;
+    const struct job *owner = engine__fanout_owner(j);
+    const struct delivery *d = owner->nmsgs ? owner->msgs[0] : NULL;
     unsigned level = tier_of(e, d ? d->queue : NULL) * PRIO_LEVELS +
                      (unsigned)(ENGINE_PRIORITY_MAX - priority_of(d));
     return level < e->nlevels ? level : e->nlevels - 1;

@@ -106,7 +106,8 @@ static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr
     j->call = j;
     ck_assert_int_lt(f->ncalls, MAXJOBS);
     f->calls_of[f->ncalls] = j;
-    buf_printf(&f->calls, "%s%s", f->ncalls++ ? " " : "", j->tm.id);
+    /* a map's items have no id of their own */
+    buf_printf(&f->calls, "%s%s", f->ncalls++ ? " " : "", j->tm.id ? j->tm.id : "item");
     return 0;
 }
 
@@ -209,14 +210,25 @@ static void fake_release(struct fake *f)
 /* Delivers an llm.generate task with this id from queue, with priority prio
  * (caps: whether the transport says it carries one) and an eta in eta_s
  * seconds from T0 (< 0: none). */
+static void deliver_task(struct fake *f, const char *id, const char *queue, int prio,
+                         unsigned caps, int eta_s, const char *task, const char *body);
+
 static void deliver_full(struct fake *f, const char *id, const char *queue, int prio,
                          unsigned caps, int eta_s)
+{
+    deliver_task(f, id, queue, prio, caps, eta_s, "llm.generate",
+                 "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": null}]");
+}
+
+/* Delivers task (with body) as deliver_full() does. */
+static void deliver_task(struct fake *f, const char *id, const char *queue, int prio,
+                         unsigned caps, int eta_s, const char *task, const char *body)
 {
     struct fmsg *m = calloc(1, sizeof(*m));
     cJSON *h = cJSON_CreateObject();
     ck_assert_ptr_nonnull(m);
     cJSON_AddStringToObject(h, "lang", "py");
-    cJSON_AddStringToObject(h, "task", "llm.generate");
+    cJSON_AddStringToObject(h, "task", task);
     cJSON_AddStringToObject(h, "id", id);
     cJSON_AddStringToObject(h, "root_id", id);
     if (eta_s >= 0) {
@@ -226,7 +238,7 @@ static void deliver_full(struct fake *f, const char *id, const char *queue, int 
                  13 + (20 + eta_s) / 60, (20 + eta_s) % 60);
         cJSON_AddStringToObject(h, "eta", eta);
     }
-    m->body = strdup("[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": null}]");
+    m->body = strdup(body);
     m->queue = strdup(queue);
     m->d.body = m->body;
     m->d.body_len = strlen(m->body);
@@ -347,6 +359,22 @@ START_TEST(strict_tiers)
     deliver(&f, "p0b", "premium", 0);
     ready_is(&f, "p3 p0 p0b f9 f9b f0 x255 x0");
     start_all_is(&f, "p3 p0 p0b f9 f9b f0 x255 x0");
+    fake_release(&f);
+}
+END_TEST
+
+/* A map's items have no delivery: they take their map's tier and priority,
+ * so a premium map is not served after the free tasks. */
+START_TEST(strict_map_items_keep_the_tier)
+{
+    struct fake f;
+    fake_init(&f, ENGINE_QUEUE_STRICT);
+    deliver(&f, "hold", "free", 0);
+    deliver(&f, "f0", "free", 0);
+    deliver_task(&f, "pmap", "premium", 0, CAPS_ALL, -1, "celery.map",
+                 "[[], {\"task\": \"llm.generate\", \"it\": [\"a\", \"b\"]}, null]");
+    ready_is(&f, "pmap f0");
+    start_all_is(&f, "item item f0");
     fake_release(&f);
 }
 END_TEST
@@ -517,6 +545,7 @@ Suite *suite(void)
     tcase_add_test(tc, priority_needs_the_cap);
     tcase_add_test(tc, priority_clamped);
     tcase_add_test(tc, strict_tiers);
+    tcase_add_test(tc, strict_map_items_keep_the_tier);
     tcase_add_test(tc, fair_no_tiers);
     tcase_add_test(tc, strict_without_queues);
     tcase_add_test(tc, unlink_middle);
