@@ -21,10 +21,18 @@
  * Every message is Celery protocol v2 (headers + [args, kwargs, embed]) as
  * celery_msg_encode_v2() writes it, whatever protocol the parent came in.
  *
- * Routing of a published signature: options.exchange / options.routing_key
- * when given; else options.queue (default exchange "", routing key = queue);
- * else the first route in canvas_opts.routes whose pattern matches the task
- * name (fnmatch-style "*"); else canvas_opts.default_queue. */
+ * Routing of a published signature (Celery's send_task_message): options.exchange
+ * and options.routing_key when both are non-empty strings (one alone is ignored,
+ * as Celery ignores it for a direct exchange); else options.queue (default
+ * exchange "", routing key = queue); else the first route in canvas_opts.routes
+ * whose pattern matches the task name (fnmatch-style "*" and "?"; for celery.map
+ * and celery.starmap the mapped task's name, as Celery's route_name); else
+ * canvas_opts.default_queue.
+ *
+ * Composite signatures as Celery 5.2.6 applies them: xmap / xstarmap are one
+ * celery.map / celery.starmap message (args [], kwargs {"task", "it"}; partial
+ * args are dropped); chunks is a group of celery.starmap messages, one per
+ * slice of n items, whose group id is the chunks' options.task_id. */
 #ifndef CR_CANVAS_H
 #define CR_CANVAS_H
 
@@ -55,6 +63,9 @@ struct canvas_msg {
     char *exchange;    /* "" for the default exchange */
     char *routing_key; /* the queue, for the default exchange */
     int priority;      /* the AMQP priority property; 0 when not given */
+    char *reply_to;    /* the reply_to property; NULL when the signature has none */
+    char *expiration;  /* the expiration property (ms, decimal) or NULL: set when
+                        * options.expires is given, as kombu sets it */
     cJSON *headers;    /* Celery v2 headers */
     struct buf body;   /* [args, kwargs, embed], as json.dumps writes it */
 };
@@ -65,6 +76,18 @@ struct canvas_chord_size {
     long size;
 };
 
+/* A later chain step that is itself a chord header member (a chain inside a
+ * chord header): on failure Celery also runs the chord part-return for it, with
+ * the same FAILURE, so the chord does not wait for it forever (base.py
+ * mark_as_failure). The engine adds canvas_chord_member(task_id, "FAILURE",
+ * exc) to group_id's sorted set like any member, and joins when complete. */
+struct canvas_chord_part {
+    char *task_id;
+    char *group_id;
+    long group_index; /* -1 when null */
+    cJSON *body;      /* the chord body (options.chord of the step) */
+};
+
 struct canvas_plan {
     struct canvas_chord_size *sizes;
     size_t nsizes;
@@ -72,6 +95,8 @@ struct canvas_plan {
     size_t nmsgs;
     char **fails; /* task ids to store the same FAILURE for */
     size_t nfails;
+    struct canvas_chord_part *parts; /* failure plans only; see above */
+    size_t nparts;
 };
 
 void canvas_plan_init(struct canvas_plan *p);
@@ -97,9 +122,12 @@ int canvas_on_success(const struct task_msg *m, const cJSON *result,
                       struct cr_err *err);
 
 /* What a Python worker does after m failed (not for a retry): fails holds
- * every later chain step that has options.task_id (descending into chord
- * bodies as Celery does), msgs the errbacks published as one group with args
- * [m's id] + their own args (parent_id m's id). Same returns as above. */
+ * every later chain step that has options.task_id (a chord step without one
+ * gives its body's task_id), in embed.chain order (the last step first, as
+ * Celery walks it); parts the
+ * steps among them that carry options.chord; msgs the errbacks published as
+ * one group with args [m's id] + their own args (parent_id m's id). Same
+ * returns as above. */
 int canvas_on_failure(const struct task_msg *m, const struct canvas_opts *o,
                       struct canvas_plan *out, struct cr_err *err);
 
@@ -126,7 +154,8 @@ int canvas_chord_member(const char *task_id, const char *state, const cJSON *res
  * canvas_chord_member()). When every member is SUCCESS: *failed is 0 and the
  * plan publishes the body with the list of results prepended to its args
  * (unless immutable), id = body options.task_id, parent_id = m's id, root_id =
- * m's root_id. When one is FAILURE or REVOKED: *failed is 1, *body_id the
+ * m's root_id unless the body's options name their own (a chord launched by a
+ * worker puts the launcher's ids there; Celery's send_task keeps them). When one is FAILURE or REVOKED: *failed is 1, *body_id the
  * body's id (new string, NULL when the body has none), exc the ChordError
  * dict to store for it ({"exc_type": "ChordError", "exc_message": ["Dependency
  * <id> raised <repr>"], "exc_module": "celery.exceptions"}, new), and the
