@@ -124,10 +124,9 @@ int canvas_on_success(const struct task_msg *m, const cJSON *result,
 /* What a Python worker does after m failed (not for a retry): fails holds
  * every later chain step that has options.task_id (a chord step without one
  * gives its body's task_id), in embed.chain order (the last step first, as
- * Celery walks it); parts the
- * steps among them that carry options.chord; msgs the errbacks published as
- * one group with args [m's id] + their own args (parent_id m's id). Same
- * returns as above. */
+ * Celery walks it); parts the steps among them that carry options.chord; msgs
+ * the errbacks published as one group with args [m's id] + their own args
+ * (parent_id m's id). Same returns as above. */
 int canvas_on_failure(const struct task_msg *m, const struct canvas_opts *o,
                       struct canvas_plan *out, struct cr_err *err);
 
@@ -155,8 +154,8 @@ int canvas_chord_member(const char *task_id, const char *state, const cJSON *res
  * plan publishes the body with the list of results prepended to its args
  * (unless immutable), id = body options.task_id, parent_id = m's id, root_id =
  * m's root_id unless the body's options name their own (a chord launched by a
- * worker puts the launcher's ids there; Celery's send_task keeps them). When one is FAILURE or REVOKED: *failed is 1, *body_id the
- * body's id (new string, NULL when the body has none), exc the ChordError
+ * worker puts the launcher's ids there; Celery's send_task keeps them). When
+ * one is FAILURE or REVOKED: *failed is 1, *body_id the body's id (new string, NULL when the body has none), exc the ChordError
  * dict to store for it ({"exc_type": "ChordError", "exc_message": ["Dependency
  * <id> raised <repr>"], "exc_module": "celery.exceptions"}, new), and the
  * plan publishes the body's errbacks with args [body id]. CR_EPROTO for a
