@@ -155,11 +155,12 @@ int canvas_chord_member(const char *task_id, const char *state, const cJSON *res
  * (unless immutable), id = body options.task_id, parent_id = m's id, root_id =
  * m's root_id unless the body's options name their own (a chord launched by a
  * worker puts the launcher's ids there; Celery's send_task keeps them). When
- * one is FAILURE or REVOKED: *failed is 1, *body_id the body's id (new string, NULL when the body has none), exc the ChordError
- * dict to store for it ({"exc_type": "ChordError", "exc_message": ["Dependency
- * <id> raised <repr>"], "exc_module": "celery.exceptions"}, new), and the
- * plan publishes the body's errbacks with args [body id]. CR_EPROTO for a
- * member that is not such a list, CR_ENOMEM. */
+ * one is FAILURE or REVOKED: *failed is 1, *body_id the body's id (new string,
+ * NULL when the body has none), exc the ChordError dict to store for it
+ * ({"exc_type": "ChordError", "exc_message": ["Dependency <id> raised
+ * <repr>"], "exc_module": "celery.exceptions"}, new), and the plan publishes
+ * the body's errbacks with args [body id]. CR_EPROTO for a member that is not
+ * such a list, CR_ENOMEM. */
 int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *c,
                       const char *const *members, const size_t *lens, size_t n,
                       const struct canvas_opts *o, struct canvas_plan *out, int *failed,
