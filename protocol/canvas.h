@@ -25,14 +25,12 @@
  * and options.routing_key when both are non-empty strings (one alone is ignored,
  * as Celery ignores it for a direct exchange); else options.queue (default
  * exchange "", routing key = queue); else the first route in canvas_opts.routes
- * whose pattern matches the task name (fnmatch-style "*" and "?"; for celery.map
- * and celery.starmap the mapped task's name, as Celery's route_name); else
+ * whose pattern matches the task name (fnmatch-style "*" and "?"); else
  * canvas_opts.default_queue.
  *
- * Composite signatures as Celery 5.2.6 applies them: xmap / xstarmap are one
- * celery.map / celery.starmap message (args [], kwargs {"task", "it"}; partial
- * args are dropped); chunks is a group of celery.starmap messages, one per
- * slice of n items, whose group id is the chunks' options.task_id. */
+ * chunks / xmap / xstarmap signatures arrive as Celery 5.2.6 serializes them:
+ * plain immutable celery.chunks / celery.map / celery.starmap tasks with kwargs
+ * {"task", "it"[, "n"]}, published like any plain task. */
 #ifndef CR_CANVAS_H
 #define CR_CANVAS_H
 
@@ -51,6 +49,10 @@ struct canvas_opts {
     char *const *routes;       /* "PATTERN=QUEUE" strings (--task-route) */
     int nroutes;
     int64_t now_us; /* epoch microseconds: countdown -> eta */
+    /* reply_to of messages whose options name none, and written into the
+     * options of signatures frozen here, as Python's app.thread_oid (only the
+     * rpc result backend reads it). NULL: none. */
+    const char *reply_to;
     /* Writes a fresh uuid4 string (36 chars + NUL) to out. */
     void (*new_uuid)(char out[37], void *arg);
     void *uuid_arg;
