@@ -35,10 +35,15 @@ struct ctx {
      * send_task() fills in when the options do not name a parent and root. */
     const char *cur_id;
     const char *cur_root;
+    /* Set for the one signature trace.py applies as it came (a lone
+     * callback, the next chain step), read and cleared by apply(): without
+     * partial args Python then sends the args list as it was decoded, whose
+     * argsrepr is "[...]", where every cloned signature has a tuple. */
+    int direct;
 };
 
-static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial, const cJSON *passed,
-                 int depth);
+static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial,
+                 const cJSON *passed, int depth);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -95,7 +100,8 @@ static int set_item(cJSON *obj, const char *key, cJSON *val)
         return CR_ENOMEM;
     old = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (old) {
-        if (!cJSON_ReplaceItemViaPointer(obj, old, val)) {
+        /* This one gives val the key (ReplaceItemViaPointer would not). */
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(obj, key, val)) {
             cJSON_Delete(val);
             return CR_ENOMEM;
         }
@@ -545,7 +551,7 @@ out:
 
 /* Signature.apply_async for a plain task. */
 static int apply_plain(struct ctx *c, const struct sig *s, const cJSON *partial,
-                       const cJSON *passed)
+                       const cJSON *passed, int direct)
 {
     cJSON *opts = merge(s->options, passed, 1, 1), *args;
     int rc;
@@ -555,6 +561,20 @@ static int apply_plain(struct ctx *c, const struct sig *s, const cJSON *partial,
     if (!args) {
         cJSON_Delete(opts);
         return oom(c);
+    }
+    /* as_task_v2's "args or ()" makes an empty list a tuple again */
+    if (direct && args->child && (s->immutable || !partial || !partial->child) &&
+        !get(opts, "argsrepr")) {
+        struct buf r;
+        buf_init(&r);
+        if (py_repr(args, &r, 1024) ||
+            set_str(opts, "argsrepr", r.data ? r.data : "[]")) {
+            buf_release(&r);
+            cJSON_Delete(opts);
+            cJSON_Delete(args);
+            return oom(c);
+        }
+        buf_release(&r);
     }
     rc = publish(c, s->task, args, s->kwargs, opts, NULL);
     cJSON_Delete(opts);
@@ -646,7 +666,8 @@ static int freeze_opts(struct ctx *c, cJSON *o, const char *id, const char *root
         if (set_str(o, "task_id", id))
             return oom(c);
     }
-    if ((root && set_str(o, "root_id", root)) || (parent && set_str(o, "parent_id", parent)))
+    if ((root && set_str(o, "root_id", root)) ||
+        (parent && set_str(o, "parent_id", parent)))
         return oom(c);
     if (c->o->reply_to && !get(o, "reply_to") && set_str(o, "reply_to", c->o->reply_to))
         return oom(c);
@@ -674,12 +695,14 @@ static int apply_members(struct ctx *c, cJSON *members, const cJSON *gopts,
 
     if (n == 0)
         return 0; /* an empty group publishes nothing (group.freeze()) */
+    /* _freeze_gid() draws a uuid even when it has an id (the default of
+     * options.pop('task_id', uuid())); drawn here too, so ids made later
+     * match Python's. */
+    new_id(c, gid);
     if (g) {
-        snprintf(gid, sizeof gid, "%.36s", g);
         if (strlen(g) > 36)
             return cr_err_set(c->err, CR_EPROTO, "group id too long");
-    } else {
-        new_id(c, gid);
+        snprintf(gid, sizeof gid, "%s", g);
     }
     /* _freeze_gid(): task_id becomes group_id; a chord key is the chord
      * parameter of _apply_tasks, not an option passed on. */
@@ -818,7 +841,8 @@ static cJSON *make_chord(cJSON *header, cJSON *body, const char *task_id,
     if (set_item(kw, "body", body) || set_item(s, "options", o = cJSON_CreateObject()) ||
         (task_id && set_str(o, "task_id", task_id)) ||
         (root_id && set_str(o, "root_id", root_id)) ||
-        set_str(s, "subtask_type", "chord") || set_item(s, "immutable", cJSON_CreateFalse())) {
+        set_str(s, "subtask_type", "chord") ||
+        set_item(s, "immutable", cJSON_CreateFalse())) {
         cJSON_Delete(s);
         return NULL;
     }
@@ -950,7 +974,8 @@ static int apply_chain(struct ctx *c, const struct sig *s, const cJSON *partial,
         goto oom;
     {
         const cJSON *outer = get(opts, "chain");
-        for (const cJSON *v = cJSON_IsArray(outer) ? outer->child : NULL; v; v = v->next) {
+        for (const cJSON *v = cJSON_IsArray(outer) ? outer->child : NULL; v;
+             v = v->next) {
             cJSON *d = cJSON_Duplicate(v, 1);
             if (!d || !cJSON_AddItemToArray(rest, d)) {
                 cJSON_Delete(d);
@@ -967,9 +992,9 @@ static int apply_chain(struct ctx *c, const struct sig *s, const cJSON *partial,
     }
     if (!(fpassed = merge(opts, NULL, 0, 0)))
         goto oom;
-    static const char *const run_params[] = {"group_id", "chord", "task_id", "link",
-                                             "link_error", "root_id", "parent_id",
-                                             "group_index"};
+    static const char *const run_params[] = {"group_id",  "chord",      "task_id",
+                                             "link",      "link_error", "root_id",
+                                             "parent_id", "group_index"};
     for (size_t i = 0; i < sizeof run_params / sizeof *run_params; i++)
         cJSON_DeleteItemFromObjectCaseSensitive(fpassed, run_params[i]);
     if (set_item(fpassed, "chain", rest)) {
@@ -991,21 +1016,20 @@ out:
     return rc;
 }
 
-/* The header members of a chord: a serialized group, or a plain list. */
-static int chord_header(struct ctx *c, const cJSON *header, cJSON *members,
-                        const cJSON **hopts, int depth)
+/* The header members of a chord: a serialized group, a chain or a plain
+ * list. Like chord's _maybe_group(), a group's or chain's own options are
+ * dropped: the chord makes a new group for the members. */
+static int chord_header(struct ctx *c, const cJSON *header, cJSON *members, int depth)
 {
-    *hopts = NULL;
     if (cJSON_IsArray(header))
         return flatten(c, header, members, depth + 1);
     if (cJSON_IsObject(header)) {
         const char *type = get_str(header, "subtask_type");
-        if (type && !strcmp(type, "group")) {
-            *hopts = get(header, "options");
+        cJSON *d;
+        if (type && (!strcmp(type, "group") || !strcmp(type, "chain")))
             return flatten(c, get(get(header, "kwargs"), "tasks"), members, depth + 1);
-        }
         /* a single signature as header: a group of one */
-        cJSON *d = cJSON_Duplicate(header, 1);
+        d = cJSON_Duplicate(header, 1);
         if (!d || !cJSON_AddItemToArray(members, d)) {
             cJSON_Delete(d);
             return oom(c);
@@ -1015,8 +1039,14 @@ static int chord_header(struct ctx *c, const cJSON *header, cJSON *members,
     return cr_err_set(c->err, CR_EPROTO, "chord without a header");
 }
 
+/* _chain.freeze(id, group_id, chord, root_id, group_index) on a copy: from
+ * the last step back (prepare_steps with clone=False), the last step gets the
+ * id, group, chord and index, every plain step a task_id and the root. */
+static int freeze_chain(struct ctx *c, cJSON *t, const char *id, const char *root,
+                        const char *gid, const cJSON *chord, long gidx, int depth);
+
 /* freeze(group_id, chord=body, root_id, parent_id, group_index) of one
- * header member copy (group._freeze_unroll and _chain.freeze). */
+ * header member copy (group._freeze_unroll). */
 static int freeze_member(struct ctx *c, cJSON *t, const char *gid, const cJSON *body,
                          const char *root, const char *parent, int index, int depth)
 {
@@ -1025,27 +1055,8 @@ static int freeze_member(struct ctx *c, cJSON *t, const char *gid, const cJSON *
     if (depth > CANVAS_MAX_DEPTH)
         return cr_err_set(c->err, CR_EPROTO, "signature nested deeper than %d",
                           CANVAS_MAX_DEPTH);
-    if (type && !strcmp(type, "chain")) {
-        /* the chain's last step is the member */
-        cJSON *tasks = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(t, "kwargs"), "tasks");
-        int n = cJSON_GetArraySize(tasks);
-        for (int i = 0; i < n; i++) {
-            cJSON *step = cJSON_GetArrayItem(tasks, i), *so;
-            if (i == n - 1)
-                return freeze_member(c, step, gid, body, root, parent, index, depth + 1);
-            if (!cJSON_IsObject(step))
-                return cr_err_set(c->err, CR_EPROTO, "chain step is not a dict");
-            if (!(so = own_options(step)))
-                return oom(c);
-            if (!get_str(step, "subtask_type")) {
-                int rc = freeze_opts(c, so, NULL, root, NULL, NULL, NULL, -1);
-                if (rc)
-                    return rc;
-            }
-        }
-        return 0;
-    }
+    if (type && !strcmp(type, "chain"))
+        return freeze_chain(c, t, NULL, root, gid, body, index, depth + 1);
     if (type && !strcmp(type, "chord")) {
         /* a chord in a chord header: its body is the member */
         cJSON *b = cJSON_GetObjectItemCaseSensitive(
@@ -1059,21 +1070,53 @@ static int freeze_member(struct ctx *c, cJSON *t, const char *gid, const cJSON *
     return freeze_opts(c, o, NULL, root, parent, gid, body, index);
 }
 
+static int freeze_chain(struct ctx *c, cJSON *t, const char *id, const char *root,
+                        const char *gid, const cJSON *chord, long gidx, int depth)
+{
+    cJSON *tasks = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(t, "kwargs"), "tasks");
+    int n = cJSON_IsArray(tasks) ? cJSON_GetArraySize(tasks) : 0;
+    if (depth > CANVAS_MAX_DEPTH)
+        return cr_err_set(c->err, CR_EPROTO, "signature nested deeper than %d",
+                          CANVAS_MAX_DEPTH);
+    for (int i = n - 1; i >= 0; i--) {
+        cJSON *step = cJSON_GetArrayItem(tasks, i), *so;
+        int last = i == n - 1, rc;
+        if (!cJSON_IsObject(step))
+            return cr_err_set(c->err, CR_EPROTO, "chain step is not a dict");
+        if (get_str(step, "subtask_type")) {
+            if (last && chord) {
+                rc = freeze_member(c, step, gid, chord, root, NULL, gidx, depth + 1);
+                if (rc)
+                    return rc;
+            }
+            continue;
+        }
+        if (!(so = own_options(step)))
+            return oom(c);
+        rc = freeze_opts(c, so, last ? id : NULL, root, NULL, last ? gid : NULL,
+                         last ? chord : NULL, last ? gidx : -1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* chord.apply_async / run. */
 static int apply_chord(struct ctx *c, const struct sig *s, const cJSON *partial,
                        const cJSON *passed, int depth)
 {
-    const cJSON *body0 = get(s->kwargs, "body"), *hopts;
+    const cJSON *body0 = get(s->kwargs, "body");
     cJSON *members = NULL, *body = NULL, *opts = NULL, *bo, *hpassed = NULL, *args = NULL;
-    char gid[37], bid[37];
-    const char *root, *parent, *tid;
+    char gid[37], bid[37], rootbuf[37];
+    const char *root, *tid;
     int rc, i = 0;
 
     if (!cJSON_IsObject(body0))
         return cr_err_set(c->err, CR_EPROTO, "chord without a body");
     if (!(members = cJSON_CreateArray()))
         return oom(c);
-    if ((rc = chord_header(c, get(s->kwargs, "header"), members, &hopts, depth)))
+    if ((rc = chord_header(c, get(s->kwargs, "header"), members, depth)))
         goto out;
     if (!(args = join_args(partial, s->args, s->immutable)))
         goto oom;
@@ -1103,25 +1146,32 @@ static int apply_chord(struct ctx *c, const struct sig *s, const cJSON *partial,
     bo = own_options(body);
     if (!bo)
         goto oom;
+    /* copied: the update below may replace the item it points into */
     root = get_str(bo, "root_id");
+    if (root) {
+        snprintf(rootbuf, sizeof rootbuf, "%.36s", root);
+        root = strlen(root) > 36 ? NULL : rootbuf;
+    }
     for (const cJSON *v = opts->child; v; v = v->next)
         if (v->string && set_dup(bo, v->string, v))
             goto oom;
     /* body.freeze(task_id, root_id) */
-    if (!get_str(body, "subtask_type") &&
-        (rc = freeze_opts(c, bo, tid, root, NULL, NULL, NULL, -1)))
-        goto out;
+    {
+        const char *bt = get_str(body, "subtask_type");
+        if (!bt)
+            rc = freeze_opts(c, bo, tid, root, NULL, NULL, NULL, -1);
+        else if (!strcmp(bt, "chain"))
+            rc = freeze_chain(c, body, tid, root, NULL, NULL, -1, depth + 1);
+        if (rc)
+            goto out;
+    }
     /* Chains and chords are not passed to the header tasks (#3771). */
     cJSON_DeleteItemFromObjectCaseSensitive(opts, "chain");
     cJSON_DeleteItemFromObjectCaseSensitive(opts, "chord");
 
-    if (get_str(hopts, "task_id"))
-        snprintf(gid, sizeof gid, "%.36s", get_str(hopts, "task_id"));
-    else
-        new_id(c, gid);
-    parent = get_str(hopts, "parent_id");
+    new_id(c, gid);
     for (cJSON *t = members->child; t; t = t->next, i++)
-        if ((rc = freeze_member(c, t, gid, body, root, parent, i, depth + 1)))
+        if ((rc = freeze_member(c, t, gid, body, root, NULL, i, depth + 1)))
             goto out;
     if (i == 0) {
         /* An empty header: the body gets [] at once. */
@@ -1136,7 +1186,7 @@ static int apply_chord(struct ctx *c, const struct sig *s, const cJSON *partial,
         goto out;
     }
     /* header(*partial, task_id=gid, **options) */
-    if (!(hpassed = merge(hopts, opts, 0, 0)) || set_str(hpassed, "task_id", gid))
+    if (!(hpassed = merge(opts, NULL, 0, 0)) || set_str(hpassed, "task_id", gid))
         goto oom;
     rc = apply_members(c, members, hpassed, cJSON_GetArraySize(args) ? args : NULL, 1,
                        depth);
@@ -1152,18 +1202,19 @@ out:
     return rc;
 }
 
-static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial, const cJSON *passed,
-                 int depth)
+static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial,
+                 const cJSON *passed, int depth)
 {
     struct sig s;
-    int rc;
+    int rc, direct = c->direct;
+    c->direct = 0;
     if (depth > CANVAS_MAX_DEPTH)
         return cr_err_set(c->err, CR_EPROTO, "signature nested deeper than %d",
                           CANVAS_MAX_DEPTH);
     if ((rc = sig_parts(c, sig, &s)))
         return rc;
     if (!s.type)
-        return apply_plain(c, &s, partial, passed);
+        return apply_plain(c, &s, partial, passed, direct);
     if (!strcmp(s.type, "group"))
         return apply_group(c, &s, partial, passed, depth);
     if (!strcmp(s.type, "chain"))
@@ -1174,10 +1225,11 @@ static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial, const cJ
      * celery.chunks / celery.map / celery.starmap tasks (5.2.6 serializes them
      * with subtask_type null); a dict that names the type is applied the same
      * way, so both spellings run the same builtin. */
-    if (!strcmp(s.type, "chunks") || !strcmp(s.type, "xmap") || !strcmp(s.type, "xstarmap"))
-        return apply_plain(c, &s, partial, passed);
-    return cr_err_set(c->err, CR_EPROTO, "signature '%.100s': unknown subtask_type '%.50s'",
-                      s.task, s.type);
+    if (!strcmp(s.type, "chunks") || !strcmp(s.type, "xmap") ||
+        !strcmp(s.type, "xstarmap"))
+        return apply_plain(c, &s, partial, passed, direct);
+    return cr_err_set(c->err, CR_EPROTO,
+                      "signature '%.100s': unknown subtask_type '%.50s'", s.task, s.type);
 }
 
 /* ---- entry points ------------------------------------------------------- */
@@ -1190,6 +1242,7 @@ static void ctx_init(struct ctx *c, const struct task_msg *m, const struct canva
     c->err = err;
     c->cur_id = m->id;
     c->cur_root = m->root_id ? m->root_id : m->id;
+    c->direct = 0;
 }
 
 int canvas_has_followups(const struct task_msg *m)
@@ -1209,8 +1262,9 @@ int canvas_has_followups(const struct task_msg *m)
 static cJSON *trace_opts(const struct ctx *c, cJSON *chain)
 {
     cJSON *o = cJSON_CreateObject();
-    if (!o || (chain && set_item(o, "chain", chain)) || set_str(o, "parent_id", c->cur_id) ||
-        set_str(o, "root_id", c->cur_root) || set_item(o, "priority", cJSON_CreateNull())) {
+    if (!o || (chain && set_item(o, "chain", chain)) ||
+        set_str(o, "parent_id", c->cur_id) || set_str(o, "root_id", c->cur_root) ||
+        set_item(o, "priority", cJSON_CreateNull())) {
         if (!o)
             cJSON_Delete(chain);
         cJSON_Delete(o);
@@ -1223,14 +1277,16 @@ static cJSON *trace_opts(const struct ctx *c, cJSON *chain)
 static cJSON *make_group(cJSON *tasks)
 {
     cJSON *g = cJSON_CreateObject(), *kw = NULL;
-    if (!g || set_str(g, "task", "celery.group") || set_item(g, "args", cJSON_CreateArray()) ||
+    if (!g || set_str(g, "task", "celery.group") ||
+        set_item(g, "args", cJSON_CreateArray()) ||
         set_item(g, "kwargs", kw = cJSON_CreateObject())) {
         cJSON_Delete(tasks);
         cJSON_Delete(g);
         return NULL;
     }
     if (set_item(kw, "tasks", tasks) || set_item(g, "options", cJSON_CreateObject()) ||
-        set_str(g, "subtask_type", "group") || set_item(g, "immutable", cJSON_CreateFalse())) {
+        set_str(g, "subtask_type", "group") ||
+        set_item(g, "immutable", cJSON_CreateFalse())) {
         cJSON_Delete(g);
         return NULL;
     }
@@ -1249,6 +1305,7 @@ static int callbacks(struct ctx *c, const cJSON *cbs, const cJSON *partial)
     if (!(passed = trace_opts(c, NULL)))
         return oom(c);
     if (!cbs->child->next) {
+        c->direct = 1;
         rc = apply(c, cbs->child, partial, passed, 0);
         goto out;
     }
@@ -1330,6 +1387,7 @@ int canvas_on_success(const struct task_msg *m, const cJSON *result,
                 cJSON_Delete(next);
                 goto oom;
             }
+            c.direct = 1;
             rc = apply(&c, next, partial, passed, 0);
             cJSON_Delete(next);
         }
@@ -1534,12 +1592,13 @@ int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *ch,
         if (!cJSON_IsArray(item) || cJSON_GetArraySize(item) != 4 ||
             !cJSON_IsString(tid = cJSON_GetArrayItem(item, 1)) ||
             !cJSON_IsString(state = cJSON_GetArrayItem(item, 2))) {
-            rc = cr_err_set(err, CR_EPROTO, "chord member %zu is not [1, id, state, result]",
-                            i);
+            rc = cr_err_set(err, CR_EPROTO,
+                            "chord member %zu is not [1, id, state, result]", i);
             goto out;
         }
         res = cJSON_GetArrayItem(item, 3);
-        if (!strcmp(state->valuestring, "FAILURE") || !strcmp(state->valuestring, "REVOKED")) {
+        if (!strcmp(state->valuestring, "FAILURE") ||
+            !strcmp(state->valuestring, "REVOKED")) {
             const char *bid = get_str(get(ch->body, "options"), "task_id");
             if (buf_printf(&why, "Dependency %s raised ", tid->valuestring) ||
                 exc_repr(res, &why))

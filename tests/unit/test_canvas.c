@@ -58,7 +58,8 @@ static void decode_rec(const cJSON *rec, struct task_msg *m)
     raw.correlation_id = str_of(props, "correlation_id");
     raw.reply_to = str_of(props, "reply_to");
     raw.delivery_mode = 2;
-    raw.priority = cJSON_IsNumber(item(props, "priority")) ? item(props, "priority")->valueint : 0;
+    raw.priority =
+        cJSON_IsNumber(item(props, "priority")) ? item(props, "priority")->valueint : 0;
     raw.body = body->valuestring;
     raw.body_len = strlen(body->valuestring);
     task_msg_init(m);
@@ -170,11 +171,26 @@ static void check_msg(const char *name, size_t i, const struct canvas_msg *got,
 }
 
 static const char *const cases[] = {
-    "link_one",         "link_several",         "link_options",       "link_error",
-    "chain3",           "chain3_1",             "chain_immutable",    "chain_immutable_1",
-    "chain_fail",       "chain_group_last",     "chain_chord",        "chain_chord_explicit",
-    "chord_header_chain", "link_group3",        "chain_map",          "chain_starmap",
-    "chain_chunks",     "chord_join",           "chord_join_fail",    "v1_link",
+    "link_one",
+    "link_several",
+    "link_options",
+    "link_error",
+    "chain3",
+    "chain3_1",
+    "chain_immutable",
+    "chain_immutable_1",
+    "chain_fail",
+    "chain_group_last",
+    "chain_chord",
+    "chain_chord_explicit",
+    "chord_header_chain",
+    "link_group3",
+    "chain_map",
+    "chain_starmap",
+    "chain_chunks",
+    "chord_join",
+    "chord_join_fail",
+    "v1_link",
     "v1_chord_join",
 };
 #define N_CASES ((int)(sizeof cases / sizeof *cases))
