@@ -1540,10 +1540,114 @@ START_TEST(test_errback_on_failure)
 }
 END_TEST
 
-/* Drives a chord member's whole flow with every allocation failing in turn
- * (the 100th answer completes the chord): whatever fails, each delivery is
- * released once, settled at most once, and never acked before its store. */
-START_TEST(test_chord_oom_sweep)
+/* The body of a canvas capture (tests/fixtures/messages/canvas/NAME.json). */
+static char *canvas_body(const char *name)
+{
+    char path[256], *text, *body;
+    cJSON *root;
+    snprintf(path, sizeof(path), FIXTURES "canvas/%s.json", name);
+    text = unit_read_file(path, NULL);
+    root = cJSON_Parse(text);
+    free(text);
+    ck_assert_ptr_nonnull(root);
+    body = strdup(cJSON_GetObjectItemCaseSensitive(
+                      cJSON_GetObjectItemCaseSensitive(root, "input"), "body")
+                      ->valuestring);
+    cJSON_Delete(root);
+    return body;
+}
+
+/* A chain whose next step is a chord: its size goes to Redis before any of
+ * its header members is published. */
+START_TEST(test_chain_launches_a_chord)
+{
+    struct fake f;
+    char *body = canvas_body("chain_chord");
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, body));
+    free(body);
+    log_is(&f, "chord-size");
+    /* a fresh group id, as Celery 5.2.6 draws one for a chord in a chain */
+    ck_assert_int_eq(strlen(f.chords[0].group_id), 36);
+    ck_assert_int_eq(f.chords[0].size, 2);
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done publish:celery publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "id"), "c11e0000-0000-4000-8000-000000001002");
+    ck_assert_str_eq(pub_header(&f, 1, "group"), f.chords[0].group_id);
+    confirm(&f, 1, 1);
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm confirm store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_chord_size_refused)
+{
+    struct fake f;
+    char *body = canvas_body("chain_chord");
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, body));
+    free(body);
+    chord_done(&f, 0, CR_EBACKEND, NULL, 0);
+    /* nothing published, nothing stored: the redelivery tries again */
+    log_is(&f, "chord-size chord-done release1");
+    ck_assert_int_eq(f.npubs + f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A failed task whose next chain step is a chord header member: the step
+ * gets the FAILURE, and its part-return is done for it. */
+START_TEST(test_chain_step_in_a_chord_header_fails)
+{
+    struct fake f;
+    char *body = canvas_body("chord_header_chain");
+    fake_init(&f, NULL);
+    f.cfg.dead_letter_exchange = "";
+    fake_start(&f);
+    /* generate(1, 1): a TypeError before any call */
+    deliver(&f, fixture(&f, "chain", "llm.generate", body));
+    free(body);
+    log_is(&f, "store-for-FAILURE:0001 store-FAILURE");
+    ck_assert_str_eq(f.store_ids[0], "0f0b8c1e-0001-4000-8000-000000000162");
+    stored(&f, 0, 0);
+    stored(&f, 1, 0);
+    log_is(&f, "stored stored chord-part");
+    ck_assert_str_eq(f.chords[0].group_id, "c11e0000-0000-4000-8000-000000001001");
+    ck_assert_ptr_nonnull(strstr(f.chords[0].member,
+                                 "[1, \"0f0b8c1e-0001-4000-8000-000000000162\", "
+                                 "\"FAILURE\", {\"exc_type\": \"TypeError\""));
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The canvas flows swept for allocation failures. */
+static const struct {
+    const char *fixture, *task, *body;
+    int fail; /* the LLM call fails */
+} sweeps[] = {
+    {"chord_header", NULL, NULL, 0},                   /* part-return, join */
+    {"chain", NULL, NULL, 0},                          /* next chain step */
+    {"chain", "llm.generate", CHAIN_GENERATE_BODY, 1}, /* later steps fail */
+    {"link", "llm.generate",                           /* errback, dead letter */
+     "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": [{\"task\": \"e\", "
+     "\"args\": [], \"kwargs\": {}, \"options\": {}, \"subtask_type\": null, "
+     "\"immutable\": false}], \"chain\": null, \"chord\": null}]",
+     1},
+};
+
+/* Drives a canvas flow to its end with every allocation failing in turn (a
+ * part-return completes its chord): whatever fails, each delivery is
+ * released once, settled at most once, and never acked before its stores. */
+START_TEST(test_canvas_oom_sweep)
 {
     static const char *const members[] = {CHORD_MEMBER};
     long n;
@@ -1554,11 +1658,17 @@ START_TEST(test_chord_oom_sweep)
         struct delivery *d;
         fake_init(&f, NULL);
         fake_start(&f);
-        d = fixture(&f, "chord_header", NULL, NULL);
+        d = fixture(&f, sweeps[_i].fixture, sweeps[_i].task, sweeps[_i].body);
         cr_alloc_fail_after(n);
         deliver(&f, d);
         while (rounds++ < 10) {
             int busy = 0;
+            for (int i = 0; i < f.ncalls; i++)
+                if (f.calls[i]) {
+                    llm_done(&f, i, sweeps[_i].fail ? LLM_PERMANENT : LLM_OK,
+                             sweeps[_i].fail ? "BadRequestError" : NULL, -1, "fine");
+                    busy = 1;
+                }
             for (int i = 0; i < f.npubs; i++)
                 if (f.pubs[i].p) {
                     confirm(&f, i, 1);
@@ -1584,6 +1694,9 @@ START_TEST(test_chord_oom_sweep)
         failed = cr_alloc_failed();
         cr_alloc_fail_after(0);
         check_once(&f);
+        /* with nothing failing, the whole flow ran to its ack */
+        if (failed == 0)
+            ck_assert_int_eq(f.acks[1], 1);
         fake_release(&f);
         if (failed == 0)
             break;
@@ -1694,7 +1807,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_chord_part_refused);
     tcase_add_test(tc, test_bad_callback_dropped);
     tcase_add_test(tc, test_errback_on_failure);
-    tcase_add_test(tc, test_chord_oom_sweep);
+    tcase_add_test(tc, test_chain_launches_a_chord);
+    tcase_add_test(tc, test_chord_size_refused);
+    tcase_add_test(tc, test_chain_step_in_a_chord_header_fails);
+    tcase_add_loop_test(tc, test_canvas_oom_sweep, 0, sizeof(sweeps) / sizeof(sweeps[0]));
     suite_add_tcase(s, tc);
     return s;
 }
