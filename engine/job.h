@@ -80,6 +80,9 @@ struct job {
     int dead_letter; /* publish to the DLX before acking */
     int revoked;     /* terminated by revoke: settle as REVOKED */
     int leased;      /* a parked copy exists: the lease names us as its runner */
+
+    /* its canvas plan under way (followup.c), or NULL */
+    struct followup *fu;
 };
 
 /* ---------------------------------------------------------- notifications */
