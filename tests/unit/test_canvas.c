@@ -189,6 +189,8 @@ static const char *const cases[] = {
     "chain_map",
     "chain_starmap",
     "chain_chunks",
+    "chain_step_options",
+    "chord_in_chord_join",
     "chord_join",
     "chord_join_fail",
     "v1_link",
