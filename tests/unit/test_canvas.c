@@ -92,6 +92,10 @@ static void fx_release(struct fx *f)
     cJSON_Delete(f->root);
 }
 
+/* Whether fx_plan() checks a join's outcome against the fixture (not for
+ * mutated fixtures). */
+static int fx_check = 1;
+
 /* Runs the fixture's outcome through the builder. */
 static int fx_plan(struct fx *f, struct canvas_plan *p, struct cr_err *err)
 {
@@ -113,10 +117,14 @@ static int fx_plan(struct fx *f, struct canvas_plan *p, struct cr_err *err)
             texts[i] = cJSON_GetArrayItem(members, i)->valuestring;
             lens[i] = strlen(texts[i]);
         }
-        ck_assert_int_eq(canvas_chord_of(&f->m, &ch), 1);
+        if (!canvas_chord_of(&f->m, &ch)) {
+            ck_assert(!fx_check);
+            canvas_plan_init(p);
+            return 0;
+        }
         rc = canvas_chord_join(&f->m, &ch, texts, lens, (size_t)n, &f->o, p, &failed,
                                &body_id, &exc, err);
-        if (rc == 0) {
+        if (rc == 0 && fx_check) {
             const cJSON *want = item(f->root, "exc");
             ck_assert_int_eq(failed, !cJSON_IsNull(want));
             if (failed) {
@@ -842,6 +850,74 @@ START_TEST(test_oom)
 }
 END_TEST
 
+/* Every node of every captured embed replaced in turn by a value of each
+ * other kind: the builders return 0 or CR_EPROTO (or CR_ENOMEM), never crash
+ * (make asan checks leaks and overflows). */
+static cJSON *nth_node(cJSON *v, int *k, cJSON **parent)
+{
+    for (cJSON *c = (cJSON_IsArray(v) || cJSON_IsObject(v)) ? v->child : NULL; c;
+         c = c->next) {
+        cJSON *hit;
+        if ((*k)-- == 0) {
+            *parent = v;
+            return c;
+        }
+        hit = nth_node(c, k, parent);
+        if (hit)
+            return hit;
+    }
+    return NULL;
+}
+
+START_TEST(test_mutations)
+{
+    static const char *const kinds[] = {"null", "1", "\"x\"", "[]", "{}", "[{}]", "true"};
+    struct fx f;
+    cJSON *orig;
+    fx_load(cases[_i], &f);
+    orig = f.m.embed;
+    if (!orig) {
+        fx_release(&f);
+        return;
+    }
+    fx_check = 0;
+    for (int node = 0;; node++) {
+        int done = 0;
+        for (size_t kind = 0; kind < sizeof kinds / sizeof *kinds; kind++) {
+            cJSON *copy = cJSON_Duplicate(orig, 1), *hit, *rep, *parent = NULL;
+            struct canvas_plan p;
+            struct cr_err err = {0, ""};
+            int k = node, rc;
+            hit = nth_node(copy, &k, &parent);
+            if (!hit) {
+                cJSON_Delete(copy);
+                done = 1;
+                break;
+            }
+            rep = cJSON_Parse(kinds[kind]);
+            ck_assert_ptr_nonnull(rep);
+            if (cJSON_IsObject(parent))
+                ck_assert(
+                    cJSON_ReplaceItemInObjectCaseSensitive(parent, hit->string, rep));
+            else
+                ck_assert(cJSON_ReplaceItemViaPointer(parent, hit, rep));
+            f.m.embed = copy;
+            f.seq.n = 0;
+            rc = fx_plan(&f, &p, &err);
+            ck_assert_msg(rc == 0 || rc == CR_EPROTO, "%s node %d kind %zu: %d",
+                          cases[_i], node, kind, rc);
+            canvas_plan_release(&p);
+            f.m.embed = orig;
+            cJSON_Delete(copy);
+        }
+        if (done)
+            break;
+    }
+    fx_check = 1;
+    fx_release(&f);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("canvas");
@@ -868,6 +944,7 @@ Suite *suite(void)
     tcase_add_loop_test(hand, test_join_bad, 0, 6);
     tcase_set_timeout(hand, 30);
     suite_add_tcase(s, hand);
+    tcase_add_loop_test(oom, test_mutations, 0, N_CASES);
     tcase_add_loop_test(oom, test_oom, 0, (int)(sizeof oom_cases / sizeof *oom_cases));
     tcase_set_timeout(oom, 120);
     suite_add_tcase(s, oom);
