@@ -115,16 +115,37 @@ static int set_dup(cJSON *obj, const char *key, const cJSON *v)
 /* dict(base, **over): a new object. drop_null skips None values of over (as
  * Signature.apply_async drops them); keep_gid keeps base's group_id
  * (Signature._IMMUTABLE_OPTIONS). NULL on OOM. */
+/* Whether over's v replaces base's value of the same key in merge(). */
+static int overrides(const cJSON *v, const cJSON *base, int drop_null, int keep_gid)
+{
+    if (!v->string || (drop_null && cJSON_IsNull(v)))
+        return 0;
+    return !(keep_gid && !strcmp(v->string, "group_id") && get(base, "group_id"));
+}
+
 static cJSON *merge(const cJSON *base, const cJSON *over, int drop_null, int keep_gid)
 {
-    cJSON *out = cJSON_IsObject(base) ? cJSON_Duplicate(base, 1) : cJSON_CreateObject();
+    cJSON *out = cJSON_CreateObject();
     if (!out)
         return NULL;
-    for (const cJSON *v = cJSON_IsObject(over) ? over->child : NULL; v; v = v->next) {
-        if (!v->string || (drop_null && cJSON_IsNull(v)))
+    if (!cJSON_IsObject(over))
+        over = NULL;
+    /* base's keys in their order, each value from over when over replaces it
+     * (copied once: the values are often whole chord bodies) */
+    for (const cJSON *b = cJSON_IsObject(base) ? base->child : NULL; b; b = b->next) {
+        const cJSON *v = b->string ? get(over, b->string) : NULL;
+        cJSON *d;
+        if (!b->string)
             continue;
-        if (keep_gid && !strcmp(v->string, "group_id") &&
-            cJSON_GetObjectItemCaseSensitive(out, "group_id"))
+        d = cJSON_Duplicate(v && overrides(v, base, drop_null, keep_gid) ? v : b, 1);
+        if (!d || !cJSON_AddItemToObject(out, b->string, d)) {
+            cJSON_Delete(d);
+            cJSON_Delete(out);
+            return NULL;
+        }
+    }
+    for (const cJSON *v = over ? over->child : NULL; v; v = v->next) {
+        if (!overrides(v, base, drop_null, keep_gid) || get(base, v->string))
             continue;
         if (set_dup(out, v->string, v)) {
             cJSON_Delete(out);
@@ -357,6 +378,28 @@ static int add_fail(struct ctx *c, const char *id)
 
 /* ---- one task message (send_task + as_task_v2 + send_task_message) ------ */
 
+/* opts[key] detached (the caller owns it), or a new null when absent. */
+static cJSON *take(cJSON *opts, const char *key)
+{
+    cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(opts, key);
+    return v ? v : cJSON_CreateNull();
+}
+
+/* take() through maybe_list(). */
+static cJSON *take_list(cJSON *opts, const char *key)
+{
+    cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(opts, key), *l;
+    if (!v || cJSON_IsNull(v) || cJSON_IsArray(v))
+        return v ? v : cJSON_CreateNull();
+    l = cJSON_CreateArray();
+    if (!l || !cJSON_AddItemToArray(l, v)) {
+        cJSON_Delete(l);
+        cJSON_Delete(v);
+        return NULL;
+    }
+    return l;
+}
+
 static int opt_seconds(struct ctx *c, const char *task, const char *key, const cJSON *v,
                        double *out)
 {
@@ -373,7 +416,7 @@ static int opt_seconds(struct ctx *c, const char *task, const char *key, const c
  * every other field from opts (the merged options). route is the name routes
  * match against. */
 static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kwargs,
-                   const cJSON *opts, const char *route)
+                   cJSON *opts, const char *route)
 {
     struct task_msg m;
     struct canvas_msg out;
@@ -482,12 +525,14 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
         goto oom;
 
     /* The embed: link / link_error through maybe_list(), chain and chord as
-     * the options hold them (a chain of [] stays [], as Python sends it). */
+     * the options hold them (a chain of [] stays [], as Python sends it),
+     * moved out of opts rather than copied: they can be large and opts is
+     * only read for the headers after this. */
     if (!(m.embed = cJSON_CreateObject()) ||
-        set_item(m.embed, "callbacks", maybe_list(get(opts, "link"))) ||
-        set_item(m.embed, "errbacks", maybe_list(get(opts, "link_error"))) ||
-        set_dup(m.embed, "chain", get(opts, "chain")) ||
-        set_dup(m.embed, "chord", get(opts, "chord")))
+        set_item(m.embed, "callbacks", take_list(opts, "link")) ||
+        set_item(m.embed, "errbacks", take_list(opts, "link_error")) ||
+        set_item(m.embed, "chain", take(opts, "chain")) ||
+        set_item(m.embed, "chord", take(opts, "chord")))
         goto oom;
 
     if (celery_msg_encode_v2(&m, &out.body, &out.headers))
