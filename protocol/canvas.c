@@ -19,6 +19,7 @@
 
 #include "isotime.h"
 #include "pyjson.h"
+#include "../util/alloc.h"
 
 /* Deepest signature nesting applied (a group in a chord in a chain...). Celery
  * has no limit but Python's recursion limit; a hostile message must not make
@@ -50,19 +51,6 @@ static int apply(struct ctx *c, const cJSON *sig, const cJSON *partial,
 static int oom(struct ctx *c)
 {
     return cr_err_set(c->err, CR_ENOMEM, "out of memory building the canvas plan");
-}
-
-static char *dupstr(const char *s)
-{
-    size_t n;
-    char *d;
-    if (!s)
-        return NULL;
-    n = strlen(s) + 1;
-    d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
 }
 
 static const cJSON *get(const cJSON *obj, const char *key)
@@ -127,16 +115,37 @@ static int set_dup(cJSON *obj, const char *key, const cJSON *v)
 /* dict(base, **over): a new object. drop_null skips None values of over (as
  * Signature.apply_async drops them); keep_gid keeps base's group_id
  * (Signature._IMMUTABLE_OPTIONS). NULL on OOM. */
+/* Whether over's v replaces base's value of the same key in merge(). */
+static int overrides(const cJSON *v, const cJSON *base, int drop_null, int keep_gid)
+{
+    if (!v->string || (drop_null && cJSON_IsNull(v)))
+        return 0;
+    return !(keep_gid && !strcmp(v->string, "group_id") && get(base, "group_id"));
+}
+
 static cJSON *merge(const cJSON *base, const cJSON *over, int drop_null, int keep_gid)
 {
-    cJSON *out = cJSON_IsObject(base) ? cJSON_Duplicate(base, 1) : cJSON_CreateObject();
+    cJSON *out = cJSON_CreateObject();
     if (!out)
         return NULL;
-    for (const cJSON *v = cJSON_IsObject(over) ? over->child : NULL; v; v = v->next) {
-        if (!v->string || (drop_null && cJSON_IsNull(v)))
+    if (!cJSON_IsObject(over))
+        over = NULL;
+    /* base's keys in their order, each value from over when over replaces it
+     * (copied once: the values are often whole chord bodies) */
+    for (const cJSON *b = cJSON_IsObject(base) ? base->child : NULL; b; b = b->next) {
+        const cJSON *v = b->string ? get(over, b->string) : NULL;
+        cJSON *d;
+        if (!b->string)
             continue;
-        if (keep_gid && !strcmp(v->string, "group_id") &&
-            cJSON_GetObjectItemCaseSensitive(out, "group_id"))
+        d = cJSON_Duplicate(v && overrides(v, base, drop_null, keep_gid) ? v : b, 1);
+        if (!d || !cJSON_AddItemToObject(out, b->string, d)) {
+            cJSON_Delete(d);
+            cJSON_Delete(out);
+            return NULL;
+        }
+    }
+    for (const cJSON *v = over ? over->child : NULL; v; v = v->next) {
+        if (!overrides(v, base, drop_null, keep_gid) || get(base, v->string))
             continue;
         if (set_dup(out, v->string, v)) {
             cJSON_Delete(out);
@@ -293,12 +302,12 @@ void canvas_plan_init(struct canvas_plan *p)
 
 static void msg_release(struct canvas_msg *m)
 {
-    free(m->id);
-    free(m->task);
-    free(m->exchange);
-    free(m->routing_key);
-    free(m->reply_to);
-    free(m->expiration);
+    cr_free(m->id);
+    cr_free(m->task);
+    cr_free(m->exchange);
+    cr_free(m->routing_key);
+    cr_free(m->reply_to);
+    cr_free(m->expiration);
     cJSON_Delete(m->headers);
     buf_release(&m->body);
 }
@@ -307,19 +316,19 @@ void canvas_plan_release(struct canvas_plan *p)
 {
     for (size_t i = 0; i < p->nmsgs; i++)
         msg_release(&p->msgs[i]);
-    free(p->msgs);
+    cr_free(p->msgs);
     for (size_t i = 0; i < p->nsizes; i++)
-        free(p->sizes[i].group_id);
-    free(p->sizes);
+        cr_free(p->sizes[i].group_id);
+    cr_free(p->sizes);
     for (size_t i = 0; i < p->nfails; i++)
-        free(p->fails[i]);
-    free(p->fails);
+        cr_free(p->fails[i]);
+    cr_free(p->fails);
     for (size_t i = 0; i < p->nparts; i++) {
-        free(p->parts[i].task_id);
-        free(p->parts[i].group_id);
+        cr_free(p->parts[i].task_id);
+        cr_free(p->parts[i].group_id);
         cJSON_Delete(p->parts[i].body);
     }
-    free(p->parts);
+    cr_free(p->parts);
     canvas_plan_init(p);
 }
 
@@ -332,7 +341,7 @@ static int grow(void **arr, size_t n, size_t size)
     if (n != 0 && (n < 8 || (n & (n - 1)) != 0))
         return 0;
     cap = n == 0 ? 8 : n * 2;
-    np = realloc(*arr, cap * size);
+    np = cr_realloc(*arr, cap * size);
     if (!np)
         return CR_ENOMEM;
     *arr = np;
@@ -345,7 +354,7 @@ static int add_size(struct ctx *c, const char *gid, long size)
     char *g;
     if (grow((void **)&p->sizes, p->nsizes, sizeof *p->sizes))
         return oom(c);
-    g = dupstr(gid);
+    g = cr_strdup(gid);
     if (!g)
         return oom(c);
     p->sizes[p->nsizes].group_id = g;
@@ -360,7 +369,7 @@ static int add_fail(struct ctx *c, const char *id)
     char *d;
     if (grow((void **)&p->fails, p->nfails, sizeof *p->fails))
         return oom(c);
-    d = dupstr(id);
+    d = cr_strdup(id);
     if (!d)
         return oom(c);
     p->fails[p->nfails++] = d;
@@ -368,6 +377,28 @@ static int add_fail(struct ctx *c, const char *id)
 }
 
 /* ---- one task message (send_task + as_task_v2 + send_task_message) ------ */
+
+/* opts[key] detached (the caller owns it), or a new null when absent. */
+static cJSON *take(cJSON *opts, const char *key)
+{
+    cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(opts, key);
+    return v ? v : cJSON_CreateNull();
+}
+
+/* take() through maybe_list(). */
+static cJSON *take_list(cJSON *opts, const char *key)
+{
+    cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(opts, key), *l;
+    if (!v || cJSON_IsNull(v) || cJSON_IsArray(v))
+        return v ? v : cJSON_CreateNull();
+    l = cJSON_CreateArray();
+    if (!l || !cJSON_AddItemToArray(l, v)) {
+        cJSON_Delete(l);
+        cJSON_Delete(v);
+        return NULL;
+    }
+    return l;
+}
 
 static int opt_seconds(struct ctx *c, const char *task, const char *key, const cJSON *v,
                        double *out)
@@ -385,7 +416,7 @@ static int opt_seconds(struct ctx *c, const char *task, const char *key, const c
  * every other field from opts (the merged options). route is the name routes
  * match against. */
 static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kwargs,
-                   const cJSON *opts, const char *route)
+                   cJSON *opts, const char *route)
 {
     struct task_msg m;
     struct canvas_msg out;
@@ -412,21 +443,21 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
         new_id(c, idbuf);
         s = idbuf;
     }
-    if (!(m.id = dupstr(s)) || !(m.task = dupstr(name)))
+    if (!(m.id = cr_strdup(s)) || !(m.task = cr_strdup(name)))
         goto oom;
     if (!(m.kwargs = kwargs ? cJSON_Duplicate(kwargs, 1) : cJSON_CreateObject()))
         goto oom;
     if (!(s = get_str(opts, "root_id")))
         s = c->cur_root;
-    if (s && !(m.root_id = dupstr(s)))
+    if (s && !(m.root_id = cr_strdup(s)))
         goto oom;
     if (!(s = get_str(opts, "parent_id")))
         s = c->cur_id;
-    if (s && !(m.parent_id = dupstr(s)))
+    if (s && !(m.parent_id = cr_strdup(s)))
         goto oom;
-    if ((s = get_str(opts, "shadow")) && !(m.shadow = dupstr(s)))
+    if ((s = get_str(opts, "shadow")) && !(m.shadow = cr_strdup(s)))
         goto oom;
-    if ((s = get_str(opts, "group_id")) && !(m.group = dupstr(s)))
+    if ((s = get_str(opts, "group_id")) && !(m.group = cr_strdup(s)))
         goto oom;
     v = get(opts, "group_index");
     if (cJSON_IsNumber(v)) {
@@ -445,7 +476,7 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
     if (secs != 0) {
         m.eta_us = c->o->now_us + (int64_t)llround(secs * 1e6);
     } else if (cJSON_IsString(v) && v->valuestring[0]) {
-        if (!(m.eta = dupstr(v->valuestring)))
+        if (!(m.eta = cr_strdup(v->valuestring)))
             goto oom;
     } else if (v && !cJSON_IsNull(v) && truthy(v)) {
         rc = cr_err_set(c->err, CR_EPROTO, "signature '%.100s': bad eta", name);
@@ -461,19 +492,19 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
         }
         m.expires_us = c->o->now_us + (int64_t)llround(e * 1e6);
         snprintf(ms, sizeof ms, "%lld", (long long)(e < 0 ? 0 : (e * 1000)));
-        if (!(out.expiration = dupstr(ms)))
+        if (!(out.expiration = cr_strdup(ms)))
             goto oom;
     } else if (cJSON_IsString(v) && v->valuestring[0]) {
         /* Celery 5.2.6's send_task cannot take an ISO string here (it compares
          * it with 0); the header keeps the text and the TTL follows from it. */
         int64_t at;
         char ms[32];
-        if (!(m.expires = dupstr(v->valuestring)))
+        if (!(m.expires = cr_strdup(v->valuestring)))
             goto oom;
         if (iso8601_parse(v->valuestring, &at) == 0) {
             int64_t d = (at - c->o->now_us) / 1000;
             snprintf(ms, sizeof ms, "%lld", (long long)(d < 0 ? 0 : d));
-            if (!(out.expiration = dupstr(ms)))
+            if (!(out.expiration = cr_strdup(ms)))
                 goto oom;
         }
     }
@@ -485,21 +516,23 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
     rc = CR_ENOMEM;
     m.ignore_result = truthy(get(opts, "ignore_result"));
     v = get(opts, "argsrepr");
-    if (cJSON_IsString(v) && !(m.argsrepr = dupstr(v->valuestring)))
+    if (cJSON_IsString(v) && !(m.argsrepr = cr_strdup(v->valuestring)))
         goto oom;
     v = get(opts, "kwargsrepr");
-    if (cJSON_IsString(v) && !(m.kwargsrepr = dupstr(v->valuestring)))
+    if (cJSON_IsString(v) && !(m.kwargsrepr = cr_strdup(v->valuestring)))
         goto oom;
-    if (c->o->hostname && !(m.origin = dupstr(c->o->hostname)))
+    if (c->o->hostname && !(m.origin = cr_strdup(c->o->hostname)))
         goto oom;
 
     /* The embed: link / link_error through maybe_list(), chain and chord as
-     * the options hold them (a chain of [] stays [], as Python sends it). */
+     * the options hold them (a chain of [] stays [], as Python sends it),
+     * moved out of opts rather than copied: they can be large and opts is
+     * only read for the headers after this. */
     if (!(m.embed = cJSON_CreateObject()) ||
-        set_item(m.embed, "callbacks", maybe_list(get(opts, "link"))) ||
-        set_item(m.embed, "errbacks", maybe_list(get(opts, "link_error"))) ||
-        set_dup(m.embed, "chain", get(opts, "chain")) ||
-        set_dup(m.embed, "chord", get(opts, "chord")))
+        set_item(m.embed, "callbacks", take_list(opts, "link")) ||
+        set_item(m.embed, "errbacks", take_list(opts, "link_error")) ||
+        set_item(m.embed, "chain", take(opts, "chain")) ||
+        set_item(m.embed, "chord", take(opts, "chord")))
         goto oom;
 
     if (celery_msg_encode_v2(&m, &out.body, &out.headers))
@@ -516,7 +549,7 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
         out.priority = (int)v->valuedouble;
     if (!(s = get_str(opts, "reply_to")))
         s = c->o->reply_to;
-    if (s && !(out.reply_to = dupstr(s)))
+    if (s && !(out.reply_to = cr_strdup(s)))
         goto oom;
 
     /* Routing, as send_task_message does it for direct exchanges. */
@@ -524,15 +557,16 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
     rk = get_str(opts, "routing_key");
     queue = get_str(opts, "queue");
     if (ex && rk) {
-        out.exchange = dupstr(ex);
-        out.routing_key = dupstr(rk);
+        out.exchange = cr_strdup(ex);
+        out.routing_key = cr_strdup(rk);
     } else {
-        out.exchange = dupstr("");
-        out.routing_key = dupstr(queue ? queue : route_queue(c->o, route ? route : name));
+        out.exchange = cr_strdup("");
+        out.routing_key =
+            cr_strdup(queue ? queue : route_queue(c->o, route ? route : name));
     }
     if (!out.exchange || !out.routing_key)
         goto oom;
-    if (!(out.id = dupstr(m.id)) || !(out.task = dupstr(m.task)))
+    if (!(out.id = cr_strdup(m.id)) || !(out.task = cr_strdup(m.task)))
         goto oom;
     if (grow((void **)&p->msgs, p->nmsgs, sizeof *p->msgs))
         goto oom;
@@ -599,9 +633,11 @@ static long descend(const cJSON *sig, int depth)
     }
     if (!strcmp(type, "chain")) {
         const cJSON *t = get(kw, "tasks");
-        int k = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : 0;
-        for (int i = k - 1; i >= 0; i--) {
-            n = descend(cJSON_GetArrayItem(t, i), depth + 1);
+        /* from the last step back (cJSON keeps the last item in child->prev) */
+        const cJSON *first = cJSON_IsArray(t) ? t->child : NULL;
+        for (const cJSON *v = first ? first->prev : NULL; v;
+             v = v == first ? NULL : v->prev) {
+            n = descend(v, depth + 1);
             if (n > 0)
                 return n;
         }
@@ -612,9 +648,17 @@ static long descend(const cJSON *sig, int depth)
     return 1;
 }
 
+static int flatten_n(struct ctx *c, const cJSON *tasks, cJSON *out, size_t *n, int depth);
+
 /* Appends the leaves of a group's task list to out (copies), nested groups
  * flattened in order (group._prepared / _freeze_unroll). */
 static int flatten(struct ctx *c, const cJSON *tasks, cJSON *out, int depth)
+{
+    size_t n = 0;
+    return flatten_n(c, tasks, out, &n, depth);
+}
+
+static int flatten_n(struct ctx *c, const cJSON *tasks, cJSON *out, size_t *n, int depth)
 {
     if (depth > CANVAS_MAX_DEPTH)
         return cr_err_set(c->err, CR_EPROTO, "signature nested deeper than %d",
@@ -626,11 +670,14 @@ static int flatten(struct ctx *c, const cJSON *tasks, cJSON *out, int depth)
         if (!cJSON_IsObject(t))
             return cr_err_set(c->err, CR_EPROTO, "group member is not a dict");
         if (type && !strcmp(type, "group")) {
-            int rc = flatten(c, get(get(t, "kwargs"), "tasks"), out, depth + 1);
+            int rc = flatten_n(c, get(get(t, "kwargs"), "tasks"), out, n, depth + 1);
             if (rc)
                 return rc;
             continue;
         }
+        if (++*n > CANVAS_MAX_MSGS)
+            return cr_err_set(c->err, CR_EPROTO, "group larger than %d members",
+                              CANVAS_MAX_MSGS);
         cJSON *d = cJSON_Duplicate(t, 1);
         if (!d || !cJSON_AddItemToArray(out, d)) {
             cJSON_Delete(d);
@@ -718,6 +765,12 @@ static int apply_members(struct ctx *c, cJSON *members, const cJSON *gopts,
         chord = NULL;
     }
     root = get_str(opts, "root_id");
+    /* Fail before building any of a group that cannot fit. */
+    if ((size_t)n > CANVAS_MAX_MSGS - c->p->nmsgs) {
+        rc = cr_err_set(c->err, CR_EPROTO, "canvas plan larger than %d messages",
+                        CANVAS_MAX_MSGS);
+        goto out;
+    }
 
     for (cJSON *t = members->child; t; t = t->next)
         size += descend(t, depth);
@@ -849,28 +902,72 @@ static cJSON *make_chord(cJSON *header, cJSON *body, const char *task_id,
     return s;
 }
 
+/* extend_list_option(): appends add (a signature or a list) to o[key], as a
+ * list; with nodup, items already there are skipped (append_to_list_option). */
+static int extend_list(cJSON *o, const char *key, const cJSON *add, int nodup)
+{
+    cJSON *l = maybe_list(get(o, key)), *more = maybe_list(add), *x;
+    if (!l || !more) {
+        cJSON_Delete(l);
+        cJSON_Delete(more);
+        return CR_ENOMEM;
+    }
+    if (cJSON_IsNull(l)) {
+        cJSON_Delete(l);
+        l = cJSON_CreateArray();
+        if (!l) {
+            cJSON_Delete(more);
+            return CR_ENOMEM;
+        }
+    }
+    while ((x = more->child) != NULL) {
+        int dup = 0;
+        cJSON_DetachItemViaPointer(more, x);
+        for (const cJSON *y = nodup ? l->child : NULL; y && !dup; y = y->next)
+            dup = cJSON_Compare(x, y, 1);
+        if (dup)
+            cJSON_Delete(x);
+        else
+            cJSON_AddItemToArray(l, x);
+    }
+    cJSON_Delete(more);
+    return set_item(o, key, l);
+}
+
 /* _chain.apply_async / run / prepare_steps. */
 static int apply_chain(struct ctx *c, const struct sig *s, const cJSON *partial,
                        const cJSON *passed, int depth)
 {
-    cJSON *steps = cJSON_CreateArray(), *opts = NULL, *rest = NULL, *first = NULL,
-          *args = NULL, *fpassed = NULL;
-    const cJSON *link, *link_error;
+    cJSON *steps = cJSON_CreateArray(), *opts = NULL, *rest = NULL, *args = NULL,
+          *fpassed = NULL, **v = NULL, *x;
+    const cJSON *link, *link_error, *chord, *gidx, *outer;
     const char *root, *last_id, *group_id;
-    const cJSON *chord, *gidx;
-    int rc, n;
+    size_t n = 0;
+    int rc;
 
     if (!steps)
         return oom(c);
     rc = chain_steps(c, get(s->kwargs, "tasks"), steps, depth + 1);
     if (rc)
         goto out;
-    n = cJSON_GetArraySize(steps);
+    for (x = steps->child; x; x = x->next)
+        n++;
     if (n == 0)
         goto out; /* an empty chain applies nothing */
+    if (n > CANVAS_MAX_MSGS) {
+        rc = cr_err_set(c->err, CR_EPROTO, "chain longer than %d steps", CANVAS_MAX_MSGS);
+        goto out;
+    }
+    /* The steps by index, detached: prepare_steps walks them back to front. */
+    if (!(v = cr_calloc(n, sizeof *v)))
+        goto oom;
+    for (size_t i = 0; (x = steps->child) != NULL; i++) {
+        cJSON_DetachItemViaPointer(steps, x);
+        v[i] = x;
+    }
     if (!(opts = merge(s->options, passed, 0, 0)))
         goto oom;
-    /* run()'s own parameters are not options passed on to the first step. */
+    /* run()'s own parameters, which are not passed on to the first step */
     root = get_str(opts, "root_id");
     last_id = get_str(opts, "task_id");
     group_id = get_str(opts, "group_id");
@@ -880,115 +977,61 @@ static int apply_chain(struct ctx *c, const struct sig *s, const cJSON *partial,
     link_error = get(opts, "link_error");
     if (cJSON_IsNull(chord))
         chord = NULL;
-    /* chain args go first in the first step; a chain's own args are rare. */
+    if (cJSON_IsNull(link))
+        link = NULL;
+    if (cJSON_IsNull(link_error))
+        link_error = NULL;
+    /* the partial args (and a chain's own, rare) go to the first step */
     if (!(args = join_args(partial, s->args, s->immutable)))
         goto oom;
 
-    /* From the last step to the first, as prepare_steps walks them. */
-    for (int i = n - 1; i >= 0; i--) {
-        cJSON *t = cJSON_GetArrayItem(steps, i), *o;
-        const char *type = get_str(t, "subtask_type");
-        if (type && !strcmp(type, "group") && i < n - 1) {
-            /* A group followed by a step: the chord the client would make. */
-            cJSON *body = cJSON_DetachItemFromArray(steps, i + 1), *ch;
-            const char *bid = get_str(get(body, "options"), "task_id");
-            char *bidc = dupstr(bid);
-            if (bid && !bidc) {
-                cJSON_Delete(body);
+    for (size_t k = n; k-- > 0;) {
+        const char *type = get_str(v[k], "subtask_type");
+        int last = k == n - 1;
+        cJSON *o;
+        if (type && !strcmp(type, "group") && !last) {
+            /* A group followed by a step: the chord the client would make,
+             * whose id is the body's. */
+            size_t b = k + 1;
+            cJSON *ch;
+            char bid[37] = "";
+            const char *bs;
+            while (b < n && !v[b])
+                b++;
+            bs = get_str(get(v[b], "options"), "task_id");
+            if (bs)
+                snprintf(bid, sizeof bid, "%.36s", bs);
+            ch = make_chord(v[k], v[b], bs ? bid : NULL, root);
+            v[k] = ch;
+            v[b] = NULL;
+            if (!ch)
                 goto oom;
-            }
-            t = cJSON_DetachItemFromArray(steps, i);
-            ch = make_chord(t, body, bidc, root);
-            free(bidc);
-            if (!ch || !cJSON_InsertItemInArray(steps, i, ch)) {
-                cJSON_Delete(ch);
-                goto oom;
-            }
-            n--;
-            t = ch;
             type = "chord";
         }
-        if (!(o = own_options(t)))
+        if (!(o = own_options(v[k])))
             goto oom;
         if (!type) {
-            /* freeze() of a plain step (the last one also gets the chain's id,
-             * group and chord) */
-            int last = i == n - 1;
-            if ((rc = freeze_opts(c, o, last ? last_id : NULL, root, NULL,
-                                  last ? group_id : NULL, last ? chord : NULL,
-                                  last && cJSON_IsNumber(gidx) ? (long)gidx->valuedouble
-                                                               : -1)))
+            /* freeze(); the last step also gets the chain's id, group, chord */
+            rc = freeze_opts(c, o, last ? last_id : NULL, root, NULL,
+                             last ? group_id : NULL, last ? chord : NULL,
+                             last && cJSON_IsNumber(gidx) ? (long)gidx->valuedouble : -1);
+            if (rc)
                 goto out;
         }
-        if (i == n - 1 && link) {
-            cJSON *l = maybe_list(get(o, "link")), *add = maybe_list(link);
-            if (!l || !add) {
-                cJSON_Delete(l);
-                cJSON_Delete(add);
-                goto oom;
-            }
-            if (cJSON_IsNull(l)) {
-                cJSON_Delete(l);
-                l = add;
-            } else {
-                cJSON *x;
-                while ((x = cJSON_DetachItemFromArray(add, 0)))
-                    cJSON_AddItemToArray(l, x);
-                cJSON_Delete(add);
-            }
-            if (set_item(o, "link", l))
-                goto oom;
-        }
-        if (link_error && !cJSON_IsNull(link_error)) {
-            cJSON *l = maybe_list(get(o, "link_error")), *add = maybe_list(link_error);
-            if (!l || !add) {
-                cJSON_Delete(l);
-                cJSON_Delete(add);
-                goto oom;
-            }
-            if (cJSON_IsNull(l)) {
-                cJSON_Delete(l);
-                l = add;
-            } else {
-                cJSON *x;
-                while ((x = cJSON_DetachItemFromArray(add, 0))) {
-                    int dup = 0;
-                    for (const cJSON *y = l->child; y; y = y->next)
-                        dup |= cJSON_Compare(x, y, 1);
-                    if (dup)
-                        cJSON_Delete(x);
-                    else
-                        cJSON_AddItemToArray(l, x);
-                }
-                cJSON_Delete(add);
-            }
-            if (set_item(o, "link_error", l))
-                goto oom;
-        }
+        if ((last && link && extend_list(o, "link", link, 0)) ||
+            (link_error && extend_list(o, "link_error", link_error, 1)))
+            goto oom;
     }
 
     /* The first step goes out with the rest, reversed, as its chain; an
      * outer chain already in the options comes first (it runs after). */
-    first = cJSON_DetachItemFromArray(steps, 0);
-    if (!(rest = cJSON_CreateArray()))
+    outer = get(opts, "chain");
+    if (!(rest = cJSON_IsArray(outer) ? cJSON_Duplicate(outer, 1) : cJSON_CreateArray()))
         goto oom;
-    {
-        const cJSON *outer = get(opts, "chain");
-        for (const cJSON *v = cJSON_IsArray(outer) ? outer->child : NULL; v;
-             v = v->next) {
-            cJSON *d = cJSON_Duplicate(v, 1);
-            if (!d || !cJSON_AddItemToArray(rest, d)) {
-                cJSON_Delete(d);
-                goto oom;
-            }
-        }
-    }
-    for (int i = cJSON_GetArraySize(steps) - 1; i >= 0; i--) {
-        cJSON *d = cJSON_DetachItemFromArray(steps, i);
-        if (!cJSON_AddItemToArray(rest, d)) {
-            cJSON_Delete(d);
+    for (size_t k = n; k-- > 1;) {
+        if (v[k] && !cJSON_AddItemToArray(rest, v[k]))
             goto oom;
-        }
+        v[k] = NULL;
     }
     if (!(fpassed = merge(opts, NULL, 0, 0)))
         goto oom;
@@ -997,19 +1040,20 @@ static int apply_chain(struct ctx *c, const struct sig *s, const cJSON *partial,
                                              "parent_id", "group_index"};
     for (size_t i = 0; i < sizeof run_params / sizeof *run_params; i++)
         cJSON_DeleteItemFromObjectCaseSensitive(fpassed, run_params[i]);
-    if (set_item(fpassed, "chain", rest)) {
-        rest = NULL;
-        goto oom;
-    }
+    rc = set_item(fpassed, "chain", rest);
     rest = NULL;
-    rc = apply(c, first, cJSON_GetArraySize(args) ? args : NULL, fpassed, depth + 1);
+    if (rc)
+        goto oom;
+    rc = apply(c, v[0], args->child ? args : NULL, fpassed, depth + 1);
     goto out;
 oom:
     rc = oom(c);
 out:
+    for (size_t k = 0; v && k < n; k++)
+        cJSON_Delete(v[k]);
+    cr_free(v);
     cJSON_Delete(fpassed);
     cJSON_Delete(rest);
-    cJSON_Delete(first);
     cJSON_Delete(args);
     cJSON_Delete(opts);
     cJSON_Delete(steps);
@@ -1075,13 +1119,14 @@ static int freeze_chain(struct ctx *c, cJSON *t, const char *id, const char *roo
 {
     cJSON *tasks = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(t, "kwargs"), "tasks");
-    int n = cJSON_IsArray(tasks) ? cJSON_GetArraySize(tasks) : 0;
+    cJSON *first = cJSON_IsArray(tasks) ? tasks->child : NULL;
     if (depth > CANVAS_MAX_DEPTH)
         return cr_err_set(c->err, CR_EPROTO, "signature nested deeper than %d",
                           CANVAS_MAX_DEPTH);
-    for (int i = n - 1; i >= 0; i--) {
-        cJSON *step = cJSON_GetArrayItem(tasks, i), *so;
-        int last = i == n - 1, rc;
+    for (cJSON *step = first ? first->prev : NULL; step;
+         step = step == first ? NULL : step->prev) {
+        cJSON *so;
+        int last = step == first->prev, rc;
         if (!cJSON_IsObject(step))
             return cr_err_set(c->err, CR_EPROTO, "chain step is not a dict");
         if (get_str(step, "subtask_type")) {
@@ -1487,8 +1532,8 @@ int canvas_on_failure(const struct task_msg *m, const struct canvas_opts *o,
                 goto oom;
             pt = &p->parts[p->nparts];
             memset(pt, 0, sizeof *pt);
-            pt->task_id = dupstr(id);
-            pt->group_id = dupstr(get_str(opts, "group_id"));
+            pt->task_id = cr_strdup(id);
+            pt->group_id = cr_strdup(get_str(opts, "group_id"));
             pt->body = cJSON_Duplicate(ch, 1);
             pt->group_index = cJSON_IsNumber(gi) ? (long)gi->valuedouble : -1;
             p->nparts++;
@@ -1585,6 +1630,8 @@ int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *ch,
         const cJSON *tid, *state, *res;
         cJSON *r;
         rc = py_json_parse(members[i], lens[i], &item, err);
+        if (rc == CR_ENOMEM)
+            goto oom;
         if (rc) {
             rc = cr_err_set(err, CR_EPROTO, "chord member %zu is not JSON", i);
             goto out;
@@ -1604,7 +1651,7 @@ int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *ch,
                 exc_repr(res, &why))
                 goto oom;
             *failed = 1;
-            if (bid && !(*body_id = dupstr(bid)))
+            if (bid && !(*body_id = cr_strdup(bid)))
                 goto oom;
             {
                 cJSON *e = cJSON_CreateObject(), *msg = NULL;
@@ -1647,7 +1694,7 @@ out:
     buf_release(&why);
     if (rc) {
         canvas_plan_release(out);
-        free(*body_id);
+        cr_free(*body_id);
         *body_id = NULL;
         cJSON_Delete(*exc);
         *exc = NULL;

@@ -30,7 +30,18 @@
  *
  * chunks / xmap / xstarmap signatures arrive as Celery 5.2.6 serializes them:
  * plain immutable celery.chunks / celery.map / celery.starmap tasks with kwargs
- * {"task", "it"[, "n"]}, published like any plain task. */
+ * {"task", "it"[, "n"]}, published like any plain task.
+ *
+ * Fidelity: the captured fixtures (tests/fixtures/messages/canvas/, made by
+ * Celery 5.2.6's own tracer) are reproduced byte for byte, headers and body,
+ * including the order fresh uuids are drawn in. Where 5.2.6 would hang a chord
+ * (a chain as the last header member never sets the chord size), the size is
+ * set anyway.
+ *
+ * Bounds: a signature nested deeper than 32, or a plan of more than 100000
+ * messages (a group, a chain), is CR_EPROTO before anything is built; costs
+ * are linear in the size of the signatures (each message embeds its own copy
+ * of a chord body or chain). */
 #ifndef CR_CANVAS_H
 #define CR_CANVAS_H
 
@@ -101,6 +112,9 @@ struct canvas_plan {
     size_t nparts;
 };
 
+/* A plan owns every pointer in it (strings, headers, bodies, chord bodies).
+ * canvas_plan_release() frees them all and re-inits the plan; it is safe on an
+ * inited or already released plan. The builders below init *out themselves. */
 void canvas_plan_init(struct canvas_plan *p);
 void canvas_plan_release(struct canvas_plan *p);
 
@@ -109,8 +123,8 @@ void canvas_plan_release(struct canvas_plan *p);
 int canvas_has_followups(const struct task_msg *m);
 
 /* What a Python worker publishes after m succeeded with result (borrowed):
- * the callbacks (one: published alone; several: the plain ones as one new
- * group, composite ones each on its own), then the next chain step with the
+ * the callbacks (one: published alone; several: group-type ones each on its
+ * own, then all the others as one new group), then the next chain step with the
  * rest of the chain. The result is prepended to each signature's args unless
  * it is immutable. parent_id is m's id, root_id m's root_id. Composite
  * signatures (group, chain, chord, chunks/xmap/xstarmap as plain tasks) are
@@ -157,12 +171,17 @@ int canvas_chord_member(const char *task_id, const char *state, const cJSON *res
  * (unless immutable), id = body options.task_id, parent_id = m's id, root_id =
  * m's root_id unless the body's options name their own (a chord launched by a
  * worker puts the launcher's ids there; Celery's send_task keeps them). When
- * one is FAILURE or REVOKED: *failed is 1, *body_id the body's id (new string,
- * NULL when the body has none), exc the ChordError dict to store for it
+ * one is FAILURE or REVOKED (the first in order): *failed is 1, *body_id the
+ * body's id (new string, cr_free(); NULL when the body has none), exc the
+ * ChordError dict to store for it
  * ({"exc_type": "ChordError", "exc_message": ["Dependency <id> raised
  * <repr>"], "exc_module": "celery.exceptions"}, new), and the plan publishes
- * the body's errbacks with args [body id]. CR_EPROTO for a member that is not
- * such a list, CR_ENOMEM. */
+ * the body's errbacks with args [body id] (parent and root: the body id, as
+ * chord_error_from_stack's request has no root). <repr> is how Python prints
+ * the exception rebuilt from the member's dict: ValueError('x'), E('a', 1),
+ * E(). Any other state counts as a result (Celery never adds a RETRY).
+ * CR_EPROTO for a member that is not such a list, CR_ENOMEM; on error nothing
+ * is returned (*failed 0, *body_id and *exc NULL, plan released). */
 int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *c,
                       const char *const *members, const size_t *lens, size_t n,
                       const struct canvas_opts *o, struct canvas_plan *out, int *failed,
