@@ -78,6 +78,37 @@ void engine__fail(struct job *j, const char *exc_type, const char *exc_module,
 void engine__start(struct job *j);
 int engine__park(struct job *j, struct delivery *d, int release_job, int mark_running);
 
+/* sched.c */
+void engine__ready_push(struct engine *e, struct job *j);
+void engine__eta_push(struct engine *e, struct job *j);
+void engine__ready_unlink(struct engine *e, struct job *j);
+void engine__eta_unlink(struct engine *e, struct job *j);
+void engine__run_push(struct engine *e, struct job *j);
+void engine__release_slot(struct job *j);
+void engine__sync_prefetch(struct engine *e);
+void engine__schedule(struct engine *e);
+void engine__tick(struct engine *e);
+void engine__drop_waiting(struct engine *e);
+struct task_limits *engine__limits(struct engine *e, const char *task, int create);
+
+/* outcome.c */
+char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
+                       const char *exc_module, const char *message, int ready);
+cJSON *engine__dead_letter_headers(struct job *j);
+cJSON *engine__headers_copy(struct job *j, const struct delivery *d);
+const cJSON *engine__headers_of(const struct job *j, const struct delivery *d);
+void engine__outbound_of(struct outbound *o, const struct delivery *d,
+                         const cJSON *headers);
+int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
+                          struct buf *body, cJSON **headers);
+const struct job_failure *engine__failure_of(const struct job *j);
+void engine__set_failure(struct job *j, const char *exc_type, const char *message,
+                         const char *reason);
+void engine__free_failure(struct job *j);
+void engine__raw_of(struct celery_raw_msg *raw, const struct delivery *d,
+                    const cJSON *headers);
+void engine__drop_args(struct job *j);
+
 /* engine.c, for followup.c: finish_job() (ack all, let go), the job freed
  * if it is done and nothing is pending, publish() with a kind, the FINAL store
  * of j->meta (0 when asked: its completion is pending), the settle that
@@ -120,37 +151,6 @@ void engine__followup_confirmed(struct job *j, int ok);
  * do (the caller acks). */
 int engine__followup_redo(struct job *j, const char *st, const char *value, size_t len);
 void engine__followup_free(struct job *j);
-
-/* sched.c */
-void engine__ready_push(struct engine *e, struct job *j);
-void engine__eta_push(struct engine *e, struct job *j);
-void engine__ready_unlink(struct engine *e, struct job *j);
-void engine__eta_unlink(struct engine *e, struct job *j);
-void engine__run_push(struct engine *e, struct job *j);
-void engine__release_slot(struct job *j);
-void engine__sync_prefetch(struct engine *e);
-void engine__schedule(struct engine *e);
-void engine__tick(struct engine *e);
-void engine__drop_waiting(struct engine *e);
-struct task_limits *engine__limits(struct engine *e, const char *task, int create);
-
-/* outcome.c */
-char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
-                       const char *exc_module, const char *message, int ready);
-cJSON *engine__dead_letter_headers(struct job *j);
-cJSON *engine__headers_copy(struct job *j, const struct delivery *d);
-const cJSON *engine__headers_of(const struct job *j, const struct delivery *d);
-void engine__outbound_of(struct outbound *o, const struct delivery *d,
-                         const cJSON *headers);
-int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
-                          struct buf *body, cJSON **headers);
-const struct job_failure *engine__failure_of(const struct job *j);
-void engine__set_failure(struct job *j, const char *exc_type, const char *message,
-                         const char *reason);
-void engine__free_failure(struct job *j);
-void engine__raw_of(struct celery_raw_msg *raw, const struct delivery *d,
-                    const cJSON *headers);
-void engine__drop_args(struct job *j);
 
 #define ENGINE_EXC_MODULE "celeriac.exceptions"
 
