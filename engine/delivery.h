@@ -55,8 +55,8 @@ struct delivery {
 
 #define DELIVERY_F_PARKING 1u /* a parked copy is on its way (unconfirmed) */
 
-/* A message to publish (retry, dead letter, parked copy). Everything borrowed
- * for the call to engine_ops.publish. */
+/* A message to publish (retry, dead letter, parked copy, canvas follow-up).
+ * Everything borrowed for the call to engine_ops.publish. */
 struct outbound {
     const char *exchange;
     const char *routing_key;
@@ -69,6 +69,7 @@ struct outbound {
     const cJSON *headers;
     const char *body;
     size_t body_len;
+    const char *expiration; /* the AMQP expiration (ms, decimal), or NULL */
 };
 
 #endif

@@ -69,6 +69,7 @@ static void job_free(struct job *j)
     cr_free(j->model);
     cr_free(j->meta);
     engine__free_failure(j);
+    engine__followup_free(j);
     cr_free(j);
     e->live--;
 }
@@ -260,6 +261,10 @@ static int store_meta(struct job *j)
 /* Stores j's outcome, if it has one to store, then acks. */
 static void store_then_ack(struct job *j)
 {
+    if (j->fu) {
+        engine__followup_store(j);
+        return;
+    }
     if (!j->meta || !j->tm.id) {
         finish_job(j);
         return;
@@ -273,6 +278,36 @@ static void store_then_ack(struct job *j)
     j->pending++;
 }
 
+/* For followup.c (see engine_int.h). */
+void engine__finish(struct job *j)
+{
+    finish_job(j);
+}
+
+void engine__unref(struct job *j)
+{
+    if (j->state == JOB_DONE && j->pending == 0)
+        job_free(j);
+}
+
+int engine__publish(struct job *j, const struct outbound *o, enum publish_kind kind)
+{
+    return publish(j, o, kind, NULL, 0);
+}
+
+int engine__store_final(struct job *j)
+{
+    int rc = store_meta(j);
+    if (rc == 0)
+        j->pending++;
+    return rc;
+}
+
+int engine__comes_back(const struct job *j)
+{
+    return job_comes_back(j);
+}
+
 /* Makes the outcome durable, then acks. A failure's dead letter goes first and
  * its FAILURE is stored only once the broker confirmed it, because a stored
  * FAILURE is what makes a redelivery ack without running (check_job()): were
@@ -284,8 +319,17 @@ static void store_then_ack(struct job *j)
  * second one (at least once, as every publish here). */
 void engine__settle(struct job *j)
 {
-    const char *dlx = j->e->cfg->dead_letter_exchange;
     job_set_state(j, JOB_SETTLING);
+    /* A canvas plan's messages (callbacks, chain, errbacks) go first, for the
+     * same reason: a stored outcome means they are in (engine/followup.c). */
+    if (engine__followup_publish(j))
+        return;
+    engine__settle_resume(j);
+}
+
+void engine__settle_resume(struct job *j)
+{
+    const char *dlx = j->e->cfg->dead_letter_exchange;
     if (j->dead_letter && dlx && dlx[0])
         dead_letter(j);
     else
@@ -319,6 +363,10 @@ void engine__fail(struct job *j, const char *exc_type, const char *exc_module,
             LOG(LOG_ERROR, "Task %s[%s]: out of memory for its FAILURE", job_name(j),
                 j->tm.id);
     }
+    /* A message that never ran as a task (undecodable, unregistered) gets no
+     * errbacks and no chord part-return, as in Celery. */
+    if (j->tm.id && j->kind != TASK_UNKNOWN)
+        engine__followup_failure(j, exc_type, exc_module, message);
     engine__settle(j);
 }
 
@@ -332,6 +380,7 @@ static void fail_job(struct job *j, const char *exc_type, const char *exc_module
 void engine__revoke_job(struct job *j, const char *reason, const char *partial)
 {
     struct task_event_info info;
+    cJSON *exc;
     LOG(LOG_INFO, "Discarding revoked task: %s[%s] (%s)", job_name(j), j->tm.id, reason);
     memset(&info, 0, sizeof(info));
     info.type = TEV_REVOKED;
@@ -341,15 +390,15 @@ void engine__revoke_job(struct job *j, const char *reason, const char *partial)
     notify(j, &info);
     cr_free(j->meta);
     j->meta = NULL;
-    if (j->tm.ignore_result != 1) {
-        cJSON *exc = result_exc_new("TaskRevokedError", "celery.exceptions", reason);
-        /* Extra keys are ignored by Celery's exception decoding, so the text
-         * produced before a terminate can travel with the REVOKED state. */
-        if (exc && partial)
-            cJSON_AddStringToObject(exc, "partial", partial);
+    exc = result_exc_new("TaskRevokedError", "celery.exceptions", reason);
+    /* Extra keys are ignored by Celery's exception decoding, so the text
+     * produced before a terminate can travel with the REVOKED state. */
+    if (exc && partial)
+        cJSON_AddStringToObject(exc, "partial", partial);
+    if (j->tm.ignore_result != 1)
         j->meta = exc ? engine_job_meta(j, "REVOKED", exc, NULL, 1) : NULL;
-        cJSON_Delete(exc);
-    }
+    engine__followup_revoked(j, exc);
+    cJSON_Delete(exc);
     engine__settle(j);
 }
 
@@ -415,6 +464,11 @@ static void succeed(struct job *j, cJSON *result, const struct llm_result *llm)
                      "internal", 0);
             return;
         }
+    }
+    /* Callbacks and the chain's next step, even for an ignore_result task. */
+    if (engine__followup_success(j, result)) {
+        cJSON_Delete(result);
+        return;
     }
     cJSON_Delete(result);
     engine__settle(j);
@@ -556,7 +610,8 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
                       enum engine_store_kind kind, int status, int skipped)
 {
     engine__enter(e, now);
-    if (kind == ENGINE_STORE_STARTED) {
+    if (kind == ENGINE_STORE_STARTED || j->state == JOB_DONE) {
+        /* (a job let go while several of its stores were out) */
         job_release_ref(j);
     } else if (status) {
         /* The store went away (cold shutdown): the delivery goes back. */
@@ -564,10 +619,13 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
         job_release_ref(j);
     } else {
         j->pending--;
-        if (skipped)
+        if (skipped && kind == ENGINE_STORE_FINAL)
             LOG(LOG_INFO, "Task %s[%s] already has SUCCESS stored; not overwriting it",
                 job_name(j), j->tm.id);
-        finish_job(j);
+        if (j->fu)
+            engine__followup_stored(j);
+        else
+            finish_job(j);
     }
     engine__leave(e);
 }
@@ -640,6 +698,9 @@ void engine_on_confirm(struct engine *e, struct engine_now now, struct engine_pu
         break;
     case PUBLISH_PARK:
         on_park_confirm(p, ok);
+        break;
+    case PUBLISH_FOLLOWUP:
+        engine__followup_confirmed(p->j, ok);
         break;
     }
     cr_free(p);
@@ -885,9 +946,9 @@ static void queue_job(struct job *j)
 }
 
 /* Decides what a received job does, given its stored state st ("" when none
- * was stored or read): settle it, give it back, revoke, ask its lease, hold,
- * park or queue it. */
-static void check_job(struct job *j, const char *st)
+ * was stored or read) and meta (value, len; NULL when none): settle it, give
+ * it back, revoke, ask its lease, hold, park or queue it. */
+static void check_job(struct job *j, const char *st, const char *value, size_t len)
 {
     struct engine *e = j->e;
 
@@ -902,7 +963,11 @@ static void check_job(struct job *j, const char *st)
             LOG(LOG_INFO,
                 "Task %s[%s] already has %s stored; acknowledging without running it",
                 job_name(j), j->tm.id, st);
-            finish_job(j);
+            /* A chord member may have crashed between its store and its
+             * part-return: that is done again first (never its callbacks or
+             * chain, confirmed before the store). */
+            if (!engine__followup_redo(j, st, value, len))
+                finish_job(j);
             return;
         }
     }
@@ -939,7 +1004,7 @@ void engine_on_state(struct engine *e, struct engine_now now, struct job *j, int
     } else {
         if (value && result_meta_status(value, len, st, sizeof(st)) != 0)
             st[0] = '\0';
-        check_job(j, st);
+        check_job(j, st, value, len);
     }
     engine__leave(e);
 }
@@ -1040,7 +1105,7 @@ static void accept_job(struct engine *e, struct job *j, struct delivery *d)
     if (!seen_before(j, d)) {
         /* A first delivery has no outcome of ours stored: skip the read (a
          * Redis round trip and a tenth of the worker's CPU per trivial task). */
-        check_job(j, "");
+        check_job(j, "", NULL, 0);
         return;
     }
     if (e->ops->read_state(e->ctx, j)) {

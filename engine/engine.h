@@ -9,7 +9,8 @@
  *
  * The rule the engine exists for: exactly one settle (ack or reject) per
  * delivery, and an ack only once the delivery's outcome is durable -- its
- * result stored, its retry or dead letter confirmed by the broker. A job that
+ * result stored, its retry, dead letter or canvas follow-ups confirmed by the
+ * broker, its chord part-return done (engine/followup.c). A job that
  * cannot make its outcome durable lets its deliveries go unsettled (they come
  * back from the broker), and a redelivery that finds SUCCESS stored is acked
  * without running again.
@@ -81,12 +82,49 @@ struct engine_config {
     double shutdown_timeout;          /* seconds a warm shutdown may take; 0: forever */
     const char *llm_model;
     const char *llm_embed_model;
+    /* canvas follow-ups (see protocol/canvas.h, struct canvas_opts) */
+    const char *default_queue; /* NULL or "": "celery" */
+    char *const *routes;       /* PATTERN=QUEUE (--task-route) */
+    int nroutes;
+    /* Writes a fresh uuid4 (36 chars + NUL) for the ids a follow-up gets; NULL:
+     * drawn from the engine's seed (tests). */
+    void (*new_uuid)(char out[37], void *arg);
+    void *uuid_arg;
 };
 
 /* Why a store or a publish was asked: echoed back in its completion. */
 enum engine_store_kind {
-    ENGINE_STORE_FINAL,   /* the outcome; the ack waits for it */
-    ENGINE_STORE_STARTED, /* track_started's STARTED; nothing waits */
+    ENGINE_STORE_FINAL,    /* the outcome; the ack waits for it */
+    ENGINE_STORE_STARTED,  /* track_started's STARTED; nothing waits */
+    ENGINE_STORE_FOLLOWUP, /* store_for: another task's outcome; the ack waits */
+};
+
+/* The chord commands of the Redis result backend (Celery's set_chord_size and
+ * on_chord_part_return): echoed back in engine_on_chord(). Keys are
+ * celery-taskset-meta-<group_id>.j (the sorted set of finished members), .t
+ * (members added at run time) and .s (the header size). */
+enum engine_chord_op {
+    ENGINE_CHORD_SIZE,  /* SETEX .s <result_expires> <size>, then PUBLISH */
+    ENGINE_CHORD_PART,  /* one atomic part-return: see struct engine_chord_cmd */
+    ENGINE_CHORD_CLEAR, /* DEL .j .t .s (and the join claim) of a chord joined */
+};
+
+/* One chord command; strings borrowed for the call. ENGINE_CHORD_PART adds
+ * member (the JSON text of [1, id, state, result]) to .j with score
+ * group_index (+inf when -1), sets the TTL of .j .t .s to result_expires, and
+ * reads the count of .j, .t and .s in the same step; when .s exists and the
+ * count is .s + .t, the chord is complete and the members come back in score
+ * order -- to task_id only when its member completed the chord, or did so
+ * before (a redelivery), or no celeriac task claimed the join: a redelivery of
+ * another member of a complete chord does not join it a second time. */
+struct engine_chord_cmd {
+    enum engine_chord_op op;
+    const char *group_id;
+    long size;          /* SIZE */
+    long group_index;   /* PART; -1: null */
+    const char *member; /* PART */
+    size_t member_len;
+    const char *task_id; /* PART: the job's id, which joins */
 };
 
 enum engine_lease_op {
@@ -140,6 +178,13 @@ struct engine_ops {
     void (*forget)(void *ctx, struct job *j);
     /* Shutdown is complete: warm (nothing left under way) or cold (now). */
     void (*stop)(void *ctx, int cold);
+    /* Stores meta (n bytes) as the result of task_id, a task other than j (a
+     * later chain step, a chord body), never over a stored SUCCESS:
+     * engine_on_stored() with ENGINE_STORE_FOLLOWUP. Takes meta, on failure
+     * too. */
+    int (*store_for)(void *ctx, struct job *j, const char *task_id, char *meta, size_t n);
+    /* A chord command for j (c borrowed for the call): engine_on_chord(). */
+    int (*chord)(void *ctx, struct job *j, const struct engine_chord_cmd *c);
 };
 
 struct engine;
@@ -167,6 +212,14 @@ void engine_on_state(struct engine *e, struct engine_now now, struct job *j, int
  * is going away: the delivery is left to come back). */
 void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
                       enum engine_store_kind kind, int status, int skipped);
+/* The answer to a chord command: status 0 when done, non-zero when it could
+ * not be (the result store refused it or is going away). For
+ * ENGINE_CHORD_PART, members (n of them, each lens[i] bytes, borrowed for the
+ * call) are the chord's in score order when this part completed it, else
+ * NULL with n 0. */
+void engine_on_chord(struct engine *e, struct engine_now now, struct job *j,
+                     enum engine_chord_op op, int status, const char *const *members,
+                     const size_t *lens, size_t n);
 /* The broker's confirm of a publish: ok 1 when it took the message. */
 void engine_on_confirm(struct engine *e, struct engine_now now, struct engine_publish *p,
                        int ok);

@@ -1,5 +1,5 @@
 /* engine_int.h -- the engine's insides, shared by its own files (engine.c,
- * sched.c, outcome.c, control.c) and nobody else. */
+ * sched.c, outcome.c, control.c, followup.c) and nobody else. */
 #ifndef CR_ENGINE_INT_H
 #define CR_ENGINE_INT_H
 
@@ -56,6 +56,7 @@ enum publish_kind {
     PUBLISH_RETRY,
     PUBLISH_DEAD_LETTER,
     PUBLISH_PARK,
+    PUBLISH_FOLLOWUP, /* a message of a canvas plan (followup.c) */
 };
 
 struct engine_publish {
@@ -132,6 +133,49 @@ void engine__free_failure(struct job *j);
 void engine__raw_of(struct celery_raw_msg *raw, const struct delivery *d,
                     const cJSON *headers);
 void engine__drop_args(struct job *j);
+
+/* engine.c, for followup.c: finish_job() (ack all, let go), the job freed
+ * if it is done and nothing is pending, publish() with a kind, the FINAL store
+ * of j->meta (0 when asked: its completion is pending), the settle that
+ * follows the plan's publishes (dead letter, then store), and whether the
+ * message comes back if j lets go of it. */
+void engine__finish(struct job *j);
+void engine__unref(struct job *j);
+int engine__publish(struct job *j, const struct outbound *o, enum publish_kind kind);
+int engine__store_final(struct job *j);
+void engine__settle_resume(struct job *j);
+int engine__comes_back(const struct job *j);
+
+/* followup.c: a finished task's canvas plan (protocol/canvas.h), carried out
+ * durably. Each engine__followup_*() hook is a no-op (0) for a job whose
+ * message asks for nothing. The plan is built when the outcome is known
+ * (success, failure, revoked), published before the outcome is stored
+ * (engine__followup_publish() from engine__settle()), the chord part-returns
+ * done after it is stored (engine__followup_store() in place of the plain
+ * store), and the ack comes last (engine__finish()). */
+struct followup;
+/* j succeeded with result (borrowed). 0, or CR_ENOMEM: the job was let go. */
+int engine__followup_success(struct job *j, const cJSON *result);
+/* j failed for good (not a retry) with this exception. */
+void engine__followup_failure(struct job *j, const char *exc_type, const char *exc_module,
+                              const char *message);
+/* j is settled as REVOKED with exc (borrowed, the stored result). */
+void engine__followup_revoked(struct job *j, const cJSON *exc);
+/* From engine__settle(): 1 when the plan's publishes are under way (then
+ * engine__settle_resume() follows once all are confirmed), else 0. */
+int engine__followup_publish(struct job *j);
+/* From store_then_ack() for a job with a plan: stores its outcome and the
+ * plan's, then does its part-returns, then acks. */
+void engine__followup_store(struct job *j);
+/* An ENGINE_STORE_FINAL or ENGINE_STORE_FOLLOWUP store of a job with a plan
+ * completed with status 0. */
+void engine__followup_stored(struct job *j);
+void engine__followup_confirmed(struct job *j, int ok);
+/* A redelivery found st stored (meta: value, len): 1 when j's part-returns
+ * are under way again (j acks once they are done), 0 when there is none to
+ * do (the caller acks). */
+int engine__followup_redo(struct job *j, const char *st, const char *value, size_t len);
+void engine__followup_free(struct job *j);
 
 #define ENGINE_EXC_MODULE "celeriac.exceptions"
 

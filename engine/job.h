@@ -72,6 +72,8 @@ struct job {
     struct job *rprev, *rnext; /* running list */
     int pending;               /* completions still to come back with this job */
     int in_map;
+    /* its canvas plan under way (followup.c), or NULL */
+    struct followup *fu;
     int64_t soft_deadline; /* loop ms, 0 none */
     int64_t hard_deadline;
     double hard_limit_s;

@@ -225,10 +225,13 @@ cJSON *engine__dead_letter_headers(struct job *j)
     char when[40];
     if (!h)
         return NULL;
+/* (an item whose key cannot be copied is not added: freed here) */
 #define SET(key, item)                                                                   \
     do {                                                                                 \
+        cJSON *it_ = (item);                                                             \
         cJSON_DeleteItemFromObjectCaseSensitive(h, key);                                 \
-        cJSON_AddItemToObject(h, key, item);                                             \
+        if (!cJSON_AddItemToObject(h, key, it_))                                         \
+            cJSON_Delete(it_);                                                           \
     } while (0)
     SET("x-celeriac-reason", cJSON_CreateString(f->reason));
     SET("x-celeriac-exception-type", cJSON_CreateString(f->exc_type));

@@ -25,6 +25,47 @@ static struct backend_script store_script = BACKEND_SCRIPT(
     "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
     "return 1\n");
 
+/* Celery's set_chord_size: the header size under <gid>.s, written as its
+ * RedisBackend writes any value (SETEX, then PUBLISH on the key's channel). */
+static struct backend_script chord_size_script = BACKEND_SCRIPT(
+    "if tonumber(ARGV[2]) > 0 then redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])\n"
+    "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
+    "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
+    "return 1\n");
+
+/* Celery's on_chord_part_return pipeline (ZADD, ZCOUNT, GET .t, GET .s, the
+ * three EXPIREs), and its completion test and ZRANGE, as one script: a MULTI
+ * pipeline there, atomic here too, and one round trip. KEYS: .j .t .s and the
+ * join claim; ARGV: member, score, result_expires, the joining task's id.
+ * Returns the members in score order when the chord is complete (.s set and
+ * count = .s + .t) and this task is to join it, else the count. A .s that is
+ * not a number never completes, as Celery's int() raises.
+ *
+ * The claim is celeriac's own (a Python worker neither sets nor reads it): the
+ * task whose ZADD completed the chord names itself there, so that when a crash
+ * brings several members back at once, only that task's redelivery joins the
+ * chord again (its own ZADD changes nothing, count is still complete), not
+ * every member's. A complete chord nobody claimed (joined by Python) is joined
+ * by whoever finds it so, as Celery would. */
+static struct backend_script chord_part_script = BACKEND_SCRIPT(
+    "local added = redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])\n"
+    "local n = redis.call('ZCOUNT', KEYS[1], '-inf', '+inf')\n"
+    "local t = redis.call('GET', KEYS[2])\n"
+    "local s = redis.call('GET', KEYS[3])\n"
+    "local ttl = tonumber(ARGV[3])\n"
+    "if ttl > 0 then\n"
+    "  redis.call('EXPIRE', KEYS[1], ttl)\n"
+    "  redis.call('EXPIRE', KEYS[2], ttl)\n"
+    "  redis.call('EXPIRE', KEYS[3], ttl)\n"
+    "end\n"
+    "local size = s and tonumber(s)\n"
+    "if not (size and n == size + ((t and tonumber(t)) or 0)) then return n end\n"
+    "local claim = redis.call('GET', KEYS[4])\n"
+    "if added == 0 and claim and claim ~= ARGV[4] then return n end\n"
+    "if ttl > 0 then redis.call('SET', KEYS[4], ARGV[4], 'EX', ttl)\n"
+    "else redis.call('SET', KEYS[4], ARGV[4]) end\n"
+    "return redis.call('ZRANGE', KEYS[1], 0, -1)\n");
+
 enum op_kind { OP_STORE, OP_GET, OP_RAW };
 
 struct op {
@@ -38,6 +79,8 @@ struct op {
     backend_store_fn *store_cb;
     backend_get_fn *get_cb;
     backend_reply_fn *raw_cb;
+    backend_done_fn *done_cb;      /* OP_RAW of a chord command */
+    backend_chord_fn *chord_cb;    /* OP_RAW of a part-return */
     struct backend_script *script; /* OP_STORE, or OP_RAW by backend_eval() */
     int use_eval;                  /* send the text: see on_noscript() */
     int noscripts;                 /* NOSCRIPT replies to this op so far */
@@ -150,9 +193,57 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
 
 /* ------------------------------------------------------------ operations */
 
+/* A chord command's reply, said as a status: an error reply is Redis refusing
+ * for good (one that passes by itself was sent again, see on_reply()). */
+static int chord_status(int status, const redisReply *reply)
+{
+    if (status == 0 && reply && reply->type == REDIS_REPLY_ERROR) {
+        LOG(LOG_ERROR, "result backend: chord command refused: %s", reply->str);
+        return CR_EBACKEND;
+    }
+    return status;
+}
+
+static void finish_part(struct op *op, int status, const redisReply *reply)
+{
+    const char **members = NULL;
+    size_t *lens = NULL, n = 0;
+    static const char *none[1];
+
+    status = chord_status(status, reply);
+    if (status == 0 && reply->type == REDIS_REPLY_ARRAY) {
+        n = reply->elements;
+        members = n ? cr_malloc(n * sizeof(*members)) : none;
+        lens = cr_malloc((n ? n : 1) * sizeof(*lens));
+        if (!members || !lens)
+            status = CR_ENOMEM;
+        for (size_t i = 0; status == 0 && i < n; i++) {
+            const redisReply *m = reply->element[i];
+            if (m->type != REDIS_REPLY_STRING) {
+                status = CR_EBACKEND;
+                LOG(LOG_ERROR, "result backend: a chord member is not a string");
+                break;
+            }
+            members[i] = m->str;
+            lens[i] = (size_t)m->len;
+        }
+    }
+    if (status)
+        op->chord_cb(op->bk, status, NULL, NULL, 0, op->privdata);
+    else
+        op->chord_cb(op->bk, 0, members, lens, n, op->privdata);
+    if (members != none)
+        cr_free(members);
+    cr_free(lens);
+}
+
 static void finish_op(struct op *op, int status, const redisReply *reply)
 {
-    if (op->kind == OP_RAW) {
+    if (op->kind == OP_RAW && op->chord_cb) {
+        finish_part(op, status, reply);
+    } else if (op->kind == OP_RAW && op->done_cb) {
+        op->done_cb(op->bk, chord_status(status, reply), op->privdata);
+    } else if (op->kind == OP_RAW) {
         if (op->raw_cb)
             op->raw_cb(op->bk, status, (const struct redisReply *)reply, op->privdata);
     } else if (op->kind == OP_STORE) {
@@ -423,6 +514,86 @@ int backend_eval(struct backend *bk, struct backend_script *script, int argc,
     struct op *op = raw_op_new(bk, script, argc, argv, argvlen, cb, privdata);
     if (!op)
         return CR_ENOMEM;
+    return submit(bk, op);
+}
+
+/* -------------------------------------------------------------- chords */
+
+#define CHORD_KEY_MAX 512
+#define GROUP_PREFIX "celery-taskset-meta-"
+
+/* prefix, group_id, suffix into out (CHORD_KEY_MAX bytes); 0 or CR_EINVAL
+ * when too long. */
+static int group_key(char *out, const char *prefix, const char *group_id,
+                     const char *suffix)
+{
+    int n = snprintf(out, CHORD_KEY_MAX, "%s%s%s", prefix, group_id, suffix);
+    return n > 0 && n < CHORD_KEY_MAX ? 0 : CR_EINVAL;
+}
+
+/* A chord's keys: Celery's .j .t .s, then celeriac's join claim. */
+static int group_keys(const char *group_id, char keys[4][CHORD_KEY_MAX])
+{
+    if (group_key(keys[0], GROUP_PREFIX, group_id, ".j") ||
+        group_key(keys[1], GROUP_PREFIX, group_id, ".t") ||
+        group_key(keys[2], GROUP_PREFIX, group_id, ".s") ||
+        group_key(keys[3], BACKEND_CHORD_CLAIM_PREFIX, group_id, ""))
+        return CR_EINVAL;
+    return 0;
+}
+
+int backend_chord_size(struct backend *bk, const char *group_id, long size,
+                       backend_done_fn *cb, void *privdata)
+{
+    char key[CHORD_KEY_MAX], n[24];
+    const char *argv[4] = {"1", key, n, bk->expires_text};
+    struct op *op;
+    if (group_key(key, GROUP_PREFIX, group_id, ".s"))
+        return CR_EINVAL;
+    snprintf(n, sizeof(n), "%ld", size);
+    op = raw_op_new(bk, &chord_size_script, 4, argv, NULL, NULL, privdata);
+    if (!op)
+        return CR_ENOMEM;
+    op->done_cb = cb;
+    return submit(bk, op);
+}
+
+int backend_chord_part(struct backend *bk, const char *group_id, long group_index,
+                       const char *member, size_t len, const char *task_id,
+                       backend_chord_fn *cb, void *privdata)
+{
+    char keys[4][CHORD_KEY_MAX], score[24];
+    const char *argv[9] = {"4",    keys[0], keys[1],          keys[2], keys[3],
+                           member, score,   bk->expires_text, task_id};
+    size_t lens[9];
+    struct op *op;
+    if (group_keys(group_id, keys))
+        return CR_EINVAL;
+    if (group_index < 0)
+        snprintf(score, sizeof(score), "+inf");
+    else
+        snprintf(score, sizeof(score), "%ld", group_index);
+    for (int i = 0; i < 9; i++)
+        lens[i] = i == 5 ? len : strlen(argv[i]);
+    op = raw_op_new(bk, &chord_part_script, 9, argv, lens, NULL, privdata);
+    if (!op)
+        return CR_ENOMEM;
+    op->chord_cb = cb;
+    return submit(bk, op);
+}
+
+int backend_chord_clear(struct backend *bk, const char *group_id, backend_done_fn *cb,
+                        void *privdata)
+{
+    char keys[4][CHORD_KEY_MAX];
+    const char *argv[5] = {"DEL", keys[0], keys[1], keys[2], keys[3]};
+    struct op *op;
+    if (group_keys(group_id, keys))
+        return CR_EINVAL;
+    op = raw_op_new(bk, NULL, 5, argv, NULL, NULL, privdata);
+    if (!op)
+        return CR_ENOMEM;
+    op->done_cb = cb;
     return submit(bk, op);
 }
 

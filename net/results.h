@@ -102,6 +102,41 @@ int backend_eval(struct backend *bk, struct backend_script *script, int argc,
                  const char *const *argv, const size_t *argvlen, backend_reply_fn *cb,
                  void *privdata);
 
+/* ---- Chords, as Celery's RedisBackend keeps them (celery/backends/redis.py):
+ * celery-taskset-meta-<group_id>.j, the sorted set of finished header members
+ * scored by group_index; .t, the members added at run time; .s, the header
+ * size. The callbacks follow backend_command()'s contract, except that an
+ * error reply is not passed on: one that Redis lifts by itself makes the
+ * command wait and go again, any other is logged here and becomes status
+ * CR_EBACKEND. Each returns 0, CR_EINVAL (a group id too long for a key) or
+ * CR_ENOMEM; on error cb is never called. */
+typedef void backend_done_fn(struct backend *bk, int status, void *privdata);
+/* members: n of them, lens[i] bytes each, in score order, borrowed for the
+ * call, when the part completed the chord; else NULL with n 0. */
+typedef void backend_chord_fn(struct backend *bk, int status, const char *const *members,
+                              const size_t *lens, size_t n, void *privdata);
+
+/* Celery's set_chord_size: SETEX .s <result_expires> <size> (SET when
+ * result_expires is 0), then PUBLISH on the key's channel. */
+int backend_chord_size(struct backend *bk, const char *group_id, long size,
+                       backend_done_fn *cb, void *privdata);
+/* Celery's on_chord_part_return, atomically: ZADD .j member (score
+ * group_index, +inf when < 0), the TTL of .j .t .s set to result_expires
+ * (unless 0), and, when .s exists and the count of .j equals .s + .t, the
+ * members in order (ZRANGE .j 0 -1) for task_id to join the chord. Of the
+ * celeriac tasks that find a chord complete, only the one whose member
+ * completed it gets the members (again, when it is redelivered): it claims the
+ * join under BACKEND_CHORD_CLAIM_PREFIX <group_id> (TTL result_expires).
+ * member is len bytes, copied. */
+int backend_chord_part(struct backend *bk, const char *group_id, long group_index,
+                       const char *member, size_t len, const char *task_id,
+                       backend_chord_fn *cb, void *privdata);
+/* DEL .j .t .s and the claim of a chord that was joined. */
+int backend_chord_clear(struct backend *bk, const char *group_id, backend_done_fn *cb,
+                        void *privdata);
+
+#define BACKEND_CHORD_CLAIM_PREFIX "celeriac-chord-join-"
+
 /* The key prefix results are stored under ("celery-task-meta-"). */
 #define BACKEND_META_PREFIX "celery-task-meta-"
 

@@ -21,10 +21,27 @@
  * Every message is Celery protocol v2 (headers + [args, kwargs, embed]) as
  * celery_msg_encode_v2() writes it, whatever protocol the parent came in.
  *
- * Routing of a published signature: options.exchange / options.routing_key
- * when given; else options.queue (default exchange "", routing key = queue);
- * else the first route in canvas_opts.routes whose pattern matches the task
- * name (fnmatch-style "*"); else canvas_opts.default_queue. */
+ * Routing of a published signature (Celery's send_task_message): options.exchange
+ * and options.routing_key when both are non-empty strings (one alone is ignored,
+ * as Celery ignores it for a direct exchange); else options.queue (default
+ * exchange "", routing key = queue); else the first route in canvas_opts.routes
+ * whose pattern matches the task name (fnmatch-style "*" and "?"); else
+ * canvas_opts.default_queue.
+ *
+ * chunks / xmap / xstarmap signatures arrive as Celery 5.2.6 serializes them:
+ * plain immutable celery.chunks / celery.map / celery.starmap tasks with kwargs
+ * {"task", "it"[, "n"]}, published like any plain task.
+ *
+ * Fidelity: the captured fixtures (tests/fixtures/messages/canvas/, made by
+ * Celery 5.2.6's own tracer) are reproduced byte for byte, headers and body,
+ * including the order fresh uuids are drawn in. Where 5.2.6 would hang a chord
+ * (a chain as the last header member never sets the chord size), the size is
+ * set anyway.
+ *
+ * Bounds: a signature nested deeper than 32, or a plan of more than 100000
+ * messages (a group, a chain), is CR_EPROTO before anything is built; costs
+ * are linear in the size of the signatures (each message embeds its own copy
+ * of a chord body or chain). */
 #ifndef CR_CANVAS_H
 #define CR_CANVAS_H
 
@@ -43,6 +60,10 @@ struct canvas_opts {
     char *const *routes;       /* "PATTERN=QUEUE" strings (--task-route) */
     int nroutes;
     int64_t now_us; /* epoch microseconds: countdown -> eta */
+    /* reply_to of messages whose options name none, and written into the
+     * options of signatures frozen here, as Python's app.thread_oid (only the
+     * rpc result backend reads it). NULL: none. */
+    const char *reply_to;
     /* Writes a fresh uuid4 string (36 chars + NUL) to out. */
     void (*new_uuid)(char out[37], void *arg);
     void *uuid_arg;
@@ -55,6 +76,9 @@ struct canvas_msg {
     char *exchange;    /* "" for the default exchange */
     char *routing_key; /* the queue, for the default exchange */
     int priority;      /* the AMQP priority property; 0 when not given */
+    char *reply_to;    /* the reply_to property; NULL when the signature has none */
+    char *expiration;  /* the expiration property (ms, decimal) or NULL: set when
+                        * options.expires is given, as kombu sets it */
     cJSON *headers;    /* Celery v2 headers */
     struct buf body;   /* [args, kwargs, embed], as json.dumps writes it */
 };
@@ -65,6 +89,18 @@ struct canvas_chord_size {
     long size;
 };
 
+/* A later chain step that is itself a chord header member (a chain inside a
+ * chord header): on failure Celery also runs the chord part-return for it, with
+ * the same FAILURE, so the chord does not wait for it forever (base.py
+ * mark_as_failure). The engine adds canvas_chord_member(task_id, "FAILURE",
+ * exc) to group_id's sorted set like any member, and joins when complete. */
+struct canvas_chord_part {
+    char *task_id;
+    char *group_id;
+    long group_index; /* -1 when null */
+    cJSON *body;      /* the chord body (options.chord of the step) */
+};
+
 struct canvas_plan {
     struct canvas_chord_size *sizes;
     size_t nsizes;
@@ -72,8 +108,13 @@ struct canvas_plan {
     size_t nmsgs;
     char **fails; /* task ids to store the same FAILURE for */
     size_t nfails;
+    struct canvas_chord_part *parts; /* failure plans only; see above */
+    size_t nparts;
 };
 
+/* A plan owns every pointer in it (strings, headers, bodies, chord bodies).
+ * canvas_plan_release() frees them all and re-inits the plan; it is safe on an
+ * inited or already released plan. The builders below init *out themselves. */
 void canvas_plan_init(struct canvas_plan *p);
 void canvas_plan_release(struct canvas_plan *p);
 
@@ -82,8 +123,8 @@ void canvas_plan_release(struct canvas_plan *p);
 int canvas_has_followups(const struct task_msg *m);
 
 /* What a Python worker publishes after m succeeded with result (borrowed):
- * the callbacks (one: published alone; several: the plain ones as one new
- * group, composite ones each on its own), then the next chain step with the
+ * the callbacks (one: published alone; several: group-type ones each on its
+ * own, then all the others as one new group), then the next chain step with the
  * rest of the chain. The result is prepended to each signature's args unless
  * it is immutable. parent_id is m's id, root_id m's root_id. Composite
  * signatures (group, chain, chord, chunks/xmap/xstarmap as plain tasks) are
@@ -97,9 +138,11 @@ int canvas_on_success(const struct task_msg *m, const cJSON *result,
                       struct cr_err *err);
 
 /* What a Python worker does after m failed (not for a retry): fails holds
- * every later chain step that has options.task_id (descending into chord
- * bodies as Celery does), msgs the errbacks published as one group with args
- * [m's id] + their own args (parent_id m's id). Same returns as above. */
+ * every later chain step that has options.task_id (a chord step without one
+ * gives its body's task_id), in embed.chain order (the last step first, as
+ * Celery walks it); parts the steps among them that carry options.chord; msgs
+ * the errbacks published as one group with args [m's id] + their own args
+ * (parent_id m's id). Same returns as above. */
 int canvas_on_failure(const struct task_msg *m, const struct canvas_opts *o,
                       struct canvas_plan *out, struct cr_err *err);
 
@@ -126,12 +169,19 @@ int canvas_chord_member(const char *task_id, const char *state, const cJSON *res
  * canvas_chord_member()). When every member is SUCCESS: *failed is 0 and the
  * plan publishes the body with the list of results prepended to its args
  * (unless immutable), id = body options.task_id, parent_id = m's id, root_id =
- * m's root_id. When one is FAILURE or REVOKED: *failed is 1, *body_id the
- * body's id (new string, NULL when the body has none), exc the ChordError
- * dict to store for it ({"exc_type": "ChordError", "exc_message": ["Dependency
- * <id> raised <repr>"], "exc_module": "celery.exceptions"}, new), and the
- * plan publishes the body's errbacks with args [body id]. CR_EPROTO for a
- * member that is not such a list, CR_ENOMEM. */
+ * m's root_id unless the body's options name their own (a chord launched by a
+ * worker puts the launcher's ids there; Celery's send_task keeps them). When
+ * one is FAILURE or REVOKED (the first in order): *failed is 1, *body_id the
+ * body's id (new string, cr_free(); NULL when the body has none), exc the
+ * ChordError dict to store for it
+ * ({"exc_type": "ChordError", "exc_message": ["Dependency <id> raised
+ * <repr>"], "exc_module": "celery.exceptions"}, new), and the plan publishes
+ * the body's errbacks with args [body id] (parent and root: the body id, as
+ * chord_error_from_stack's request has no root). <repr> is how Python prints
+ * the exception rebuilt from the member's dict: ValueError('x'), E('a', 1),
+ * E(). Any other state counts as a result (Celery never adds a RETRY).
+ * CR_EPROTO for a member that is not such a list, CR_ENOMEM; on error nothing
+ * is returned (*failed 0, *body_id and *exc NULL, plan released). */
 int canvas_chord_join(const struct task_msg *m, const struct canvas_chord *c,
                       const char *const *members, const size_t *lens, size_t n,
                       const struct canvas_opts *o, struct canvas_plan *out, int *failed,

@@ -26,6 +26,13 @@ static const struct opt opts[] = {
      "seconds an idle Redis connection waits before a PING tests it (0: never)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPTS_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
+    {"default-queue", 0, "CELERIAC_DEFAULT_QUEUE", OPTS_STR, OFF(default_queue), "celery",
+     0, 0,
+     "queue of a canvas follow-up (callback, chain step, chord body) that names none "
+     "(Celery's task_default_queue)"},
+    {"task-route", 0, NULL, OPTS_LIST, OFF(task_routes), NULL, 0, 0,
+     "PATTERN=QUEUE: a follow-up whose task name matches PATTERN (* and ?) and names "
+     "no queue goes to QUEUE; first match wins (repeatable)"},
     {"concurrency", 'c', "CELERIAC_CONCURRENCY", OPTS_INT, OFF(concurrency), "100", 1,
      CONFIG_MAX_CONCURRENCY, "tasks (LLM calls) in flight at once"},
     {"hostname", 'n', "CELERIAC_HOSTNAME", OPTS_STR, OFF(hostname), "celery@%h", 0, 0,
@@ -201,6 +208,15 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
                               "invalid --task-alias '%s' (want NAME=TASK)",
                               cfg->aliases.items[i]);
     }
+    for (int i = 0; i < cfg->task_routes.n; i++) {
+        const char *eq = strchr(cfg->task_routes.items[i], '=');
+        if (!eq || eq == cfg->task_routes.items[i] || !eq[1])
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid --task-route '%s' (want PATTERN=QUEUE)",
+                              cfg->task_routes.items[i]);
+    }
+    if (!cfg->default_queue[0])
+        return cr_err_set(err, CR_EINVAL, "--default-queue cannot be empty");
     if (strcmp(cfg->progress, "off") && strcmp(cfg->progress, "meta") &&
         strcmp(cfg->progress, "stream"))
         return cr_err_set(err, CR_EINVAL, "invalid --progress '%s' (off, meta or stream)",

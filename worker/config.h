@@ -23,6 +23,8 @@ struct config {
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
     struct opts_list queues;
+    char *default_queue;          /* where a follow-up without a route goes */
+    struct opts_list task_routes; /* PATTERN=QUEUE, for follow-ups */
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;

@@ -177,6 +177,7 @@ static int op_publish(void *ctx, const struct outbound *o, struct engine_publish
     props.delivery_mode = o->delivery_mode;
     props.priority = o->priority;
     props.headers = o->headers;
+    props.expiration = o->expiration;
     if (!w->broker)
         return CR_EBROKER;
     return broker_publish(w->broker, o->exchange, o->routing_key, &props, o->body,
@@ -227,6 +228,61 @@ static int op_store(void *ctx, struct job *j, char *meta, size_t n,
     struct worker *w = ctx;
     return backend_store(w->backend, j->tm.id, meta, n,
                          kind == ENGINE_STORE_FINAL ? on_stored : on_started_stored, j);
+}
+
+static void on_stored_for(struct backend *bk, int status, int skipped, void *privdata)
+{
+    struct job *j = privdata;
+    (void)bk;
+    engine_on_stored(j->e, now_of(worker_of(j)), j, ENGINE_STORE_FOLLOWUP, status,
+                     skipped);
+}
+
+static int op_store_for(void *ctx, struct job *j, const char *task_id, char *meta,
+                        size_t n)
+{
+    struct worker *w = ctx;
+    return backend_store(w->backend, task_id, meta, n, on_stored_for, j);
+}
+
+static void on_chord_size(struct backend *bk, int status, void *privdata)
+{
+    struct job *j = privdata;
+    (void)bk;
+    engine_on_chord(j->e, now_of(worker_of(j)), j, ENGINE_CHORD_SIZE, status, NULL, NULL,
+                    0);
+}
+
+static void on_chord_clear(struct backend *bk, int status, void *privdata)
+{
+    struct job *j = privdata;
+    (void)bk;
+    engine_on_chord(j->e, now_of(worker_of(j)), j, ENGINE_CHORD_CLEAR, status, NULL, NULL,
+                    0);
+}
+
+static void on_chord_part(struct backend *bk, int status, const char *const *members,
+                          const size_t *lens, size_t n, void *privdata)
+{
+    struct job *j = privdata;
+    (void)bk;
+    engine_on_chord(j->e, now_of(worker_of(j)), j, ENGINE_CHORD_PART, status, members,
+                    lens, n);
+}
+
+static int op_chord(void *ctx, struct job *j, const struct engine_chord_cmd *c)
+{
+    struct worker *w = ctx;
+    switch (c->op) {
+    case ENGINE_CHORD_SIZE:
+        return backend_chord_size(w->backend, c->group_id, c->size, on_chord_size, j);
+    case ENGINE_CHORD_PART:
+        return backend_chord_part(w->backend, c->group_id, c->group_index, c->member,
+                                  c->member_len, c->task_id, on_chord_part, j);
+    case ENGINE_CHORD_CLEAR:
+        return backend_chord_clear(w->backend, c->group_id, on_chord_clear, j);
+    }
+    return CR_EINVAL;
 }
 
 static void on_lease(struct backend *bk, int status, const struct redisReply *reply,
@@ -349,7 +405,38 @@ static const struct engine_ops worker_ops = {
     .notify = op_notify,
     .forget = op_forget,
     .stop = op_stop,
+    .store_for = op_store_for,
+    .chord = op_chord,
 };
+
+/* The ids given to canvas follow-ups (a new group, a chord header member without
+ * one): uuid4, as Python's uuid.uuid4(). */
+static void new_uuid(char out[37], void *arg)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[16];
+    int o = 0;
+    (void)arg;
+    if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
+        /* no entropy source: mixed from the clock and the pid */
+        uint64_t t = uv_hrtime(), x = t ^ ((uint64_t)getpid() << 40);
+        for (int i = 0; i < 16; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b[i] = (unsigned char)(x >> 24);
+        }
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[o++] = '-';
+        out[o++] = hex[b[i] >> 4];
+        out[o++] = hex[b[i] & 15];
+    }
+    out[o] = '\0';
+}
 
 /* ------------------------------------------------- cron and signals */
 
@@ -457,6 +544,10 @@ static void engine_config_of(struct engine_config *ec, const struct config *cfg,
     ec->shutdown_timeout = cfg->shutdown_timeout;
     ec->llm_model = cfg->llm_model;
     ec->llm_embed_model = cfg->llm_embed_model;
+    ec->default_queue = cfg->default_queue;
+    ec->routes = cfg->task_routes.items;
+    ec->nroutes = cfg->task_routes.n;
+    ec->new_uuid = new_uuid;
 }
 
 static int clients_new(struct worker *w, struct cr_err *err)

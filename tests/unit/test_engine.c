@@ -35,6 +35,15 @@ struct pub {
     char *body;
 };
 
+/* A chord command waiting for its completion. */
+struct fchord {
+    struct job *j;
+    enum engine_chord_op op;
+    char group_id[64];
+    long size, group_index;
+    char *member;
+};
+
 struct fake {
     struct buf log;
     struct engine *e;
@@ -59,6 +68,10 @@ struct fake {
     int nreads;
     struct job *leases[MAXOPS];
     int nleases;
+    char store_ids[MAXOPS][64]; /* store_for: whose meta */
+    struct fchord chords[MAXOPS];
+    int nchords;
+    int fail_chord;
     int notes[TEV_DEAD_LETTERED + 1];
     int prefetch, stopped, cold;
     char last_abort[64];
@@ -229,9 +242,58 @@ static void f_stop(void *ctx, int cold)
     note(f, cold ? "stop-cold" : "stop-warm", 0);
 }
 
+/* The four digits that tell the fixtures' ids apart: 0f0b8c1e-NNNN-... */
+static const char *short_id(const char *id)
+{
+    static char out[8];
+    snprintf(out, sizeof(out), "%.4s", strlen(id) > 13 ? id + 9 : id);
+    return out;
+}
+
+static int f_store_for(void *ctx, struct job *j, const char *task_id, char *meta,
+                       size_t n)
+{
+    struct fake *f = ctx;
+    char st[32] = "";
+    (void)n;
+    if (f->fail_store) {
+        cr_free(meta);
+        return CR_ENOMEM;
+    }
+    result_meta_status(meta, strlen(meta), st, sizeof(st));
+    note(f, "store-for-", 0);
+    buf_printf(&f->log, "%s:%s", st, short_id(task_id));
+    snprintf(f->store_ids[f->nstores], sizeof(f->store_ids[0]), "%s", task_id);
+    f->stores[f->nstores] = j;
+    f->store_kind[f->nstores] = ENGINE_STORE_FOLLOWUP;
+    f->metas[f->nstores++] = meta;
+    return 0;
+}
+
+static int f_chord(void *ctx, struct job *j, const struct engine_chord_cmd *c)
+{
+    struct fake *f = ctx;
+    struct fchord *k;
+    if (f->fail_chord)
+        return f->fail_chord;
+    k = &f->chords[f->nchords++];
+    k->j = j;
+    k->op = c->op;
+    snprintf(k->group_id, sizeof(k->group_id), "%s", c->group_id);
+    k->size = c->size;
+    k->group_index = c->group_index;
+    k->member = c->member ? strndup(c->member, c->member_len) : NULL;
+    note(f,
+         c->op == ENGINE_CHORD_SIZE   ? "chord-size"
+         : c->op == ENGINE_CHORD_PART ? "chord-part"
+                                      : "chord-clear",
+         0);
+    return 0;
+}
+
 static const struct engine_ops fake_ops = {
-    f_ack,  f_reject, f_live,  f_release,  f_read_state, f_store,  f_publish,
-    f_call, f_abort,  f_lease, f_prefetch, f_notify,     f_forget, f_stop,
+    f_ack,   f_reject, f_live,     f_release, f_read_state, f_store, f_publish,   f_call,
+    f_abort, f_lease,  f_prefetch, f_notify,  f_forget,     f_stop,  f_store_for, f_chord,
 };
 
 static void fake_init(struct fake *f, const char *alias)
@@ -375,6 +437,22 @@ static void confirm(struct fake *f, int i, int ok)
     engine_on_confirm(f->e, f->now, p, ok);
 }
 
+/* Answers chord command i; members (NULL: not complete) for a part-return. */
+static void chord_done(struct fake *f, int i, int status, const char *const *members,
+                       size_t n)
+{
+    struct fchord *k = &f->chords[i];
+    size_t lens[8];
+    struct job *j = k->j;
+    ck_assert_ptr_nonnull(j);
+    ck_assert_uint_le(n, 8);
+    for (size_t m = 0; m < n; m++)
+        lens[m] = strlen(members[m]);
+    k->j = NULL;
+    note(f, members ? "complete" : "chord-done", 0);
+    engine_on_chord(f->e, f->now, j, k->op, status, members, members ? lens : NULL, n);
+}
+
 static void llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
                      int64_t retry_after_ms, const char *text)
 {
@@ -425,7 +503,13 @@ static void fake_release(struct fake *f)
     for (int i = 0; i < f->nleases; i++)
         if (f->leases[i])
             engine_on_lease(f->e, f->now, f->leases[i], CR_ECANCELED, NULL);
+    for (int i = 0; i < f->nchords; i++)
+        if (f->chords[i].j)
+            engine_on_chord(f->e, f->now, f->chords[i].j, f->chords[i].op, CR_ECANCELED,
+                            NULL, NULL, 0);
     engine_free(f->e);
+    for (int i = 0; i < f->nchords; i++)
+        free(f->chords[i].member);
     for (int i = 0; i < f->nstores; i++)
         cr_free(f->metas[i]);
     for (int i = 0; i < f->npubs; i++) {
@@ -1040,6 +1124,587 @@ START_TEST(test_queries)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- canvas */
+
+#define CHORD_GID "bc6f0b24-2613-4ad2-ba83-c4e89f89676f"
+#define CHORD_MEMBER "[1, \"0f0b8c1e-0013-4000-8000-000000000013\", \"SUCCESS\", [1, 1]]"
+
+static void set_header(struct delivery *d, const char *key, cJSON *v)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(d->headers, key);
+    cJSON_AddItemToObject(d->headers, key, v);
+}
+
+static const char *pub_header(struct fake *f, int i, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->pubs[i].headers, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* A callback is published, confirmed, and only then the result is stored. */
+START_TEST(test_callback_before_store)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = fixture(&f, "link", NULL, NULL);
+    set_header(d, "ignore_result", cJSON_CreateFalse());
+    deliver(&f, d);
+    log_is(&f, "publish:celery");
+    ck_assert_str_eq(f.pubs[0].exchange, "");
+    ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.add");
+    ck_assert_str_eq(pub_header(&f, 0, "parent_id"),
+                     "0f0b8c1e-0010-4000-8000-000000000010");
+    ck_assert_str_eq(pub_header(&f, 0, "root_id"),
+                     "0f0b8c1e-0010-4000-8000-000000000010");
+    /* the result first in the callback's args */
+    ck_assert_msg(!strncmp(f.pubs[0].body, "[[[2, 2], 10], {}", 17), "%s",
+                  f.pubs[0].body);
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm store-SUCCESS");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_callback_ignore_result)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "link", NULL, NULL));
+    /* nothing to store, the callback all the same */
+    log_is(&f, "publish:celery");
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_callback_nack_leaves_it_unacked)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = fixture(&f, "link", NULL, NULL);
+    set_header(d, "ignore_result", cJSON_CreateFalse());
+    deliver(&f, d);
+    confirm(&f, 0, 0);
+    /* nothing stored: the redelivery runs it and publishes again */
+    log_is(&f, "publish:celery nack release1");
+    ck_assert_int_eq(f.acks[1] + f.rejects[1], 0);
+    ck_assert_int_eq(f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_callback_broker_away)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.fail_publish = CR_EBROKER;
+    fake_start(&f);
+    d = fixture(&f, "link", NULL, NULL);
+    set_header(d, "ignore_result", cJSON_CreateFalse());
+    deliver(&f, d);
+    log_is(&f, "release1");
+    ck_assert_int_eq(f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_chain_next_step)
+{
+    struct fake f;
+    const cJSON *embed;
+    cJSON *body;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, NULL));
+    log_is(&f, "publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "id"), "0f0b8c1e-0111-4000-8000-000000000111");
+    ck_assert_str_eq(pub_header(&f, 0, "parent_id"),
+                     "0f0b8c1e-0011-4000-8000-000000000011");
+    body = cJSON_Parse(f.pubs[0].body);
+    ck_assert_ptr_nonnull(body);
+    /* accumulate(1, 2) -> [1, 2], then the step's own 3; the rest of the chain */
+    ck_assert_msg(!strncmp(f.pubs[0].body, "[[[1, 2], 3], {}", 16), "%s", f.pubs[0].body);
+    embed = cJSON_GetArrayItem(body, 2);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(embed, "chain")),
+                     1);
+    cJSON_Delete(body);
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+#define CHAIN_GENERATE_BODY                                                              \
+    "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": null, \"chain\": "            \
+    "[{\"task\": \"proj.add\", \"args\": [4], \"kwargs\": {}, \"options\": "             \
+    "{\"task_id\": \"0f0b8c1e-0211-4000-8000-000000000211\"}, \"subtask_type\": null, "  \
+    "\"immutable\": false}, {\"task\": \"proj.add\", \"args\": [3], \"kwargs\": {}, "    \
+    "\"options\": {\"task_id\": \"0f0b8c1e-0111-4000-8000-000000000111\"}, "             \
+    "\"subtask_type\": null, \"immutable\": false}], \"chord\": null}]"
+
+/* A failed chain step: its FAILURE goes to every later step, then its own;
+ * the ack waits for all three. */
+START_TEST(test_chain_failure_fails_later_steps)
+{
+    struct fake f;
+    char st[32];
+    fake_init(&f, NULL);
+    f.cfg.dead_letter_exchange = "";
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", "llm.generate", CHAIN_GENERATE_BODY));
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call1 done store-for-FAILURE:0211 store-for-FAILURE:0111 store-FAILURE");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "FAILURE");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "\"task_id\": \"0f0b8c1e-0211"));
+    ck_assert_ptr_nonnull(strstr(f.metas[1], "BadRequestError"));
+    stored(&f, 2, 0);
+    stored(&f, 0, 0);
+    log_is(&f, "stored stored");
+    stored(&f, 1, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A chord header member that does not complete its chord: stored, then its
+ * part-return, then acked. */
+START_TEST(test_chord_member_not_last)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    log_is(&f, "store-SUCCESS");
+    stored(&f, 0, 0);
+    log_is(&f, "stored chord-part");
+    ck_assert_str_eq(f.chords[0].group_id, CHORD_GID);
+    ck_assert_int_eq(f.chords[0].group_index, 0);
+    ck_assert_str_eq(f.chords[0].member, CHORD_MEMBER);
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    ck_assert_int_eq(f.npubs, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The last member publishes the body with the results in order, confirmed,
+ * deletes the chord's keys, then acks. */
+START_TEST(test_chord_member_completes)
+{
+    static const char *const members[] = {
+        CHORD_MEMBER, "[1, \"0f0b8c1e-0014-4000-8000-000000000014\", \"SUCCESS\", 4]"};
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    stored(&f, 0, 0);
+    chord_done(&f, 0, 0, members, 2);
+    log_is(&f, "store-SUCCESS stored chord-part complete publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "id"), "0f0b8c1e-0813-4000-8000-000000000813");
+    ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.tsum");
+    ck_assert_msg(!strncmp(f.pubs[0].body, "[[[[1, 1], 4]], {}", 18), "%s",
+                  f.pubs[0].body);
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm chord-clear");
+    ck_assert_str_eq(f.chords[1].group_id, CHORD_GID);
+    chord_done(&f, 1, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    ck_assert_int_eq(f.npubs, 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A failed member: the body gets a ChordError FAILURE, the keys go. */
+START_TEST(test_chord_member_failed)
+{
+    static const char *const members[] = {
+        CHORD_MEMBER, "[1, \"0f0b8c1e-0014-4000-8000-000000000014\", \"FAILURE\", "
+                      "{\"exc_type\": \"ValueError\", \"exc_message\": [\"x\"], "
+                      "\"exc_module\": \"builtins\"}]"};
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    stored(&f, 0, 0);
+    chord_done(&f, 0, 0, members, 2);
+    log_is(&f, "store-SUCCESS stored chord-part complete store-for-FAILURE:0813");
+    ck_assert_ptr_nonnull(strstr(f.metas[1], "ChordError"));
+    ck_assert_ptr_nonnull(strstr(f.metas[1], "0f0b8c1e-0014"));
+    stored(&f, 1, 0);
+    log_is(&f, "stored chord-clear");
+    chord_done(&f, 1, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    ck_assert_int_eq(f.npubs, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The body's publish not confirmed: unacked, so the redelivery joins again. */
+START_TEST(test_chord_body_nack)
+{
+    static const char *const members[] = {CHORD_MEMBER};
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    stored(&f, 0, 0);
+    chord_done(&f, 0, 0, members, 1);
+    confirm(&f, 0, 0);
+    log_is(&f, "store-SUCCESS stored chord-part complete publish:celery nack release1");
+    ck_assert_int_eq(f.acks[1], 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A crash between the store and the ack: the redelivery finds SUCCESS,
+ * does the part-return again with the same member, and publishes nothing
+ * else (here it completes the chord: the body goes once). */
+static void redelivered_chord_member(int completes)
+{
+    static const char meta[] =
+        "{\"status\": \"SUCCESS\", \"result\": [1, 1], \"traceback\": null, "
+        "\"children\": "
+        "[], \"date_done\": \"2023-11-14T22:13:20.000000+00:00\", \"group_id\": "
+        "\"" CHORD_GID "\", \"task_id\": \"0f0b8c1e-0013-4000-8000-000000000013\"}";
+    static const char *const members[] = {CHORD_MEMBER};
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = fixture(&f, "chord_header", NULL, NULL);
+    d->redelivered = 1;
+    deliver(&f, d);
+    log_is(&f, "read1");
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, meta, strlen(meta));
+    log_is(&f, "chord-part");
+    ck_assert_str_eq(f.chords[0].member, CHORD_MEMBER);
+    if (!completes) {
+        chord_done(&f, 0, 0, NULL, 0);
+        log_is(&f, "chord-done ack1 release1");
+        ck_assert_int_eq(f.npubs, 0);
+    } else {
+        chord_done(&f, 0, 0, members, 1);
+        log_is(&f, "complete publish:celery");
+        ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.tsum");
+        confirm(&f, 0, 1);
+        chord_done(&f, 1, 0, NULL, 0);
+        log_is(&f, "confirm chord-clear chord-done ack1 release1");
+        ck_assert_int_eq(f.npubs, 1);
+    }
+    ck_assert_int_eq(f.ncalls + f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+
+START_TEST(test_redelivered_chord_member)
+{
+    redelivered_chord_member(0);
+}
+END_TEST
+
+START_TEST(test_redelivered_chord_member_completes)
+{
+    redelivered_chord_member(1);
+}
+END_TEST
+
+/* A redelivered chain step whose SUCCESS is stored: its next step was
+ * confirmed before the store, so nothing is published again. */
+START_TEST(test_redelivered_chain_publishes_nothing)
+{
+    static const char meta[] = "{\"status\": \"SUCCESS\", \"result\": [1, 2]}";
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = fixture(&f, "chain", NULL, NULL);
+    d->redelivered = 1;
+    deliver(&f, d);
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, meta, strlen(meta));
+    log_is(&f, "read1 ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A revoked chord member still does its part-return (REVOKED). */
+START_TEST(test_revoked_chord_member)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    engine_revoke(f.e, f.now, "0f0b8c1e-0013-4000-8000-000000000013", 0);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    log_is(&f, "store-REVOKED");
+    stored(&f, 0, 0);
+    log_is(&f, "stored chord-part");
+    ck_assert_ptr_nonnull(strstr(f.chords[0].member, "\"REVOKED\", {\"exc_type\": "
+                                                     "\"TaskRevokedError\""));
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A part-return Redis refused: unacked, so the redelivery does it again. */
+START_TEST(test_chord_part_refused)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    stored(&f, 0, 0);
+    chord_done(&f, 0, CR_EBACKEND, NULL, 0);
+    log_is(&f, "store-SUCCESS stored chord-part chord-done release1");
+    ck_assert_int_eq(f.acks[1], 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A callback Celery could not apply either: dropped with a log line, the
+ * task's own result stored and acked. */
+START_TEST(test_bad_callback_dropped)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f,
+            fixture(&f, "group_member", NULL,
+                    "[[2, 2], {}, {\"callbacks\": [42], \"errbacks\": null, \"chain\": "
+                    "null, \"chord\": null}]"));
+    log_is(&f, "store-SUCCESS");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    ck_assert_int_eq(f.npubs, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* An errback: published (confirmed) with the failed task's id, before the
+ * dead letter and the FAILURE. */
+START_TEST(test_errback_on_failure)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    d = fixture(&f, "link", "llm.generate",
+                "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": [{\"task\": "
+                "\"proj.onerr\", \"args\": [], \"kwargs\": {}, \"options\": {}, "
+                "\"subtask_type\": null, \"immutable\": false}], \"chain\": null, "
+                "\"chord\": null}]");
+    set_header(d, "ignore_result", cJSON_CreateFalse());
+    deliver(&f, d);
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call1 done publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.onerr");
+    ck_assert_msg(
+        !strncmp(f.pubs[0].body, "[[\"0f0b8c1e-0010-4000-8000-000000000010\"]", 40), "%s",
+        f.pubs[0].body);
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm publish:celeriac.dlx");
+    confirm(&f, 1, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-FAILURE stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The body of a canvas capture (tests/fixtures/messages/canvas/NAME.json). */
+static char *canvas_body(const char *name)
+{
+    char path[256], *text, *body;
+    cJSON *root;
+    snprintf(path, sizeof(path), FIXTURES "canvas/%s.json", name);
+    text = unit_read_file(path, NULL);
+    root = cJSON_Parse(text);
+    free(text);
+    ck_assert_ptr_nonnull(root);
+    body = strdup(cJSON_GetObjectItemCaseSensitive(
+                      cJSON_GetObjectItemCaseSensitive(root, "input"), "body")
+                      ->valuestring);
+    cJSON_Delete(root);
+    return body;
+}
+
+/* A chain whose next step is a chord: its size goes to Redis before any of
+ * its header members is published. */
+START_TEST(test_chain_launches_a_chord)
+{
+    struct fake f;
+    char *body = canvas_body("chain_chord");
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, body));
+    free(body);
+    log_is(&f, "chord-size");
+    /* a fresh group id, as Celery 5.2.6 draws one for a chord in a chain */
+    ck_assert_int_eq(strlen(f.chords[0].group_id), 36);
+    ck_assert_int_eq(f.chords[0].size, 2);
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done publish:celery publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "id"), "c11e0000-0000-4000-8000-000000001002");
+    ck_assert_str_eq(pub_header(&f, 1, "group"), f.chords[0].group_id);
+    confirm(&f, 1, 1);
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm confirm store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_chord_size_refused)
+{
+    struct fake f;
+    char *body = canvas_body("chain_chord");
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, body));
+    free(body);
+    chord_done(&f, 0, CR_EBACKEND, NULL, 0);
+    /* nothing published, nothing stored: the redelivery tries again */
+    log_is(&f, "chord-size chord-done release1");
+    ck_assert_int_eq(f.npubs + f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A failed task whose next chain step is a chord header member: the step
+ * gets the FAILURE, and its part-return is done for it. */
+START_TEST(test_chain_step_in_a_chord_header_fails)
+{
+    struct fake f;
+    char *body = canvas_body("chord_header_chain");
+    fake_init(&f, NULL);
+    f.cfg.dead_letter_exchange = "";
+    fake_start(&f);
+    /* generate(1, 1): a TypeError before any call */
+    deliver(&f, fixture(&f, "chain", "llm.generate", body));
+    free(body);
+    log_is(&f, "store-for-FAILURE:0001 store-FAILURE");
+    ck_assert_str_eq(f.store_ids[0], "0f0b8c1e-0001-4000-8000-000000000162");
+    stored(&f, 0, 0);
+    stored(&f, 1, 0);
+    log_is(&f, "stored stored chord-part");
+    ck_assert_str_eq(f.chords[0].group_id, "c11e0000-0000-4000-8000-000000001001");
+    ck_assert_ptr_nonnull(strstr(f.chords[0].member,
+                                 "[1, \"0f0b8c1e-0001-4000-8000-000000000162\", "
+                                 "\"FAILURE\", {\"exc_type\": \"TypeError\""));
+    chord_done(&f, 0, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The canvas flows swept for allocation failures. */
+static const struct {
+    const char *fixture, *task, *body;
+    int fail; /* the LLM call fails */
+} sweeps[] = {
+    {"chord_header", NULL, NULL, 0},                   /* part-return, join */
+    {"chain", NULL, NULL, 0},                          /* next chain step */
+    {"chain", "llm.generate", CHAIN_GENERATE_BODY, 1}, /* later steps fail */
+    {"link", "llm.generate",                           /* errback, dead letter */
+     "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": [{\"task\": \"e\", "
+     "\"args\": [], \"kwargs\": {}, \"options\": {}, \"subtask_type\": null, "
+     "\"immutable\": false}], \"chain\": null, \"chord\": null}]",
+     1},
+};
+
+/* Drives a canvas flow to its end with every allocation failing in turn (a
+ * part-return completes its chord): whatever fails, each delivery is
+ * released once, settled at most once, and never acked before its stores. */
+START_TEST(test_canvas_oom_sweep)
+{
+    static const char *const members[] = {CHORD_MEMBER};
+    long n;
+    for (n = 1; n < 5000; n++) {
+        struct fake f;
+        long failed;
+        int rounds = 0;
+        struct delivery *d;
+        fake_init(&f, NULL);
+        fake_start(&f);
+        d = fixture(&f, sweeps[_i].fixture, sweeps[_i].task, sweeps[_i].body);
+        cr_alloc_fail_after(n);
+        deliver(&f, d);
+        while (rounds++ < 10) {
+            int busy = 0;
+            for (int i = 0; i < f.ncalls; i++)
+                if (f.calls[i]) {
+                    llm_done(&f, i, sweeps[_i].fail ? LLM_PERMANENT : LLM_OK,
+                             sweeps[_i].fail ? "BadRequestError" : NULL, -1, "fine");
+                    busy = 1;
+                }
+            for (int i = 0; i < f.npubs; i++)
+                if (f.pubs[i].p) {
+                    confirm(&f, i, 1);
+                    busy = 1;
+                }
+            for (int i = 0; i < f.nstores; i++)
+                if (f.stores[i]) {
+                    ck_assert_int_eq(f.acks[1], 0);
+                    stored(&f, i, 0);
+                    busy = 1;
+                }
+            for (int i = 0; i < f.nchords; i++)
+                if (f.chords[i].j) {
+                    if (f.chords[i].op == ENGINE_CHORD_PART)
+                        chord_done(&f, i, 0, members, 1);
+                    else
+                        chord_done(&f, i, 0, NULL, 0);
+                    busy = 1;
+                }
+            if (!busy)
+                break;
+        }
+        failed = cr_alloc_failed();
+        cr_alloc_fail_after(0);
+        check_once(&f);
+        /* with nothing failing, the whole flow ran to its ack */
+        if (failed == 0)
+            ck_assert_int_eq(f.acks[1], 1);
+        fake_release(&f);
+        if (failed == 0)
+            break;
+    }
+    ck_assert_int_lt(n, 5000);
+}
+END_TEST
+
 /* Every allocation of engine_on_delivery() fails in turn; whatever happens,
  * the delivery is released exactly once, settled at most once, and an ack
  * comes only after a store completed. */
@@ -1125,6 +1790,27 @@ Suite *suite(void)
     tcase_add_test(tc, test_acks_early);
     tcase_add_test(tc, test_queries);
     tcase_add_test(tc, test_oom_sweep);
+    tcase_add_test(tc, test_callback_before_store);
+    tcase_add_test(tc, test_callback_ignore_result);
+    tcase_add_test(tc, test_callback_nack_leaves_it_unacked);
+    tcase_add_test(tc, test_callback_broker_away);
+    tcase_add_test(tc, test_chain_next_step);
+    tcase_add_test(tc, test_chain_failure_fails_later_steps);
+    tcase_add_test(tc, test_chord_member_not_last);
+    tcase_add_test(tc, test_chord_member_completes);
+    tcase_add_test(tc, test_chord_member_failed);
+    tcase_add_test(tc, test_chord_body_nack);
+    tcase_add_test(tc, test_redelivered_chord_member);
+    tcase_add_test(tc, test_redelivered_chord_member_completes);
+    tcase_add_test(tc, test_redelivered_chain_publishes_nothing);
+    tcase_add_test(tc, test_revoked_chord_member);
+    tcase_add_test(tc, test_chord_part_refused);
+    tcase_add_test(tc, test_bad_callback_dropped);
+    tcase_add_test(tc, test_errback_on_failure);
+    tcase_add_test(tc, test_chain_launches_a_chord);
+    tcase_add_test(tc, test_chord_size_refused);
+    tcase_add_test(tc, test_chain_step_in_a_chord_header_fails);
+    tcase_add_loop_test(tc, test_canvas_oom_sweep, 0, sizeof(sweeps) / sizeof(sweeps[0]));
     suite_add_tcase(s, tc);
     return s;
 }
