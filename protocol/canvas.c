@@ -537,6 +537,24 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
 
     if (celery_msg_encode_v2(&m, &out.body, &out.headers))
         goto oom;
+    /* timelimit holds the two options as given, so 30.0 stays 30.0 and 0
+     * stays 0 (the struct keeps doubles and reads 0 as unset). */
+    {
+        const cJSON *hard = get(opts, "time_limit"), *soft = get(opts, "soft_time_limit");
+        cJSON *tl = cJSON_CreateArray();
+        cJSON *h = hard ? cJSON_Duplicate(hard, 1) : cJSON_CreateNull();
+        cJSON *so = soft ? cJSON_Duplicate(soft, 1) : cJSON_CreateNull();
+        if (!tl || !h || !so) {
+            cJSON_Delete(tl);
+            cJSON_Delete(h);
+            cJSON_Delete(so);
+            goto oom;
+        }
+        cJSON_AddItemToArray(tl, h); /* cannot fail with both non-NULL */
+        cJSON_AddItemToArray(tl, so);
+        if (set_item(out.headers, "timelimit", tl))
+            goto oom;
+    }
     /* headers= is merged over the message's headers (send_task_message's
      * headers2.update(headers)). */
     v = get(opts, "headers");

@@ -517,6 +517,31 @@ START_TEST(test_options)
 }
 END_TEST
 
+/* timelimit as the options give it: a float stays a float, 0 stays 0. */
+START_TEST(test_timelimit_as_given)
+{
+    struct task_msg m;
+    struct canvas_opts o;
+    struct canvas_plan p;
+    struct cr_err err = {0, ""};
+    cJSON *r = cJSON_CreateNumber(1);
+    struct buf b;
+    opts_init(&o, NULL, 0);
+    make_msg(&m,
+             "{\"callbacks\": [{\"task\": \"a\", \"options\": {\"time_limit\": 30.0, "
+             "\"soft_time_limit\": 0}}]}",
+             NULL, -1);
+    ck_assert_int_eq(canvas_on_success(&m, r, &o, &p, &err), 0);
+    buf_init(&b);
+    ck_assert_int_eq(py_json_dumps(item(p.msgs[0].headers, "timelimit"), &b), 0);
+    ck_assert_str_eq(b.data, "[30.0, 0]");
+    buf_release(&b);
+    canvas_plan_release(&p);
+    task_msg_release(&m);
+    cJSON_Delete(r);
+}
+END_TEST
+
 /* Numeric expires: now + seconds, TTL in ms (0 when already past). */
 START_TEST(test_expires_seconds)
 {
@@ -933,6 +958,7 @@ Suite *suite(void)
     tcase_add_test(hand, test_routing);
     tcase_add_test(hand, test_options);
     tcase_add_test(hand, test_expires_seconds);
+    tcase_add_test(hand, test_timelimit_as_given);
     tcase_add_test(hand, test_has_followups);
     tcase_add_test(hand, test_empty_chord_header);
     tcase_add_test(hand, test_group_partial);
