@@ -34,6 +34,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/uuid.h"
 
 enum fu_step {
     FU_NONE,
@@ -77,9 +78,7 @@ static void next_part(struct job *j);
 static void seeded_uuid(char out[37], void *arg)
 {
     struct engine *e = arg;
-    static const char hex[] = "0123456789abcdef";
     unsigned char b[16];
-    int o = 0;
     for (int i = 0; i < 16; i += 8) {
         /* xorshift64*: the engine's seed, never 0 */
         uint64_t x = e->seed;
@@ -91,15 +90,7 @@ static void seeded_uuid(char out[37], void *arg)
         for (int k = 0; k < 8; k++)
             b[i + k] = (unsigned char)(x >> (8 * k));
     }
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            out[o++] = '-';
-        out[o++] = hex[b[i] >> 4];
-        out[o++] = hex[b[i] & 15];
-    }
-    out[o] = '\0';
+    cr_uuid4(b, out);
 }
 
 static void opts_of(struct engine *e, struct canvas_opts *o)

@@ -21,6 +21,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/uuid.h"
 
 #define CRON_MS 500
 #define JSON_TYPE "application/json"
@@ -184,7 +185,7 @@ static void submit(struct gw_app *app, struct gw_conn *c)
             respond_error(c, &e);
             goto out;
         }
-        gw_uuid4(rnd, id);
+        cr_uuid4(rnd, id);
     }
     /* Dates in the message are wall-clock; the loop's clock is monotonic. */
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -699,7 +700,7 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     host[sizeof(host) - 1] = '\0';
     snprintf(app->origin, sizeof(app->origin), "gen%ld@%s", (long)getpid(), host);
     if (uv_random(NULL, NULL, rnd, sizeof(rnd), 0, NULL) == 0)
-        gw_uuid4(rnd, app->reply_to);
+        cr_uuid4(rnd, app->reply_to);
 
     app->hub = gw_hub_new(&hub_ops, app);
     app->cron = cr_malloc(sizeof(*app->cron));

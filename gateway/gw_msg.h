@@ -120,10 +120,6 @@ struct gw_props {
 int gw_submit_to_task(const struct gw_submit *s, const char *task_id, const char *origin,
                       int64_t now_us, struct task_msg *tm, struct gw_props *props);
 
-/* Writes a version-4 UUID made from 16 random bytes as "xxxxxxxx-xxxx-4xxx-
- * [89ab]xxx-xxxxxxxxxxxx" (37 bytes with the NUL). */
-void gw_uuid4(const unsigned char rnd[16], char out[37]);
-
 /* Whether id may be used as a task id (1..GW_TASK_ID_MAX of [A-Za-z0-9._:-]). */
 int gw_task_id_ok(const char *id, size_t len);
 

@@ -28,6 +28,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/uuid.h"
 #include "util/version.h"
 #include "worker_ctx.h"
 
@@ -413,9 +414,7 @@ static const struct engine_ops worker_ops = {
  * one): uuid4, as Python's uuid.uuid4(). */
 static void new_uuid(char out[37], void *arg)
 {
-    static const char hex[] = "0123456789abcdef";
     unsigned char b[16];
-    int o = 0;
     (void)arg;
     if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
         /* no entropy source: mixed from the clock and the pid */
@@ -427,15 +426,7 @@ static void new_uuid(char out[37], void *arg)
             b[i] = (unsigned char)(x >> 24);
         }
     }
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            out[o++] = '-';
-        out[o++] = hex[b[i] >> 4];
-        out[o++] = hex[b[i] & 15];
-    }
-    out[o] = '\0';
+    cr_uuid4(b, out);
 }
 
 /* ------------------------------------------------- cron and signals */

@@ -132,3 +132,32 @@ def test_protocol1_link_and_chord(env):
     res = chord([acc(app, i, index=0) for i in range(5)], app=app)(acc(app, index=0))
     assert res.get(timeout=T) == [0, 1, 2, 3, 4]
     app.close()
+
+
+def test_readme_llm_pipeline(env):
+    """The README's Canvas example, as written there: a chord that summarizes each
+    chunk and then the summaries, and the same as a map in a chain."""
+    from celery.canvas import xmap
+    env.worker("-c", "8")
+    app = env.app
+    gen = app.signature("llm.generate")
+    chunks = ["first part", "second part", "third part"]
+    summary = chord(
+        [gen.clone(args=(c,), kwargs={"template": "Summarize:\n{input}"}) for c in chunks],
+        gen.clone(kwargs={"template": "Summarize these summaries:\n{input}"}),
+    )()
+    out = summary.get(timeout=T)
+    assert isinstance(out, str) and out
+    pipeline = chain(
+        xmap(gen, ["Summarize:\n" + c for c in chunks], app=app),
+        gen.clone(kwargs={"template": "Summarize these summaries:\n{input}"}),
+    )()
+    assert isinstance(pipeline.get(timeout=T), str)
+    prompts = [e["prompt"] for e in env.fake.stats()]
+    # three header calls and one body per pipeline; each body saw the three
+    # summaries, in header order, joined by newlines inside its template
+    assert sum(p.startswith("Summarize:\n") for p in prompts) == 6
+    bodies = [p for p in prompts if p.startswith("Summarize these summaries:\n")]
+    assert len(bodies) == 2
+    for b in bodies:
+        assert len(b.split("\n")) >= 4

@@ -6,6 +6,7 @@
 #include "gateway/gw_msg.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
+#include "util/uuid.h"
 
 /* ---------------------------------------------------------------- routes */
 
@@ -285,10 +286,10 @@ START_TEST(test_uuid4)
     unsigned char r[16];
     char out[37];
     memset(r, 0xff, sizeof(r));
-    gw_uuid4(r, out);
+    cr_uuid4(r, out);
     ck_assert_str_eq(out, "ffffffff-ffff-4fff-bfff-ffffffffffff");
     memset(r, 0, sizeof(r));
-    gw_uuid4(r, out);
+    cr_uuid4(r, out);
     ck_assert_str_eq(out, "00000000-0000-4000-8000-000000000000");
     ck_assert(gw_task_id_ok(out, strlen(out)));
 }
