@@ -42,16 +42,23 @@ $(BIN): $(BUILD)/cmd/main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 # Every unit-test binary is its test_<module>.c, which defines suite(), linked with the
-# one shared main() of tests/unit/main.c.
+# one shared main() of tests/unit/main.c and the fake engine_ops of
+# tests/unit/fake_engine.c (the engine's tests share it).
 UNIT_MAIN := $(BUILD)/tests/unit/main.o
+UNIT_FAKE := $(BUILD)/tests/unit/fake_engine.o
 
 $(UNIT_MAIN): tests/unit/main.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
 
-$(BUILD)/tests/%: tests/unit/%.c $(UNIT_MAIN) $(LIB)
+$(UNIT_FAKE): tests/unit/fake_engine.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(UNIT_MAIN) $(LIB) $(LDLIBS) $(CHECK_LIBS)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(UNIT_MAIN) $(UNIT_FAKE) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(UNIT_MAIN) $(UNIT_FAKE) $(LIB) $(LDLIBS) \
+	    $(CHECK_LIBS)
 
 # Installs missing Debian packages (idempotent).
 deps:
@@ -124,7 +131,7 @@ check-src-selftest:
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d $(UNIT_BIN:=.d) $(UNIT_MAIN:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d $(UNIT_BIN:=.d) $(UNIT_MAIN:.o=.d) $(UNIT_FAKE:.o=.d)
 
 # Benchmarks (issue 6): bench tools are built on their own, never into $(LIB).
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))

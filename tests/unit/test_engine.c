@@ -1,15 +1,18 @@
-/* test_engine.c -- the engine driven by a recording fake engine_ops, fed real
- * Celery messages (tests/fixtures/messages). Every effect is written to one
- * log line ("call1 store1 ack1 release1"), so each test states the exact
- * effects and their order: exactly one settle per delivery, an ack never
- * before its store or confirm, none on a cold shutdown or a lost connection.
- * Ends with an allocation-failure sweep over engine_on_delivery(). */
+/* test_engine.c -- the engine driven by the recording fake engine_ops of
+ * fake_engine.c, fed real Celery messages (tests/fixtures/messages). Every
+ * effect is written to one log line ("call1 store1 ack1 release1"), so each
+ * test states the exact effects and their order: exactly one settle per
+ * delivery, an ack never before its store or confirm, none on a cold shutdown
+ * or a lost connection. The answers the tests give are logged too ("stored",
+ * "confirm", "done"). Ends with an allocation-failure sweep over
+ * engine_on_delivery(). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/unit/unit.h"
+#include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
@@ -17,332 +20,16 @@
 #include "util/log.h"
 
 #define FIXTURES "tests/fixtures/messages/"
-#define T0_US 1700000000000000LL /* 2023-11-14: before every eta and expiry */
-#define MAXOPS 64
 
 /* ------------------------------------------------------------ the fake */
 
-struct fmsg {
-    struct delivery d;
-    int n; /* 1, 2, ... in delivery order */
-    char *body, *ct, *ce, *corr, *reply, *exchange, *rk, *queue;
-};
-
-struct pub {
-    struct engine_publish *p;
-    char exchange[64], routing_key[128];
-    cJSON *headers;
-    char *body;
-};
-
-/* A chord command waiting for its completion. */
-struct fchord {
-    struct job *j;
-    enum engine_chord_op op;
-    char group_id[64];
-    long size, group_index;
-    char *member;
-};
-
-struct fake {
-    struct buf log;
-    struct engine *e;
-    struct engine_config cfg;
-    char *aliases[4];
-    char *queues[2];
-    struct engine_now now;
-    int connected;
-    int fail_store, fail_publish, fail_call;
-    int ndeliveries;
-    int acks[32], rejects[32], releases[32];
-    /* what is waiting for a completion */
-    struct job *stores[MAXOPS];
-    enum engine_store_kind store_kind[MAXOPS];
-    char *metas[MAXOPS];
-    int nstores;
-    struct pub pubs[MAXOPS];
-    int npubs;
-    struct job *calls[MAXOPS];
-    int ncalls;
-    struct job *reads[MAXOPS];
-    int nreads;
-    struct job *leases[MAXOPS];
-    int nleases;
-    char store_ids[MAXOPS][64]; /* store_for: whose meta */
-    struct fchord chords[MAXOPS];
-    int nchords;
-    int fail_chord;
-    int notes[TEV_DEAD_LETTERED + 1];
-    int prefetch, stopped, cold;
-    char last_abort[64];
-};
-
-static void note(struct fake *f, const char *what, int n)
-{
-    if (n)
-        buf_printf(&f->log, "%s%s%d", f->log.len ? " " : "", what, n);
-    else
-        buf_printf(&f->log, "%s%s", f->log.len ? " " : "", what);
-}
-
-static int num(const struct delivery *d)
-{
-    return ((const struct fmsg *)d)->n;
-}
-
-static int f_num_of(const struct job *j)
-{
-    return j->nmsgs ? num(j->msgs[0]) : 0;
-}
-
-static void f_ack(void *ctx, struct delivery *d)
-{
-    struct fake *f = ctx;
-    ck_assert(!d->settled);
-    d->settled = 1;
-    f->acks[num(d)]++;
-    note(f, "ack", num(d));
-}
-
-static void f_reject(void *ctx, struct delivery *d, int requeue)
-{
-    struct fake *f = ctx;
-    ck_assert(!d->settled);
-    d->settled = 1;
-    f->rejects[num(d)]++;
-    note(f, requeue ? "requeue" : "reject", num(d));
-}
-
-static int f_live(void *ctx, const struct delivery *d)
-{
-    (void)d;
-    return ((struct fake *)ctx)->connected;
-}
-
-static void f_release(void *ctx, struct delivery *d)
-{
-    struct fake *f = ctx;
-    struct fmsg *m = (struct fmsg *)d;
-    f->releases[m->n]++;
-    note(f, "release", m->n);
-    cJSON_Delete(d->headers);
-    free(m->body);
-    free(m->ct);
-    free(m->ce);
-    free(m->corr);
-    free(m->reply);
-    free(m->exchange);
-    free(m->rk);
-    free(m->queue);
-    free(m);
-}
-
-static int f_read_state(void *ctx, struct job *j)
-{
-    struct fake *f = ctx;
-    f->reads[f->nreads++] = j;
-    note(f, "read", f_num_of(j));
-    return 0;
-}
-
-static int f_store(void *ctx, struct job *j, char *meta, size_t n,
-                   enum engine_store_kind kind)
-{
-    struct fake *f = ctx;
-    char st[32] = "";
-    (void)n;
-    if (f->fail_store) {
-        cr_free(meta);
-        return CR_ENOMEM;
-    }
-    result_meta_status(meta, strlen(meta), st, sizeof(st));
-    note(f, kind == ENGINE_STORE_STARTED ? "store-STARTED" : "store-", 0);
-    if (kind == ENGINE_STORE_FINAL)
-        buf_puts(&f->log, st);
-    f->stores[f->nstores] = j;
-    f->store_kind[f->nstores] = kind;
-    f->metas[f->nstores++] = meta;
-    return 0;
-}
-
-static int f_publish(void *ctx, const struct outbound *o, struct engine_publish *p)
-{
-    struct fake *f = ctx;
-    struct pub *u;
-    if (f->fail_publish)
-        return f->fail_publish;
-    u = &f->pubs[f->npubs++];
-    u->p = p;
-    snprintf(u->exchange, sizeof(u->exchange), "%s", o->exchange);
-    snprintf(u->routing_key, sizeof(u->routing_key), "%s", o->routing_key);
-    u->headers = o->headers ? cJSON_Duplicate(o->headers, 1) : NULL;
-    u->body = strndup(o->body, o->body_len);
-    note(f, "publish:", 0);
-    buf_puts(&f->log, o->exchange[0] ? o->exchange : o->routing_key);
-    return 0;
-}
-
-static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr_err *err)
-{
-    struct fake *f = ctx;
-    ck_assert(c->body && c->body_len);
-    if (f->fail_call)
-        return cr_err_set(err, CR_ENOMEM, "no call today");
-    j->call = j;
-    f->calls[f->ncalls++] = j;
-    note(f, "call", f_num_of(j));
-    return 0;
-}
-
-static void f_abort(void *ctx, struct job *j, const char *exc_type, const char *msg)
-{
-    struct fake *f = ctx;
-    (void)msg;
-    ck_assert_ptr_nonnull(j->call);
-    snprintf(f->last_abort, sizeof(f->last_abort), "%s", exc_type);
-    note(f, "abort", f_num_of(j));
-}
-
-static int f_lease(void *ctx, struct job *j, enum engine_lease_op op, long ttl_s)
-{
-    struct fake *f = ctx;
-    (void)ttl_s;
-    if (op == ENGINE_LEASE_GET)
-        f->leases[f->nleases++] = j;
-    note(f,
-         op == ENGINE_LEASE_GET   ? "lease-get"
-         : op == ENGINE_LEASE_SET ? "lease-set"
-                                  : "lease-del",
-         0);
-    return 0;
-}
-
-static void f_prefetch(void *ctx, int n)
-{
-    ((struct fake *)ctx)->prefetch = n;
-}
-
-static void f_notify(void *ctx, struct job *j, const struct task_event_info *info)
-{
-    (void)j;
-    ((struct fake *)ctx)->notes[info->type]++;
-}
-
-static void f_forget(void *ctx, struct job *j)
-{
-    (void)ctx;
-    (void)j;
-}
-
-static void f_stop(void *ctx, int cold)
-{
-    struct fake *f = ctx;
-    f->stopped++;
-    f->cold = cold;
-    note(f, cold ? "stop-cold" : "stop-warm", 0);
-}
-
-/* The four digits that tell the fixtures' ids apart: 0f0b8c1e-NNNN-... */
-static const char *short_id(const char *id)
-{
-    static char out[8];
-    snprintf(out, sizeof(out), "%.4s", strlen(id) > 13 ? id + 9 : id);
-    return out;
-}
-
-static int f_store_for(void *ctx, struct job *j, const char *task_id, char *meta,
-                       size_t n)
-{
-    struct fake *f = ctx;
-    char st[32] = "";
-    (void)n;
-    if (f->fail_store) {
-        cr_free(meta);
-        return CR_ENOMEM;
-    }
-    result_meta_status(meta, strlen(meta), st, sizeof(st));
-    note(f, "store-for-", 0);
-    buf_printf(&f->log, "%s:%s", st, short_id(task_id));
-    snprintf(f->store_ids[f->nstores], sizeof(f->store_ids[0]), "%s", task_id);
-    f->stores[f->nstores] = j;
-    f->store_kind[f->nstores] = ENGINE_STORE_FOLLOWUP;
-    f->metas[f->nstores++] = meta;
-    return 0;
-}
-
-static int f_chord(void *ctx, struct job *j, const struct engine_chord_cmd *c)
-{
-    struct fake *f = ctx;
-    struct fchord *k;
-    if (f->fail_chord)
-        return f->fail_chord;
-    k = &f->chords[f->nchords++];
-    k->j = j;
-    k->op = c->op;
-    snprintf(k->group_id, sizeof(k->group_id), "%s", c->group_id);
-    k->size = c->size;
-    k->group_index = c->group_index;
-    k->member = c->member ? strndup(c->member, c->member_len) : NULL;
-    note(f,
-         c->op == ENGINE_CHORD_SIZE   ? "chord-size"
-         : c->op == ENGINE_CHORD_PART ? "chord-part"
-                                      : "chord-clear",
-         0);
-    return 0;
-}
-
-static const struct engine_ops fake_ops = {
-    f_ack,   f_reject, f_live,     f_release, f_read_state, f_store, f_publish,   f_call,
-    f_abort, f_lease,  f_prefetch, f_notify,  f_forget,     f_stop,  f_store_for, f_chord,
-};
-
+/* FAKE_T0_US (2023-11-14) is before every eta and expiry of the fixtures. */
 static void fake_init(struct fake *f, const char *alias)
 {
-    memset(f, 0, sizeof(*f));
-    buf_init(&f->log);
-    f->connected = 1;
-    f->now.loop_ms = 1000;
-    f->now.epoch_us = T0_US;
+    fake_base_init(f);
     f->aliases[0] = (char *)(alias ? alias : "proj.add=celery.accumulate");
-    f->queues[0] = (char *)"celery";
-    f->cfg.hostname = "celery@test";
-    f->cfg.pid = 42;
-    f->cfg.concurrency = 4;
-    f->cfg.prefetch_multiplier = 4;
-    f->cfg.aliases = f->aliases;
     f->cfg.naliases = 1;
-    f->cfg.queues = f->queues;
-    f->cfg.nqueues = 1;
-    f->cfg.max_message_size = 1 << 20;
-    f->cfg.max_retries = 3;
-    f->cfg.retry_backoff = 1;
-    f->cfg.retry_backoff_factor = 2;
-    f->cfg.retry_backoff_max = 60;
-    f->cfg.seed = 7;
     f->cfg.dead_letter_exchange = "celeriac.dlx";
-    f->cfg.llm_model = "m";
-    f->cfg.llm_embed_model = "e";
-}
-
-static void fake_start(struct fake *f)
-{
-    f->e = engine_new(&f->cfg, &fake_ops, f, f->now);
-    ck_assert_ptr_nonnull(f->e);
-}
-
-/* Each delivery is released exactly once and settled at most once. */
-static void check_once(const struct fake *f)
-{
-    for (int i = 1; i <= f->ndeliveries; i++) {
-        ck_assert_int_eq(f->releases[i], 1);
-        ck_assert_int_le(f->acks[i] + f->rejects[i], 1);
-    }
-}
-
-static void log_is(struct fake *f, const char *want)
-{
-    ck_assert_str_eq(f->log.data ? f->log.data : "", want);
-    buf_reset(&f->log);
 }
 
 /* ------------------------------------------------------------ messages */
@@ -360,7 +47,7 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
                                 const char *body)
 {
     char path[256];
-    struct fmsg *m = calloc(1, sizeof(*m));
+    struct fake_msg *m;
     cJSON *root, *props, *info, *h;
     char *text;
 
@@ -371,17 +58,20 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     ck_assert_ptr_nonnull(root);
     props = cJSON_GetObjectItemCaseSensitive(root, "properties");
     info = cJSON_GetObjectItemCaseSensitive(props, "delivery_info");
-    m->n = ++f->ndeliveries;
-    m->body = body ? strdup(body) : opt_dup(root, "body");
+    h = cJSON_DetachItemFromObjectCaseSensitive(root, "headers");
+    if (task) {
+        cJSON_DeleteItemFromObjectCaseSensitive(h, "task");
+        cJSON_AddStringToObject(h, "task", task);
+    }
+    m = fake_msg_new(
+        f, body ? body : cJSON_GetObjectItemCaseSensitive(root, "body")->valuestring,
+        "celery", h);
     m->ct = opt_dup(root, "content_type");
     m->ce = opt_dup(root, "content_encoding");
     m->corr = opt_dup(props, "correlation_id");
     m->reply = opt_dup(props, "reply_to");
     m->exchange = opt_dup(info, "exchange");
     m->rk = opt_dup(info, "routing_key");
-    m->queue = strdup("celery");
-    m->d.body = m->body;
-    m->d.body_len = strlen(m->body);
     m->d.content_type = m->ct;
     m->d.content_encoding = m->ce;
     m->d.correlation_id = m->corr;
@@ -391,16 +81,8 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     m->d.priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
     m->d.exchange = m->exchange;
     m->d.routing_key = m->rk;
-    m->d.queue = m->queue;
-    m->d.received_ms = f->now.loop_ms;
     m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |
                 DELIVERY_CAP_PARK;
-    h = cJSON_DetachItemFromObjectCaseSensitive(root, "headers");
-    if (task) {
-        cJSON_DeleteItemFromObjectCaseSensitive(h, "task");
-        cJSON_AddStringToObject(h, "task", task);
-    }
-    m->d.headers = h;
     cJSON_Delete(root);
     return &m->d;
 }
@@ -414,6 +96,8 @@ static struct delivery *generate(struct fake *f, const char *name)
 
 /* -------------------------------------------------------------- driving */
 
+/* The answers, each noted in the log before the engine hears it. */
+
 static void deliver(struct fake *f, struct delivery *d)
 {
     engine_on_delivery(f->e, f->now, d);
@@ -421,59 +105,29 @@ static void deliver(struct fake *f, struct delivery *d)
 
 static void stored(struct fake *f, int i, int status)
 {
-    struct job *j = f->stores[i];
-    ck_assert_ptr_nonnull(j);
-    f->stores[i] = NULL;
-    note(f, "stored", 0);
-    engine_on_stored(f->e, f->now, j, f->store_kind[i], status, 0);
+    fake_note(f, "stored", 0);
+    fake_stored(f, i, status);
 }
 
 static void confirm(struct fake *f, int i, int ok)
 {
-    struct engine_publish *p = f->pubs[i].p;
-    ck_assert_ptr_nonnull(p);
-    f->pubs[i].p = NULL;
-    note(f, ok ? "confirm" : "nack", 0);
-    engine_on_confirm(f->e, f->now, p, ok);
+    fake_note(f, ok ? "confirm" : "nack", 0);
+    fake_confirm(f, i, ok);
 }
 
 /* Answers chord command i; members (NULL: not complete) for a part-return. */
 static void chord_done(struct fake *f, int i, int status, const char *const *members,
                        size_t n)
 {
-    struct fchord *k = &f->chords[i];
-    size_t lens[8];
-    struct job *j = k->j;
-    ck_assert_ptr_nonnull(j);
-    ck_assert_uint_le(n, 8);
-    for (size_t m = 0; m < n; m++)
-        lens[m] = strlen(members[m]);
-    k->j = NULL;
-    note(f, members ? "complete" : "chord-done", 0);
-    engine_on_chord(f->e, f->now, j, k->op, status, members, members ? lens : NULL, n);
+    fake_note(f, members ? "complete" : "chord-done", 0);
+    fake_chord_done(f, i, status, members, n);
 }
 
 static void llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
                      int64_t retry_after_ms, const char *text)
 {
-    struct openai_stream s;
-    struct llm_result r;
-    struct job *j = f->calls[i];
-    ck_assert_ptr_nonnull(j);
-    f->calls[i] = NULL;
-    openai_stream_init(&s);
-    if (text)
-        buf_puts(&s.content, text);
-    memset(&r, 0, sizeof(r));
-    r.verdict = v;
-    r.exc_type = exc ? exc : "";
-    r.message = exc ? "it went wrong" : "";
-    r.http_status = v == LLM_OK ? 200 : 429;
-    r.retry_after_ms = retry_after_ms;
-    r.chat = &s;
-    note(f, "done", 0);
-    engine_on_llm_done(f->e, f->now, j, &r);
-    openai_stream_release(&s);
+    fake_note(f, "done", 0);
+    fake_llm_done(f, i, v, exc, retry_after_ms, text);
 }
 
 static const char *meta_status(struct fake *f, int i, char *st, size_t n)
@@ -481,42 +135,6 @@ static const char *meta_status(struct fake *f, int i, char *st, size_t n)
     st[0] = '\0';
     result_meta_status(f->metas[i], strlen(f->metas[i]), st, n);
     return st;
-}
-
-static void fake_release(struct fake *f)
-{
-    engine_halt(f->e);
-    /* what the clients owe comes back with errors, as on worker_free() */
-    for (int i = 0; i < f->ncalls; i++)
-        if (f->calls[i])
-            llm_done(f, i, LLM_PERMANENT, "APIConnectionError", -1, NULL);
-    for (int i = 0; i < f->nstores; i++)
-        if (f->stores[i])
-            engine_on_stored(f->e, f->now, f->stores[i], f->store_kind[i], CR_ECANCELED,
-                             0);
-    for (int i = 0; i < f->npubs; i++)
-        if (f->pubs[i].p)
-            engine_on_confirm(f->e, f->now, f->pubs[i].p, 0);
-    for (int i = 0; i < f->nreads; i++)
-        if (f->reads[i])
-            engine_on_state(f->e, f->now, f->reads[i], CR_ECANCELED, NULL, 0);
-    for (int i = 0; i < f->nleases; i++)
-        if (f->leases[i])
-            engine_on_lease(f->e, f->now, f->leases[i], CR_ECANCELED, NULL);
-    for (int i = 0; i < f->nchords; i++)
-        if (f->chords[i].j)
-            engine_on_chord(f->e, f->now, f->chords[i].j, f->chords[i].op, CR_ECANCELED,
-                            NULL, NULL, 0);
-    engine_free(f->e);
-    for (int i = 0; i < f->nchords; i++)
-        free(f->chords[i].member);
-    for (int i = 0; i < f->nstores; i++)
-        cr_free(f->metas[i]);
-    for (int i = 0; i < f->npubs; i++) {
-        cJSON_Delete(f->pubs[i].headers);
-        free(f->pubs[i].body);
-    }
-    buf_release(&f->log);
 }
 
 /* ---------------------------------------------------------------- tests */

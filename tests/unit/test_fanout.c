@@ -1,240 +1,56 @@
 /* test_fanout.c -- celery.map, celery.starmap and celery.chunks through the
- * engine (engine/fanout.c), driven by a small recording fake engine_ops: the
- * items start up to the concurrency, the results come in item order whatever
- * order the calls end in, the first failure in item order wins, an unknown
- * inner task or a bad `it` fails the map, revoke and the time limit abort
- * the running items, a retryable item retries alone, and nothing leaks
- * (run under `make asan`). */
+ * engine (engine/fanout.c), driven by the recording fake engine_ops of
+ * fake_engine.c: the items start up to the concurrency, the results come in
+ * item order whatever order the calls end in, the first failure in item order
+ * wins, an unknown inner task or a bad `it` fails the map, revoke and the time
+ * limit abort the running items, a retryable item retries alone, and nothing
+ * leaks (run under `make asan`). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/unit/unit.h"
+#include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
 #include "protocol/result.h"
-#include "util/alloc.h"
 #include "util/buf.h"
 
-#define T0_US 1700000000000000LL
-#define MAXOPS 256
 #define TASK_ID "0f0b8c1e-0001-4000-8000-000000000001"
 
 /* ------------------------------------------------------------ the fake */
 
-struct fmsg {
-    struct delivery d;
-    char *body;
-};
-
-struct fake {
-    struct buf log;
-    struct engine *e;
-    struct engine_config cfg;
-    char *aliases[2];
-    char *queues[1];
-    struct engine_now now;
-    int acks, rejects, releases;
-    int disconnected;
-    struct job *stores[MAXOPS];
-    enum engine_store_kind store_kind[MAXOPS];
-    char *metas[MAXOPS];
-    int nstores;
-    struct job *calls[MAXOPS];
-    char *bodies[MAXOPS];
-    int ncalls;
-    int aborted[MAXOPS];
-    int notes[TEV_DEAD_LETTERED + 1];
-    int stopped;
-};
-
-static void note(struct fake *f, const char *what)
+/* Only the map has events: its items have no id. */
+static void map_only_events(struct fake *f, struct job *j,
+                            const struct task_event_info *info)
 {
-    buf_printf(&f->log, "%s%s", f->log.len ? " " : "", what);
-}
-
-static int call_index(struct fake *f, const struct job *j)
-{
-    for (int i = f->ncalls - 1; i >= 0; i--)
-        if (f->calls[i] == j)
-            return i;
-    return -1;
-}
-
-static void f_ack(void *ctx, struct delivery *d)
-{
-    struct fake *f = ctx;
-    ck_assert(!d->settled);
-    d->settled = 1;
-    f->acks++;
-    note(f, "ack");
-}
-
-static void f_reject(void *ctx, struct delivery *d, int requeue)
-{
-    struct fake *f = ctx;
-    ck_assert(!d->settled);
-    d->settled = 1;
-    f->rejects++;
-    note(f, requeue ? "requeue" : "reject");
-}
-
-static int f_live(void *ctx, const struct delivery *d)
-{
-    (void)d;
-    return !((struct fake *)ctx)->disconnected;
-}
-
-static void f_release(void *ctx, struct delivery *d)
-{
-    struct fake *f = ctx;
-    struct fmsg *m = (struct fmsg *)d;
-    f->releases++;
-    cJSON_Delete(d->headers);
-    free(m->body);
-    free(m);
-}
-
-static int f_read_state(void *ctx, struct job *j)
-{
-    (void)ctx;
-    (void)j;
-    ck_abort_msg("no read expected");
-    return 0;
-}
-
-static int f_store(void *ctx, struct job *j, char *meta, size_t n,
-                   enum engine_store_kind kind)
-{
-    struct fake *f = ctx;
-    char st[32] = "";
-    (void)n;
-    result_meta_status(meta, strlen(meta), st, sizeof(st));
-    buf_printf(&f->log, "%sstore-%s", f->log.len ? " " : "", st);
-    f->stores[f->nstores] = j;
-    f->store_kind[f->nstores] = kind;
-    f->metas[f->nstores++] = meta;
-    return 0;
-}
-
-static int f_publish(void *ctx, const struct outbound *o, struct engine_publish *p)
-{
-    struct fake *f = ctx;
-    (void)p;
-    buf_printf(&f->log, "%spublish:%s", f->log.len ? " " : "", o->exchange);
-    /* Dead letters are confirmed at once by confirm_all(). */
-    return CR_EBROKER;
-}
-
-static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr_err *err)
-{
-    struct fake *f = ctx;
-    (void)err;
-    ck_assert_int_lt(f->ncalls, MAXOPS);
-    j->call = j;
-    f->bodies[f->ncalls] = strndup(c->body, c->body_len);
-    f->calls[f->ncalls++] = j;
-    note(f, "call");
-    return 0;
-}
-
-static void f_abort(void *ctx, struct job *j, const char *exc_type, const char *msg)
-{
-    struct fake *f = ctx;
-    int i = call_index(f, j);
-    (void)exc_type;
-    (void)msg;
-    ck_assert_ptr_nonnull(j->call);
-    ck_assert_int_ge(i, 0);
-    f->aborted[i] = 1;
-    note(f, "abort");
-}
-
-static int f_lease(void *ctx, struct job *j, enum engine_lease_op op, long ttl_s)
-{
-    (void)ctx;
-    (void)j;
-    (void)op;
-    (void)ttl_s;
-    return 0;
-}
-
-static void f_prefetch(void *ctx, int n)
-{
-    (void)ctx;
-    (void)n;
-}
-
-static void f_notify(void *ctx, struct job *j, const struct task_event_info *info)
-{
-    struct fake *f = ctx;
-    /* Only the map has events: its items have no id. */
+    (void)f;
+    (void)info;
     ck_assert_ptr_nonnull(j->tm.id);
-    f->notes[info->type]++;
 }
 
-static void f_forget(void *ctx, struct job *j)
-{
-    (void)ctx;
-    (void)j;
-}
-
-static void f_stop(void *ctx, int cold)
-{
-    struct fake *f = ctx;
-    f->stopped++;
-    note(f, cold ? "stop-cold" : "stop-warm");
-}
-
-static const struct engine_ops fake_ops = {
-    f_ack,  f_reject, f_live,  f_release,  f_read_state, f_store,  f_publish,
-    f_call, f_abort,  f_lease, f_prefetch, f_notify,     f_forget, f_stop,
-};
-
+/* The log names no delivery and no release ("call call done ack"), and of
+ * the answers only "done": a map is one delivery, its items are calls. */
 static void fake_init(struct fake *f, int concurrency)
 {
-    memset(f, 0, sizeof(*f));
-    buf_init(&f->log);
-    f->now.loop_ms = 1000;
-    f->now.epoch_us = T0_US;
+    fake_base_init(f);
+    f->log_numbers = 0;
+    f->log_releases = 0;
+    f->no_reads = 1;
+    f->fail_publish = CR_EBROKER; /* nothing here waits for a confirm */
+    f->on_notify = map_only_events;
     f->aliases[0] = (char *)"my.gen=llm.generate";
-    f->queues[0] = (char *)"celery";
-    f->cfg.hostname = "celery@test";
-    f->cfg.pid = 42;
-    f->cfg.concurrency = concurrency;
-    f->cfg.prefetch_multiplier = 4;
-    f->cfg.aliases = f->aliases;
     f->cfg.naliases = 1;
-    f->cfg.queues = f->queues;
-    f->cfg.nqueues = 1;
+    f->cfg.concurrency = concurrency;
     f->cfg.max_message_size = 1 << 22;
-    f->cfg.max_retries = 3;
-    f->cfg.retry_backoff = 1;
-    f->cfg.retry_backoff_factor = 2;
-    f->cfg.retry_backoff_max = 60;
-    f->cfg.seed = 7;
     f->cfg.dead_letter_exchange = "";
-    f->cfg.llm_model = "m";
-    f->cfg.llm_embed_model = "e";
-}
-
-static void fake_start(struct fake *f)
-{
-    f->e = engine_new(&f->cfg, &fake_ops, f, f->now);
-    ck_assert_ptr_nonnull(f->e);
-}
-
-static void log_is(struct fake *f, const char *want)
-{
-    ck_assert_str_eq(f->log.data ? f->log.data : "", want);
-    buf_reset(&f->log);
 }
 
 /* A delivery of task `task` (id) with the v2 body [args, kwargs, embed]. */
-static struct delivery *message_id(const char *task, const char *id, const char *args,
-                                   const char *kwargs)
+static struct delivery *message_id(struct fake *f, const char *task, const char *id,
+                                   const char *args, const char *kwargs)
 {
-    struct fmsg *m = calloc(1, sizeof(*m));
+    struct fake_msg *m;
     struct buf b;
     cJSON *h =
         cJSON_Parse("{\"lang\": \"py\", \"retries\": 0, \"ignore_result\": false}");
@@ -247,24 +63,15 @@ static struct delivery *message_id(const char *task, const char *id, const char 
                "[%s, %s, {\"callbacks\": null, \"errbacks\": null, \"chain\": null, "
                "\"chord\": null}]",
                args, kwargs);
-    m->body = strdup(b.data);
+    m = fake_msg_new(f, b.data, "celery", h);
     buf_release(&b);
-    m->d.body = m->body;
-    m->d.body_len = strlen(m->body);
-    m->d.content_type = "application/json";
-    m->d.content_encoding = "utf-8";
-    m->d.delivery_mode = 2;
-    m->d.exchange = "";
-    m->d.routing_key = "celery";
-    m->d.queue = "celery";
-    m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PREFETCH;
-    m->d.headers = h;
     return &m->d;
 }
 
-static struct delivery *message(const char *task, const char *args, const char *kwargs)
+static struct delivery *message(struct fake *f, const char *task, const char *args,
+                                const char *kwargs)
 {
-    return message_id(task, TASK_ID, args, kwargs);
+    return message_id(f, task, TASK_ID, args, kwargs);
 }
 
 #define OTHER_ID "0f0b8c1e-0002-4000-8000-000000000002"
@@ -286,31 +93,15 @@ static void deliver_map(struct fake *f, const char *builtin, const char *inner,
                "\"sig-model\"}, \"options\": {}, \"subtask_type\": null, "
                "\"immutable\": false, \"chord_size\": null}, \"it\": %s}",
                inner, it);
-    engine_on_delivery(f->e, f->now, message(builtin, "[]", kw.data));
+    engine_on_delivery(f->e, f->now, message(f, builtin, "[]", kw.data));
     buf_release(&kw);
 }
 
 static void llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
                      int64_t retry_after_ms, const char *text)
 {
-    struct openai_stream s;
-    struct llm_result r;
-    struct job *j = f->calls[i];
-    ck_assert_ptr_nonnull(j);
-    f->calls[i] = NULL;
-    openai_stream_init(&s);
-    if (text)
-        buf_puts(&s.content, text);
-    memset(&r, 0, sizeof(r));
-    r.verdict = v;
-    r.exc_type = exc ? exc : "";
-    r.message = exc ? exc : "";
-    r.http_status = v == LLM_OK ? 200 : 429;
-    r.retry_after_ms = retry_after_ms;
-    r.chat = &s;
-    note(f, "done");
-    engine_on_llm_done(f->e, f->now, j, &r);
-    openai_stream_release(&s);
+    fake_note(f, "done", 0);
+    fake_llm_done(f, i, v, exc, retry_after_ms, text);
 }
 
 static void ok(struct fake *f, int i, const char *text)
@@ -320,10 +111,7 @@ static void ok(struct fake *f, int i, const char *text)
 
 static void stored(struct fake *f, int i)
 {
-    struct job *j = f->stores[i];
-    ck_assert_ptr_nonnull(j);
-    f->stores[i] = NULL;
-    engine_on_stored(f->e, f->now, j, f->store_kind[i], 0, 0);
+    fake_stored(f, i, 0);
 }
 
 /* The meta's "result" as compact JSON (new). */
@@ -356,24 +144,6 @@ static size_t live(struct fake *f)
     struct engine_stats st;
     engine_stats(f->e, &st);
     return st.live;
-}
-
-static void fake_release(struct fake *f)
-{
-    engine_halt(f->e);
-    for (int i = 0; i < f->ncalls; i++)
-        if (f->calls[i])
-            llm_done(f, i, LLM_PERMANENT, "APIConnectionError", -1, NULL);
-    for (int i = 0; i < f->nstores; i++)
-        if (f->stores[i])
-            engine_on_stored(f->e, f->now, f->stores[i], f->store_kind[i], CR_ECANCELED,
-                             0);
-    engine_free(f->e);
-    for (int i = 0; i < f->nstores; i++)
-        cr_free(f->metas[i]);
-    for (int i = 0; i < f->ncalls; i++)
-        free(f->bodies[i]);
-    buf_release(&f->log);
 }
 
 static void tick(struct fake *f, uint64_t ms)
@@ -420,7 +190,7 @@ START_TEST(test_map_in_order_up_to_concurrency)
     ck_assert_int_eq(active(&f), 0);
     ck_assert_uint_eq(live(&f), 0);
     fake_release(&f);
-    ck_assert_int_eq(f.releases, 1);
+    ck_assert_int_eq(f.released, 1);
 }
 END_TEST
 
@@ -465,7 +235,7 @@ START_TEST(test_map_hundred_items_ten_at_a_time)
         free(s);
     }
     stored(&f, 0);
-    ck_assert_int_eq(f.acks, 1);
+    ck_assert_int_eq(f.acked, 1);
     fake_release(&f);
 }
 END_TEST
@@ -493,7 +263,7 @@ START_TEST(test_starmap_and_chunks)
     fake_start(&f);
     engine_on_delivery(
         f.e, f.now,
-        message("celery.chunks", "[]",
+        message(&f, "celery.chunks", "[]",
                 "{\"task\": " SIG("llm.generate") ", \"it\": [[\"1\"], "
                                                   "[\"2\"], [\"3\"]], \"n\": "
                                                   "2}"));
@@ -649,7 +419,7 @@ static void bad_call(const char *task, const char *args, const char *kwargs,
     struct fake f;
     fake_init(&f, 2);
     fake_start(&f);
-    engine_on_delivery(f.e, f.now, message(task, args, kwargs));
+    engine_on_delivery(f.e, f.now, message(&f, task, args, kwargs));
     log_is(&f, "store-FAILURE");
     failure_is(&f, 0, exc, message_part);
     ck_assert_int_eq(f.ncalls, 0);
@@ -855,18 +625,19 @@ START_TEST(test_cold_stop_mid_map_leaves_it_unacked)
     /* halt, the call cancelled, the engine freed: nothing settled, nothing
      * leaked (asan) */
     fake_release(&f);
-    ck_assert_int_eq(f.acks + f.rejects, 0);
-    ck_assert_int_eq(f.releases, 1);
+    ck_assert_int_eq(f.acked + f.rejected, 0);
+    ck_assert_int_eq(f.released, 1);
 
     /* halted with an item running and one queued */
     fake_init(&f, 2);
     fake_start(&f);
-    engine_on_delivery(f.e, f.now, message_id("llm.generate", OTHER_ID, "[\"x\"]", "{}"));
+    engine_on_delivery(f.e, f.now,
+                       message_id(&f, "llm.generate", OTHER_ID, "[\"x\"]", "{}"));
     deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\", \"c\"]");
     log_is(&f, "call call");
     fake_release(&f);
-    ck_assert_int_eq(f.acks + f.rejects, 0);
-    ck_assert_int_eq(f.releases, 2);
+    ck_assert_int_eq(f.acked + f.rejected, 0);
+    ck_assert_int_eq(f.released, 2);
 
     /* freed with an item waiting for its retry */
     fake_init(&f, 2);
@@ -876,8 +647,8 @@ START_TEST(test_cold_stop_mid_map_leaves_it_unacked)
     llm_done(&f, 1, LLM_RETRYABLE, "RateLimitError", 5000, NULL);
     log_is(&f, "call call done done");
     fake_release(&f);
-    ck_assert_int_eq(f.acks + f.rejects, 0);
-    ck_assert_int_eq(f.releases, 1);
+    ck_assert_int_eq(f.acked + f.rejected, 0);
+    ck_assert_int_eq(f.released, 1);
 }
 END_TEST
 
@@ -890,15 +661,15 @@ START_TEST(test_lost_delivery_stops_the_map)
     log_is(&f, "call");
     /* the connection goes: the next item is not paid for, nothing is settled,
      * and a redelivery starts a new map */
-    f.disconnected = 1;
+    f.connected = 0;
     ok(&f, 0, "A");
     log_is(&f, "done");
     ck_assert_int_eq(f.ncalls, 1);
     ck_assert_ptr_null(engine_find_job(f.e, TASK_ID));
     ck_assert_uint_eq(live(&f), 0);
     ck_assert_int_eq(active(&f), 0);
-    ck_assert_int_eq(f.acks + f.rejects, 0);
-    ck_assert_int_eq(f.releases, 1);
+    ck_assert_int_eq(f.acked + f.rejected, 0);
+    ck_assert_int_eq(f.released, 1);
     fake_release(&f);
 }
 END_TEST
@@ -909,7 +680,8 @@ START_TEST(test_map_waits_for_a_slot_like_a_task)
     fake_init(&f, 1);
     fake_start(&f);
     /* a busy worker: the map's items queue behind the running task */
-    engine_on_delivery(f.e, f.now, message_id("llm.generate", OTHER_ID, "[\"x\"]", "{}"));
+    engine_on_delivery(f.e, f.now,
+                       message_id(&f, "llm.generate", OTHER_ID, "[\"x\"]", "{}"));
     log_is(&f, "call");
     deliver_map(&f, "celery.map", "llm.generate", "[\"a\"]");
     log_is(&f, "");

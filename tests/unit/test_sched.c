@@ -1,8 +1,8 @@
-/* test_sched.c -- the ready queue's order, driven through the engine with a
- * small fake engine_ops: message priority (higher first, FIFO within one
- * priority, clamped), queue tiers under strict order and none under fair,
- * unlinking from anywhere (revoke), eta jobs that come due, the order
- * engine_each_job(ENGINE_JOBS_READY) shows, and a random sweep against a
+/* test_sched.c -- the ready queue's order, driven through the engine with the
+ * recording fake engine_ops of fake_engine.c: message priority (higher first,
+ * FIFO within one priority, clamped), queue tiers under strict order and none
+ * under fair, unlinking from anywhere (revoke), eta jobs that come due, the
+ * order engine_each_job(ENGINE_JOBS_READY) shows, and a random sweep against a
  * reference sort. Every test holds the one slot with a first job, queues the
  * others behind it, then raises the concurrency: the calls that follow are the
  * start order. */
@@ -11,200 +11,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
-#include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
 
-#define T0_US 1700000000000000LL /* 2023-11-14T22:13:20Z */
 #define MAXJOBS 512
 
 /* ------------------------------------------------------------ the fake */
 
-struct fmsg {
-    struct delivery d;
-    char *body, *queue;
-};
-
-struct fake {
-    struct engine *e;
-    struct engine_config cfg;
-    char *queues[3];
-    struct engine_now now;
-    struct buf calls; /* task ids in start order, space-separated */
-    int ncalls;
-    struct job *calls_of[MAXJOBS];
-    struct job *stores[MAXJOBS]; /* waiting for engine_on_stored */
-    enum engine_store_kind kinds[MAXJOBS];
-    int nstores;
-    int released;
-};
-
-static void f_ack(void *ctx, struct delivery *d)
-{
-    (void)ctx;
-    d->settled = 1;
-}
-
-static void f_reject(void *ctx, struct delivery *d, int requeue)
-{
-    (void)ctx;
-    (void)requeue;
-    d->settled = 1;
-}
-
-static int f_live(void *ctx, const struct delivery *d)
-{
-    (void)ctx;
-    (void)d;
-    return 1;
-}
-
-static void f_release(void *ctx, struct delivery *d)
-{
-    struct fmsg *m = (struct fmsg *)d;
-    ((struct fake *)ctx)->released++;
-    cJSON_Delete(d->headers);
-    free(m->body);
-    free(m->queue);
-    free(m);
-}
-
-static int f_read_state(void *ctx, struct job *j)
-{
-    (void)ctx;
-    (void)j;
-    ck_abort_msg("a first delivery needs no read");
-    return 0;
-}
-
-static int f_store(void *ctx, struct job *j, char *meta, size_t n,
-                   enum engine_store_kind kind)
-{
-    struct fake *f = ctx;
-    (void)n;
-    cr_free(meta);
-    ck_assert_int_lt(f->nstores, MAXJOBS);
-    f->stores[f->nstores] = j;
-    f->kinds[f->nstores++] = kind;
-    return 0;
-}
-
-static int f_publish(void *ctx, const struct outbound *o, struct engine_publish *p)
-{
-    (void)ctx;
-    (void)o;
-    (void)p;
-    return CR_EBROKER;
-}
-
-static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr_err *err)
-{
-    struct fake *f = ctx;
-    (void)c;
-    (void)err;
-    j->call = j;
-    ck_assert_int_lt(f->ncalls, MAXJOBS);
-    f->calls_of[f->ncalls] = j;
-    /* a map's items have no id of their own */
-    buf_printf(&f->calls, "%s%s", f->ncalls++ ? " " : "", j->tm.id ? j->tm.id : "item");
-    return 0;
-}
-
-static void f_abort(void *ctx, struct job *j, const char *exc_type, const char *msg)
-{
-    (void)ctx;
-    (void)j;
-    (void)exc_type;
-    (void)msg;
-}
-
-static int f_lease(void *ctx, struct job *j, enum engine_lease_op op, long ttl_s)
-{
-    (void)ctx;
-    (void)j;
-    (void)op;
-    (void)ttl_s;
-    return CR_EBROKER;
-}
-
-static void f_prefetch(void *ctx, int n)
-{
-    (void)ctx;
-    (void)n;
-}
-
-static void f_notify(void *ctx, struct job *j, const struct task_event_info *info)
-{
-    (void)ctx;
-    (void)j;
-    (void)info;
-}
-
-static void f_forget(void *ctx, struct job *j)
-{
-    (void)ctx;
-    (void)j;
-}
-
-static void f_stop(void *ctx, int cold)
-{
-    (void)ctx;
-    (void)cold;
-}
-
-static const struct engine_ops fake_ops = {
-    f_ack,  f_reject, f_live,  f_release,  f_read_state, f_store,  f_publish,
-    f_call, f_abort,  f_lease, f_prefetch, f_notify,     f_forget, f_stop,
-};
-
+/* Two queues, -Q premium,free; one slot. No call ever ends before
+ * fake_release(), and nothing here publishes or reads a stored state. */
 static void fake_init(struct fake *f, enum engine_queue_order order)
 {
-    memset(f, 0, sizeof(*f));
-    buf_init(&f->calls);
-    f->now.loop_ms = 1000;
-    f->now.epoch_us = T0_US;
+    fake_base_init(f);
+    f->no_reads = 1;
+    f->fail_publish = CR_EBROKER;
     f->queues[0] = (char *)"premium";
     f->queues[1] = (char *)"free";
-    f->cfg.hostname = "celery@test";
-    f->cfg.pid = 42;
     f->cfg.concurrency = 1;
-    f->cfg.prefetch_multiplier = 4;
-    f->cfg.queues = f->queues;
     f->cfg.nqueues = 2;
-    f->cfg.max_message_size = 1 << 20;
-    f->cfg.max_retries = 3;
-    f->cfg.retry_backoff = 1;
-    f->cfg.retry_backoff_factor = 2;
-    f->cfg.retry_backoff_max = 60;
-    f->cfg.seed = 7;
-    f->cfg.llm_model = "m";
-    f->cfg.llm_embed_model = "e";
     f->cfg.queue_order = order;
-    f->e = engine_new(&f->cfg, &fake_ops, f, f->now);
-    ck_assert_ptr_nonnull(f->e);
-}
-
-/* What the clients owe comes back with errors, as on worker_free(). */
-static void fake_release(struct fake *f)
-{
-    struct llm_result r;
-    struct openai_stream os;
-    engine_halt(f->e);
-    openai_stream_init(&os);
-    memset(&r, 0, sizeof(r));
-    r.chat = &os;
-    r.verdict = LLM_PERMANENT;
-    r.exc_type = "APIConnectionError";
-    r.message = "gone";
-    r.retry_after_ms = -1;
-    for (int i = 0; i < f->ncalls; i++)
-        engine_on_llm_done(f->e, f->now, f->calls_of[i], &r);
-    for (int i = 0; i < f->nstores; i++)
-        engine_on_stored(f->e, f->now, f->stores[i], f->kinds[i], CR_ECANCELED, 0);
-    engine_free(f->e);
-    openai_stream_release(&os);
-    buf_release(&f->calls);
+    fake_start(f);
 }
 
 /* Delivers an llm.generate task with this id from queue, with priority prio
@@ -224,9 +52,8 @@ static void deliver_full(struct fake *f, const char *id, const char *queue, int 
 static void deliver_task(struct fake *f, const char *id, const char *queue, int prio,
                          unsigned caps, int eta_s, const char *task, const char *body)
 {
-    struct fmsg *m = calloc(1, sizeof(*m));
+    struct fake_msg *m;
     cJSON *h = cJSON_CreateObject();
-    ck_assert_ptr_nonnull(m);
     cJSON_AddStringToObject(h, "lang", "py");
     cJSON_AddStringToObject(h, "task", task);
     cJSON_AddStringToObject(h, "id", id);
@@ -238,20 +65,9 @@ static void deliver_task(struct fake *f, const char *id, const char *queue, int 
                  13 + (20 + eta_s) / 60, (20 + eta_s) % 60);
         cJSON_AddStringToObject(h, "eta", eta);
     }
-    m->body = strdup(body);
-    m->queue = strdup(queue);
-    m->d.body = m->body;
-    m->d.body_len = strlen(m->body);
-    m->d.content_type = "application/json";
-    m->d.content_encoding = "utf-8";
-    m->d.delivery_mode = 2;
+    m = fake_msg_new(f, body, queue, h);
     m->d.priority = prio;
-    m->d.exchange = "";
-    m->d.routing_key = m->queue;
-    m->d.queue = m->queue;
-    m->d.received_ms = f->now.loop_ms;
     m->d.caps = caps;
-    m->d.headers = h;
     engine_on_delivery(f->e, f->now, &m->d);
 }
 
@@ -279,14 +95,20 @@ static void ready_is(struct fake *f, const char *want)
 }
 
 /* The held job "hold" started first; raising the slots starts the rest in
- * ready order, which must be want. */
+ * ready order, which must be want (a map's items have no id: "item"). */
 static void start_all_is(struct fake *f, const char *want)
 {
     struct engine_stats st;
+    struct buf calls;
     char full[4096];
     engine_set_concurrency(f->e, f->now, 1000);
     snprintf(full, sizeof(full), "hold%s%s", want[0] ? " " : "", want);
-    ck_assert_str_eq(f->calls.data, full);
+    buf_init(&calls);
+    for (int i = 0; i < f->ncalls; i++)
+        buf_printf(&calls, "%s%s", i ? " " : "",
+                   f->call_ids[i] ? f->call_ids[i] : "item");
+    ck_assert_str_eq(calls.data, full);
+    buf_release(&calls);
     engine_stats(f->e, &st);
     ck_assert_uint_eq(st.nready, 0);
 }
