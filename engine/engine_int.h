@@ -91,8 +91,6 @@ int engine__job_live(const struct job *j);
 /* fanout.c: celery.map, celery.starmap and celery.chunks */
 void engine__fanout_start(struct job *j);
 int engine__fanout_is_item(const struct job *j);
-/* The map an item belongs to (its delivery, queue and priority), else j. */
-const struct job *engine__fanout_owner(const struct job *j);
 void engine__fanout_run_item(struct job *j);
 void engine__fanout_item_done(struct job *j, const struct llm_result *res);
 int engine__fanout_terminate(struct job *j);

@@ -83,11 +83,6 @@ int engine__fanout_is_item(const struct job *j)
     return j->fan && j->fan->parent != j;
 }
 
-const struct job *engine__fanout_owner(const struct job *j)
-{
-    return engine__fanout_is_item(j) ? j->fan->parent : j;
-}
-
 static const char *parent_id(const struct fanout *f)
 {
     return f->parent->tm.id ? f->parent->tm.id : "?";
@@ -121,6 +116,7 @@ static struct job *item_new(struct fanout *f, int idx, cJSON *args)
     c->kind = f->inner_kind;
     c->fan = f;
     c->fan_index = idx;
+    c->placed_by = p;
     c->t_received = e->now.loop_ms;
     c->received_epoch_us = e->now.epoch_us;
     c->state = JOB_CHECKING;

@@ -88,6 +88,9 @@ struct job {
      * items (a child job without a delivery) the map it belongs to */
     struct fanout *fan;
     int fan_index; /* an item's index in the map's `it` */
+    /* The job whose first delivery places this one in the ready queue (its
+     * queue's tier, its priority): a map, for its items; NULL for itself. */
+    const struct job *placed_by;
 };
 
 /* ---------------------------------------------------------- notifications */

@@ -90,7 +90,7 @@ static int priority_of(const struct delivery *d)
  * the premium tier. */
 static unsigned level_of(const struct engine *e, const struct job *j)
 {
-    const struct job *owner = engine__fanout_owner(j);
+    const struct job *owner = j->placed_by ? j->placed_by : j;
     const struct delivery *d = owner->nmsgs ? owner->msgs[0] : NULL;
     unsigned level = tier_of(e, d ? d->queue : NULL) * PRIO_LEVELS +
                      (unsigned)(ENGINE_PRIORITY_MAX - priority_of(d));
