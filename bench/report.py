@@ -328,11 +328,11 @@ def build(res, out):
         pool = cv.get("python_pool")
         L.append("celeriac -c %d against Python %s -c %s (the fastest pool at "
                  "celery.accumulate, from the %s), both up at once on their own queues, "
-                 "cases alternating, %d repetitions; map items wait %d ms at the fake LLM." % (
+                 "cases alternating, %d repetition%s; map items wait %d ms at the fake LLM." % (
                      cv["celeriac_c"], pool or "-", cv.get("python_c") or "-",
                      {"dispatch": "dispatch rows", "probe": "probe below"}.get(
                          cv.get("pool_from"), cv.get("pool_from")), cv["repeat"],
-                     cv["llm_ms"]))
+                     "" if cv["repeat"] == 1 else "s", cv["llm_ms"]))
         L.append("")
         L.append("| case | size | to the result, celeriac s: median (min-max) | Python %s s | "
                  "celeriac/Python | to the last store, celeriac / Python s | celeriac/Python "
