@@ -320,6 +320,70 @@ def build(res, out):
                 r["us_per_task_1tok"]))
         L.append("")
 
+    cv = res.get("canvas")
+    if cv:
+        L.append("### 7. Canvas (issue 16): wall time from apply_async to the result, "
+                 "Python Celery client")
+        L.append("")
+        pool = cv.get("python_pool")
+        L.append("celeriac -c %d against Python %s -c %s (the fastest pool at "
+                 "celery.accumulate, from the %s), both up at once on their own queues, "
+                 "cases alternating, %d repetition%s; map items wait %d ms at the fake LLM." % (
+                     cv["celeriac_c"], pool or "-", cv.get("python_c") or "-",
+                     {"dispatch": "dispatch rows", "probe": "probe below"}.get(
+                         cv.get("pool_from"), cv.get("pool_from")), cv["repeat"],
+                     "" if cv["repeat"] == 1 else "s", cv["llm_ms"]))
+        L.append("")
+        L.append("| case | size | to the result, celeriac s: median (min-max) | Python %s s | "
+                 "celeriac/Python | to the last store, celeriac / Python s | celeriac/Python "
+                 "| client apply s, celeriac / Python | last store after apply returned, "
+                 "ms, celeriac / Python |" % (pool or "-"))
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        titles = {"chord": "chord: accumulate headers, one body",
+                  "group": "group of accumulate, GroupResult.get()",
+                  "chain": "chain of accumulate steps",
+                  "map": "celery.map of llm.generate",
+                  "map_big": "celery.map of llm.generate (celeriac only)"}
+
+        def secs(rs):
+            ws = [r["wall_s"] for r in rs if r["ok"]]
+            bad = len(rs) - len(ws)
+            if not ws:
+                return "failed (%d)" % bad if bad else "-"
+            s = "%.3f" % med(ws) if len(ws) == 1 else "%.3f (%.3f-%.3f)" % (
+                med(ws), min(ws), max(ws))
+            return s + (" (%d failed)" % bad if bad else "")
+
+        for case, s in cv["summary"].items():
+            rs = [r for r in cv["runs"] if r["case"] == case]
+            cel = [r for r in rs if r["impl"] == "celeriac"]
+            py = [r for r in rs if r["impl"] == "python"]
+            ap = lambda xs: "%.3f" % med([r["apply_s"] for r in xs if "apply_s" in r]) \
+                if xs else "-"
+            tail = lambda xs: "%d" % round(1000 * med([r["stored_s"] - r["apply_s"] for r in xs
+                                                       if r["ok"] and "stored_s" in r])) \
+                if any(r["ok"] and "stored_s" in r for r in xs) else "-"
+            f = lambda k, fm="%.3f": fm % s[k] if k in s else "-"
+            L.append("| %s | %d | %s | %s | %s | %s / %s | %s | %s / %s | %s / %s |" % (
+                titles.get(case, case), s["size"], secs(cel), secs(py),
+                f("ratio", "**%.1fx**"), f("celeriac_stored_s"), f("python_stored_s"),
+                f("stored_ratio", "%.1fx"), ap(cel), ap(py), tail(cel), tail(py)))
+        L.append("")
+        L.append("\"To the result\": apply_async until the client holds the chord body's "
+                 "result, the group's list (GroupResult.get()), the last chain step's, the "
+                 "map's. \"To the last store\": until the worker stored the last of them "
+                 "(its date_done); GroupResult.get() adds its own wait to the first. The "
+                 "client publishes a chord's or a group's messages one by one and the "
+                 "workers start on them meanwhile: the last column is how long the last "
+                 "store came after the client's last publish (negative: before apply_async "
+                 "returned).")
+        L.append("")
+        if cv.get("probe"):
+            L.append("Pool probe (%d accumulate tasks, tasks/s): %s." % (
+                cv["probe"][0]["n"], ", ".join("%s %s" % (r["pool"], fmt_rate(r))
+                                               for r in cv["probe"])))
+            L.append("")
+
     if verdicts:
         L.append("### Targets")
         L.append("")

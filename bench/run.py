@@ -53,6 +53,18 @@ LLM_1S = "fake/ttft_ms=380,tps=50,tokens=32"
 LLM_1S_S = 1.0
 LLM_ZERO = "fake/tokens=16"
 MEM_HOLD_MS = 3000 if QUICK else 12000  # longer than the ramp to 10,000 streams
+# The canvas workload (issue 16): chord headers and group members, chain length,
+# map items on both sides (Python runs them one after another: 20 x 200 ms), a
+# bigger map on celeriac alone, the fake LLM's delay for map items, and the
+# accumulate tasks of the pool probe (only when the dispatch rows are missing).
+CANVAS_N = int(os.environ.get("BENCH_CANVAS_N", 200 if QUICK else 1000))
+CANVAS_CHAIN = int(os.environ.get("BENCH_CANVAS_CHAIN", 50))
+CANVAS_MAP = int(os.environ.get("BENCH_CANVAS_MAP", 20))
+CANVAS_MAP_BIG = 200 if QUICK else 1000
+CANVAS_LLM_MS = 200
+CANVAS_PROBE_N = 500 if QUICK else 2000
+CANVAS_TIMEOUT_S = 60  # one case on one worker; a case that runs out fails, the rest go on
+PY_POOLS = (("prefork", 2), ("solo", 1), ("threads", 8), ("gevent", 100))  # as in dispatch()
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -339,20 +351,20 @@ class Bench:
         self.runs += 1
         return "bench%d" % self.runs
 
-    def celeriac(self, queue, c, extra=()):
-        env = dict(os.environ, OPENAI_BASE_URL=self.llm_base)
+    def celeriac(self, queue, c, extra=(), llm_base=None):
+        env = dict(os.environ, OPENAI_BASE_URL=llm_base or self.llm_base)
         wrap = os.environ.get("BENCH_CELERIAC_WRAP", "").split()  # e.g. perf record -g --
         cmd = wrap + [BIN, "worker", "-b", self.broker, "--result-backend", self.backend,
                "-c", str(c), "-Q", queue, "-l", "warning", "-n", "celeriac@bench"] + list(extra)
         return Proc("celeriac", cmd, env=env, ready=r" ready\.$")
 
-    def python(self, queue, pool, c):
+    def python(self, queue, pool, c, llm_base=None):
         """Python Celery with its defaults, except the prefetch window of solo
         and threads: with Celery's default (4 x c) both stall on this stack
         (Celery 5.2.6, kombu 5.2.4, Python 3.11) after a few hundred tasks,
         consuming nothing more, so they get a 1,000-message window."""
         env = dict(os.environ, BENCH_BROKER=self.broker, BENCH_BACKEND=self.backend,
-                   OPENAI_BASE_URL=self.llm_base, PYTHONWARNINGS="ignore")
+                   OPENAI_BASE_URL=llm_base or self.llm_base, PYTHONWARNINGS="ignore")
         cmd = [PY, "-m", "celery", "-A", "pyapp", "worker", "-P", pool, "-c", str(c),
                "-Q", queue, "-l", "warning", "--without-gossip", "--without-mingle",
                "--without-heartbeat", "-n", "py@bench"]
@@ -640,6 +652,267 @@ class Bench:
             out.append(rec)
         self.results["cpu_per_token"] = out
 
+    # ------------------------------------------------------------ canvas
+
+    def canvas_pool(self):
+        """Python's best pool for the canvas runs, as the dispatch rows pick
+        it: the fastest at celery.accumulate. Without dispatch rows in this
+        run (BENCH_ONLY=canvas), a short dispatch probe of each pool picks it;
+        BENCH_CANVAS_POOL skips both. Returns (pool, where from, probe rows)."""
+        forced = os.environ.get("BENCH_CANVAS_POOL")
+        if forced:
+            return forced, "BENCH_CANVAS_POOL", []
+        rows = [r for r in self.results.get("dispatch", {}).get("accumulate", [])
+                if r["impl"] == "python"]
+        if rows:
+            return max(rows, key=lambda r: r["rate"])["pool"], "dispatch", []
+        log("  no dispatch rows in this run: probing each pool with %d accumulate tasks" %
+            CANVAS_PROBE_N)
+        rows = [self.run_tasks("python", pool, c, "celery.accumulate", [1], {},
+                               CANVAS_PROBE_N, PY_BOUND_S) for pool, c in PY_POOLS]
+        for r in rows:
+            r.pop("timeline", None)
+        return max(rows, key=lambda r: r["rate"])["pool"], "probe", rows
+
+    def canvas_case(self, impl, w, queue, case, size):
+        """Runs one canvas case against a ready worker; returns its record.
+
+        Each case has a client of its own (a new Celery app, warmed up by a
+        chain of two): after a GroupResult.get() of 1,000, the same client
+        took 1.0-1.5 s to see the result of a chain that the worker had
+        stored within 0.1 s, for the next few calls, on either worker.
+
+        The clock starts before apply_async (the client publishes the whole
+        chord or group itself, so its publishing time is in the wall time of
+        both workers alike, and shown apart as apply_s) and stops when the
+        result the user waits for is back: the chord body's, the group's
+        list, the last chain step's, the map's."""
+        from celery import Celery, chain, chord, group
+        from celery.canvas import xmap
+
+        app = Celery("canvas", broker=self.broker, backend=self.backend)
+        app.conf.update(result_expires=3600)
+
+        def acc(*args, **kw):
+            # Every signature names the queue: follow-ups without one would go
+            # to `celery`, on celeriac and on Python alike.
+            return app.signature("celery.accumulate", args=args, kwargs=kw, queue=queue)
+
+        if case == "chord":
+            sig = chord([acc(i, index=0) for i in range(size)], acc(index=0), app=app)
+            want = list(range(size))
+        elif case == "group":
+            sig = group([acc(i, index=0) for i in range(size)], app=app)
+            want = list(range(size))
+        elif case == "chain":
+            # index=0 keeps the value 1 (the result is prepended to each step's args)
+            sig = chain(acc(1, index=0), *[acc(index=0) for _ in range(size - 1)], app=app)
+            want = 1
+        else:  # map, map_big
+            sig = xmap(app.signature("llm.generate"),
+                       ["canvas %s item %d" % (case, i) for i in range(size)], app=app)
+            want = None
+        # (xmap.apply_async drops the signature's own options: the queue goes here)
+        opts = {"queue": queue} if case.startswith("map") else {}
+        try:
+            chain(acc(1, index=0), acc(index=0), app=app).apply_async().get(timeout=30)
+        except Exception:
+            pass  # the case itself will fail and say why
+        self.redis.cmd("FLUSHDB")
+        settled = self.canvas_settle()
+        pids = tree(w.p.pid)
+        cpu0, mcpu0, hcpu0 = cpu_s(pids), machine_busy_s(), cpu_s([os.getpid()])
+        scpu0 = {k: cpu_s([v]) for k, v in self.svc_pids.items()}
+        self.fake_canvas_stats(reset=True)
+        pool = "libuv" if impl == "celeriac" else w.name.replace("python-", "")
+        rec = {"case": case, "impl": impl, "pool": pool, "size": size, "settle_s": settled}
+        t0, wall0 = time.perf_counter(), time.time()
+        err = None
+        try:
+            res = sig.apply_async(**opts)
+            rec["apply_s"] = round(time.perf_counter() - t0, 3)
+            got = res.get(timeout=CANVAS_TIMEOUT_S)
+            if want is None:
+                ok = (isinstance(got, list) and len(got) == size and
+                      all(isinstance(x, str) and x for x in got))
+            else:
+                ok = got == want
+            if not ok:
+                err = "wrong result: %.200r" % (got,)
+            done = self.canvas_stored_at(res.results if case == "group" else [res])
+            if done is not None:
+                rec["stored_s"] = round(done - wall0, 4)
+        except Exception as e:  # a timeout or a task's error: the case failed
+            err = "%s: %s" % (type(e).__name__, str(e)[:200])
+        wall = time.perf_counter() - t0
+        rec["wall_s"] = round(wall, 4)
+        rec["ok"] = err is None
+        if err:
+            rec["error"] = err
+        rec["cpu_s"] = round(cpu_s(pids) - cpu0, 3)
+        rec["harness_cpu_s"] = round(cpu_s([os.getpid()]) - hcpu0, 3)
+        for k, v in self.svc_pids.items():
+            rec[k + "_cpu_s"] = round(cpu_s([v]) - scpu0[k], 3)
+        rec["machine_cpu_s"] = round(machine_busy_s() - mcpu0, 3)
+        rec["other_cpu_s"] = round(rec["machine_cpu_s"] - rec["cpu_s"] - rec["harness_cpu_s"]
+                                   - sum(rec.get(k + "_cpu_s", 0) for k in self.svc_pids), 3)
+        if case.startswith("map"):
+            fs = self.fake_canvas_stats()
+            rec["llm_calls"] = fs["requests"]
+            rec["llm_max_open"] = fs["max_open"]
+        try:
+            app.backend.result_consumer.stop()
+        except Exception:
+            pass
+        app.close()
+        if err:
+            # Whatever is left of the case must not run into the next one.
+            self.tool("publish", self.amqp_port, queue, "purge")
+            time.sleep(1.0)
+        log("  %-7s %-8s %-8s %5d: %8.3f s (apply %.3f s, stored %.3f s)  cpu%%: worker %3.0f "
+            "rabbit %3.0f redis %3.0f others %3.0f%s" % (
+                case, impl, pool, size, wall, rec.get("apply_s", 0), rec.get("stored_s", 0),
+                100 * rec["cpu_s"] / wall, 100 * rec.get("rabbitmq_cpu_s", 0) / wall,
+                100 * rec.get("redis_cpu_s", 0) / wall, 100 * rec["other_cpu_s"] / wall,
+                "" if not err else "  FAILED: " + err))
+        return rec
+
+    def canvas_settle(self, limit=0.05, window=0.2, bound_s=5.0):
+        """Waits until RabbitMQ and Redis were idle (under `limit` of a core
+        together) for `window` seconds, or `bound_s` passed; returns the wait.
+
+        A case must not start while the broker or Redis still work on the
+        previous one (its persistent messages, its keys): that would be the
+        previous case's cost. The other processes on the machine are not
+        waited for (it is shared)."""
+        pids = list(self.svc_pids.values())
+        t_start = time.time()
+        while True:
+            c0, t0 = cpu_s(pids), time.time()
+            time.sleep(window)
+            if (cpu_s(pids) - c0) / (time.time() - t0) < limit or time.time() - t_start > bound_s:
+                return round(time.time() - t_start, 2)
+
+    def canvas_stored_at(self, results):
+        """The latest date_done (epoch seconds) among these results' metas:
+        when the worker stored the last result the client waits for."""
+        from datetime import datetime, timezone
+        keys = ["celery-task-meta-%s" % r.id for r in results]
+        latest = None
+        for i in range(0, len(keys), 500):
+            got = self.redis_mget(keys[i:i + 500])
+            for raw in got:
+                if raw is None:
+                    return None
+                d = datetime.fromisoformat(json.loads(raw)["date_done"].replace("Z", "+00:00"))
+                if d.tzinfo is None:  # Python Celery 5.2 stores naive UTC
+                    d = d.replace(tzinfo=timezone.utc)
+                latest = max(latest or 0.0, d.timestamp())
+        return latest
+
+    def redis_mget(self, keys):
+        r = self.redis
+        out = b"*%d\r\n$4\r\nMGET\r\n" % (len(keys) + 1)
+        for k in keys:
+            k = k.encode()
+            out += b"$%d\r\n%s\r\n" % (len(k), k)
+        r.s.sendall(out)
+        head = r.f.readline()
+        if head[:1] != b"*":
+            raise RuntimeError("MGET: %r" % head)
+        vals = []
+        for _ in range(int(head[1:])):
+            line = r.f.readline()
+            n = int(line[1:])
+            vals.append(None if n < 0 else r.f.read(n + 2)[:-2])
+        return vals
+
+    def fake_canvas_stats(self, reset=False):
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d/%s" % (self.canvas_fake_port, "__reset" if reset else "__stats"),
+            data=b"{}" if reset else None, method="POST" if reset else "GET")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def canvas(self):
+        log("7. canvas: chord of %d, group of %d, chain of %d, map of %d LLM calls (%d ms each), "
+            "map of %d on celeriac" % (CANVAS_N, CANVAS_N, CANVAS_CHAIN, CANVAS_MAP, CANVAS_LLM_MS,
+                                       CANVAS_MAP_BIG))
+        pool, pool_from, probe = self.canvas_pool() if "python" in IMPLS else (None, None, [])
+        if pool:
+            log("  Python pool: %s (from %s)" % (pool, pool_from))
+        # Map items call the bare task, so the model is the worker's default,
+        # not a fake/... name: this server's defaults give every call its delay.
+        fake = Proc("fake_canvas", [os.path.join(TOOLS, "fake_fast"), "--defaults",
+                                    "ttft_ms=%d,tokens=16,tps=0" % CANVAS_LLM_MS],
+                    ready=r"^PORT \d+")
+        workers = {}
+        rows = []
+        try:
+            fake.wait_ready(10)
+            self.canvas_fake_port = int(fake.lines[0].split()[1])
+            base = "http://127.0.0.1:%d/v1" % self.canvas_fake_port
+            # Both workers stay up, each on its own queue, and the cases
+            # alternate between them: on a shared machine the load drifts,
+            # and this way both sides of a ratio see the same drift. An idle
+            # worker of either kind costs next to no CPU.
+            if "celeriac" in IMPLS:
+                q = self.new_queue()
+                workers["celeriac"] = (self.celeriac(q, DISPATCH_C, llm_base=base), q)
+            if pool:
+                q = self.new_queue()
+                workers["python"] = (self.python(q, pool, dict(PY_POOLS).get(pool, 1),
+                                                 llm_base=base), q)
+            for w, _ in workers.values():
+                w.wait_ready()
+            cases = (("chord", CANVAS_N), ("group", CANVAS_N), ("chain", CANVAS_CHAIN),
+                     ("map", CANVAS_MAP), ("map_big", CANVAS_MAP_BIG))
+            for _ in range(REPEAT):
+                for case, size in cases:
+                    for impl, (w, q) in workers.items():
+                        if case == "map_big" and impl != "celeriac":
+                            continue  # Python: CANVAS_MAP_BIG x 200 ms one after another
+                        rows.append(self.canvas_case(impl, w, q, case, size))
+        finally:
+            for w, q in workers.values():
+                w.stop()
+            fake.stop()
+            for w, q in workers.values():
+                self.tool("publish", self.amqp_port, q, "purge")
+        summary = {}
+        for case, size in cases:
+            by = {impl: [r["wall_s"] for r in rows if r["case"] == case and r["impl"] == impl
+                         and r["ok"]] for impl in workers}
+            st = {impl: [r["stored_s"] for r in rows if r["case"] == case and r["impl"] == impl
+                         and r["ok"] and "stored_s" in r] for impl in workers}
+            s = {"size": size}
+            for impl in workers:
+                if by[impl]:
+                    s[impl + "_s"] = statistics.median(by[impl])
+                if st[impl]:
+                    s[impl + "_stored_s"] = statistics.median(st[impl])
+            s["failed"] = sum(1 for r in rows if r["case"] == case and not r["ok"])
+            # celeriac / Python in tasks (or items) per second: Python's time
+            # over celeriac's; to the result in the client's hands, and to
+            # the last result stored by the worker.
+            if s.get("celeriac_s") and s.get("python_s"):
+                s["ratio"] = round(s["python_s"] / s["celeriac_s"], 2)
+            if s.get("celeriac_stored_s") and s.get("python_stored_s"):
+                s["stored_ratio"] = round(s["python_stored_s"] / s["celeriac_stored_s"], 2)
+            summary[case] = s
+            f = lambda k, fm="%.3f s": fm % s[k] if k in s else "-"
+            log("  %-7s %5d: celeriac %s (stored %s)  python %s (stored %s)  "
+                "celeriac/Python %s (stored %s)%s" % (
+                    case, size, f("celeriac_s"), f("celeriac_stored_s"), f("python_s"),
+                    f("python_stored_s"), f("ratio", "%.1fx"), f("stored_ratio", "%.1fx"),
+                    "  (%d failed)" % s["failed"] if s["failed"] else ""))
+        self.results["canvas"] = {
+            "n": CANVAS_N, "chain": CANVAS_CHAIN, "map": CANVAS_MAP, "map_big": CANVAS_MAP_BIG,
+            "llm_ms": CANVAS_LLM_MS, "celeriac_c": DISPATCH_C, "python_pool": pool,
+            "python_c": dict(PY_POOLS).get(pool, 1) if pool else None,
+            "pool_from": pool_from, "probe": probe, "repeat": REPEAT, "summary": summary,
+            "runs": rows}
+
 
 def machine():
     def first(cmd):
@@ -675,10 +948,12 @@ def main():
     try:
         b = Bench(svc, out)
         b.results["machine"] = machine()
-        only = os.environ.get("BENCH_ONLY", "limits,dispatch,concurrency,memory,latency,cpu")
+        only = os.environ.get("BENCH_ONLY",
+                              "limits,dispatch,concurrency,memory,latency,cpu,canvas")
         for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
                          ("concurrency", b.concurrency), ("memory", b.memory),
-                         ("latency", b.latency), ("cpu", b.cpu_per_token)):
+                         ("latency", b.latency), ("cpu", b.cpu_per_token),
+                         ("canvas", b.canvas)):
             if name in only.split(","):
                 fn()
         b.results["elapsed_s"] = round(time.time() - t0, 1)

@@ -4,7 +4,7 @@
 #   scripts/bench.sh                 full run (about ten minutes)
 #   BENCH_QUICK=1 scripts/bench.sh   small workloads, under three minutes (checks the harness)
 #   BENCH_DOC=docs/benchmarks.md     also write the table and chart into that page
-#   BENCH_ONLY=dispatch,latency      a subset: limits dispatch concurrency memory latency cpu
+#   BENCH_ONLY=dispatch,latency      a subset: limits dispatch concurrency memory latency cpu canvas
 #   BENCH_IMPL=celeriac              skip the Python runs
 #   BENCH_BASELINE=<git rev>         A/B instead: this tree's build/celeriac against the
 #                                    worker built from <rev>, alternating, same run
