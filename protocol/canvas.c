@@ -164,9 +164,23 @@ struct sig {
     int immutable;
 };
 
+/* s[key] into *out: a list (list set) or a dict, or NULL when absent or null;
+ * anything else is CR_EPROTO. */
+static int sig_member(struct ctx *c, const cJSON *s, const char *task, const char *key,
+                      int list, const cJSON **out)
+{
+    const cJSON *v = get(s, key);
+    *out = cJSON_IsNull(v) ? NULL : v;
+    if (*out && !(list ? cJSON_IsArray(*out) : cJSON_IsObject(*out)))
+        return cr_err_set(c->err, CR_EPROTO, "signature '%.100s': %s is not a %s", task,
+                          key, list ? "list" : "dict");
+    return 0;
+}
+
 static int sig_parts(struct ctx *c, const cJSON *s, struct sig *out)
 {
     const cJSON *t, *st;
+    int rc;
     memset(out, 0, sizeof *out);
     if (!cJSON_IsObject(s))
         return cr_err_set(c->err, CR_EPROTO, "signature is not a dict");
@@ -182,24 +196,10 @@ static int sig_parts(struct ctx *c, const cJSON *s, struct sig *out)
         if (st->valuestring[0])
             out->type = st->valuestring;
     }
-    out->args = get(s, "args");
-    if (cJSON_IsNull(out->args))
-        out->args = NULL;
-    if (out->args && !cJSON_IsArray(out->args))
-        return cr_err_set(c->err, CR_EPROTO, "signature '%.100s': args is not a list",
-                          out->task);
-    out->kwargs = get(s, "kwargs");
-    if (cJSON_IsNull(out->kwargs))
-        out->kwargs = NULL;
-    if (out->kwargs && !cJSON_IsObject(out->kwargs))
-        return cr_err_set(c->err, CR_EPROTO, "signature '%.100s': kwargs is not a dict",
-                          out->task);
-    out->options = get(s, "options");
-    if (cJSON_IsNull(out->options))
-        out->options = NULL;
-    if (out->options && !cJSON_IsObject(out->options))
-        return cr_err_set(c->err, CR_EPROTO, "signature '%.100s': options is not a dict",
-                          out->task);
+    if ((rc = sig_member(c, s, out->task, "args", 1, &out->args)) ||
+        (rc = sig_member(c, s, out->task, "kwargs", 0, &out->kwargs)) ||
+        (rc = sig_member(c, s, out->task, "options", 0, &out->options)))
+        return rc;
     out->immutable = truthy(get(s, "immutable"));
     return 0;
 }
