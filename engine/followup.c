@@ -34,6 +34,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/rand.h"
 #include "util/uuid.h"
 
 enum fu_step {
@@ -80,13 +81,8 @@ static void seeded_uuid(char out[37], void *arg)
     struct engine *e = arg;
     unsigned char b[16];
     for (int i = 0; i < 16; i += 8) {
-        /* xorshift64*: the engine's seed, never 0 */
-        uint64_t x = e->seed;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        e->seed = x;
-        x *= 2685821657736338717ULL;
+        /* the engine's jitter state, which retries draw from too */
+        uint64_t x = cr_xorshift64(&e->seed);
         for (int k = 0; k < 8; k++)
             b[i + k] = (unsigned char)(x >> (8 * k));
     }

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "util/rand.h"
+
 #define DEFAULT_BASE_MS 1000
 #define DEFAULT_FACTOR 2.0
 #define DEFAULT_CAP_MS 60000
@@ -255,19 +257,6 @@ int64_t llm_retry_after_ms(const char *retry_after_ms, const char *retry_after,
 
 /* ---------------------------------------------------------------- backoff */
 
-/* xorshift64 (Marsaglia 2003): tiny, seedable, and plenty for jitter. */
-static uint64_t next_random(uint64_t *state)
-{
-    uint64_t x = *state;
-    if (x == 0)
-        x = 0x9E3779B97F4A7C15u; /* a zero state would stick at zero */
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *state = x;
-    return x;
-}
-
 int64_t llm_backoff_ms(const struct llm_backoff *b, int retries, uint64_t *seed)
 {
     double base = b->base_ms > 0 ? (double)b->base_ms : DEFAULT_BASE_MS;
@@ -286,5 +275,5 @@ int64_t llm_backoff_ms(const struct llm_backoff *b, int retries, uint64_t *seed)
         return ms;
     /* Full jitter over (0, d]: 0 is excluded so a retry never fires in the
      * same loop turn as the failure. Modulo bias is below 2^-40 here. */
-    return (int64_t)(next_random(seed) % (uint64_t)ms) + 1;
+    return (int64_t)(cr_xorshift64(seed) % (uint64_t)ms) + 1;
 }
