@@ -22,9 +22,9 @@
 
 /* ------------------------------------------------------------ options */
 
-#define KOMBU_MAX_STEPS 10   /* priorities are 0..9, so at most ten buckets */
-#define KOMBU_PRIORITY_MAX 9 /* kombu clamps message priorities to 0..9 */
-#define KOMBU_NAME_MAX 256   /* a queue, exchange or key name longer is refused */
+#define KOMBU_MAX_STEPS 10         /* priorities are 0..9, so at most ten buckets */
+#define KOMBU_PRIORITY_MAX 9       /* kombu clamps message priorities to 0..9 */
+#define KOMBU_NAME_MAX 256         /* a queue, exchange or key name longer is refused */
 #define KOMBU_OPTS_MAX_BYTES 65536 /* a longer options document is refused whole */
 
 enum kombu_order {
@@ -40,14 +40,14 @@ struct kombu_opts {
     int steps[KOMBU_MAX_STEPS];  /* priority_steps, ascending, steps[0] == 0:
                                   * {0, 3, 6, 9} */
     int nsteps;
-    char sep[16];                 /* "\x06\x16" */
-    enum kombu_order order;       /* queue_order_strategy: round_robin */
+    char sep[16];                   /* "\x06\x16" */
+    enum kombu_order order;         /* queue_order_strategy: round_robin */
     char keyprefix[KOMBU_NAME_MAX]; /* global_keyprefix: "" */
     /* fanout_prefix: 1 (true: "/{db}."), 0 (false: none), or a string of
      * its own in fanout_prefix_str (kombu formats "{db}" in it). */
     int fanout_prefix;
     char fanout_prefix_str[64];
-    int fanout_patterns; /* 1: "/routing_key" suffix on channels */
+    int fanout_patterns;                    /* 1: "/routing_key" suffix on channels */
     char unacked_key[KOMBU_NAME_MAX];       /* "unacked" */
     char unacked_index_key[KOMBU_NAME_MAX]; /* "unacked_index" */
     char unacked_mutex_key[KOMBU_NAME_MAX]; /* "unacked_mutex" */
@@ -173,8 +173,8 @@ int kombu_queue_key(const struct kombu_opts *o, const char *queue, int bucket,
  * from the last sep on when what follows it is a step of o. Writes it into out
  * (NUL-terminated). Returns 0, or CR_EINVAL when the key does not carry the
  * prefix or the queue does not fit in out_size. */
-int kombu_queue_of_key(const struct kombu_opts *o, const char *key, size_t len,
-                       char *out, size_t out_size);
+int kombu_queue_of_key(const struct kombu_opts *o, const char *key, size_t len, char *out,
+                       size_t out_size);
 
 /* The BRPOP arguments for queues given in cycle order: for each step, for
  * each queue, its key; then the timeout (seconds, decimal). Appends each
