@@ -1540,7 +1540,14 @@ static void restore_visible(struct rb *b)
     unsigned char rnd[16];
     char px[32];
     struct args a;
-    if (b->round_on || !redis_conn_up(b->cmd) || !b->o.ack_emulation)
+    int consumes = 0;
+    for (int i = 0; i < b->ncycle; i++) {
+        const struct rcons *c = find_cons(b, b->cycle[i]);
+        consumes |= c && !c->q.no_ack;
+    }
+    /* Only a consumer restores (the gateway, which publishes only, does
+     * not): it knows its own visibility timeout, and refreshes its leases. */
+    if (b->round_on || !consumes || !redis_conn_up(b->cmd) || !b->o.ack_emulation)
         return;
     random_bytes(rnd, sizeof(rnd));
     for (int i = 0; i < 16; i++)
