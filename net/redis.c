@@ -482,6 +482,7 @@ struct redis_conn {
     struct redis_url url;
     uint64_t timeout_ms; /* 0: none */
     uint64_t health_ms;  /* 0: no probe */
+    uint64_t connect_ms;
     int probe_argc;
     const char *const *probe_argv;
     int (*handshake_passes)(const char *error);
@@ -830,7 +831,7 @@ static void connect_server(struct redis_conn *c)
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     c->ac = ac;
-    uv_timer_start(&c->timer, on_connect_timeout, CONNECT_TIMEOUT_MS, 0);
+    uv_timer_start(&c->timer, on_connect_timeout, c->connect_ms, 0);
 }
 
 static void start_connect(struct redis_conn *c)
@@ -1011,7 +1012,7 @@ static void ask_sentinel(struct redis_conn *c)
     redisAsyncSetConnectCallback(ac, on_disc_connect);
     redisAsyncSetDisconnectCallback(ac, on_disc_disconnect);
     c->disc = ac;
-    uv_timer_start(&c->timer, on_disc_timeout, CONNECT_TIMEOUT_MS, 0);
+    uv_timer_start(&c->timer, on_disc_timeout, c->connect_ms, 0);
 }
 
 /* +switch-master messages: "<name> <old ip> <old port> <new ip> <new port>".
@@ -1233,6 +1234,8 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
     c->url = *cfg->url;
     c->timeout_ms = seconds_to_ms(cfg->timeout);
     c->health_ms = seconds_to_ms(cfg->health_check_interval);
+    c->connect_ms = cfg->connect_timeout > 0 ? seconds_to_ms(cfg->connect_timeout)
+                                             : CONNECT_TIMEOUT_MS;
     c->probe_argc = cfg->probe_argv ? cfg->probe_argc : 1;
     c->probe_argv = cfg->probe_argv ? cfg->probe_argv : ping_argv;
     c->handshake_passes =

@@ -183,6 +183,8 @@ struct redis_conn_config {
      * sentinel_kwargs username/password; NULL or "": none, copied). The
      * URL's own credentials and database are the master's. */
     const char *master_name;
+    /* Seconds each connect (and its handshake) may take; 0: 5. */
+    double connect_timeout;
     const char *sentinel_user;
     const char *sentinel_password;
     redis_conn_event_fn *on_event;

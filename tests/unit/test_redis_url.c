@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "net/redis.h"
+#include "net/results.h"
 #include "util/alloc.h"
 #include "util/redact.h"
 
@@ -299,6 +300,51 @@ START_TEST(test_sentinel_list)
 }
 END_TEST
 
+/* Celery's result_backend_transport_options as the worker takes them. */
+START_TEST(test_backend_options)
+{
+    struct backend_options o;
+    struct cr_err e = {0, ""};
+    static const char *const bad[][2] = {
+        {"[]", "not a JSON object"},
+        {"{", "not a JSON object"},
+        {"{\"master_name\": 1}", "'master_name' must be a string"},
+        {"{\"socket_timeout\": \"3\"}", "'socket_timeout' must be seconds"},
+        {"{\"socket_timeout\": -1}", "must be seconds"},
+        {"{\"visibility_timeout\": 3}", "unknown result backend transport option "
+                                        "'visibility_timeout'"},
+        {"{\"sentinel_kwargs\": {\"ssl\": true}}", "'sentinel_kwargs.ssl'"},
+        {"{\"sentinel_kwargs\": 3}", "'sentinel_kwargs' must be an object"},
+        {"{\"retry_policy\": 3}", "'retry_policy' must be an object"},
+    };
+    ck_assert_int_eq(backend_options_parse(&o, NULL, &e), 0);
+    ck_assert_str_eq(o.master_name, "");
+    ck_assert(o.socket_timeout < 0 && o.health_check_interval < 0);
+    ck_assert_int_eq(backend_options_parse(&o, "", &e), 0);
+    ck_assert_int_eq(backend_options_parse(
+                         &o,
+                         "{\"master_name\": \"mymaster\", \"global_keyprefix\": "
+                         "\"pfx\", \"sentinel_kwargs\": {\"password\": \"sp\", "
+                         "\"username\": \"su\", \"socket_timeout\": 1}, "
+                         "\"socket_timeout\": 2.5, \"socket_connect_timeout\": null, "
+                         "\"health_check_interval\": 0, \"retry_policy\": "
+                         "{\"max_retries\": 3}}",
+                         &e),
+                     0);
+    ck_assert_str_eq(o.master_name, "mymaster");
+    ck_assert_str_eq(o.global_keyprefix, "pfx");
+    ck_assert_str_eq(o.sentinel_password, "sp");
+    ck_assert_str_eq(o.sentinel_user, "su");
+    ck_assert(o.socket_timeout == 2.5);
+    ck_assert(o.socket_connect_timeout < 0);
+    ck_assert(o.health_check_interval == 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(backend_options_parse(&o, bad[i][0], &e), CR_EINVAL);
+        ck_assert_msg(strstr(e.msg, bad[i][1]) != NULL, "%s: %s", bad[i][0], e.msg);
+    }
+}
+END_TEST
+
 /* redact_url() (util/redact.c, was config_redact_url): what the worker logs
  * of its broker and backend URLs. */
 START_TEST(test_redact_url)
@@ -334,6 +380,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_tls);
     tcase_add_test(tc, test_unix);
     tcase_add_test(tc, test_sentinel_list);
+    tcase_add_test(tc, test_backend_options);
     suite_add_tcase(s, tc);
     return s;
 }
