@@ -2013,6 +2013,11 @@ static struct redis_conn *conn_new(struct rb *b, double timeout, double health, 
         rc.probe_argc = 2;
         rc.probe_argv = b->probe_argv;
     }
+    rc.master_name = b->o.master_name;
+    rc.connect_timeout =
+        b->o.socket_connect_timeout_s > 0 ? b->o.socket_connect_timeout_s : 0;
+    rc.sentinel_user = b->o.sentinel_username;
+    rc.sentinel_password = b->o.sentinel_password;
     rc.on_event = on_event;
     rc.privdata = b;
     return redis_conn_new(b->loop, &rc, err);
@@ -2225,6 +2230,15 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
         cr_free(b);
         return NULL;
     }
+    if (b->url.kind == REDIS_URL_SENTINEL && !b->o.master_name[0]) {
+        cr_err_set(err, CR_EINVAL,
+                   "broker sentinel:// needs master_name in --broker-transport-options");
+        cr_free(b);
+        return NULL;
+    }
+    if (b->url.tls.on && !b->url.tls.cert_reqs_given)
+        LOG(LOG_WARNING, "broker: rediss:// without ssl_cert_reqs verifies no "
+                         "certificate (as kombu does)");
     strmap_init(&b->held);
     buf_init(&b->pop_store);
     vt_ms = b->o.visibility_timeout_s * 1000 / 3;

@@ -573,6 +573,7 @@ static int clients_new(struct worker *w, struct cr_err *err)
     bc.result_expires = cfg->result_expires;
     bc.timeout = cfg->redis_timeout;
     bc.health_check_interval = cfg->redis_health_check_interval;
+    bc.transport_options = cfg->result_backend_transport_options;
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
