@@ -251,6 +251,7 @@ struct rb {
     int ever_up;
     int consuming;
     int freeing;
+    int draining; /* inside broker_free(): nothing more reaches the owner */
     int prefetch;
     char *k_unacked, *k_index, *k_mutex;
 
@@ -882,7 +883,7 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     c = find_cons(b, queue);
     /* Cancelled meanwhile, or stopped: back to the head of its list, as
      * kombu requeues a message that finds no consumer. */
-    if (b->freeing || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
+    if (b->freeing || b->draining || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
         push_back(b, key, klen, env, len);
         return;
     }
@@ -1639,8 +1640,8 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
     struct rb *b = req->data;
     redisReply *r = (redisReply *)rr;
     const redisReply *pat, *data;
-    if (status || b->freeing || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
+    if (status || b->freeing || b->draining || r->type != REDIS_REPLY_ARRAY ||
+        r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING ||
         strcmp(r->element[0]->str, "pmessage"))
         return;
     pat = r->element[1];
@@ -2163,6 +2164,7 @@ static void drain(struct rb *b)
     int expired = 0;
     struct held *h;
 
+    b->draining = 1;
     if (!redis_conn_up(b->cmd))
         return;
     b->consuming = 0;

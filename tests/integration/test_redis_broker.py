@@ -183,6 +183,22 @@ def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
     assert all(q["properties"]["delivery_info"].get("redelivered") for q in queued[-2:])
 
 
+def test_cold_stop_restores_the_running_message(env):
+    app = rapp(env)
+    env.fake.script(["latency_ms=8000;tokens=2"])
+    w = rworker(env, "-c", "1")
+    r = app.send_task("llm.generate", args=["cut short"], priority=7)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)   # the second: a cold stop
+    w.wait(30)
+    assert env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0
+    # back at the head of its own bucket (priority 7 -> bucket 6), redelivered
+    back = json.loads(env.redis.lindex("celery" + SEP + "6", -1))
+    assert back["headers"]["id"] == r.id and back["headers"]["redelivered"] is True
+
+
 def test_global_keyprefix(env):
     opts = {"global_keyprefix": "pfx:"}
     app = rapp(env, **opts)
