@@ -40,6 +40,7 @@ struct broker_msg {
     char *message_id;
     int delivery_mode;
     int priority;      /* on the engine's scale: higher = more urgent */
+    int wire_priority; /* as the message carried it, on the transport's own scale */
     cJSON *headers;    /* application headers as JSON, or NULL */
     int headers_bad;   /* an entry of the header table could not be converted
                         * (headers holds the others) */
@@ -60,7 +61,8 @@ struct broker_props {
     const char *reply_to;
     const char *expiration;
     int delivery_mode; /* 0 omits */
-    int priority;      /* < 0 omits */
+    int priority;      /* the transport's own scale (what a Celery producer writes on
+                        * that broker: kombu's 0..9 on Redis); < 0 omits */
     const cJSON *headers;
     /* Refused (CR_EBROKER) rather than held while the broker blocks
      * publishing: for messages worth nothing late, such as events. */
