@@ -676,8 +676,11 @@ static int set_true(cJSON *obj, const char *key)
     t = cJSON_CreateTrue();
     if (!t)
         return CR_ENOMEM;
-    if (first ? !cJSON_ReplaceItemInObjectCaseSensitive(obj, key, t)
-              : !cJSON_AddItemToObject(obj, key, t)) {
+    /* cJSON 1.7.15's ReplaceItemInObject ignores a failed name copy, so the
+     * name is set here. */
+    t->string = first ? cr_strdup(key) : NULL;
+    if ((first && !t->string) || (first ? !cJSON_ReplaceItemViaPointer(obj, first, t)
+                                        : !cJSON_AddItemToObject(obj, key, t))) {
         cJSON_Delete(t);
         return CR_ENOMEM;
     }
