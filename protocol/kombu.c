@@ -785,6 +785,8 @@ static int unacked_elem(struct py_json_scan *sc, size_t index, void *privdata)
 {
     struct unacked_scan *u = privdata;
     size_t at = sc->pos;
+    if (at >= sc->len)
+        return 1;
     if (index > 2) {
         u->bad = 1;
         return 1;

@@ -233,6 +233,9 @@ START_TEST(test_unacked_bad)
         "[{\"a\": }, \"\", \"\"]",
         "[{}, \"\", \"",
         "[[], \"\", \"\"]",
+        "[",
+        "[{}, ",
+        " [ ",
     };
     char *env, *ex, *rk;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
