@@ -43,8 +43,9 @@ struct kombu_opts {
     char sep[16];                   /* "\x06\x16" */
     enum kombu_order order;         /* queue_order_strategy: round_robin */
     char keyprefix[KOMBU_NAME_MAX]; /* global_keyprefix: "" */
-    /* fanout_prefix: 1 (true: "/{db}."), 0 (false: none), or a string of
-     * its own in fanout_prefix_str (kombu formats "{db}" in it). */
+    /* fanout_prefix: 1 (true: "/{db}."), 0 (false, or ""; none), or 2: a
+     * string of its own in fanout_prefix_str (kombu formats "{db}" in it; any
+     * other brace but "{{" and "}}" is refused, as Python's format raises). */
     int fanout_prefix;
     char fanout_prefix_str[64];
     int fanout_patterns;                    /* 1: "/routing_key" suffix on channels */
