@@ -253,10 +253,8 @@ static int opt_one(struct kombu_opts *o, const cJSON *v, struct cr_err *err)
     if (strcmp(k, "unacked_mutex_key") == 0)
         return opt_str(v, k, o->unacked_mutex_key, sizeof o->unacked_mutex_key, 0, 0,
                        err);
-    if (strcmp(k, "unacked_mutex_expire") == 0) {
-        rc = opt_num(v, k, &o->unacked_mutex_expire_s, 0.001, 1e9, 0, 0, err);
-        return rc;
-    }
+    if (strcmp(k, "unacked_mutex_expire") == 0) /* the lock's PX must be >= 1 ms */
+        return opt_num(v, k, &o->unacked_mutex_expire_s, 0.001, 1e9, 0, 0, err);
     if (strcmp(k, "unacked_restore_limit") == 0)
         return opt_int(v, k, &o->unacked_restore_limit, 0, 1000000000L, 1, 0, err);
     if (strcmp(k, "ack_emulation") == 0)
