@@ -201,8 +201,8 @@ static int target_key(struct rdlq *r, const char *exchange, const char *rk, int 
         const redisReply *el = rep->element[i];
         char queue[KOMBU_NAME_MAX];
         if (el->type != REDIS_REPLY_STRING ||
-            kombu_binding_parse(el->str, el->len, &mrk, &mrk_len, &pat, &pat_len, &q,
-                                &q_len) ||
+            kombu_binding_parse(&r->ko, el->str, el->len, &mrk, &mrk_len, &pat, &pat_len,
+                                &q, &q_len) ||
             q_len >= sizeof(queue))
             continue;
         if (mrk_len != strlen(rk) || memcmp(mrk, rk, mrk_len))

@@ -198,8 +198,17 @@ static int opt_one(struct kombu_opts *o, const cJSON *v, struct cr_err *err)
     long l;
     int rc;
     static const char *const ignored[] = {
-        "max_connections",  "socket_keepalive",         "socket_keepalive_options",
-        "retry_on_timeout", "unacked_restore_interval", "unacked_restore_throttle",
+        "max_connections",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "retry_on_timeout",
+        "unacked_restore_interval",
+        "unacked_restore_throttle",
+        /* the publish retry policy Celery's docs put here (Connection.ensure) */
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
     };
 
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)

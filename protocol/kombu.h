@@ -73,7 +73,8 @@ void kombu_opts_init(struct kombu_opts *o);
 /* Parses a broker_transport_options JSON object (len bytes, no NUL needed)
  * over the defaults already in o. Keys kombu accepts for pools and sockets
  * that mean nothing here (max_connections, socket_keepalive, retry_on_timeout,
- * ...) are accepted and ignored. Any other key, a value of the wrong type or
+ * ..., and the publish retry policy max_retries and interval_*) are accepted
+ * and ignored. Any other key, a value of the wrong type or
  * out of range is CR_EINVAL with one line naming the key in err; o is then
  * unspecified. */
 int kombu_opts_parse(struct kombu_opts *o, const char *json, size_t len,

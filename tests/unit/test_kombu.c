@@ -929,7 +929,8 @@ START_TEST(test_opts_every_key)
         "\"w1\", \"max_connections\": 20, \"socket_keepalive\": true, "
         "\"socket_keepalive_options\": {\"1\": 2}, \"retry_on_timeout\": true, "
         "\"body_encoding\": \"base64\", \"unacked_restore_interval\": 10, "
-        "\"unacked_restore_throttle\": 10}";
+        "\"unacked_restore_throttle\": 10, \"max_retries\": 3, \"interval_start\": 0, "
+        "\"interval_step\": 0.2, \"interval_max\": 0.5}";
     struct kombu_opts o = dflt();
     struct cr_err err = {0, ""};
     ck_assert_msg(kombu_opts_parse(&o, doc, sizeof doc - 1, &err) == 0, "%s", err.msg);
