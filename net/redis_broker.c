@@ -679,6 +679,7 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
     m->expiration = opt_take(&km->expiration);
     m->delivery_mode = km->delivery_mode;
     m->priority = kombu_to_engine_priority(km->priority);
+    m->wire_priority = km->priority;
     m->headers = km->headers;
     km->headers = NULL;
     m->body = km->body;
@@ -1792,8 +1793,8 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
     ko.reply_to = props->reply_to;
     ko.expiration = props->expiration;
     ko.delivery_mode = props->delivery_mode;
-    /* the engine's scale back to kombu's; none given is kombu's 0 */
-    ko.priority = props->priority < 0 ? 0 : kombu_from_engine_priority(props->priority);
+    /* already kombu's scale (broker_props); none given is kombu's 0 */
+    ko.priority = props->priority < 0 ? 0 : props->priority;
     ko.exchange = exchange;
     ko.routing_key = routing_key;
     ko.delivery_tag = tag;
