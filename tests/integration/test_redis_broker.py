@@ -163,14 +163,16 @@ def test_dead_workers_message_is_restored(env):
 
 def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
     app = rapp(env)
-    w = rworker(env, "-c", "1", "--prefetch-multiplier", "4")
     env.fake.script(["latency_ms=1500;tokens=2"])
-    first = app.send_task("llm.generate", args=["running"])
-    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="first held")
+    # -c 1 x 1: a window of 1, raised by one for each eta task held, so the
+    # worker holds exactly these three and leaves the one pushed after them
     later = [app.send_task("llm.generate", args=["waiting %d" % i], countdown=60)
              for i in range(2)]
+    first = app.send_task("llm.generate", args=["running"])
+    w = rworker(env, "-c", "1", "--prefetch-multiplier", "1")
     wait_until(lambda: env.redis.hlen("unacked") == 3, 10, what="all held")
     env.redis.lpush("celery", envelope(str(uuid.uuid4()), "behind"))
+    time.sleep(0.3)
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
     first.get(timeout=5)
