@@ -281,3 +281,26 @@ def test_events_over_redis(env):
                what="task-succeeded event")
     types = {e["type"] for e in got}
     assert {"task-received", "task-started", "task-succeeded"} <= types, types
+
+
+def test_connections_dropped_mid_task(env):
+    """Redis drops every connection (CLIENT KILL; the data stays): the running
+    task's record survives, its ack goes once the worker is back, the mailbox
+    is subscribed again, and nothing runs twice."""
+    app = rapp(env)
+    env.fake.script(["latency_ms=2500;tokens=3"])
+    w = rworker(env)
+    r = app.send_task("llm.generate", args=["across a drop"])
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    time.sleep(0.5)
+    env.redis.client_kill_filter(_type="normal", skipme=True)
+    env.redis.client_kill_filter(_type="pubsub")
+    assert r.get(timeout=20) == env.fake.expected_text("across a drop", tokens=3)
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="acked after the reconnect")
+    w.wait_for(r"connection to .* lost", 5)
+    replies = wait_until(lambda: py_inspect(env, "ping", timeout=1), 15, what="ping after")
+    assert any(v == {"ok": "pong"} for v in replies.values())
+    r2 = app.send_task("llm.generate", args=["after the drop"])
+    assert r2.get(timeout=20) == env.fake.expected_text("after the drop")
+    assert len([s for s in env.fake.stats() if "across a drop" in json.dumps(s["body"])]) == 1
