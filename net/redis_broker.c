@@ -2278,6 +2278,10 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (b->url.tls.on && !b->url.tls.cert_reqs_given)
         LOG(LOG_WARNING, "broker: rediss:// without ssl_cert_reqs verifies no "
                          "certificate (as kombu does)");
+    /* --queue-order strict (an earlier -Q queue first) is kombu's "priority"
+     * strategy: the -Q order, never rotated. */
+    if (cfg->per_consumer_qos && b->o.order == KOMBU_ORDER_ROUND_ROBIN)
+        b->o.order = KOMBU_ORDER_PRIORITY;
     strmap_init(&b->held);
     buf_init(&b->pop_store);
     vt_ms = b->o.visibility_timeout_s * 1000 / 3;
