@@ -378,6 +378,7 @@ class Bench:
             [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None,
                             "chord": None}]).encode()).decode()
         origin = "%d@bench" % os.getpid()
+        base = self.bredis.cmd("LLEN", queue)
         t0 = time.perf_counter()
         cmds = [("SADD", "_kombu.binding." + queue, queue + KOMBU_SEP + KOMBU_SEP + queue)]
         batch = []
@@ -403,8 +404,8 @@ class Bench:
         for i in range(0, len(cmds), 20):
             self.bredis.pipeline(cmds[i:i + 20])
         depth = self.bredis.cmd("LLEN", queue)
-        if depth != n:
-            raise RuntimeError("redis publish: %s holds %s of %d" % (queue, depth, n))
+        if depth != base + n:
+            raise RuntimeError("redis publish: %s holds %s, not %d + %d" % (queue, depth, base, n))
         return n / (time.perf_counter() - t0)
 
     def new_queue(self):
