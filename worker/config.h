@@ -18,7 +18,10 @@
 #define CONFIG_MAX_CONCURRENCY 100000
 
 struct config {
-    char *broker;         /* AMQP URL */
+    char *broker; /* AMQP or Redis URL */
+    /* Redis broker: Celery's broker_transport_options as a JSON object
+     * (visibility_timeout, priority_steps, global_keyprefix...); "": none */
+    char *broker_transport_options;
     char *result_backend; /* redis:// URL */
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
