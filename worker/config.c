@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "net/broker.h"
+#include "net/redis.h"
+#include "net/results.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
@@ -21,7 +23,14 @@ static const struct opt opts[] = {
      "Redis broker: Celery's broker_transport_options as JSON, e.g. "
      "{\"visibility_timeout\": 3600, \"global_keyprefix\": \"pfx:\"}"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPTS_STR, OFF(result_backend),
-     "redis://localhost:6379/0", 0, 0, "Redis result backend URL"},
+     "redis://localhost:6379/0", 0, 0,
+     "Redis result backend URL: redis://, rediss:// (with ssl_cert_reqs), "
+     "redis+socket:// or sentinel://h1:26379/0;sentinel://h2:26379/0"},
+    {"result-backend-transport-options", 0, "CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS",
+     OPTS_STR, OFF(result_backend_transport_options), "", 0, 0,
+     "JSON object, Celery's result_backend_transport_options: master_name, "
+     "sentinel_kwargs, global_keyprefix, socket_timeout, socket_connect_timeout, "
+     "health_check_interval, retry_policy (ignored)"},
     {"redis-timeout", 0, "CELERIAC_REDIS_TIMEOUT", OPTS_DOUBLE, OFF(redis_timeout), "120",
      0, 86400,
      "seconds a Redis command may go unanswered before the connection is rebuilt (0: "
@@ -236,9 +245,22 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
     if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))
         return cr_err_set(err, CR_EINVAL,
                           "--broker-transport-options is for a Redis broker");
-    if (strncmp(cfg->result_backend, "redis://", 8))
-        return cr_err_set(err, CR_EINVAL,
-                          "unsupported result backend URL scheme (want redis://)");
+    {
+        struct redis_url u;
+        struct backend_options bo;
+        if (redis_url_parse_flags(&u, cfg->result_backend, "result backend",
+                                  REDIS_URL_TLS_STRICT, err) ||
+            backend_options_parse(&bo, cfg->result_backend_transport_options, err))
+            return err->code;
+        if (u.kind == REDIS_URL_SENTINEL && !bo.master_name[0])
+            return cr_err_set(err, CR_EINVAL,
+                              "result backend sentinel:// needs master_name in "
+                              "--result-backend-transport-options");
+        if (u.tls.on)
+            return cr_err_set(err, CR_EINVAL,
+                              "result backend rediss:// (TLS) is not supported by this "
+                              "build yet");
+    }
     return expand_hostname(cfg, err);
 }
 

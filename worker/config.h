@@ -25,6 +25,9 @@ struct config {
     char *result_backend; /* redis:// URL */
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
+    /* Celery's result_backend_transport_options, JSON ("": none); checked by
+     * config_validate() with backend_options_parse(). */
+    char *result_backend_transport_options;
     struct opts_list queues;
     char *default_queue;          /* where a follow-up without a route goes */
     struct opts_list task_routes; /* PATTERN=QUEUE, for follow-ups */

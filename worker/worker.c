@@ -126,6 +126,7 @@ static struct delivery *delivery_of(const struct broker *b, struct broker_msg *m
     d->reply_to = m->reply_to;
     d->delivery_mode = m->delivery_mode;
     d->priority = m->priority;
+    d->wire_priority = m->wire_priority;
     d->exchange = m->exchange;
     d->routing_key = m->routing_key;
     d->queue = m->queue;
@@ -573,6 +574,7 @@ static int clients_new(struct worker *w, struct cr_err *err)
     bc.result_expires = cfg->result_expires;
     bc.timeout = cfg->redis_timeout;
     bc.health_check_interval = cfg->redis_health_check_interval;
+    bc.transport_options = cfg->result_backend_transport_options;
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;

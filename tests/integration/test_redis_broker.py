@@ -30,6 +30,25 @@ def rworker(env, *args, opts=None, **kw):
     return env.worker(*extra, *args, **kw)
 
 
+PY_INSPECT = """
+import json, sys
+from celery import Celery
+app = Celery(broker=sys.argv[1])
+app.conf.broker_transport_options = json.loads(sys.argv[2])
+print(json.dumps(getattr(app.control.inspect(timeout=float(sys.argv[4])), sys.argv[3])()))
+"""
+
+
+def py_inspect(env, method, opts=None, timeout=2):
+    """`celery inspect <method>` from a Python process of its own, with the
+    given transport options (a visibility timeout, a key prefix)."""
+    out = subprocess.run(["/usr/bin/python3", "-c", PY_INSPECT, env.backend,
+                          json.dumps(opts or {}), method, str(timeout)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def envelope(task_id, prompt, queue="celery", priority=0, tag=None, eta=None):
     """A task message as kombu 5.2 writes it (protocol 2)."""
     import base64
@@ -118,10 +137,7 @@ def test_eta_task_lease_refreshed_against_a_short_visibility_timeout(env):
     time.sleep(7)
     # A Python client with the same 5 s visibility timeout restores what is
     # older than 5 s on its first poll: our lease keeps the score fresh.
-    subprocess.run(["/usr/bin/python3", "-m", "celery", "-b", env.backend, "inspect", "ping",
-                    "-t", "1"], capture_output=True, timeout=30,
-                   env={"PATH": "/usr/bin:/bin",
-                        "CELERY_BROKER_TRANSPORT_OPTIONS": json.dumps(opts)})
+    assert py_inspect(env, "ping", opts, timeout=1)
     assert env.redis.llen("celery") == 0
     assert r.get(timeout=20) == env.fake.expected_text("later, once")
     time.sleep(0.5)
@@ -167,6 +183,22 @@ def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
     assert all(q["properties"]["delivery_info"].get("redelivered") for q in queued[-2:])
 
 
+def test_cold_stop_restores_the_running_message(env):
+    app = rapp(env)
+    env.fake.script(["latency_ms=8000;tokens=2"])
+    w = rworker(env, "-c", "1")
+    r = app.send_task("llm.generate", args=["cut short"], priority=7)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)   # the second: a cold stop
+    w.wait(30)
+    assert env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0
+    # back at the head of its own bucket (priority 7 -> bucket 6), redelivered
+    back = json.loads(env.redis.lindex("celery" + SEP + "6", -1))
+    assert back["headers"]["id"] == r.id and back["headers"]["redelivered"] is True
+
+
 def test_global_keyprefix(env):
     opts = {"global_keyprefix": "pfx:"}
     app = rapp(env, **opts)
@@ -175,11 +207,10 @@ def test_global_keyprefix(env):
     assert r.get(timeout=20) == env.fake.expected_text("prefixed")
     assert env.redis.exists("pfx:_kombu.binding.celery")
     assert not env.redis.exists("_kombu.binding.celery")
-    out = subprocess.run(["/usr/bin/python3", "-m", "celery", "-b", env.backend, "inspect",
-                          "ping", "-t", "3"], capture_output=True, text=True, timeout=30,
-                         env={"PATH": "/usr/bin:/bin",
-                              "CELERY_BROKER_TRANSPORT_OPTIONS": json.dumps(opts)})
-    assert "pong" in out.stdout, out.stdout + out.stderr
+    replies = py_inspect(env, "ping", opts)
+    assert replies and all(v == {"ok": "pong"} for v in replies.values()), replies
+    # the mailbox and the events channel carry the prefix too
+    assert env.redis.exists("pfx:_kombu.binding.celery.pidbox")
 
 
 def test_dead_letters_land_in_the_redis_dead_letter_queue(env):
