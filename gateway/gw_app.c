@@ -13,7 +13,7 @@
 #include "gw_server.h"
 #include "gw_hub.h"
 #include "gw_sub.h"
-#include "net/amqp.h"
+#include "net/broker.h"
 #include "net/results.h"
 #include "protocol/celery_msg.h"
 #include "protocol/progress.h"
@@ -731,11 +731,9 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     app->bcfg.url = cfg->broker_url;
     app->bcfg.heartbeat = 60;
     app->bcfg.connect_timeout = 5;
-    app->broker = broker_new(loop, &app->bcfg, on_broker_msg, NULL, app);
-    if (!app->broker) {
-        cr_err_set(err, CR_ENOMEM, "out of memory");
+    app->broker = broker_new(loop, &app->bcfg, on_broker_msg, NULL, app, err);
+    if (!app->broker)
         goto fail;
-    }
     /* Declare each queue clients may send to, as Celery's producer does, so a
      * task sent before any worker ran is kept rather than dropped unroutable. */
     for (int i = 0; i < cfg->nqueues; i++) {

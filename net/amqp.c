@@ -8,6 +8,7 @@
  * sends ours every half interval and declares a connection lost after two
  * intervals without a byte from the broker. */
 #include "amqp.h"
+#include "broker_int.h"
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
@@ -40,7 +41,7 @@
 #define RPC_TIMEOUT_S 10
 #define RECONNECT_MAX_MS 30000
 /* Publishes held while the broker blocks publishing, at most (bodies and
- * copies); past it broker_publish() refuses. */
+ * copies); past it rmq_publish() refuses. */
 #define HELD_MAX_BYTES (64u << 20)
 
 struct pending_confirm {
@@ -80,7 +81,7 @@ struct exchange_decl {
 
 /* One AMQP connection: the consuming one or the publishing one. */
 struct link {
-    struct broker *b;
+    struct amqp_broker *b;
     const char *role;             /* "consume" or "publish" */
     amqp_connection_state_t conn; /* NULL while disconnected */
     uv_poll_t *poll;              /* heap: closed asynchronously */
@@ -94,7 +95,8 @@ struct link {
 #define MAX_CONSUMERS 64
 #define MAX_EXCHANGES 16
 
-struct broker {
+struct amqp_broker {
+    struct broker base; /* first: the face (broker_int.h) */
     uv_loop_t *loop;
     struct broker_config cfg;
     broker_msg_fn *on_msg;
@@ -108,9 +110,9 @@ struct broker {
     uint64_t hb_ms;   /* negotiated heartbeat interval, 0: none */
     unsigned generation;
     unsigned long reconnects;
-    int stopping;     /* no reconnect: broker_free() in progress */
+    int stopping;     /* no reconnect: rmq_free() in progress */
     int consuming;    /* consumers active */
-    int nclosed;      /* handles closed by broker_free() so far */
+    int nclosed;      /* handles closed by rmq_free() so far */
     uv_timer_t timer; /* heartbeats and reconnect backoff */
     uv_check_t check; /* drains frames rabbitmq-c buffered during writes */
     /* Sends the acks made during a loop iteration just before the loop waits
@@ -158,28 +160,11 @@ struct broker {
 };
 
 static void pump(struct link *l);
-static void connection_lost(struct broker *b, const char *why);
-static int check_status(struct broker *b, int rc, const char *what);
+static void connection_lost(struct amqp_broker *b, const char *why);
+static int check_status(struct amqp_broker *b, int rc, const char *what);
 static void on_prepare(uv_prepare_t *p);
-
-void broker_msg_free(struct broker_msg *m)
-{
-    if (!m)
-        return;
-    cr_free(m->exchange);
-    cr_free(m->routing_key);
-    cr_free(m->queue);
-    cr_free(m->content_type);
-    cr_free(m->content_encoding);
-    cr_free(m->correlation_id);
-    cr_free(m->reply_to);
-    cr_free(m->expiration);
-    cr_free(m->message_id);
-    cJSON_Delete(m->headers);
-    cr_free(m->headers_err);
-    cr_free(m->body);
-    cr_free(m);
-}
+static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q);
+static void rmq_free(struct amqp_broker *b);
 
 static char *bytes_dup(amqp_bytes_t b)
 {
@@ -262,7 +247,7 @@ static void login_error(amqp_rpc_reply_t r, int sys_errno, char *out, size_t siz
 
 /* After a channel-level error (406, 404) rabbitmq-c has not answered the close;
  * answer it and open the channel again so connecting can go on. */
-static int reopen_channel(struct broker *b, struct cr_err *err)
+static int reopen_channel(struct amqp_broker *b, struct cr_err *err)
 {
     amqp_channel_close_ok_t ok = {0};
     amqp_send_method(b->cons.conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
@@ -272,14 +257,14 @@ static int reopen_channel(struct broker *b, struct cr_err *err)
 
 /* -------------------------------------------------------------- confirms */
 
-static void confirm_push_failed(struct broker *b, struct pending_confirm pc)
+static void confirm_push_failed(struct amqp_broker *b, struct pending_confirm pc)
 {
     if (b->nfailed == b->capfailed) {
         size_t cap = b->capfailed ? b->capfailed * 2 : 16;
         struct pending_confirm *p = cr_realloc(b->failed, cap * sizeof(*p));
         if (!p) {
             /* Out of memory: call it now rather than lose it. */
-            pc.cb(b, 0, pc.privdata);
+            pc.cb(&b->base, 0, pc.privdata);
             return;
         }
         b->failed = p;
@@ -290,17 +275,17 @@ static void confirm_push_failed(struct broker *b, struct pending_confirm pc)
 
 static void on_confirm_timer(uv_timer_t *t)
 {
-    struct broker *b = t->data;
+    struct amqp_broker *b = t->data;
     while (b->nfailed) {
         struct pending_confirm pc = b->failed[0];
         memmove(b->failed, b->failed + 1, (b->nfailed - 1) * sizeof(pc));
         b->nfailed--;
-        pc.cb(b, 0, pc.privdata);
+        pc.cb(&b->base, 0, pc.privdata);
     }
 }
 
 /* Resolves every pending confirm with seq <= tag (multiple) or == tag. */
-static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int ok)
+static void resolve_confirms(struct amqp_broker *b, uint64_t tag, int multiple, int ok)
 {
     /* RabbitMQ may confirm out of publish order (a transient message routed to
      * a non-durable queue, such as an event, is confirmed before an earlier
@@ -314,7 +299,7 @@ static void resolve_confirms(struct broker *b, uint64_t tag, int multiple, int o
         if (!pc.cb || (!multiple && pc.seq != tag))
             continue;
         b->confirms[i].cb = NULL;
-        pc.cb(b, ok, pc.privdata);
+        pc.cb(&b->base, ok, pc.privdata);
         if (!multiple)
             break;
     }
@@ -338,7 +323,7 @@ static void held_release(struct held_publish *h)
 }
 
 /* The held publishes, oldest first, become failed confirms. */
-static void fail_held(struct broker *b)
+static void fail_held(struct amqp_broker *b)
 {
     for (size_t i = b->held_head; i < b->nheld; i++) {
         struct pending_confirm pc = {0, b->held[i].cb, b->held[i].privdata};
@@ -348,7 +333,7 @@ static void fail_held(struct broker *b)
     b->held_head = b->nheld = b->held_bytes = 0;
 }
 
-static void fail_all_confirms(struct broker *b)
+static void fail_all_confirms(struct amqp_broker *b)
 {
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
         if (b->confirms[i].cb) /* NULL: confirmed out of order already */
@@ -364,7 +349,7 @@ static void fail_all_confirms(struct broker *b)
 /* Declares a custom queue (pidbox, add_consumer) with its arguments. With
  * wait = 0 the methods go out without waiting (run time, never blocks); a
  * refusal then closes the channel and the reconnect declares again. */
-static int declare_custom(struct broker *b, const struct broker_queue *q, int wait,
+static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, int wait,
                           struct cr_err *err)
 {
     amqp_pool_t pool;
@@ -434,7 +419,7 @@ out:
 
 /* A task queue as Celery declares it, tolerating one the application declared
  * with other arguments. */
-static int declare_task_queue(struct broker *b, const char *q, struct cr_err *err)
+static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_err *err)
 {
     amqp_rpc_reply_t r;
     struct cr_err e2;
@@ -483,7 +468,7 @@ static int is_task_queue(const struct broker_queue *q)
            !strcmp(q->exchange_type, "direct");
 }
 
-static int declare_consumer(struct broker *b, const struct broker_queue *q, int wait,
+static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q, int wait,
                             struct cr_err *err)
 {
     if (wait && is_task_queue(q))
@@ -491,7 +476,7 @@ static int declare_consumer(struct broker *b, const struct broker_queue *q, int 
     return declare_custom(b, q, wait, err);
 }
 
-static int declare_dead_letters(struct broker *b, struct cr_err *err)
+static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
     if (!b->cfg.dlx)
@@ -519,7 +504,7 @@ static int declare_dead_letters(struct broker *b, struct cr_err *err)
 static void on_poll(uv_poll_t *p, int status, int events)
 {
     struct link *l = p->data;
-    struct broker *b;
+    struct amqp_broker *b;
     char buf[128];
     int soerr = 0;
     socklen_t len = sizeof(soerr);
@@ -551,7 +536,8 @@ static void on_poll_closed(uv_handle_t *h)
 
 /* Answers the oldest pending queue-depth poll. The entry leaves the queue
  * before its callback runs, so the callback may poll again. */
-static void stats_pop(struct broker *b, int ok, uint32_t messages, uint32_t consumers)
+static void stats_pop(struct amqp_broker *b, int ok, uint32_t messages,
+                      uint32_t consumers)
 {
     struct pending_stats ps;
     if (b->stats_head >= b->nstats)
@@ -560,10 +546,10 @@ static void stats_pop(struct broker *b, int ok, uint32_t messages, uint32_t cons
     if (b->stats_head == b->nstats)
         b->stats_head = b->nstats = 0;
     if (ps.cb)
-        ps.cb(b, ok, messages, consumers, ps.privdata);
+        ps.cb(&b->base, ok, messages, consumers, ps.privdata);
 }
 
-static void fail_stats(struct broker *b)
+static void fail_stats(struct amqp_broker *b)
 {
     b->stats_open = 0;
     while (b->stats_head < b->nstats)
@@ -586,7 +572,7 @@ static void link_close(struct link *l)
     l->blocked_why[0] = '\0';
 }
 
-static void teardown(struct broker *b)
+static void teardown(struct amqp_broker *b)
 {
     b->up = 0;
     link_close(&b->pub);
@@ -617,7 +603,7 @@ static amqp_table_entry_t bool_entry(const char *key)
  * of RabbitMQ's extensions we handle (connection.blocked above all: without
  * it RabbitMQ blocks silently) and name the connection. Returns 0 or an error
  * with the reason alone in err. */
-static int link_open(struct broker *b, struct link *l, const struct amqp_url *u,
+static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_url *u,
                      struct cr_err *err)
 {
     amqp_table_entry_t caps[5], props[2];
@@ -671,7 +657,7 @@ static int link_open(struct broker *b, struct link *l, const struct amqp_url *u,
     return 0;
 }
 
-static int link_watch(struct broker *b, struct link *l, struct cr_err *err)
+static int link_watch(struct amqp_broker *b, struct link *l, struct cr_err *err)
 {
     l->poll = cr_malloc(sizeof(*l->poll));
     if (!l->poll || uv_poll_init(b->loop, l->poll, amqp_get_sockfd(l->conn)) != 0) {
@@ -687,7 +673,7 @@ static int link_watch(struct broker *b, struct link *l, struct cr_err *err)
 
 /* The publishing connection: its channel in confirm mode and the exchanges
  * publishes go to, declared on it so that none is overtaken by a publish. */
-static int setup_pub(struct broker *b, struct cr_err *err)
+static int setup_pub(struct amqp_broker *b, struct cr_err *err)
 {
     amqp_connection_state_t c = b->pub.conn;
     amqp_channel_open(c, PUB_CHANNEL);
@@ -708,12 +694,12 @@ static int setup_pub(struct broker *b, struct cr_err *err)
 }
 
 /* The window as basic.qos carries it (16 bits; 0 would mean no limit). */
-static uint16_t prefetch_u16(const struct broker *b)
+static uint16_t prefetch_u16(const struct amqp_broker *b)
 {
     return (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch < 0 ? 0 : b->prefetch);
 }
 
-static int setup_cons(struct broker *b, struct cr_err *err)
+static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 {
     amqp_channel_open(b->cons.conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
@@ -764,7 +750,7 @@ static int setup_cons(struct broker *b, struct cr_err *err)
 
 static void on_timer(uv_timer_t *t);
 
-int broker_connect(struct broker *b, struct cr_err *err)
+static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
 {
     struct amqp_url u;
     char redacted[512];
@@ -797,7 +783,7 @@ int broker_connect(struct broker *b, struct cr_err *err)
     }
     LOG(LOG_INFO, "Connected to %s", redacted);
     if (b->on_conn)
-        b->on_conn(b, 1, b->privdata);
+        b->on_conn(&b->base, 1, b->privdata);
     return 0;
 fail:
     teardown(b);
@@ -805,7 +791,7 @@ fail:
                       e2.msg);
 }
 
-static void lost_heartbeats(struct broker *b, const struct link *l)
+static void lost_heartbeats(struct amqp_broker *b, const struct link *l)
 {
     char why[400];
     snprintf(why, sizeof(why), "no heartbeat from %s for %llu s", b->peer,
@@ -818,7 +804,7 @@ static void lost_heartbeats(struct broker *b, const struct link *l)
  * broker host that vanished). rabbitmq-c notices that only when it is asked
  * to read, so the timer checks too. Ours go out every half interval, as
  * RabbitMQ sends its own, whatever else was written. */
-static void link_heartbeat(struct broker *b, struct link *l, uint64_t now)
+static void link_heartbeat(struct amqp_broker *b, struct link *l, uint64_t now)
 {
     amqp_frame_t f;
 
@@ -839,7 +825,7 @@ static void link_heartbeat(struct broker *b, struct link *l, uint64_t now)
 
 static void on_timer(uv_timer_t *t)
 {
-    struct broker *b = t->data;
+    struct amqp_broker *b = t->data;
     struct cr_err err;
 
     if (b->up) {
@@ -853,7 +839,7 @@ static void on_timer(uv_timer_t *t)
     }
     if (b->stopping)
         return;
-    if (broker_connect(b, &err) == 0) {
+    if (rmq_connect(b, &err) == 0) {
         b->reconnects++;
         return;
     }
@@ -871,7 +857,7 @@ static void on_timer(uv_timer_t *t)
 /* Either connection lost is the broker lost: both close (the broker requeues
  * the unacked deliveries), pending confirms fail, and both open again. Only
  * the first cause is said: later errors are its consequences. */
-static void connection_lost(struct broker *b, const char *why)
+static void connection_lost(struct amqp_broker *b, const char *why)
 {
     if (!b->up)
         return;
@@ -879,7 +865,7 @@ static void connection_lost(struct broker *b, const char *why)
     teardown(b);
     fail_all_confirms(b);
     if (b->on_conn)
-        b->on_conn(b, 0, b->privdata);
+        b->on_conn(&b->base, 0, b->privdata);
     if (b->stopping)
         return;
     b->reconnect_delay_ms = 0;
@@ -888,7 +874,7 @@ static void connection_lost(struct broker *b, const char *why)
 
 /* ---------------------------------------------------------------- frames */
 
-static void start_delivery(struct broker *b, amqp_channel_t channel,
+static void start_delivery(struct amqp_broker *b, amqp_channel_t channel,
                            const amqp_basic_deliver_t *d)
 {
     struct broker_msg *m = cr_calloc(1, sizeof(*m));
@@ -952,7 +938,7 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
         m->delivery_mode = p->delivery_mode;
     if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
-        m->priority = p->priority;
+        m->priority = m->wire_priority = p->priority;
     if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
         /* A bad entry drops only itself: the others (id, task...) stay in
          * m->headers for the dead letter and the FAILURE. */
@@ -963,19 +949,19 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     }
 }
 
-static void finish_delivery(struct broker *b)
+static void finish_delivery(struct amqp_broker *b)
 {
     struct broker_msg *m = b->cur;
     b->cur = NULL;
     if (!m->body)
         m->body = cr_strdup("");
     m->received_ms = uv_now(b->loop);
-    b->on_msg(b, m, b->privdata);
+    b->on_msg(&b->base, m, b->privdata);
 }
 
-static void send_held(struct broker *b);
+static void send_held(struct amqp_broker *b);
 
-static void on_blocked(struct broker *b, struct link *l, const amqp_bytes_t *reason)
+static void on_blocked(struct amqp_broker *b, struct link *l, const amqp_bytes_t *reason)
 {
     if (reason) {
         int was = b->cons.blocked || b->pub.blocked;
@@ -1001,7 +987,7 @@ static void on_blocked(struct broker *b, struct link *l, const amqp_bytes_t *rea
 }
 
 /* Methods both connections may receive. Returns 1 when f was one. */
-static int on_connection_method(struct broker *b, struct link *l, amqp_frame_t *f)
+static int on_connection_method(struct amqp_broker *b, struct link *l, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
     case AMQP_CHANNEL_CLOSE_METHOD: {
@@ -1039,7 +1025,7 @@ static int on_connection_method(struct broker *b, struct link *l, amqp_frame_t *
 
 /* Frames of the publishing connection: confirms, and returns (whose content
  * frames are dropped; nothing is published mandatory). */
-static void on_pub_frame(struct broker *b, amqp_frame_t *f)
+static void on_pub_frame(struct amqp_broker *b, amqp_frame_t *f)
 {
     if (f->frame_type != AMQP_FRAME_METHOD)
         return;
@@ -1068,7 +1054,7 @@ static void on_pub_frame(struct broker *b, amqp_frame_t *f)
     }
 }
 
-static void on_method(struct broker *b, amqp_frame_t *f)
+static void on_method(struct amqp_broker *b, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
     case AMQP_BASIC_DELIVER_METHOD:
@@ -1091,7 +1077,7 @@ static void on_method(struct broker *b, amqp_frame_t *f)
  * close (a polled queue is missing), which is answered and the channel opened
  * again; the broker drops whatever else was sent on it meanwhile, so every
  * poll still pending fails. */
-static void on_stats_frame(struct broker *b, amqp_frame_t *f)
+static void on_stats_frame(struct amqp_broker *b, amqp_frame_t *f)
 {
     if (f->frame_type != AMQP_FRAME_METHOD)
         return;
@@ -1122,7 +1108,7 @@ static void on_stats_frame(struct broker *b, amqp_frame_t *f)
     }
 }
 
-static void on_frame(struct broker *b, amqp_frame_t *f)
+static void on_frame(struct amqp_broker *b, amqp_frame_t *f)
 {
     if (f->channel == STATS_CHANNEL) {
         on_stats_frame(b, f);
@@ -1171,7 +1157,7 @@ static void on_frame(struct broker *b, amqp_frame_t *f)
 
 static void pump(struct link *l)
 {
-    struct broker *b = l->b;
+    struct amqp_broker *b = l->b;
     struct timeval zero = {0, 0};
     char buf[128];
     if (l->in_pump)
@@ -1207,7 +1193,7 @@ static void pump(struct link *l)
 
 static void on_check(uv_check_t *c)
 {
-    struct broker *b = c->data;
+    struct amqp_broker *b = c->data;
     struct link *links[2] = {&b->cons, &b->pub};
     for (int i = 0; i < 2; i++)
         if (links[i]->conn &&
@@ -1217,10 +1203,11 @@ static void on_check(uv_check_t *c)
 
 /* ------------------------------------------------------------ public API */
 
-struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata)
+static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *cfg,
+                                   broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                   void *privdata)
 {
-    struct broker *b = cr_calloc(1, sizeof(*b));
+    struct amqp_broker *b = cr_calloc(1, sizeof(*b));
     if (!b)
         return NULL;
     b->loop = loop;
@@ -1259,8 +1246,8 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
                                  0,
                                  NULL,
                                  0};
-        if (broker_add_consumer(b, &q)) {
-            broker_free(b);
+        if (rmq_add_consumer(b, &q)) {
+            rmq_free(b);
             return NULL;
         }
     }
@@ -1278,7 +1265,7 @@ static void consumer_release(struct consumer *c)
     memset(c, 0, sizeof(*c));
 }
 
-static void send_consume(struct broker *b, struct consumer *c)
+static void send_consume(struct amqp_broker *b, struct consumer *c)
 {
     amqp_basic_consume_t req;
     if (b->cfg.per_consumer_qos && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
@@ -1300,7 +1287,7 @@ static void send_consume(struct broker *b, struct consumer *c)
     c->active = 1;
 }
 
-int broker_add_consumer(struct broker *b, const struct broker_queue *q)
+static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q)
 {
     struct consumer *c;
     char tag[96];
@@ -1335,7 +1322,7 @@ int broker_add_consumer(struct broker *b, const struct broker_queue *q)
     return 0;
 }
 
-int broker_cancel_consumer(struct broker *b, const char *queue)
+static int rmq_cancel_consumer(struct amqp_broker *b, const char *queue)
 {
     for (int i = 0; i < b->nconsumers; i++) {
         struct consumer *c = &b->consumers[i];
@@ -1356,16 +1343,17 @@ int broker_cancel_consumer(struct broker *b, const char *queue)
     return CR_ENOTFOUND;
 }
 
-void broker_each_consumer(const struct broker *b,
-                          void (*fn)(const struct broker_queue *q, void *arg), void *arg)
+static void rmq_each_consumer(const struct amqp_broker *b,
+                              void (*fn)(const struct broker_queue *q, void *arg),
+                              void *arg)
 {
     for (int i = 0; i < b->nconsumers; i++)
         if (!b->consumers[i].q.no_consume)
             fn(&b->consumers[i].q, arg);
 }
 
-int broker_declare_exchange(struct broker *b, const char *name, const char *type,
-                            int durable)
+static int rmq_declare_exchange(struct amqp_broker *b, const char *name, const char *type,
+                                int durable)
 {
     struct exchange_decl *e;
     for (int i = 0; i < b->nexchanges; i++)
@@ -1400,8 +1388,8 @@ int broker_declare_exchange(struct broker *b, const char *name, const char *type
     return 0;
 }
 
-int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
-                       void *privdata)
+static int rmq_queue_stats(struct amqp_broker *b, const char *queue,
+                           broker_queue_stats_fn *cb, void *privdata)
 {
     amqp_queue_declare_t qd;
     int rc;
@@ -1428,14 +1416,14 @@ int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_f
     return 0;
 }
 
-void broker_queue_stats_cancel(struct broker *b, void *privdata)
+static void rmq_queue_stats_cancel(struct amqp_broker *b, void *privdata)
 {
     for (size_t i = b->stats_head; i < b->nstats; i++)
         if (b->stats[i].privdata == privdata)
             b->stats[i].cb = NULL;
 }
 
-void broker_set_prefetch(struct broker *b, int prefetch_count)
+static void rmq_set_prefetch(struct amqp_broker *b, int prefetch_count)
 {
     amqp_basic_qos_t req;
     if (prefetch_count > 65535)
@@ -1455,22 +1443,22 @@ void broker_set_prefetch(struct broker *b, int prefetch_count)
     amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 
-int broker_connected(const struct broker *b)
+static int rmq_connected(const struct amqp_broker *b)
 {
     return b->up;
 }
 
-unsigned broker_generation(const struct broker *b)
+static unsigned rmq_generation(const struct amqp_broker *b)
 {
     return b->generation;
 }
 
-unsigned long broker_reconnects(const struct broker *b)
+static unsigned long rmq_reconnects(const struct amqp_broker *b)
 {
     return b->reconnects;
 }
 
-int broker_blocked(const struct broker *b, const char **why)
+static int rmq_blocked(const struct amqp_broker *b, const char **why)
 {
     const struct link *l = b->pub.blocked ? &b->pub : b->cons.blocked ? &b->cons : NULL;
     if (why)
@@ -1480,7 +1468,7 @@ int broker_blocked(const struct broker *b, const char **why)
 
 /* rc of a write: a failure loses the connection, said once with its cause.
  * Called right after the write, so errno is still the write's. */
-static int check_status(struct broker *b, int rc, const char *what)
+static int check_status(struct amqp_broker *b, int rc, const char *what)
 {
     int e = errno;
     char buf[128], why[200];
@@ -1496,7 +1484,7 @@ static int check_status(struct broker *b, int rc, const char *what)
  * multiple = 1, plus one frame per ack above a delivery still in progress.
  * Returns 0 or the rabbitmq-c status of the first write that failed; the
  * caller decides whether that loses the connection. */
-static int flush_acks(struct broker *b)
+static int flush_acks(struct amqp_broker *b)
 {
     uint64_t upto;
     const uint64_t *singles;
@@ -1521,11 +1509,11 @@ static int flush_acks(struct broker *b)
 
 static void on_prepare(uv_prepare_t *p)
 {
-    struct broker *b = p->data;
+    struct amqp_broker *b = p->data;
     check_status(b, flush_acks(b), "ack");
 }
 
-int broker_ack(struct broker *b, struct broker_msg *m)
+static int rmq_ack(struct amqp_broker *b, struct broker_msg *m)
 {
     int rc;
     if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
@@ -1547,7 +1535,7 @@ int broker_ack(struct broker *b, struct broker_msg *m)
                         "ack");
 }
 
-int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
+static int rmq_reject(struct amqp_broker *b, struct broker_msg *m, int requeue)
 {
     if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
         return 0;
@@ -1564,9 +1552,10 @@ int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
 }
 
 /* Writes one publish on the publishing channel and queues its confirm. */
-static int send_publish(struct broker *b, const char *exchange, const char *routing_key,
-                        const struct broker_props *props, const char *body, size_t len,
-                        broker_confirm_fn *cb, void *privdata)
+static int send_publish(struct amqp_broker *b, const char *exchange,
+                        const char *routing_key, const struct broker_props *props,
+                        const char *body, size_t len, broker_confirm_fn *cb,
+                        void *privdata)
 {
     amqp_basic_properties_t p;
     amqp_pool_t pool;
@@ -1633,9 +1622,10 @@ static int dup_opt(char **dst, const char *src)
 /* Keeps a copy of the publish until the broker unblocks. RabbitMQ would not
  * read it anyway, and written into a socket it does not read it would fill
  * the send buffer, and the next write would block the whole loop. */
-static int hold_publish(struct broker *b, const char *exchange, const char *routing_key,
-                        const struct broker_props *props, const char *body, size_t len,
-                        broker_confirm_fn *cb, void *privdata)
+static int hold_publish(struct amqp_broker *b, const char *exchange,
+                        const char *routing_key, const struct broker_props *props,
+                        const char *body, size_t len, broker_confirm_fn *cb,
+                        void *privdata)
 {
     struct held_publish *h;
     size_t cost = len + 512;
@@ -1682,7 +1672,7 @@ static int hold_publish(struct broker *b, const char *exchange, const char *rout
 
 /* Publishing unblocked: the held publishes go out in order. A failed write
  * loses the connection, which fails the rest. */
-static void send_held(struct broker *b)
+static void send_held(struct amqp_broker *b)
 {
     while (b->up && !b->pub.blocked && b->held_head < b->nheld) {
         struct held_publish h = b->held[b->held_head++];
@@ -1712,9 +1702,10 @@ static void send_held(struct broker *b)
         b->held_head = b->nheld = b->held_bytes = 0;
 }
 
-int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
-                   const struct broker_props *props, const char *body, size_t len,
-                   broker_confirm_fn *cb, void *privdata)
+static int rmq_publish(struct amqp_broker *b, const char *exchange,
+                       const char *routing_key, const struct broker_props *props,
+                       const char *body, size_t len, broker_confirm_fn *cb,
+                       void *privdata)
 {
     if (!b->up)
         return CR_EBROKER;
@@ -1724,7 +1715,7 @@ int broker_publish(struct broker *b, const char *exchange, const char *routing_k
     return send_publish(b, exchange, routing_key, props, body, len, cb, privdata);
 }
 
-void broker_stop_consuming(struct broker *b)
+static void rmq_stop_consuming(struct amqp_broker *b)
 {
     if (!b->up || !b->consuming)
         return;
@@ -1742,7 +1733,7 @@ void broker_stop_consuming(struct broker *b)
 
 static void on_handle_closed(uv_handle_t *h)
 {
-    struct broker *b = h->data;
+    struct amqp_broker *b = h->data;
     /* Four handles are closed; the last one frees. */
     if (++b->nclosed == 4) {
         for (int i = 0; i < b->nconsumers; i++)
@@ -1760,7 +1751,7 @@ static void on_handle_closed(uv_handle_t *h)
     }
 }
 
-void broker_free(struct broker *b)
+static void rmq_free(struct amqp_broker *b)
 {
     if (!b)
         return;
@@ -1788,7 +1779,7 @@ void broker_free(struct broker *b)
     teardown(b);
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
         if (b->confirms[i].cb)
-            b->confirms[i].cb(b, 0, b->confirms[i].privdata);
+            b->confirms[i].cb(&b->base, 0, b->confirms[i].privdata);
     b->confirm_head = b->nconfirms = 0;
     fail_held(b);
     on_confirm_timer(&b->confirm_timer);
@@ -1797,4 +1788,120 @@ void broker_free(struct broker *b)
     uv_close((uv_handle_t *)&b->confirm_timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->check, on_handle_closed);
     uv_close((uv_handle_t *)&b->prepare, on_handle_closed);
+}
+
+/* ------------------------------------------------------------ the face */
+
+#define A(b) ((struct amqp_broker *)(b))
+#define CA(b) ((const struct amqp_broker *)(b))
+
+static int v_connect(struct broker *b, struct cr_err *err)
+{
+    return rmq_connect(A(b), err);
+}
+static int v_connected(const struct broker *b)
+{
+    return rmq_connected(CA(b));
+}
+static unsigned v_generation(const struct broker *b)
+{
+    return rmq_generation(CA(b));
+}
+static unsigned long v_reconnects(const struct broker *b)
+{
+    return rmq_reconnects(CA(b));
+}
+static int v_blocked(const struct broker *b, const char **why)
+{
+    return rmq_blocked(CA(b), why);
+}
+static int v_ack(struct broker *b, struct broker_msg *m)
+{
+    return rmq_ack(A(b), m);
+}
+static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
+{
+    return rmq_reject(A(b), m, requeue);
+}
+static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
+                     const struct broker_props *props, const char *body, size_t len,
+                     broker_confirm_fn *cb, void *privdata)
+{
+    return rmq_publish(A(b), exchange, routing_key, props, body, len, cb, privdata);
+}
+static int v_add_consumer(struct broker *b, const struct broker_queue *q)
+{
+    return rmq_add_consumer(A(b), q);
+}
+static int v_cancel_consumer(struct broker *b, const char *queue)
+{
+    return rmq_cancel_consumer(A(b), queue);
+}
+static void v_each_consumer(const struct broker *b,
+                            void (*fn)(const struct broker_queue *q, void *arg),
+                            void *arg)
+{
+    rmq_each_consumer(CA(b), fn, arg);
+}
+static int v_declare_exchange(struct broker *b, const char *name, const char *type,
+                              int durable)
+{
+    return rmq_declare_exchange(A(b), name, type, durable);
+}
+static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                         void *privdata)
+{
+    return rmq_queue_stats(A(b), queue, cb, privdata);
+}
+static void v_queue_stats_cancel(struct broker *b, void *privdata)
+{
+    rmq_queue_stats_cancel(A(b), privdata);
+}
+static void v_set_prefetch(struct broker *b, int prefetch_count)
+{
+    rmq_set_prefetch(A(b), prefetch_count);
+}
+static void v_stop_consuming(struct broker *b)
+{
+    rmq_stop_consuming(A(b));
+}
+static void v_free(struct broker *b)
+{
+    rmq_free(A(b));
+}
+
+static const struct broker_vtab amqp_vtab = {
+    .name = "amqp",
+    .caps =
+        BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH | BROKER_CAP_PARK,
+    .connect = v_connect,
+    .connected = v_connected,
+    .generation = v_generation,
+    .reconnects = v_reconnects,
+    .blocked = v_blocked,
+    .ack = v_ack,
+    .reject = v_reject,
+    .publish = v_publish,
+    .add_consumer = v_add_consumer,
+    .cancel_consumer = v_cancel_consumer,
+    .each_consumer = v_each_consumer,
+    .declare_exchange = v_declare_exchange,
+    .queue_stats = v_queue_stats,
+    .queue_stats_cancel = v_queue_stats_cancel,
+    .set_prefetch = v_set_prefetch,
+    .stop_consuming = v_stop_consuming,
+    .free = v_free,
+};
+
+struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                               broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                               void *privdata, struct cr_err *err)
+{
+    struct amqp_broker *b = rmq_new(loop, cfg, on_msg, on_conn, privdata);
+    if (!b) {
+        cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
+        return NULL;
+    }
+    b->base.vt = &amqp_vtab;
+    return &b->base;
 }

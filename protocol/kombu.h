@@ -22,9 +22,9 @@
 
 /* ------------------------------------------------------------ options */
 
-#define KOMBU_MAX_STEPS 10   /* priorities are 0..9, so at most ten buckets */
-#define KOMBU_PRIORITY_MAX 9 /* kombu clamps message priorities to 0..9 */
-#define KOMBU_NAME_MAX 256   /* a queue, exchange or key name longer is refused */
+#define KOMBU_MAX_STEPS 10         /* priorities are 0..9, so at most ten buckets */
+#define KOMBU_PRIORITY_MAX 9       /* kombu clamps message priorities to 0..9 */
+#define KOMBU_NAME_MAX 256         /* a queue, exchange or key name longer is refused */
 #define KOMBU_OPTS_MAX_BYTES 65536 /* a longer options document is refused whole */
 
 enum kombu_order {
@@ -40,14 +40,15 @@ struct kombu_opts {
     int steps[KOMBU_MAX_STEPS];  /* priority_steps, ascending, steps[0] == 0:
                                   * {0, 3, 6, 9} */
     int nsteps;
-    char sep[16];                 /* "\x06\x16" */
-    enum kombu_order order;       /* queue_order_strategy: round_robin */
+    char sep[16];                   /* "\x06\x16" */
+    enum kombu_order order;         /* queue_order_strategy: round_robin */
     char keyprefix[KOMBU_NAME_MAX]; /* global_keyprefix: "" */
-    /* fanout_prefix: 1 (true: "/{db}."), 0 (false: none), or a string of
-     * its own in fanout_prefix_str (kombu formats "{db}" in it). */
+    /* fanout_prefix: 1 (true: "/{db}."), 0 (false, or ""; none), or 2: a
+     * string of its own in fanout_prefix_str (kombu formats "{db}" in it; any
+     * other brace but "{{" and "}}" is refused, as Python's format raises). */
     int fanout_prefix;
     char fanout_prefix_str[64];
-    int fanout_patterns; /* 1: "/routing_key" suffix on channels */
+    int fanout_patterns;                    /* 1: "/routing_key" suffix on channels */
     char unacked_key[KOMBU_NAME_MAX];       /* "unacked" */
     char unacked_index_key[KOMBU_NAME_MAX]; /* "unacked_index" */
     char unacked_mutex_key[KOMBU_NAME_MAX]; /* "unacked_mutex" */
@@ -72,7 +73,8 @@ void kombu_opts_init(struct kombu_opts *o);
 /* Parses a broker_transport_options JSON object (len bytes, no NUL needed)
  * over the defaults already in o. Keys kombu accepts for pools and sockets
  * that mean nothing here (max_connections, socket_keepalive, retry_on_timeout,
- * ...) are accepted and ignored. Any other key, a value of the wrong type or
+ * ..., and the publish retry policy max_retries and interval_*) are accepted
+ * and ignored. Any other key, a value of the wrong type or
  * out of range is CR_EINVAL with one line naming the key in err; o is then
  * unspecified. */
 int kombu_opts_parse(struct kombu_opts *o, const char *json, size_t len,
@@ -147,8 +149,9 @@ int kombu_unacked_encode(const char *env, size_t len, const char *exchange,
 
 /* Splits an `unacked` value: *env (new, NUL-terminated, compact or as stored:
  * any JSON text of the envelope) and the exchange and routing key (new).
- * Returns 0, CR_EDECODE (not a 3-array of object, string, string) or
- * CR_ENOMEM; nothing to free on error. */
+ * Returns 0, CR_EDECODE (not a 3-array of object, string, string; a null
+ * exchange or routing key reads "", as kombu routes None as the nameless
+ * exchange) or CR_ENOMEM; nothing to free on error. */
 int kombu_unacked_decode(const char *value, size_t len, char **env, char **exchange,
                          char **routing_key, struct cr_err *err);
 
@@ -173,8 +176,8 @@ int kombu_queue_key(const struct kombu_opts *o, const char *queue, int bucket,
  * from the last sep on when what follows it is a step of o. Writes it into out
  * (NUL-terminated). Returns 0, or CR_EINVAL when the key does not carry the
  * prefix or the queue does not fit in out_size. */
-int kombu_queue_of_key(const struct kombu_opts *o, const char *key, size_t len,
-                       char *out, size_t out_size);
+int kombu_queue_of_key(const struct kombu_opts *o, const char *key, size_t len, char *out,
+                       size_t out_size);
 
 /* The BRPOP arguments for queues given in cycle order: for each step, for
  * each queue, its key; then the timeout (seconds, decimal). Appends each
@@ -198,33 +201,38 @@ void kombu_initial_order(const struct kombu_opts *o, const char **queues, int n_
 /* Appends prefix + "_kombu.binding." + exchange. */
 int kombu_binding_key(const struct kombu_opts *o, const char *exchange, struct buf *out);
 
-/* Appends routing_key + SEP + pattern + SEP + queue (NULL reads ""). The
- * separator of binding members is always "\x06\x16", whatever o->sep. */
-int kombu_binding_member(const char *routing_key, const char *pattern, const char *queue,
-                         struct buf *out);
+/* Appends routing_key + sep + pattern + sep + queue (NULL reads ""). kombu
+ * joins and splits binding members with the channel's sep option, the same
+ * o->sep as the priority lists ("\x06\x16" by default). */
+int kombu_binding_member(const struct kombu_opts *o, const char *routing_key,
+                         const char *pattern, const char *queue, struct buf *out);
 
-/* Splits a binding member into its three fields (pointers into member,
- * lengths in *_len). Returns 0, or CR_EDECODE when it does not have exactly
- * three. */
-int kombu_binding_parse(const char *member, size_t len, const char **routing_key,
-                        size_t *rk_len, const char **pattern, size_t *pattern_len,
-                        const char **queue, size_t *queue_len);
+/* Splits a binding member at o->sep into its three fields (pointers into
+ * member, lengths in *_len). Returns 0, or CR_EDECODE when it does not have
+ * exactly three. */
+int kombu_binding_parse(const struct kombu_opts *o, const char *member, size_t len,
+                        const char **routing_key, size_t *rk_len, const char **pattern,
+                        size_t *pattern_len, const char **queue, size_t *queue_len);
 
 /* kombu's topic binding: the regex kombu stores as the pattern field for a
  * binding key ("task.#" -> "^task\..*?$"), appended. */
 int kombu_topic_pattern(const char *binding_key, struct buf *out);
 
 /* Whether routing_key matches a topic binding key the way kombu's regex does
- * ('#': any run of characters, dots included, possibly empty; '*': one or more
- * characters ending in one that is not a dot, dots allowed before it; words
- * literal). Bounded: O(len(binding_key) * len(routing_key)) time, no
- * allocation; keys longer than KOMBU_NAME_MAX do not match. */
+ * with re.match ('#': any run of characters but a newline, dots included,
+ * possibly empty; '*': one or more characters ending in one that is not a dot,
+ * dots allowed before it; words literal, except that a '*' inside a word
+ * repeats the character before it, as the regex reads it; '$' also matches
+ * before a final newline; a key whose regex does not compile matches nothing;
+ * both keys strict UTF-8, compared by code point). Bounded: O(len(binding_key) *
+ * len(routing_key)) time, no allocation; keys longer than KOMBU_NAME_MAX do not match. */
 int kombu_topic_match(const char *binding_key, size_t bk_len, const char *routing_key,
                       size_t rk_len);
 
 /* The pub/sub channel of a fanout publish: prefix + fanout prefix (with db)
  * + exchange [+ "/" + routing_key when fanout_patterns and the key is not
- * empty], appended. */
+ * empty], appended. A db < 0 leaves "{db}" unformatted: the channel kombu
+ * < 5.4 uses on Sentinel ("/{db}.celery.pidbox"). */
 int kombu_channel(const struct kombu_opts *o, int db, const char *exchange,
                   const char *routing_key, struct buf *out);
 
@@ -236,7 +244,7 @@ int kombu_channel_pattern(const struct kombu_opts *o, int db, const char *exchan
 /* The exchange and routing key a received channel names (prefix stripped;
  * a leading "/..." up to the first '.' dropped; the exchange runs to the
  * first '/'). Written NUL-terminated into the two buffers. Returns 0 or
- * CR_EINVAL (no prefix, or a part does not fit). */
+ * CR_EINVAL (no prefix, no exchange, or a part does not fit). */
 int kombu_channel_parse(const struct kombu_opts *o, const char *channel, size_t len,
                         char *exchange, size_t exchange_size, char *routing_key,
                         size_t rk_size);
@@ -244,7 +252,8 @@ int kombu_channel_parse(const struct kombu_opts *o, const char *channel, size_t 
 /* ------------------------------------------------------------ restore */
 
 /* Whether an `unacked_index` entry with score (Unix seconds) is old enough to
- * restore at now_s: score <= now_s - visibility_timeout. */
+ * restore at now_s: 0 <= score <= now_s - visibility_timeout (the range kombu's
+ * ZREVRANGEBYSCORE reads). */
 int kombu_restore_due(const struct kombu_opts *o, double score, double now_s);
 
 #endif

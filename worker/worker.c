@@ -21,7 +21,7 @@
 #include "events.h"
 #include "llm/llm_client.h"
 #include "metrics.h"
-#include "net/amqp.h"
+#include "net/broker.h"
 #include "net/results.h"
 #include "pidbox.h"
 #include "progress.h"
@@ -73,7 +73,7 @@ static struct worker *worker_of(const struct job *j)
     return engine_ctx(j->e);
 }
 
-/* ---------------------------------------------------- deliveries (AMQP) */
+/* ---------------------------------------------------- deliveries */
 
 static void op_ack(void *ctx, struct delivery *d)
 {
@@ -111,7 +111,7 @@ static void op_release(void *ctx, struct delivery *d)
 
 /* A delivery as the engine sees it: its fields borrowed from m, which it
  * keeps as its tag, and m's header tree moved over. NULL on OOM. */
-static struct delivery *delivery_of(struct broker_msg *m)
+static struct delivery *delivery_of(const struct broker *b, struct broker_msg *m)
 {
     struct delivery *d = cr_calloc(1, sizeof(*d));
     if (!d)
@@ -124,13 +124,18 @@ static struct delivery *delivery_of(struct broker_msg *m)
     d->reply_to = m->reply_to;
     d->delivery_mode = m->delivery_mode;
     d->priority = m->priority;
+    d->wire_priority = m->wire_priority;
     d->exchange = m->exchange;
     d->routing_key = m->routing_key;
     d->queue = m->queue;
     d->redelivered = m->redelivered;
     d->received_ms = m->received_ms;
-    d->caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |
-              DELIVERY_CAP_PARK;
+    _Static_assert(DELIVERY_CAP_CONFIRMS == BROKER_CAP_CONFIRMS &&
+                       DELIVERY_CAP_PRIORITY == BROKER_CAP_PRIORITY &&
+                       DELIVERY_CAP_PREFETCH == BROKER_CAP_PREFETCH &&
+                       DELIVERY_CAP_PARK == BROKER_CAP_PARK,
+                   "broker.h repeats the delivery caps");
+    d->caps = broker_delivery_caps(b);
     d->headers = m->headers;
     m->headers = NULL;
     d->headers_bad = m->headers_bad;
@@ -149,7 +154,7 @@ static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
         pidbox_on_message(w->pidbox, m);
         return;
     }
-    d = delivery_of(m);
+    d = delivery_of(b, m);
     if (!d) {
         LOG(LOG_ERROR, "out of memory receiving a message; requeueing it");
         broker_reject(b, m, 1);
@@ -583,8 +588,11 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
     w->bcfg.dlq = cfg->dead_letter_queue[0] ? cfg->dead_letter_queue : NULL;
     w->bcfg.connection_name = cfg->hostname;
-    w->broker = broker_new(w->loop, &w->bcfg, on_msg, NULL, w);
-    if (!w->broker || (cfg->park_after > 0 && declare_park_queues(w)))
+    w->broker = broker_new(w->loop, &w->bcfg, on_msg, NULL, w, err);
+    if (!w->broker)
+        return err->code;
+    if (cfg->park_after > 0 && (broker_delivery_caps(w->broker) & BROKER_CAP_PARK) &&
+        declare_park_queues(w))
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     return 0;
 }

@@ -14,7 +14,7 @@
 
 #include "config.h"
 #include "engine/engine.h"
-#include "net/amqp.h"
+#include "net/broker.h"
 #include "net/results.h"
 #include "util/clock.h"
 #include "util/redact.h"

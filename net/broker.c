@@ -1,0 +1,156 @@
+/* broker.c -- the broker face: picks a transport by URL scheme and forwards
+ * every call through its table (broker_int.h). */
+#include "broker_int.h"
+
+#include <string.h>
+#include <strings.h>
+
+#include "util/alloc.h"
+
+void broker_msg_free(struct broker_msg *m)
+{
+    if (!m)
+        return;
+    cr_free(m->exchange);
+    cr_free(m->routing_key);
+    cr_free(m->queue);
+    cr_free(m->content_type);
+    cr_free(m->content_encoding);
+    cr_free(m->correlation_id);
+    cr_free(m->reply_to);
+    cr_free(m->expiration);
+    cr_free(m->message_id);
+    cJSON_Delete(m->headers);
+    cr_free(m->headers_err);
+    cr_free(m->body);
+    cr_free(m->tag);
+    cr_free(m);
+}
+
+int broker_url_is_redis(const char *url)
+{
+    static const char *const schemes[] = {"redis://", "rediss://", "redis+socket://",
+                                          "unix://", "sentinel://"};
+    if (!url)
+        return 0;
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
+        if (!strncasecmp(url, schemes[i], strlen(schemes[i])))
+            return 1;
+    }
+    return 0;
+}
+
+struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
+                          struct cr_err *err)
+{
+    if (broker_url_is_redis(cfg->url))
+        return redis_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
+    if (cfg->transport_options && *cfg->transport_options) {
+        cr_err_set(err, CR_EINVAL,
+                   "broker transport options are for a Redis broker; this one is AMQP");
+        return NULL;
+    }
+    return amqp_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
+}
+
+const char *broker_transport(const struct broker *b)
+{
+    return b->vt->name;
+}
+
+unsigned broker_delivery_caps(const struct broker *b)
+{
+    return b->vt->caps;
+}
+
+int broker_connect(struct broker *b, struct cr_err *err)
+{
+    return b->vt->connect(b, err);
+}
+
+int broker_connected(const struct broker *b)
+{
+    return b->vt->connected(b);
+}
+
+unsigned broker_generation(const struct broker *b)
+{
+    return b->vt->generation(b);
+}
+
+unsigned long broker_reconnects(const struct broker *b)
+{
+    return b->vt->reconnects(b);
+}
+
+int broker_blocked(const struct broker *b, const char **why)
+{
+    return b->vt->blocked(b, why);
+}
+
+int broker_ack(struct broker *b, struct broker_msg *m)
+{
+    return b->vt->ack(b, m);
+}
+
+int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
+{
+    return b->vt->reject(b, m, requeue);
+}
+
+int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata)
+{
+    return b->vt->publish(b, exchange, routing_key, props, body, len, cb, privdata);
+}
+
+int broker_add_consumer(struct broker *b, const struct broker_queue *q)
+{
+    return b->vt->add_consumer(b, q);
+}
+
+int broker_cancel_consumer(struct broker *b, const char *queue)
+{
+    return b->vt->cancel_consumer(b, queue);
+}
+
+void broker_each_consumer(const struct broker *b,
+                          void (*fn)(const struct broker_queue *q, void *arg), void *arg)
+{
+    b->vt->each_consumer(b, fn, arg);
+}
+
+int broker_declare_exchange(struct broker *b, const char *name, const char *type,
+                            int durable)
+{
+    return b->vt->declare_exchange(b, name, type, durable);
+}
+
+int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                       void *privdata)
+{
+    return b->vt->queue_stats(b, queue, cb, privdata);
+}
+
+void broker_queue_stats_cancel(struct broker *b, void *privdata)
+{
+    b->vt->queue_stats_cancel(b, privdata);
+}
+
+void broker_set_prefetch(struct broker *b, int prefetch_count)
+{
+    b->vt->set_prefetch(b, prefetch_count);
+}
+
+void broker_stop_consuming(struct broker *b)
+{
+    b->vt->stop_consuming(b);
+}
+
+void broker_free(struct broker *b)
+{
+    if (b)
+        b->vt->free(b);
+}

@@ -1,0 +1,230 @@
+/* broker.h -- the broker face: one API over the transports that carry Celery's
+ * messages, chosen by the URL's scheme.
+ *
+ * - amqp:// and amqps:// (net/amqp.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
+ * - redis://, rediss://, redis+socket://, unix:// and sentinel:// (net/redis_broker.c):
+ *   kombu's Redis transport, as Python producers and workers write it.
+ *
+ * Callers (the worker's switchboard, remote control, events, metrics, the
+ * gateway, the dlq tool) see only this header. A transport fills the same
+ * struct broker_msg for every delivery, with the priority already on the
+ * engine's scale (higher = more urgent, see engine/delivery.h), and says what it
+ * can do through broker_delivery_caps(). Not thread-safe: loop thread only. */
+#ifndef CR_BROKER_H
+#define CR_BROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include <cjson/cJSON.h>
+
+#include "util/err.h"
+
+/* One delivery. The receiver owns it and frees it with broker_msg_free(). */
+struct broker_msg {
+    uint64_t delivery_tag; /* AMQP's; 0 on Redis */
+    unsigned generation;   /* connection it arrived on; acks on another are dropped */
+    int redelivered;
+    char *exchange;
+    char *routing_key;
+    char *queue;          /* the queue whose consumer received it */
+    int no_ack;           /* consumed without acks: broker_ack/reject do nothing */
+    int settled;          /* acked or rejected already: later calls do nothing */
+    uint64_t received_ms; /* loop time the delivery completed */
+    unsigned owner_flags; /* free for the receiver's own bookkeeping */
+    char *content_type;
+    char *content_encoding;
+    char *correlation_id;
+    char *reply_to;
+    char *expiration;
+    char *message_id;
+    int delivery_mode;
+    int priority;      /* on the engine's scale: higher = more urgent */
+    int wire_priority; /* as the message carried it, on the transport's own scale */
+    cJSON *headers;    /* application headers as JSON, or NULL */
+    int headers_bad;   /* an entry of the header table could not be converted
+                        * (headers holds the others) */
+    char *headers_err; /* why, or NULL */
+    char *body;        /* NUL-terminated for convenience; body_len excludes it */
+    size_t body_len;
+    char *tag; /* Redis: kombu's delivery tag (the unacked entry's key); NULL on AMQP */
+};
+
+void broker_msg_free(struct broker_msg *m);
+
+/* Properties for broker_publish(); every pointer borrowed for the call, NULL to
+ * omit the property. */
+struct broker_props {
+    const char *content_type;
+    const char *content_encoding;
+    const char *correlation_id;
+    const char *reply_to;
+    const char *expiration;
+    int delivery_mode; /* 0 omits */
+    int priority;      /* the transport's own scale (what a Celery producer writes on
+                        * that broker: kombu's 0..9 on Redis); < 0 omits */
+    const cJSON *headers;
+    /* Refused (CR_EBROKER) rather than held while the broker blocks
+     * publishing: for messages worth nothing late, such as events. */
+    int no_hold;
+};
+
+struct broker_config {
+    const char *url;     /* amqp://user:pass@host:port/vhost */
+    char *const *queues; /* names to declare and consume */
+    int nqueues;
+    int prefetch_count;          /* basic.qos; 0 = unlimited */
+    int heartbeat;               /* seconds; 0 disables */
+    double connect_timeout;      /* seconds */
+    const char *dlx;             /* dead-letter exchange to declare, or NULL */
+    const char *dlq;             /* its queue, bound with "#" */
+    const char *connection_name; /* shown by the broker (with the role), or NULL */
+    /* 0: one window for the whole task channel (basic.qos global, as Celery
+     * sets it on RabbitMQ), moved live by broker_set_prefetch(). 1: a window
+     * per task consumer (basic.qos global=0 before each basic.consume), so a
+     * queue whose window is full never holds back another queue's messages;
+     * RabbitMQ fixes such a window when the consumer starts, so a new count
+     * applies from the next consume (reconnect, add_consumer) on. */
+    int per_consumer_qos;
+    /* Redis: Celery's broker_transport_options as a JSON object (visibility
+     * timeout, priority steps, global_keyprefix, master_name, ...), or NULL.
+     * broker_new() refuses an AMQP URL given any. */
+    const char *transport_options;
+    size_t max_message_bytes; /* Redis: a larger envelope is refused; 0: none */
+};
+
+struct broker;
+
+/* Takes m. Called for each complete delivery. */
+typedef void broker_msg_fn(struct broker *b, struct broker_msg *m, void *privdata);
+/* up = 1 after every successful (re)connect, 0 when the connection is lost. */
+typedef void broker_conn_fn(struct broker *b, int up, void *privdata);
+/* Publisher confirm for one broker_publish(): ok = 1 when the broker took the
+ * message, 0 on nack or connection loss. Called exactly once per accepted
+ * publish, never from inside broker_publish(). */
+typedef void broker_confirm_fn(struct broker *b, int ok, void *privdata);
+
+/* Returns a new broker (not yet connected) of the transport cfg->url names, or
+ * NULL with err set: CR_EINVAL for a URL or transport options it refuses (one
+ * line, password redacted), CR_ENOMEM. The config strings are borrowed and must
+ * outlive the broker. */
+struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
+                          struct cr_err *err);
+
+/* 1 when url names a Redis transport (redis, rediss, redis+socket, unix,
+ * sentinel), else 0 (AMQP). */
+int broker_url_is_redis(const char *url);
+
+/* "amqp" or "redis": for logs, and for what differs on the wire (events go
+ * to a fanout exchange on Redis, as Celery switches them). */
+const char *broker_transport(const struct broker *b);
+
+/* What this transport's deliveries can do: DELIVERY_CAP_* of engine/delivery.h
+ * (same values, repeated here so net/ needs no engine header). */
+#define BROKER_CAP_CONFIRMS 1u
+#define BROKER_CAP_PRIORITY 2u
+#define BROKER_CAP_PREFETCH 4u
+#define BROKER_CAP_PARK 8u
+unsigned broker_delivery_caps(const struct broker *b);
+
+/* Connects, declares, sets qos and starts consuming. Blocking (bounded by the
+ * connect timeout and a 10 s RPC timeout); call at start-up. Returns 0 or an
+ * error with a one-line reason (password redacted) in err. */
+int broker_connect(struct broker *b, struct cr_err *err);
+
+/* After a lost connection the broker reconnects by itself with backoff; this
+ * says whether it is connected now. */
+int broker_connected(const struct broker *b);
+unsigned broker_generation(const struct broker *b);
+/* Number of reconnects since start. */
+unsigned long broker_reconnects(const struct broker *b);
+/* 1 while the broker blocks publishing (connection.blocked: a memory or disk
+ * alarm), with its reason in *why when why is not NULL (borrowed, valid until
+ * the next call into the broker); 0 otherwise. */
+int broker_blocked(const struct broker *b, const char **why);
+
+/* Acks or rejects a delivery. A message from an older connection generation is
+ * silently skipped (the broker already requeued it), and so is a second settle
+ * of the same delivery (m->settled). m is not kept: it may be freed on return.
+ *
+ * An ack is batched: it is recorded now and sent before the loop next waits for
+ * I/O, together with the other acks of the iteration, as one basic.ack with
+ * multiple = 1 where the deliveries below it are all settled (or one frame each
+ * above a delivery still in progress), and by broker_free() at the latest. A
+ * connection lost before then drops it, and the broker redelivers. A reject is
+ * sent at once. Returns 0 or CR_EBROKER (a write failed now: the connection is
+ * being re-established). */
+int broker_ack(struct broker *b, struct broker_msg *m);
+int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
+
+/* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
+ * or an error (cb never called). While the broker blocks publishing the
+ * message is copied and held, in order, and sent when it unblocks (cb waits);
+ * held past a bound (or with props->no_hold) it is refused with CR_EBROKER. */
+int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata);
+
+/* A queue to declare (with its exchange and binding) and consume. */
+struct broker_queue {
+    const char *name;
+    const char *exchange;      /* NULL or "": bind nothing */
+    const char *exchange_type; /* "direct", "fanout" or "topic" */
+    int exchange_durable;
+    const char *routing_key; /* binding key */
+    int durable;
+    int exclusive;
+    int auto_delete;
+    const cJSON *arguments; /* queue arguments (x-expires, ...), or NULL */
+    int no_ack;
+    int no_consume; /* declare (and redeclare on reconnect) but never consume */
+};
+
+/* Adds a consumer (everything in q is copied). It is declared and consumed on
+ * every (re)connect; while connected the declarations and basic.consume go out
+ * at once without waiting for replies, so this never blocks. A queue already
+ * consumed is left as it is. Returns 0, or CR_ENOMEM / CR_ERANGE (too many). */
+int broker_add_consumer(struct broker *b, const struct broker_queue *q);
+/* Stops consuming a queue (basic.cancel) and forgets it. Returns 0, or
+ * CR_ENOTFOUND when the queue is not consumed. */
+int broker_cancel_consumer(struct broker *b, const char *queue);
+/* Names of the consumed queues, for inspect active_queues: calls fn for each. */
+void broker_each_consumer(const struct broker *b,
+                          void (*fn)(const struct broker_queue *q, void *arg), void *arg);
+
+/* Declares an exchange now (nowait) and on every reconnect. Returns 0 or CR_ENOMEM. */
+int broker_declare_exchange(struct broker *b, const char *name, const char *type,
+                            int durable);
+
+/* The answer to one broker_queue_stats(): ok = 1 with the queue's ready
+ * message count and consumer count; ok = 0 when the queue does not exist or
+ * the connection was lost. */
+typedef void broker_queue_stats_fn(struct broker *b, int ok, uint32_t messages,
+                                   uint32_t consumers, void *privdata);
+/* Polls a queue's depth with a passive queue.declare on a second channel, sent
+ * without waiting, so a missing queue (which closes the channel it was asked
+ * on) never disturbs the channel that consumes and acks. cb is called exactly
+ * once, never from inside this call, unless cancelled first. Returns 0, or
+ * CR_EBROKER (not connected, or the poll channel is reopening after an error)
+ * or CR_ENOMEM, and then cb is never called. */
+int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                       void *privdata);
+/* Drops the pending polls made with privdata: their callbacks are never
+ * called (for an owner freed before the broker). */
+void broker_queue_stats_cancel(struct broker *b, void *privdata);
+
+/* Sets basic.qos prefetch_count (sent without waiting): at once for the
+ * channel-wide window, from the next consume on with per_consumer_qos. */
+void broker_set_prefetch(struct broker *b, int prefetch_count);
+
+/* Stops consuming task queues (basic.cancel on every consumer with acks, sent
+ * without waiting). */
+void broker_stop_consuming(struct broker *b);
+
+/* Sends the acks still batched, closes the connections (unacked deliveries go
+ * back to their queues) and frees. Pending confirms and held publishes are
+ * called with ok = 0. NULL is a no-op. */
+void broker_free(struct broker *b);
+
+#endif

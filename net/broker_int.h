@@ -1,0 +1,52 @@
+/* broker_int.h -- what a transport implements behind net/broker.h. For the
+ * transports (net/amqp.c, net/redis_broker.c) and net/broker.c only.
+ *
+ * A transport's handle begins with a struct broker whose vt points at its
+ * table; broker.c forwards every broker_*() call through it. Each entry has the
+ * contract of the broker_*() function of the same name in broker.h. */
+#ifndef CR_BROKER_INT_H
+#define CR_BROKER_INT_H
+
+#include "broker.h"
+
+struct broker_vtab {
+    const char *name; /* broker_transport() */
+    unsigned caps;    /* broker_delivery_caps() */
+    int (*connect)(struct broker *b, struct cr_err *err);
+    int (*connected)(const struct broker *b);
+    unsigned (*generation)(const struct broker *b);
+    unsigned long (*reconnects)(const struct broker *b);
+    int (*blocked)(const struct broker *b, const char **why);
+    int (*ack)(struct broker *b, struct broker_msg *m);
+    int (*reject)(struct broker *b, struct broker_msg *m, int requeue);
+    int (*publish)(struct broker *b, const char *exchange, const char *routing_key,
+                   const struct broker_props *props, const char *body, size_t len,
+                   broker_confirm_fn *cb, void *privdata);
+    int (*add_consumer)(struct broker *b, const struct broker_queue *q);
+    int (*cancel_consumer)(struct broker *b, const char *queue);
+    void (*each_consumer)(const struct broker *b,
+                          void (*fn)(const struct broker_queue *q, void *arg), void *arg);
+    int (*declare_exchange)(struct broker *b, const char *name, const char *type,
+                            int durable);
+    int (*queue_stats)(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                       void *privdata);
+    void (*queue_stats_cancel)(struct broker *b, void *privdata);
+    void (*set_prefetch)(struct broker *b, int prefetch_count);
+    void (*stop_consuming)(struct broker *b);
+    void (*free)(struct broker *b);
+};
+
+struct broker {
+    const struct broker_vtab *vt;
+};
+
+/* The transports' constructors (broker_new() picks one by URL). Same contract
+ * as broker_new(). */
+struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                               broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                               void *privdata, struct cr_err *err);
+struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                                broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                void *privdata, struct cr_err *err);
+
+#endif
