@@ -60,22 +60,88 @@ static redisReply *cmd(struct rdlq *r, int argc, const char **argv, const size_t
     return rep;
 }
 
+/* Asks the sentinels in turn where the master named in the transport
+ * options is; on success host and port hold it. */
+static int find_master(struct rdlq *r, const struct redis_url *u, char *host, size_t size,
+                       int *port)
+{
+    struct timeval tv = {2, 0};
+    if (!r->ko.master_name[0]) {
+        fprintf(stderr, "celeriac dlq: a sentinel:// broker needs master_name in "
+                        "--broker-transport-options\n");
+        return 2;
+    }
+    for (int i = 0; i < u->n_sentinels; i++) {
+        redisContext *c =
+            redisConnectWithTimeout(u->sentinels[i].host, u->sentinels[i].port, tv);
+        redisReply *rep = NULL;
+        if (c && !c->err) {
+            redisSetTimeout(c, tv);
+            if (r->ko.sentinel_password[0]) {
+                const char *argv[3] = {"AUTH",
+                                       r->ko.sentinel_username[0]
+                                           ? r->ko.sentinel_username
+                                           : r->ko.sentinel_password,
+                                       r->ko.sentinel_password};
+                rep = redisCommandArgv(c, r->ko.sentinel_username[0] ? 3 : 2, argv, NULL);
+                if (rep)
+                    freeReplyObject(rep);
+            }
+            {
+                const char *argv[3] = {"SENTINEL", "get-master-addr-by-name",
+                                       r->ko.master_name};
+                rep = redisCommandArgv(c, 3, argv, NULL);
+            }
+        }
+        if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+            rep->element[0]->type == REDIS_REPLY_STRING &&
+            rep->element[1]->type == REDIS_REPLY_STRING) {
+            snprintf(host, size, "%s", rep->element[0]->str);
+            long v = strtol(rep->element[1]->str, NULL, 10);
+            *port = v > 0 && v < 65536 ? (int)v : REDIS_DEFAULT_PORT;
+            freeReplyObject(rep);
+            redisFree(c);
+            return 0;
+        }
+        if (rep)
+            freeReplyObject(rep);
+        if (c)
+            redisFree(c);
+    }
+    fprintf(stderr, "celeriac dlq: no sentinel knows a master named '%s'\n",
+            r->ko.master_name);
+    return 1;
+}
+
 static int open_redis(struct rdlq *r, const char *url)
 {
     struct redis_url u;
     struct cr_err err;
     struct timeval tv = {5, 0};
     redisReply *rep;
+    char host[256];
+    int port, rc;
 
     memset(&err, 0, sizeof(err));
     if (redis_url_parse(&u, url, "broker", &err)) {
         fprintf(stderr, "celeriac dlq: %s\n", err.msg);
         return 2;
     }
-    r->c = redisConnectWithTimeout(u.host, u.port, tv);
+    if (u.tls.on) {
+        fprintf(stderr, "celeriac dlq: rediss:// is not supported by this build\n");
+        return 2;
+    }
+    snprintf(host, sizeof(host), "%s", u.host);
+    port = u.port;
+    if (u.kind == REDIS_URL_SENTINEL &&
+        (rc = find_master(r, &u, host, sizeof(host), &port)))
+        return rc;
+    r->c = u.kind == REDIS_URL_UNIX ? redisConnectUnixWithTimeout(u.socket_path, tv)
+                                    : redisConnectWithTimeout(host, port, tv);
     if (!r->c || r->c->err) {
-        fprintf(stderr, "celeriac dlq: cannot connect to Redis at %s:%d: %s\n", u.host,
-                u.port, r->c ? r->c->errstr : "out of memory");
+        fprintf(stderr, "celeriac dlq: cannot connect to Redis at %s: %s\n",
+                u.kind == REDIS_URL_UNIX ? u.socket_path : host,
+                r->c ? r->c->errstr : "out of memory");
         return 1;
     }
     redisSetTimeout(r->c, tv);

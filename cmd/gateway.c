@@ -19,6 +19,7 @@
 
 struct gw_opts {
     char *broker;
+    char *broker_transport_options;
     char *backend;
     char *host;
     long port;
@@ -41,7 +42,13 @@ struct gw_opts {
  * it generates into the README). */
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
-     "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP broker URL"},
+     "amqp://guest:guest@localhost:5672//", 0, 0,
+     "broker URL (amqp://, redis://, sentinel://)"},
+    {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
+     OFF(broker_transport_options), NULL, 0, 0,
+     "Redis broker: Celery's broker_transport_options as JSON (master_name, "
+     "global_keyprefix, ...)",
+     "JSON"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPTS_STR, OFF(backend),
      "redis://localhost:6379/0", 0, 0, "Redis result backend URL"},
     {"redis-timeout", 0, "CELERIAC_REDIS_TIMEOUT", OPTS_LONG, OFF(redis_timeout), "120",
@@ -153,6 +160,7 @@ int cmd_gateway(int argc, char **argv)
     }
     log_threshold = log_level_parse(o.loglevel);
     cfg.broker_url = o.broker;
+    cfg.broker_transport_options = o.broker_transport_options;
     cfg.backend_url = o.backend;
     cfg.redis_timeout = (double)o.redis_timeout;
     cfg.redis_health_check_interval = (double)o.redis_health_check_interval;

@@ -729,6 +729,7 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     if (!app->sub)
         goto fail;
     app->bcfg.url = cfg->broker_url;
+    app->bcfg.transport_options = cfg->broker_transport_options;
     app->bcfg.heartbeat = 60;
     app->bcfg.connect_timeout = 5;
     app->broker = broker_new(loop, &app->bcfg, on_broker_msg, NULL, app, err);

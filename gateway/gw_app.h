@@ -1,6 +1,6 @@
 /* gw_app.h -- the gateway: HTTP endpoints and progress WebSockets wired to
- * RabbitMQ (broker.h, publisher confirms), the result backend (backend.h) and
- * one Redis pub/sub connection (gw_sub.h), all on one libuv loop. */
+ * the broker (net/broker.h: RabbitMQ or Redis, publishes confirmed), the result backend
+ * (backend.h) and one Redis pub/sub connection (gw_sub.h), all on one libuv loop. */
 #ifndef CR_GW_APP_H
 #define CR_GW_APP_H
 
@@ -11,6 +11,7 @@
 
 struct gw_app_config {
     const char *broker_url;
+    const char *broker_transport_options; /* Redis broker: JSON, or NULL */
     const char *backend_url;
     double redis_timeout;               /* seconds; 0: none (see backend.h) */
     double redis_health_check_interval; /* seconds; 0: never */

@@ -1057,7 +1057,10 @@ cJSON *pidbox_stats_new(const struct pidbox_stats *st)
                       cJSON_CreateString(b->transport[0] ? b->transport : "amqp"));
         rc = rc ? rc
                 : add(br, "connect_timeout", py_json_float(st->broker_connect_timeout));
-        rc = rc ? rc : add(br, "transport_options", cJSON_CreateObject());
+        rc = rc ? rc
+                : add(br, "transport_options",
+                      st->transport_options ? cJSON_Duplicate(st->transport_options, 1)
+                                            : cJSON_CreateObject());
         rc = rc ? rc : add(br, "login_method", cJSON_CreateString("PLAIN"));
         rc = rc ? rc : add(br, "uri_prefix", cJSON_CreateNull());
         rc = rc ? rc : add(br, "heartbeat", py_json_float((double)st->broker_heartbeat));

@@ -184,6 +184,7 @@ struct pidbox_stats {
     int max_concurrency;
     double soft_time_limit, hard_time_limit; /* pool "timeouts" */
     const struct pidbox_broker_info *broker;
+    const cJSON *transport_options; /* copied into broker; NULL writes {} */
     int broker_heartbeat;
     double broker_connect_timeout;
     int prefetch_count;

@@ -17,7 +17,8 @@
 
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
-     "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP broker URL"},
+     "amqp://guest:guest@localhost:5672//", 0, 0,
+     "broker URL (amqp://, redis://, sentinel://)"},
     {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
      OFF(broker_transport_options), "", 0, 0,
      "Redis broker: Celery's broker_transport_options as JSON, e.g. "

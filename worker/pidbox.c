@@ -434,6 +434,7 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     struct pidbox_rusage ru;
     struct rusage r;
     struct totals_arg ta = {cJSON_CreateObject(), 0};
+    cJSON *topts = NULL;
     (void)args;
 
     if (!ta.o)
@@ -456,6 +457,11 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     st.soft_time_limit = w->cfg->soft_time_limit;
     st.hard_time_limit = w->cfg->time_limit;
     st.broker = &bi;
+    /* As Celery shows them, less the sentinels' credentials. */
+    if (w->cfg->broker_transport_options && *w->cfg->broker_transport_options &&
+        (topts = cJSON_Parse(w->cfg->broker_transport_options)) != NULL)
+        cJSON_DeleteItemFromObjectCaseSensitive(topts, "sentinel_kwargs");
+    st.transport_options = cJSON_IsObject(topts) ? topts : NULL;
     st.broker_heartbeat = w->cfg->heartbeat;
     st.broker_connect_timeout = w->bcfg->connect_timeout;
     st.prefetch_count = es.prefetch_count;
@@ -481,6 +487,7 @@ static int cmd_stats(struct pidbox *pb, const cJSON *args, cJSON **reply)
     }
     *reply = pidbox_stats_new(&st);
     cJSON_Delete(ta.o);
+    cJSON_Delete(topts);
     return *reply ? 0 : CR_ENOMEM;
 }
 

@@ -213,8 +213,11 @@ static void write_entries(struct progress *p, struct ptask *t, const struct entr
         e[ne++] = in[i];
     buf_init(&key);
     buf_init(&mkey);
-    if (buf_printf(&key, "%s%s", PROGRESS_KEY_PREFIX, t->j->tm.id) ||
-        buf_printf(&mkey, "%s%s", BACKEND_META_PREFIX, t->j->tm.id))
+    /* Under the result backend's global_keyprefix, as the metas it stores. */
+    if (buf_printf(&key, "%s%s%s", backend_key_prefix(p->w->backend), PROGRESS_KEY_PREFIX,
+                   t->j->tm.id) ||
+        buf_printf(&mkey, "%s%s%s", backend_key_prefix(p->w->backend),
+                   BACKEND_META_PREFIX, t->j->tm.id))
         goto oom;
     t->n += ne;
     /* The writer's identity in the stream: host, process and run number. */

@@ -46,6 +46,7 @@ def test_results_over_sentinel_read_by_celery(env, cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_failover_during_1000_tasks_keeps_every_result(env, tmp_path):
     """SENTINEL FAILOVER while 1,000 quick tasks store their results: the
     worker follows the switch (+switch-master, or the demoted master's
@@ -172,3 +173,55 @@ def test_start_up_errors(env, backend, options, says):
                        env=e, capture_output=True, text=True, timeout=30)
     assert p.returncode != 0
     assert says in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_broker_over_sentinel_failover_during_1000_tasks(env, tmp_path):
+    """Broker and result backend both on one Sentinel-managed master (dbs of
+    their own), 1,000 tasks published by a Python producer through the
+    sentinels, SENTINEL FAILOVER while the worker consumes them: the worker
+    moves its three broker connections and the backend to the new master and
+    every task ends with exactly one final result there, none lost. A task
+    popped on the old master after the promotion is still in the new master's
+    list and runs again: its one final state is SUCCESS all the same."""
+    n = 1000
+    cluster = SentinelCluster(tmp_path / "sentinel", sentinel_password="sentinel-secret",
+                              min_replicas_to_write=1).start()
+    try:
+        broker_db = env.db + 16
+        opts = cluster.transport_options()
+        app = env.make_app(broker=cluster.url(db=broker_db),
+                           broker_transport_options=opts,
+                           result_backend=cluster.url(db=env.db),
+                           result_backend_transport_options=opts)
+        results = [app.send_task("celery.accumulate", args=[i]) for i in range(n)]
+        old = cluster.master_addr()
+        old_client = cluster.master_client(env.db)
+        w = env.worker("-b", cluster.url(db=broker_db), "--broker-transport-options",
+                       json.dumps(opts), "--result-backend", cluster.url(db=env.db),
+                       "--result-backend-transport-options", json.dumps(opts), "-c", "20")
+        wait_until(lambda: len(old_client.keys("celery-task-meta-*")) >= 100, 30,
+                   interval=0.01, what="the first results")
+        new = cluster.failover()
+        assert new != old
+        new_client = cluster.master_client(env.db)
+        # The failover fell while tasks were still being consumed.
+        assert len(new_client.keys("celery-task-meta-*")) < n
+
+        def stored():
+            keys = ["celery-task-meta-" + r.id for r in results]
+            return all(new_client.mget(keys))
+        wait_until(stored, 60, interval=0.2, what="every result on the new master")
+        for i, r in enumerate(results):
+            meta = json.loads(new_client.get("celery-task-meta-" + r.id))
+            assert meta["status"] == "SUCCESS", meta
+            assert meta["result"] == [i]
+        broker = cluster.master_client(broker_db)
+        wait_until(lambda: sum(broker.llen(k) for k in
+                               ("celery", "celery\x06\x163", "celery\x06\x166",
+                                "celery\x06\x169")) == 0 and broker.hlen("unacked") == 0,
+                   30, what="every task taken and acked on the new master")
+        assert w.proc.poll() is None
+        app.close()
+    finally:
+        cluster.stop()
