@@ -146,6 +146,7 @@ def seqs(msgs):
 # ---------------------------------------------------------------- streaming
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_python_client_task_watched_live(env, gateway):
     env.worker()
     gw = gateway()
@@ -275,6 +276,7 @@ def test_unregistered_task_ends_with_its_error_without_stream(env, gateway):
 # ---------------------------------------------------------------- HTTP API
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_submit_is_a_real_celery_message(env, gateway):
     env.worker()
     gw = gateway()
@@ -291,6 +293,7 @@ def test_submit_is_a_real_celery_message(env, gateway):
     assert st == 200 and out["state"] == "PENDING" and out["ready"] is False
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_task_sent_before_any_worker_is_kept(env, gateway):
     # the gateway declares its queues as Celery's producer does
     gw = gateway("-Q", "celery,fresh")
