@@ -56,6 +56,7 @@ def test_generate_options(env):
     assert env.fake.stats()[-1]["body"]["model"] == "default-model"
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_chat_and_embed(env):
     env.worker()
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello there"}]
@@ -71,6 +72,7 @@ def test_chat_and_embed(env):
     assert env.fake.stats()[-1]["path"] == "/v1/embeddings"
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_accumulate_and_alias(env):
     env.worker("--task-alias", "tasks.process_llm_request=llm.generate")
     assert env.app.send_task("celery.accumulate", args=[1, 2, 3]).get(timeout=20) == [1, 2, 3]
@@ -242,6 +244,7 @@ def test_long_prompts_arrive_whole(env):
         assert text == seen[p]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_thousand_concurrent_tasks(env):
     env.worker("-c", "1000", "--loglevel", "warning")
     env.fake.script(["latency_ms=1000;tokens=4"] * 1000)

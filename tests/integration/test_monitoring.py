@@ -514,6 +514,7 @@ def test_revoke_before_start(env, events):
     assert env.fake.stats() == []
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_revoke_terminate_mid_stream_stores_partial_text(env, events):
     from celery.exceptions import TaskRevokedError
     w = env.worker("-E")

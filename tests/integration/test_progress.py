@@ -99,6 +99,7 @@ def test_attempts_without_text_still_open_and_close(env):
     assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_failure_ends_the_stream_with_its_error(env):
     env.worker("--max-retries", "0")
     env.fake.script(["tps=200;tokens=30;status=400"])

@@ -83,6 +83,7 @@ def test_retry_honours_retry_after_then_succeeds(env):
     assert 0.7 <= gap2 < 1.7, gap2       # retry-after-ms wins over everything
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_backoff_policy_delays(env):
     env.worker(*FAST, "--max-retries", "3")
     env.fake.script(["status=500"] * 3 + ["tokens=3"])
