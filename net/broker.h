@@ -23,7 +23,10 @@
 /* One delivery. The receiver owns it and frees it with broker_msg_free(). */
 struct broker_msg {
     uint64_t delivery_tag; /* AMQP's; 0 on Redis */
-    unsigned generation;   /* connection it arrived on; acks on another are dropped */
+    /* AMQP: the connection it arrived on; acks on another are dropped.
+     * Redis: always 1 (a delivery's record lives in Redis, not in a
+     * connection, so it stays settleable across reconnects). */
+    unsigned generation;
     int redelivered;
     char *exchange;
     char *routing_key;
@@ -39,7 +42,9 @@ struct broker_msg {
     char *expiration;
     char *message_id;
     int delivery_mode;
-    int priority;      /* on the engine's scale: higher = more urgent */
+    /* On the engine's scale: higher = more urgent (Redis: kombu's 0..9, where
+     * 0 is the most urgent, inverted). */
+    int priority;
     cJSON *headers;    /* application headers as JSON, or NULL */
     int headers_bad;   /* an entry of the header table could not be converted
                         * (headers holds the others) */
@@ -68,7 +73,7 @@ struct broker_props {
 };
 
 struct broker_config {
-    const char *url;     /* amqp://user:pass@host:port/vhost */
+    const char *url;     /* amqp://user:pass@host:port/vhost, or redis://... */
     char *const *queues; /* names to declare and consume */
     int nqueues;
     int prefetch_count;          /* basic.qos; 0 = unlimited */
@@ -128,18 +133,24 @@ unsigned broker_delivery_caps(const struct broker *b);
 
 /* Connects, declares, sets qos and starts consuming. Blocking (bounded by the
  * connect timeout and a 10 s RPC timeout); call at start-up. Returns 0 or an
- * error with a one-line reason (password redacted) in err. */
+ * error with a one-line reason (password redacted) in err.
+ * Redis: waits for its three connections (BRPOP, commands, pub/sub); the
+ * bindings (`_kombu.binding.*` members) of every consumed queue and of the
+ * dead-letter queue are written, a first restore of dead workers' messages
+ * runs, and BRPOP starts from the loop. */
 int broker_connect(struct broker *b, struct cr_err *err);
 
 /* After a lost connection the broker reconnects by itself with backoff; this
- * says whether it is connected now. */
+ * says whether it is connected now (Redis: all three connections up). The
+ * generation changes with each AMQP connection, never on Redis. */
 int broker_connected(const struct broker *b);
 unsigned broker_generation(const struct broker *b);
 /* Number of reconnects since start. */
 unsigned long broker_reconnects(const struct broker *b);
 /* 1 while the broker blocks publishing (connection.blocked: a memory or disk
  * alarm), with its reason in *why when why is not NULL (borrowed, valid until
- * the next call into the broker); 0 otherwise. */
+ * the next call into the broker); 0 otherwise. Redis: always 0 (a refused
+ * write fails its publish instead). */
 int broker_blocked(const struct broker *b, const char **why);
 
 /* Acks or rejects a delivery. A message from an older connection generation is
@@ -152,14 +163,31 @@ int broker_blocked(const struct broker *b, const char **why);
  * above a delivery still in progress), and by broker_free() at the latest. A
  * connection lost before then drops it, and the broker redelivers. A reject is
  * sent at once. Returns 0 or CR_EBROKER (a write failed now: the connection is
- * being re-established). */
+ * being re-established).
+ *
+ * Redis: an ack removes the delivery's record (MULTI ZREM unacked_index /
+ * HDEL unacked / EXEC, the iteration's acks in one transaction); one made
+ * while the connection is down is sent when it is back. reject(requeue = 0)
+ * is an ack. reject(requeue = 1) puts the message back on its own priority
+ * list with the redelivered flags, in one script that also removes the
+ * record, and only if the record is unchanged: at the tail (LPUSH, kombu's
+ * requeue) while consuming, at the head (RPUSH, kombu's restore) after
+ * broker_stop_consuming(), so that other workers take it at once. */
 int broker_ack(struct broker *b, struct broker_msg *m);
 int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
 
 /* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
  * or an error (cb never called). While the broker blocks publishing the
  * message is copied and held, in order, and sent when it unblocks (cb waits);
- * held past a bound (or with props->no_hold) it is refused with CR_EBROKER. */
+ * held past a bound (or with props->no_hold) it is refused with CR_EBROKER.
+ *
+ * Redis: a kombu envelope with a fresh uuid4 delivery tag. Exchange "": LPUSH
+ * to the routing key's queue (its priority bucket); a fanout exchange
+ * (declared so, or celery.pidbox / celeryev): PUBLISH on its channel; any
+ * other: the queues its binding set names (direct: equal key; topic: kombu's
+ * match), none matching drops it as kombu does (ok = 1). The confirm is
+ * Redis's reply (ok = 0 on an error reply or a lost connection); nothing is
+ * ever held. CR_EBROKER while the commands connection is down. */
 int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
                    const struct broker_props *props, const char *body, size_t len,
                    broker_confirm_fn *cb, void *privdata);
@@ -182,16 +210,25 @@ struct broker_queue {
 /* Adds a consumer (everything in q is copied). It is declared and consumed on
  * every (re)connect; while connected the declarations and basic.consume go out
  * at once without waiting for replies, so this never blocks. A queue already
- * consumed is left as it is. Returns 0, or CR_ENOMEM / CR_ERANGE (too many). */
+ * consumed is left as it is. Returns 0, or CR_ENOMEM / CR_ERANGE (too many).
+ * Redis: the declaration is the binding member (SADD); a fanout queue is
+ * consumed with PSUBSCRIBE (deliveries no_ack), any other joins the BRPOP
+ * from its next round (a no_ack one without records). Queue arguments,
+ * durability and exclusivity mean nothing there. */
 int broker_add_consumer(struct broker *b, const struct broker_queue *q);
 /* Stops consuming a queue (basic.cancel) and forgets it. Returns 0, or
- * CR_ENOTFOUND when the queue is not consumed. */
+ * CR_ENOTFOUND when the queue is not consumed. Redis: leaves the BRPOP; a
+ * fanout or auto-delete queue's binding is removed (SREM) and its pattern
+ * unsubscribed, a task queue's binding stays (restores through its exchange
+ * need it). */
 int broker_cancel_consumer(struct broker *b, const char *queue);
 /* Names of the consumed queues, for inspect active_queues: calls fn for each. */
 void broker_each_consumer(const struct broker *b,
                           void (*fn)(const struct broker_queue *q, void *arg), void *arg);
 
-/* Declares an exchange now (nowait) and on every reconnect. Returns 0 or CR_ENOMEM. */
+/* Declares an exchange now (nowait) and on every reconnect. Returns 0 or CR_ENOMEM.
+ * Redis: remembered only (its type routes publishes), as kombu keeps
+ * exchanges in memory; CR_ERANGE past a bound. */
 int broker_declare_exchange(struct broker *b, const char *name, const char *type,
                             int durable);
 
@@ -205,7 +242,10 @@ typedef void broker_queue_stats_fn(struct broker *b, int ok, uint32_t messages,
  * on) never disturbs the channel that consumes and acks. cb is called exactly
  * once, never from inside this call, unless cancelled first. Returns 0, or
  * CR_EBROKER (not connected, or the poll channel is reopening after an error)
- * or CR_ENOMEM, and then cb is never called. */
+ * or CR_ENOMEM, and then cb is never called.
+ * Redis: the sum of LLEN over the queue's priority lists (one transaction);
+ * consumers is always 0 (Redis does not know them); a missing queue is an
+ * empty one (ok = 1, 0 messages). */
 int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
                        void *privdata);
 /* Drops the pending polls made with privdata: their callbacks are never
@@ -213,16 +253,25 @@ int broker_queue_stats(struct broker *b, const char *queue, broker_queue_stats_f
 void broker_queue_stats_cancel(struct broker *b, void *privdata);
 
 /* Sets basic.qos prefetch_count (sent without waiting): at once for the
- * channel-wide window, from the next consume on with per_consumer_qos. */
+ * channel-wide window, from the next consume on with per_consumer_qos.
+ * Redis: the next BRPOP goes only while popped-but-unsettled deliveries are
+ * fewer (0: no bound), one window for all queues. */
 void broker_set_prefetch(struct broker *b, int prefetch_count);
 
 /* Stops consuming task queues (basic.cancel on every consumer with acks, sent
- * without waiting). */
+ * without waiting). Redis: no BRPOP after this; the one blocked is ended
+ * (CLIENT UNBLOCK) and a message it still returns goes back to the head of
+ * its list; from now on a requeue is a restore (see broker_reject()). */
 void broker_stop_consuming(struct broker *b);
 
 /* Sends the acks still batched, closes the connections (unacked deliveries go
  * back to their queues) and frees. Pending confirms and held publishes are
- * called with ok = 0. NULL is a no-op. */
+ * called with ok = 0. NULL is a no-op.
+ * Redis: a delivery's record outlives the connections, so the unsettled ones
+ * are restored here (to the head of their lists, redelivered) and the
+ * mailbox's binding removed; this runs the loop until Redis has answered,
+ * 3 s at most (the owner's loop is ending). What is still unrestored comes
+ * back after the visibility timeout. */
 void broker_free(struct broker *b);
 
 #endif

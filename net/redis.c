@@ -10,23 +10,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "util/alloc.h"
 
 /* ------------------------------------------------------------ URL (pure) */
 
-/* The URL as messages may show it: whatever stands for a password (after
- * the user's ':', or the whole of "secret@") becomes "**". */
-static void shown_url(const char *url, const char *at, const char *colon, char *out,
-                      size_t size)
+/* The entry as messages may show it: whatever stands for a password (after
+ * the user's ':', or the whole of "secret@") becomes "**". scheme_len: the
+ * bytes of "redis://" or its kin at the start of url. */
+static void shown_url(const char *url, size_t scheme_len, const char *at,
+                      const char *colon, char *out, size_t size)
 {
     if (!at)
-        snprintf(out, size, "%s", url);
+        snprintf(out, size, "%.*s", (int)(size - 1), url);
     else if (colon)
         snprintf(out, size, "%.*s:**%s", (int)(colon - url), url, at);
     else
-        snprintf(out, size, "redis://**%s", at);
+        snprintf(out, size, "%.*s**%s", (int)scheme_len, url, at);
 }
 
 /* Copies [s, s+n) into out (size bytes); 0, or -1 when it does not fit. */
@@ -39,74 +41,324 @@ static int copy_part(char *out, size_t size, const char *s, size_t n)
     return 0;
 }
 
-int redis_url_parse(struct redis_url *out, const char *url, const char *what,
-                    struct cr_err *err)
+static int hexval(int ch)
 {
-    const char *p, *at, *colon = NULL, *hostend;
-    char shown[512];
-    size_t len;
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch = tolower(ch);
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
 
-    memset(out, 0, sizeof(*out));
-    snprintf(out->host, sizeof(out->host), "localhost");
-    out->port = REDIS_DEFAULT_PORT;
-    if (strncmp(url, "redis://", 8))
-        return cr_err_set(err, CR_EINVAL, "unsupported %s URL (want redis://)", what);
-    len = strnlen(url, REDIS_URL_MAX_BYTES + 1);
-    if (len > REDIS_URL_MAX_BYTES)
-        return cr_err_set(err, CR_EINVAL, "%s URL too long (over %d bytes)", what,
-                          REDIS_URL_MAX_BYTES);
-    p = url + 8;
-    at = strrchr(p, '@');
-    if (at)
-        colon = memchr(p, ':', (size_t)(at - p));
-    shown_url(url, at, colon, shown, sizeof(shown));
-    if (at) {
-        /* redis://password@host is how some clients spell it. */
-        const char *pw = colon ? colon + 1 : p;
-        if (colon && copy_part(out->user, sizeof(out->user), p, (size_t)(colon - p)))
-            return cr_err_set(err, CR_EINVAL, "%s URL user name too long in '%s'", what,
-                              shown);
-        if (copy_part(out->password, sizeof(out->password), pw, (size_t)(at - pw)))
-            return cr_err_set(err, CR_EINVAL, "%s URL password too long in '%s'", what,
-                              shown);
-        p = at + 1;
+/* Copies the query value [s, s+n) into out, %XX and '+' decoded as Python's
+ * parse_qs does; 0, or -1 when it does not fit. */
+static int copy_decoded(char *out, size_t size, const char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)s[i];
+        if (ch == '%' && i + 2 < n && hexval((unsigned char)s[i + 1]) >= 0 &&
+            hexval((unsigned char)s[i + 2]) >= 0) {
+            ch = hexval((unsigned char)s[i + 1]) * 16 + hexval((unsigned char)s[i + 2]);
+            i += 2;
+        } else if (ch == '+') {
+            ch = ' ';
+        }
+        if (o + 1 >= size)
+            return -1;
+        out[o++] = (char)ch;
     }
+    out[o] = '\0';
+    return 0;
+}
+
+/* A database number: decimal 0..INT_MAX, the whole of [s, s+n). */
+static int parse_db(const char *s, size_t n, int *db)
+{
+    long v = 0;
+    if (!n || n > 10)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v > INT_MAX)
+        return -1;
+    *db = (int)v;
+    return 0;
+}
+
+static int key_is(const char *k, size_t kn, const char *name)
+{
+    return kn == strlen(name) && !memcmp(k, name, kn);
+}
+
+/* One key=value of the query. */
+static int query_pair(struct redis_url *out, const char *k, size_t kn, const char *v,
+                      size_t vn, const char *what, const char *shown, struct cr_err *err)
+{
+    char val[512];
+    if (copy_decoded(val, sizeof(val), v, vn))
+        return cr_err_set(err, CR_EINVAL, "%s URL option '%.*s' too long in '%s'", what,
+                          (int)kn, k, shown);
+    if (out->kind == REDIS_URL_UNIX) {
+        if (key_is(k, kn, "virtual_host") || key_is(k, kn, "db")) {
+            if (parse_db(val, strlen(val), &out->db))
+                return cr_err_set(err, CR_EINVAL, "invalid database in %s URL '%s'", what,
+                                  shown);
+        } else if (key_is(k, kn, "password")) {
+            snprintf(out->password, sizeof(out->password), "%s", val);
+        }
+        return 0;
+    }
+    if (!out->tls.on)
+        return 0;
+    if (key_is(k, kn, "ssl_cert_reqs")) {
+        const char *s = strncmp(val, "CERT_", 5) ? val : val + 5;
+        if (!strcasecmp(s, "required"))
+            out->tls.cert_reqs = REDIS_TLS_VERIFY_REQUIRED;
+        else if (!strcasecmp(s, "optional"))
+            out->tls.cert_reqs = REDIS_TLS_VERIFY_OPTIONAL;
+        else if (!strcasecmp(s, "none"))
+            out->tls.cert_reqs = REDIS_TLS_VERIFY_NONE;
+        else
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid ssl_cert_reqs '%s' in %s URL (want required, "
+                              "optional or none)",
+                              val, what);
+        out->tls.cert_reqs_given = 1;
+    } else if (key_is(k, kn, "ssl_check_hostname")) {
+        if (!strcasecmp(val, "true") || !strcmp(val, "1") || !strcasecmp(val, "yes"))
+            out->tls.check_hostname = 1;
+        else if (!strcasecmp(val, "false") || !strcmp(val, "0") || !strcasecmp(val, "no"))
+            out->tls.check_hostname = 0;
+        else
+            return cr_err_set(err, CR_EINVAL,
+                              "invalid ssl_check_hostname '%s' in %s URL (want true or "
+                              "false)",
+                              val, what);
+    } else if (key_is(k, kn, "ssl_ca_certs")) {
+        snprintf(out->tls.ca_certs, sizeof(out->tls.ca_certs), "%s", val);
+    } else if (key_is(k, kn, "ssl_certfile")) {
+        snprintf(out->tls.certfile, sizeof(out->tls.certfile), "%s", val);
+    } else if (key_is(k, kn, "ssl_keyfile")) {
+        snprintf(out->tls.keyfile, sizeof(out->tls.keyfile), "%s", val);
+    }
+    return 0;
+}
+
+/* The query after '?' (q points past it), up to end. */
+static int parse_query(struct redis_url *out, const char *q, const char *end,
+                       const char *what, const char *shown, struct cr_err *err)
+{
+    while (q < end) {
+        const char *amp = memchr(q, '&', (size_t)(end - q));
+        const char *stop = amp ? amp : end;
+        const char *eq = memchr(q, '=', (size_t)(stop - q));
+        if (eq && query_pair(out, q, (size_t)(eq - q), eq + 1, (size_t)(stop - eq - 1),
+                             what, shown, err))
+            return err->code;
+        q = stop + (amp ? 1 : 0);
+    }
+    return 0;
+}
+
+/* host[:port][/db] of one entry, from p (past the credentials) to end; the
+ * query, if any, is left at *query. */
+static int parse_host(const char *p, const char *end, char *host, size_t host_size,
+                      int *port, int *db, const char **query, const char *what,
+                      const char *shown, struct cr_err *err)
+{
+    const char *hostend;
     if (*p == '[') { /* [v6]:port */
-        const char *close = strchr(p, ']');
-        if (!close || close == p + 1 || (close[1] && !strchr(":/?", close[1])))
+        const char *close = memchr(p, ']', (size_t)(end - p));
+        if (!close || close == p + 1 || (close + 1 < end && !strchr(":/?", close[1])))
             return cr_err_set(err, CR_EINVAL, "invalid IPv6 host in %s URL '%s'", what,
                               shown);
-        if (copy_part(out->host, sizeof(out->host), p + 1, (size_t)(close - p - 1)))
+        if (copy_part(host, host_size, p + 1, (size_t)(close - p - 1)))
             return cr_err_set(err, CR_EINVAL, "%s host name too long in '%s'", what,
                               shown);
         hostend = close + 1;
     } else {
-        hostend = p + strcspn(p, ":/?");
-        if (hostend > p &&
-            copy_part(out->host, sizeof(out->host), p, (size_t)(hostend - p)))
+        hostend = p;
+        while (hostend < end && !strchr(":/?", *hostend))
+            hostend++;
+        if (hostend > p && copy_part(host, host_size, p, (size_t)(hostend - p)))
             return cr_err_set(err, CR_EINVAL, "%s host name too long in '%s'", what,
                               shown);
     }
     p = hostend;
-    if (*p == ':') {
-        char *end = NULL;
-        long port = isdigit((unsigned char)p[1]) ? strtol(p + 1, &end, 10) : 0;
-        if (port <= 0 || port > 65535 || (*end && *end != '/' && *end != '?'))
+    if (p < end && *p == ':') {
+        long v = 0;
+        const char *d = p + 1;
+        while (d < end && isdigit((unsigned char)*d) && v <= 65535)
+            v = v * 10 + (*d++ - '0');
+        if (d == p + 1 || v <= 0 || v > 65535 || (d < end && *d != '/' && *d != '?'))
             return cr_err_set(err, CR_EINVAL, "invalid port in %s URL '%s'", what, shown);
-        out->port = (int)port;
-        p = end;
+        *port = (int)v;
+        p = d;
     }
-    if (*p == '/' && p[1] && p[1] != '?') {
-        char *end = NULL;
-        long db;
-        errno = 0;
-        db = isdigit((unsigned char)p[1]) ? strtol(p + 1, &end, 10) : -1;
-        if (db < 0 || errno || db > INT_MAX || (*end && *end != '?'))
+    if (p < end && *p == '/' && p + 1 < end && p[1] != '?') {
+        const char *q = memchr(p, '?', (size_t)(end - p));
+        const char *dbend = q ? q : end;
+        if (parse_db(p + 1, (size_t)(dbend - p - 1), db))
             return cr_err_set(err, CR_EINVAL, "invalid database in %s URL '%s'", what,
                               shown);
-        out->db = (int)db;
+        p = dbend;
     }
+    *query = memchr(p, '?', (size_t)(end - p));
     return 0;
+}
+
+/* Credentials from scheme_len to the last '@' of [url, end). */
+static int parse_creds(const char *url, const char *end, size_t scheme_len, char *user,
+                       size_t user_size, char *password, size_t password_size,
+                       const char **rest, char *shown, size_t shown_size,
+                       const char *what, struct cr_err *err)
+{
+    const char *p = url + scheme_len, *at = NULL, *colon = NULL;
+    char entry[REDIS_URL_MAX_BYTES + 1];
+    for (const char *s = p; s < end; s++)
+        if (*s == '@')
+            at = s;
+    if (at)
+        colon = memchr(p, ':', (size_t)(at - p));
+    memcpy(entry, url, (size_t)(end - url));
+    entry[end - url] = '\0';
+    shown_url(entry, scheme_len, at ? entry + (at - url) : NULL,
+              colon ? entry + (colon - url) : NULL, shown, shown_size);
+    *rest = p;
+    if (!at)
+        return 0;
+    /* redis://password@host is how some clients spell it. */
+    {
+        const char *pw = colon ? colon + 1 : p;
+        if (colon && copy_part(user, user_size, p, (size_t)(colon - p)))
+            return cr_err_set(err, CR_EINVAL, "%s URL user name too long in '%s'", what,
+                              shown);
+        if (copy_part(password, password_size, pw, (size_t)(at - pw)))
+            return cr_err_set(err, CR_EINVAL, "%s URL password too long in '%s'", what,
+                              shown);
+    }
+    *rest = at + 1;
+    return 0;
+}
+
+static int parse_sentinels(struct redis_url *out, const char *url, const char *what,
+                           struct cr_err *err)
+{
+    const char *p = url;
+    char shown[512];
+    for (;;) {
+        const char *semi = strchr(p, ';');
+        const char *end = semi ? semi : p + strlen(p), *rest, *query;
+        struct redis_url_sentinel *s;
+        char user[256] = "", password[512] = "";
+        int db = 0;
+
+        if (strncmp(p, "sentinel://", 11) || end < p + 11)
+            return cr_err_set(err, CR_EINVAL,
+                              "%s URL entry %d is not sentinel:// (each ';' entry must "
+                              "be)",
+                              what, out->n_sentinels + 1);
+        if (out->n_sentinels == REDIS_URL_MAX_SENTINELS)
+            return cr_err_set(err, CR_EINVAL, "%s URL lists more than %d sentinels", what,
+                              REDIS_URL_MAX_SENTINELS);
+        s = &out->sentinels[out->n_sentinels];
+        snprintf(s->host, sizeof(s->host), "localhost");
+        s->port = REDIS_SENTINEL_DEFAULT_PORT;
+        if (parse_creds(p, end, 11, user, sizeof(user), password, sizeof(password), &rest,
+                        shown, sizeof(shown), what, err) ||
+            parse_host(rest, end, s->host, sizeof(s->host), &s->port, &db, &query, what,
+                       shown, err))
+            return err->code;
+        if (out->n_sentinels == 0) {
+            memcpy(out->user, user, sizeof(user));
+            memcpy(out->password, password, sizeof(password));
+            out->db = db;
+        }
+        out->n_sentinels++;
+        if (!semi)
+            break;
+        p = semi + 1;
+    }
+    memcpy(out->host, out->sentinels[0].host, sizeof(out->host));
+    out->port = out->sentinels[0].port;
+    return 0;
+}
+
+int redis_url_parse_flags(struct redis_url *out, const char *url, const char *what,
+                          int flags, struct cr_err *err)
+{
+    const char *end, *rest, *query = NULL;
+    char shown[512];
+    size_t len, scheme_len;
+
+    memset(out, 0, sizeof(*out));
+    snprintf(out->host, sizeof(out->host), "localhost");
+    out->port = REDIS_DEFAULT_PORT;
+    out->tls.check_hostname = -1;
+    len = strnlen(url, REDIS_URL_MAX_BYTES + 1);
+    if (!strncmp(url, "redis://", 8)) {
+        scheme_len = 8;
+    } else if (!strncmp(url, "rediss://", 9)) {
+        scheme_len = 9;
+        out->tls.on = 1;
+    } else if (!strncmp(url, "redis+socket://", 15) || !strncmp(url, "unix://", 7)) {
+        out->kind = REDIS_URL_UNIX;
+        scheme_len = url[0] == 'u' ? 7 : 15;
+    } else if (!strncmp(url, "sentinel://", 11)) {
+        out->kind = REDIS_URL_SENTINEL;
+        scheme_len = 11;
+    } else {
+        return cr_err_set(err, CR_EINVAL,
+                          "unsupported %s URL (want redis://, rediss://, "
+                          "redis+socket://, unix:// or sentinel://)",
+                          what);
+    }
+    if (len > REDIS_URL_MAX_BYTES)
+        return cr_err_set(err, CR_EINVAL, "%s URL too long (over %d bytes)", what,
+                          REDIS_URL_MAX_BYTES);
+    end = url + len;
+    if (out->kind == REDIS_URL_SENTINEL)
+        return parse_sentinels(out, url, what, err);
+    if (out->kind == REDIS_URL_UNIX) {
+        const char *path = url + scheme_len, *q = strchr(path, '?');
+        size_t n = q ? (size_t)(q - path) : strlen(path);
+        if (path[0] != '/' || n < 2)
+            return cr_err_set(err, CR_EINVAL,
+                              "%s URL '%s' names no socket path (want "
+                              "redis+socket:///path/to.sock)",
+                              what, url);
+        if (copy_part(out->socket_path, sizeof(out->socket_path), path, n))
+            return cr_err_set(err, CR_EINVAL,
+                              "%s URL socket path too long (over %zu "
+                              "bytes)",
+                              what, sizeof(out->socket_path) - 1);
+        /* The query may hold a password: never quote it. */
+        snprintf(shown, sizeof(shown), "%.*s", (int)(scheme_len + n), url);
+        return q ? parse_query(out, q + 1, end, what, shown, err) : 0;
+    }
+    if (parse_creds(url, end, scheme_len, out->user, sizeof(out->user), out->password,
+                    sizeof(out->password), &rest, shown, sizeof(shown), what, err) ||
+        parse_host(rest, end, out->host, sizeof(out->host), &out->port, &out->db, &query,
+                   what, shown, err))
+        return err->code;
+    if (query && parse_query(out, query + 1, end, what, shown, err))
+        return err->code;
+    if (out->tls.on && !out->tls.cert_reqs_given && (flags & REDIS_URL_TLS_STRICT))
+        return cr_err_set(err, CR_EINVAL,
+                          "%s URL is rediss:// without ssl_cert_reqs: add "
+                          "?ssl_cert_reqs=required (or optional, or none) as Celery "
+                          "requires",
+                          what);
+    return 0;
+}
+
+int redis_url_parse(struct redis_url *out, const char *url, const char *what,
+                    struct cr_err *err)
+{
+    return redis_url_parse_flags(out, url, what, 0, err);
 }
 
 /* ------------------------------------------------------------ libuv glue */
@@ -230,12 +482,24 @@ struct redis_conn {
     struct redis_url url;
     uint64_t timeout_ms; /* 0: none */
     uint64_t health_ms;  /* 0: no probe */
+    uint64_t connect_ms;
     int probe_argc;
     const char *const *probe_argv;
     int (*handshake_passes)(const char *error);
     int say_refusals;
     redis_conn_event_fn *on_event;
     void *privdata;
+
+    /* sentinel:// only */
+    char master_name[256];
+    char sentinel_user[256];
+    char sentinel_password[512];
+    int order[REDIS_URL_MAX_SENTINELS]; /* url.sentinels[], the last that answered first
+                                         */
+    redisAsyncContext *disc; /* asking order[disc_at] for the master, or NULL */
+    int disc_at;
+    char disc_why[200];          /* why the last sentinel asked did not tell */
+    redisAsyncContext *watch_ac; /* SUBSCRIBEd to +switch-master, or NULL */
 
     redisAsyncContext *ac; /* NULL while disconnected */
     int up;                /* Redis answered the handshake: commands may be sent */
@@ -264,6 +528,7 @@ struct redis_conn {
 static const char *const ping_argv[] = {"PING"};
 
 static void start_connect(struct redis_conn *c);
+static void start_switch_watch(struct redis_conn *c);
 
 static void emit(struct redis_conn *c, enum redis_conn_event ev, const char *why,
                  int refused, int loud)
@@ -401,6 +666,7 @@ static void connection_up(struct redis_conn *c)
     c->heard_ms = uv_now(c->loop);
     if (c->health_ms)
         watch_by(c, c->heard_ms + c->health_ms);
+    start_switch_watch(c);
     emit(c, REDIS_CONN_UP, NULL, 0, 0);
 }
 
@@ -430,6 +696,39 @@ static void on_handshake(redisAsyncContext *ac, void *r, void *privdata)
         connection_up(c);
 }
 
+/* The reply to ROLE, on sentinel:// connections: the server must say it is
+ * the master, else the attempt fails and the next one asks the sentinels
+ * again (they may not have noticed a failover yet). */
+static void on_role(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct redis_conn *c = privdata;
+    redisReply *reply = r, *first;
+    char why[sizeof(c->last_error)];
+
+    if (c->freeing || ac != c->ac || !reply || c->up)
+        return;
+    first =
+        reply->type == REDIS_REPLY_ARRAY && reply->elements ? reply->element[0] : NULL;
+    if (first &&
+        (first->type == REDIS_REPLY_STRING || first->type == REDIS_REPLY_STATUS) &&
+        first->len == 6 && !memcmp(first->str, "master", 6)) {
+        if (--c->handshake == 0)
+            connection_up(c);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR)
+        snprintf(why, sizeof(why), "ROLE refused by %.60s:%d: %.100s", c->url.host,
+                 c->url.port, reply->str);
+    else
+        snprintf(why, sizeof(why),
+                 "%.60s:%d, named by the sentinels, is not a master (ROLE "
+                 "says %.20s)",
+                 c->url.host, c->url.port,
+                 first && first->type == REDIS_REPLY_STRING ? first->str : "?");
+    drop_connection(c);
+    connect_failed(c, why, 0);
+}
+
 static void on_connect(const redisAsyncContext *cac, int status)
 {
     struct redis_conn *c = cac->data;
@@ -457,6 +756,12 @@ static void on_connect(const redisAsyncContext *cac, int status)
     }
     if (c->url.db) {
         redisAsyncCommand(ac, on_handshake, c, "SELECT %d", c->url.db);
+        c->handshake++;
+    }
+    if (c->url.kind == REDIS_URL_SENTINEL) {
+        /* A sentinel's answer may be stale (a failover under way, or a
+         * sentinel cut off from the others): only the server knows. */
+        redisAsyncCommand(ac, on_role, c, "ROLE");
         c->handshake++;
     }
     if (!c->handshake) {
@@ -498,13 +803,17 @@ static void on_connect_timeout(uv_timer_t *t)
     }
 }
 
-static void start_connect(struct redis_conn *c)
+static void ask_sentinel(struct redis_conn *c);
+
+/* Connects to the server itself: the URL's, or the master a sentinel named. */
+static void connect_server(struct redis_conn *c)
 {
     redisAsyncContext *ac;
 
-    if (c->freeing || c->ac)
-        return;
-    ac = redisAsyncConnect(c->url.host, c->url.port);
+    if (c->url.kind == REDIS_URL_UNIX)
+        ac = redisAsyncConnectUnix(c->url.socket_path);
+    else
+        ac = redisAsyncConnect(c->url.host, c->url.port);
     if (!ac || ac->err) {
         char why[sizeof(c->last_error)];
         snprintf(why, sizeof(why), "%s", ac ? ac->errstr : "out of memory");
@@ -522,7 +831,262 @@ static void start_connect(struct redis_conn *c)
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     c->ac = ac;
-    uv_timer_start(&c->timer, on_connect_timeout, CONNECT_TIMEOUT_MS, 0);
+    uv_timer_start(&c->timer, on_connect_timeout, c->connect_ms, 0);
+}
+
+static void start_connect(struct redis_conn *c)
+{
+    if (c->freeing || c->ac || c->disc)
+        return;
+    if (c->url.kind == REDIS_URL_SENTINEL) {
+        c->disc_at = 0;
+        c->disc_why[0] = '\0';
+        ask_sentinel(c);
+        return;
+    }
+    connect_server(c);
+}
+
+/* ------------------------------------------------------------ sentinel */
+
+/* Asks the sentinel at c->order[c->disc_at] where the master is, over a
+ * connection of its own, closed once it has answered. Each step below is a
+ * hiredis callback; a failure moves on to the next sentinel, and when none is
+ * left the attempt fails like a refused connect (then the backoff, then the
+ * first sentinel again). */
+static void next_sentinel(struct redis_conn *c, const char *why)
+{
+    const struct redis_url_sentinel *s = &c->url.sentinels[c->order[c->disc_at]];
+    snprintf(c->disc_why, sizeof(c->disc_why), "sentinel %s:%d: %.140s", s->host, s->port,
+             why);
+    c->disc_at++;
+    ask_sentinel(c);
+}
+
+/* Ends the discovery connection; safe inside its callbacks (hiredis defers). */
+static void drop_disc(struct redis_conn *c)
+{
+    redisAsyncContext *ac = c->disc;
+    c->disc = NULL;
+    if (ac) {
+        ac->data = NULL;
+        redisAsyncFree(ac);
+    }
+}
+
+static void on_disc_timeout(uv_timer_t *t)
+{
+    struct redis_conn *c = t->data;
+    if (!c->disc)
+        return;
+    drop_disc(c);
+    next_sentinel(c, "timed out");
+}
+
+static void on_disc_auth(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct redis_conn *c = privdata;
+    redisReply *reply = r;
+    char why[160];
+    if (c->freeing || ac != c->disc || !reply || reply->type != REDIS_REPLY_ERROR)
+        return;
+    snprintf(why, sizeof(why), "AUTH refused: %.120s", reply->str);
+    drop_disc(c);
+    next_sentinel(c, why);
+}
+
+/* The reply to SENTINEL get-master-addr-by-name: [ip, port], or nil for a
+ * name the sentinel does not monitor. Bounded: only a two-element array of
+ * short strings is taken. */
+static void on_disc_addr(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct redis_conn *c = privdata;
+    redisReply *reply = r;
+    char host[sizeof(c->url.host)], why[160];
+    long port = 0;
+
+    if (c->freeing || ac != c->disc || !reply)
+        return;
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+        reply->element[0]->type == REDIS_REPLY_STRING &&
+        reply->element[1]->type == REDIS_REPLY_STRING && reply->element[0]->len &&
+        reply->element[0]->len < sizeof(host) && reply->element[1]->len < 6) {
+        char *end;
+        memcpy(host, reply->element[0]->str, reply->element[0]->len);
+        host[reply->element[0]->len] = '\0';
+        port = strtol(reply->element[1]->str, &end, 10);
+        if (*end || port <= 0 || port > 65535)
+            port = 0;
+    }
+    if (!port) {
+        if (reply->type == REDIS_REPLY_ERROR)
+            snprintf(why, sizeof(why), "%.140s", reply->str);
+        else if (reply->type == REDIS_REPLY_NIL)
+            snprintf(why, sizeof(why), "does not know master '%.100s'", c->master_name);
+        else
+            snprintf(why, sizeof(why), "unexpected reply to get-master-addr-by-name");
+        drop_disc(c);
+        next_sentinel(c, why);
+        return;
+    }
+    drop_disc(c);
+    /* redis-py's rule: the sentinel that answered is asked first next time. */
+    if (c->disc_at) {
+        int s = c->order[c->disc_at];
+        memmove(c->order + 1, c->order, (size_t)c->disc_at * sizeof(c->order[0]));
+        c->order[0] = s;
+    }
+    memcpy(c->url.host, host, sizeof(host));
+    c->url.port = (int)port;
+    connect_server(c);
+}
+
+static void send_sentinel_auth(struct redis_conn *c, redisAsyncContext *ac,
+                               redisCallbackFn *cb)
+{
+    if (!c->sentinel_password[0])
+        return;
+    if (c->sentinel_user[0])
+        redisAsyncCommand(ac, cb, c, "AUTH %s %s", c->sentinel_user,
+                          c->sentinel_password);
+    else
+        redisAsyncCommand(ac, cb, c, "AUTH %s", c->sentinel_password);
+}
+
+static void on_disc_connect(const redisAsyncContext *cac, int status)
+{
+    struct redis_conn *c = cac->data;
+    redisAsyncContext *ac = (redisAsyncContext *)cac;
+    if (!c)
+        return;
+    if (status != REDIS_OK) {
+        c->disc = NULL; /* hiredis frees it after this callback */
+        next_sentinel(c, ac->errstr);
+        return;
+    }
+    send_sentinel_auth(c, ac, on_disc_auth);
+    redisAsyncCommand(ac, on_disc_addr, c, "SENTINEL get-master-addr-by-name %s",
+                      c->master_name);
+}
+
+static void on_disc_disconnect(const redisAsyncContext *cac, int status)
+{
+    struct redis_conn *c = cac->data;
+    (void)status;
+    if (!c)
+        return;
+    c->disc = NULL;
+    next_sentinel(c, cac->errstr[0] ? cac->errstr : "connection closed");
+}
+
+static void ask_sentinel(struct redis_conn *c)
+{
+    const struct redis_url_sentinel *s;
+    redisAsyncContext *ac;
+
+    if (c->freeing)
+        return;
+    if (c->disc_at >= c->url.n_sentinels) {
+        char why[sizeof(c->last_error)];
+        snprintf(why, sizeof(why), "no sentinel gave master '%.40s' (last: %.120s)",
+                 c->master_name, c->disc_why);
+        connect_failed(c, why, 0);
+        return;
+    }
+    s = &c->url.sentinels[c->order[c->disc_at]];
+    ac = redisAsyncConnect(s->host, s->port);
+    if (!ac || ac->err) {
+        char why[160];
+        snprintf(why, sizeof(why), "%s", ac ? ac->errstr : "out of memory");
+        if (ac)
+            redisAsyncFree(ac);
+        next_sentinel(c, why);
+        return;
+    }
+    ac->data = c;
+    if (redis_uv_attach(ac, c->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        next_sentinel(c, "cannot attach to loop");
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_disc_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disc_disconnect);
+    c->disc = ac;
+    uv_timer_start(&c->timer, on_disc_timeout, c->connect_ms, 0);
+}
+
+/* +switch-master messages: "<name> <old ip> <old port> <new ip> <new port>".
+ * One for our master while up drops the connection at once, so the next
+ * attempt (after the shortest backoff) asks the sentinels again, instead of
+ * waiting for an error on the demoted server. */
+static void on_switch(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct redis_conn *c = privdata;
+    redisReply *reply = r, *msg;
+    size_t n = strlen(c->master_name);
+    char why[sizeof(c->last_error)];
+
+    if (c->freeing || ac != c->watch_ac || !reply || reply->type != REDIS_REPLY_ARRAY ||
+        reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
+        strcmp(reply->element[0]->str, "message"))
+        return;
+    msg = reply->element[2];
+    if (msg->type != REDIS_REPLY_STRING || msg->len <= n || msg->str[n] != ' ' ||
+        memcmp(msg->str, c->master_name, n) || !c->up || !c->ac)
+        return;
+    snprintf(why, sizeof(why), "sentinel: master '%.60s' switched (%.100s)",
+             c->master_name, msg->str + n + 1);
+    drop_connection(c);
+    emit(c, REDIS_CONN_LOST, why, 0, 0);
+    schedule_reconnect(c);
+}
+
+static void on_watch_connect(const redisAsyncContext *cac, int status)
+{
+    struct redis_conn *c = cac->data;
+    redisAsyncContext *ac = (redisAsyncContext *)cac;
+    if (!c)
+        return;
+    if (status != REDIS_OK) {
+        c->watch_ac = NULL; /* tried again at the next UP */
+        return;
+    }
+    send_sentinel_auth(c, ac, NULL);
+    redisAsyncCommand(ac, on_switch, c, "SUBSCRIBE +switch-master");
+}
+
+static void on_watch_disconnect(const redisAsyncContext *cac, int status)
+{
+    struct redis_conn *c = cac->data;
+    (void)status;
+    if (c)
+        c->watch_ac = NULL;
+}
+
+/* Subscribes to +switch-master on the sentinel that answered last. If that
+ * sentinel goes away, the subscription is made again at the next UP; until
+ * then a failover is still met through the lost connection or -READONLY. */
+static void start_switch_watch(struct redis_conn *c)
+{
+    const struct redis_url_sentinel *s = &c->url.sentinels[c->order[0]];
+    redisAsyncContext *ac;
+
+    if (c->freeing || c->watch_ac || c->url.kind != REDIS_URL_SENTINEL)
+        return;
+    ac = redisAsyncConnect(s->host, s->port);
+    if (!ac || ac->err) {
+        if (ac)
+            redisAsyncFree(ac);
+        return;
+    }
+    ac->data = c;
+    if (redis_uv_attach(ac, c->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_watch_connect);
+    redisAsyncSetDisconnectCallback(ac, on_watch_disconnect);
+    c->watch_ac = ac;
 }
 
 /* ------------------------------------------------------------ commands */
@@ -561,6 +1125,15 @@ static void on_req_reply(redisAsyncContext *ac, void *r, void *privdata)
         }
         req->cb(req, CR_EBACKEND, NULL);
         return;
+    }
+    if (ac == c->ac && c->up && c->url.kind == REDIS_URL_SENTINEL &&
+        reply->type == REDIS_REPLY_ERROR && !strncmp(reply->str, "READONLY ", 9)) {
+        /* Our master was demoted: the owner gets the refusal (and sends
+         * again, as it does for READONLY), the connection goes, and the next
+         * attempt asks the sentinels. */
+        drop_connection(c);
+        emit(c, REDIS_CONN_LOST, "the master became read-only (a failover)", 0, 0);
+        schedule_reconnect(c);
     }
     if (ac == c->ac) {
         c->heard_ms = uv_now(c->loop);
@@ -637,7 +1210,22 @@ static uint64_t seconds_to_ms(double s)
 struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_config *cfg,
                                   struct cr_err *err)
 {
-    struct redis_conn *c = cr_calloc(1, sizeof(*c));
+    struct redis_conn *c;
+    if (cfg->url->tls.on) {
+        cr_err_set(err, CR_EINVAL, "rediss:// (TLS) is not supported by this build");
+        return NULL;
+    }
+    if (cfg->url->kind == REDIS_URL_SENTINEL &&
+        (!cfg->master_name || !cfg->master_name[0])) {
+        cr_err_set(err, CR_EINVAL,
+                   "sentinel:// needs master_name in the transport options");
+        return NULL;
+    }
+    if (cfg->master_name && strlen(cfg->master_name) >= sizeof(c->master_name)) {
+        cr_err_set(err, CR_EINVAL, "master_name too long");
+        return NULL;
+    }
+    c = cr_calloc(1, sizeof(*c));
     if (!c) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
@@ -646,6 +1234,8 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
     c->url = *cfg->url;
     c->timeout_ms = seconds_to_ms(cfg->timeout);
     c->health_ms = seconds_to_ms(cfg->health_check_interval);
+    c->connect_ms = cfg->connect_timeout > 0 ? seconds_to_ms(cfg->connect_timeout)
+                                             : CONNECT_TIMEOUT_MS;
     c->probe_argc = cfg->probe_argv ? cfg->probe_argc : 1;
     c->probe_argv = cfg->probe_argv ? cfg->probe_argv : ping_argv;
     c->handshake_passes =
@@ -653,6 +1243,14 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
     c->say_refusals = cfg->say_refusals;
     c->on_event = cfg->on_event;
     c->privdata = cfg->privdata;
+    snprintf(c->master_name, sizeof(c->master_name), "%s",
+             cfg->master_name ? cfg->master_name : "");
+    snprintf(c->sentinel_user, sizeof(c->sentinel_user), "%s",
+             cfg->sentinel_user ? cfg->sentinel_user : "");
+    snprintf(c->sentinel_password, sizeof(c->sentinel_password), "%s",
+             cfg->sentinel_password ? cfg->sentinel_password : "");
+    for (int i = 0; i < REDIS_URL_MAX_SENTINELS; i++)
+        c->order[i] = i;
     uv_timer_init(loop, &c->timer);
     c->timer.data = c;
     /* Not from inside this call: a failure at once would be an event before
@@ -726,6 +1324,13 @@ void redis_conn_free(struct redis_conn *c)
         c->ac = NULL;
         /* The callbacks of what is in flight run from here with a NULL reply
          * and see `freeing`, so they get CR_ECANCELED. */
+        ac->data = NULL;
+        redisAsyncFree(ac);
+    }
+    drop_disc(c);
+    if (c->watch_ac) {
+        redisAsyncContext *ac = c->watch_ac;
+        c->watch_ac = NULL;
         ac->data = NULL;
         redisAsyncFree(ac);
     }

@@ -28,26 +28,80 @@
 
 #define REDIS_URL_MAX_BYTES 2048 /* a longer URL is refused whole */
 #define REDIS_DEFAULT_PORT 6379
+#define REDIS_SENTINEL_DEFAULT_PORT 26379
+#define REDIS_URL_MAX_SENTINELS 16 /* more ';' entries are refused */
 
-struct redis_url {
-    char host[256];     /* "localhost" when the URL names none; IPv6 without [] */
-    int port;           /* REDIS_DEFAULT_PORT when none */
-    int db;             /* 0 when none */
-    char user[256];     /* "" when none */
-    char password[512]; /* "" when none: no AUTH is sent */
+enum redis_url_kind {
+    REDIS_URL_TCP,      /* redis:// or rediss:// */
+    REDIS_URL_UNIX,     /* redis+socket:// or unix:// */
+    REDIS_URL_SENTINEL, /* sentinel://h1[;sentinel://h2...] */
 };
 
-/* Parses redis://[[user]:password@]host[:port][/db][?query]:
- * - the credentials run to the last '@' of the URL, as before, so a password
- *   may hold '@' and '/' unescaped; they are taken as written (no %XX
- *   decoding); "redis://secret@host" is a password, as some clients spell it;
- * - an IPv6 host is written in brackets: redis://[::1]:6380/0;
- * - the port is 1..65535, the database a decimal 0..INT_MAX (Redis refuses
- *   a number beyond its "databases" setting when we SELECT it);
- * - the query, if any, is ignored.
+/* ssl_cert_reqs, as Python's ssl module names them. */
+enum redis_tls_verify {
+    REDIS_TLS_VERIFY_NONE,     /* "none", "CERT_NONE" */
+    REDIS_TLS_VERIFY_OPTIONAL, /* "optional", "CERT_OPTIONAL" */
+    REDIS_TLS_VERIFY_REQUIRED, /* "required", "CERT_REQUIRED" */
+};
+
+struct redis_url_tls {
+    int on;                          /* rediss:// */
+    int cert_reqs_given;             /* ssl_cert_reqs was in the query */
+    enum redis_tls_verify cert_reqs; /* REDIS_TLS_VERIFY_NONE when not given */
+    int check_hostname;              /* ssl_check_hostname: 1, 0, or -1 when not given */
+    char ca_certs[512];              /* ssl_ca_certs: "" when none (the system's store) */
+    char certfile[512]; /* ssl_certfile: the client certificate, "" when none */
+    char keyfile[512];  /* ssl_keyfile */
+};
+
+struct redis_url_sentinel {
+    char host[256];
+    int port; /* REDIS_SENTINEL_DEFAULT_PORT when none */
+};
+
+struct redis_url {
+    enum redis_url_kind kind;
+    /* TCP: the server. SENTINEL: the first sentinel until the connection
+     * manager has found the master, then the master (what logs show). */
+    char host[256];        /* "localhost" when the URL names none; IPv6 without [] */
+    int port;              /* REDIS_DEFAULT_PORT when none */
+    int db;                /* 0 when none */
+    char user[256];        /* "" when none */
+    char password[512];    /* "" when none: no AUTH is sent */
+    char socket_path[108]; /* UNIX: the socket (sun_path's size) */
+    struct redis_url_tls tls;
+    /* SENTINEL: the sentinels in the URL's order (db, user and password come
+     * from the first entry; the others' are ignored, as kombu does). */
+    int n_sentinels;
+    struct redis_url_sentinel sentinels[REDIS_URL_MAX_SENTINELS];
+};
+
+/* Parses every Redis URL form Celery (kombu, the Redis result backend) takes:
+ * - redis://[[user]:password@]host[:port][/db][?query]:
+ *   the credentials run to the last '@' of the entry, so a password may hold
+ *   '@' and '/' unescaped; they are taken as written (no %XX decoding);
+ *   "redis://secret@host" is a password, as some clients spell it; an IPv6
+ *   host is written in brackets: redis://[::1]:6380/0; the port is 1..65535,
+ *   the database a decimal 0..INT_MAX (Redis refuses a number beyond its
+ *   "databases" setting when we SELECT it); query keys are ignored;
+ * - rediss://...: the same over TLS. Query keys (values %XX-decoded):
+ *   ssl_cert_reqs (required, optional, none, or CERT_REQUIRED...),
+ *   ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_check_hostname
+ *   (true/false/1/0/yes/no); other keys are ignored. Without ssl_cert_reqs,
+ *   Celery's result backend refuses the URL (flag REDIS_URL_TLS_STRICT) while
+ *   kombu's broker verifies nothing and warns: then cert_reqs_given is 0 and
+ *   the caller warns;
+ * - redis+socket:///path/to.sock or unix:///path/to.sock, with the database
+ *   in the query as virtual_host=N or db=N and a password as password=...;
+ * - sentinel://[[user]:password@]host[:port][/db][;sentinel://host[:port]...]:
+ *   up to REDIS_URL_MAX_SENTINELS sentinels (port 26379 when none).
  * what names the URL in messages ("result backend" gives "invalid port in
  * result backend URL '...'"). Returns 0, or CR_EINVAL with detail in err (the
  * password is never quoted); out is then unspecified. */
+#define REDIS_URL_TLS_STRICT 1 /* rediss:// needs ssl_cert_reqs */
+int redis_url_parse_flags(struct redis_url *out, const char *url, const char *what,
+                          int flags, struct cr_err *err);
+/* redis_url_parse_flags() with no flags: the broker's rules. */
 int redis_url_parse(struct redis_url *out, const char *url, const char *what,
                     struct cr_err *err);
 
@@ -124,6 +178,15 @@ struct redis_conn_config {
     /* A refusal is loud even before the first connection: set it when nobody
      * waits for the first connection to report it (redis_conn_wait()). */
     int say_refusals;
+    /* sentinel:// only. The master's name (required; copied), and the
+     * credentials for the connections to the sentinels (Celery's
+     * sentinel_kwargs username/password; NULL or "": none, copied). The
+     * URL's own credentials and database are the master's. */
+    const char *master_name;
+    /* Seconds each connect (and its handshake) may take; 0: 5. */
+    double connect_timeout;
+    const char *sentinel_user;
+    const char *sentinel_password;
     redis_conn_event_fn *on_event;
     void *privdata;
 };
@@ -146,8 +209,20 @@ struct redis_req {
 };
 
 /* Returns a new connection that starts connecting at the next loop turn (and
- * again after every loss), or NULL with err set (OOM). cfg is copied. Free
- * with redis_conn_free(). */
+ * again after every loss), or NULL with err set: CR_ENOMEM, or CR_EINVAL for
+ * sentinel:// without master_name, or rediss:// (TLS is not built in yet).
+ * cfg is copied. Free with redis_conn_free().
+ *
+ * redis+socket:// connects to the unix socket. sentinel:// first asks the
+ * sentinels in turn, each over a short-lived connection of its own (AUTH with
+ * the sentinel credentials, then SENTINEL get-master-addr-by-name), moves the
+ * one that answered to the front, connects to the address it gave and sends
+ * ROLE in the handshake: only a "master" answer counts as up, anything else is
+ * a failed attempt, and the next one asks the sentinels again. While up, one
+ * sentinel connection stays SUBSCRIBEd to +switch-master: a switch of our
+ * master, or a -READONLY reply to any command, drops the connection (LOST)
+ * and the next attempt finds the new master. Every connect (to a sentinel or
+ * to Redis) is bounded by the connect timeout. */
 struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_config *cfg,
                                   struct cr_err *err);
 

@@ -1,15 +1,2422 @@
-/* redis_broker.c -- kombu's Redis transport behind net/broker.h. */
+/* redis_broker.c -- kombu's Redis transport behind net/broker.h.
+ *
+ * Three connections (net/redis.h), as kombu keeps them: one blocked in BRPOP,
+ * one for every other command (records, acks, restores, publishes, bindings,
+ * depth polls), one subscribed (PSUBSCRIBE) for fanout queues. The wire format
+ * is protocol/kombu.h's; the facts are in docs/internals/redis-broker.md.
+ *
+ * The life of a task message: BRPOP pops it; before anything else it is
+ * recorded (MULTI ZADD unacked_index / HSET unacked / EXEC), then handed to
+ * the owner. While it is held its score in unacked_index is refreshed, so no
+ * restorer anywhere (a Python worker, `celery inspect`) takes it back. An ack
+ * removes the record; a requeue or a restore moves the record back onto its
+ * list in one Lua script that checks the record is still the one read. Dead
+ * workers' records are moved back by restore_visible() under kombu's mutex.
+ *
+ * Deliveries stay settleable across reconnects: a record lives in Redis, not
+ * in a connection, so broker_generation() never changes and acks made while
+ * a connection is down are sent when it is back. */
 #include "broker_int.h"
+
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol/kombu.h"
+#include "redis.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/redact.h"
+#include "util/strmap.h"
+#include "util/uuid.h"
+
+#define MAX_CONSUMERS 64
+#define MAX_EXCHANGES 32
+#define TICK_MS 250
+/* The lease refresh runs every visibility_timeout / 3, but at least once a
+ * minute: a peer with a shorter visibility timeout than ours (Python workers
+ * and every `celery inspect` client restore with their own) then still sees
+ * fresh scores as long as its timeout is above a minute; and at most once a
+ * second, for the short timeouts tests use. Its cost is one ZADD per held
+ * message per period, pipelined. */
+#define LEASE_MIN_MS 1000
+#define LEASE_MAX_MS 60000
+/* restore_visible() of dead workers' records: at start and then this often
+ * (a Python worker scans every ~100 s). */
+#define RESTORE_EVERY_MS 60000
+/* Records looked at per restore round, at most (unacked_restore_limit, if
+ * set, is used when smaller): a backlog is worked through over rounds. */
+#define RESTORE_ROUND_MAX 1000
+/* Binding members read per named-exchange publish or restore, at most. */
+#define MEMBERS_MAX 4096
+/* Tags per ack or lease command. */
+#define BATCH_MAX 512
+/* broker_free() waits this long, at most, for its restores and last acks. */
+#define FREE_WAIT_MS 3000
+/* A BRPOP answered with an error waits this long before the next one. */
+#define POP_PAUSE_MS 1000
+
+/* Deletes the lock only while it still holds our token. */
+static const char unlock_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                                 "return redis.call('DEL', KEYS[1]) end return 0";
+/* kombu's restore as one script: the record is removed and the message pushed
+ * only if the record is still the value we read (nobody acked, restored or
+ * re-recorded it meanwhile). KEYS: unacked, unacked_index, target lists.
+ * ARGV: tag, value read, envelope to push, "R" (RPUSH: head of the line) or
+ * "L" (LPUSH: the tail). */
+static const char restore_lua[] =
+    "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end "
+    "redis.call('ZREM', KEYS[2], ARGV[1]) redis.call('HDEL', KEYS[1], ARGV[1]) "
+    "for i = 3, #KEYS do if ARGV[4] == 'R' then redis.call('RPUSH', KEYS[i], ARGV[3]) "
+    "else redis.call('LPUSH', KEYS[i], ARGV[3]) end end return 1";
+
+struct rb;
+
+/* ------------------------------------------------------------ commands */
+
+/* One command's registration; freed after its reply. fn gets CR_ECANCELED
+ * (and no reply) from inside broker_free(). */
+typedef void op_fn(struct rb *b, int status, redisReply *r, void *arg);
+struct op {
+    struct redis_req req; /* first: the reply callback casts back */
+    struct rb *b;
+    op_fn *fn;
+    void *arg;
+};
+
+/* Arguments of one command, gathered in one buffer. */
+struct args {
+    struct buf store;
+    size_t *off, *len;
+    const char **argv;
+    int n, cap;
+    int oom;
+};
+
+static void args_init(struct args *a)
+{
+    memset(a, 0, sizeof(*a));
+    buf_init(&a->store);
+}
+
+static void args_release(struct args *a)
+{
+    buf_release(&a->store);
+    cr_free(a->off);
+    cr_free(a->len);
+    cr_free(a->argv);
+}
+
+static void args_add(struct args *a, const void *p, size_t n)
+{
+    if (a->oom)
+        return;
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 8;
+        size_t *off = cr_realloc(a->off, (size_t)cap * sizeof(*off));
+        size_t *len = off ? cr_realloc(a->len, (size_t)cap * sizeof(*len)) : NULL;
+        if (off)
+            a->off = off;
+        if (!off || !len) {
+            a->oom = 1;
+            return;
+        }
+        a->len = len;
+        a->cap = cap;
+    }
+    a->off[a->n] = a->store.len;
+    a->len[a->n] = n;
+    /* A NUL after each, so that an empty argument still has a byte. */
+    if (buf_append(&a->store, p, n) || buf_putc(&a->store, '\0')) {
+        a->oom = 1;
+        return;
+    }
+    a->n++;
+}
+
+static void args_s(struct args *a, const char *s)
+{
+    args_add(a, s, strlen(s));
+}
+
+/* The argv of the arguments gathered, or NULL on OOM. Valid until the next
+ * args_add(). */
+static const char **args_argv(struct args *a)
+{
+    if (a->oom)
+        return NULL;
+    cr_free(a->argv);
+    a->argv = cr_malloc((size_t)(a->n ? a->n : 1) * sizeof(*a->argv));
+    if (!a->argv)
+        return NULL;
+    for (int i = 0; i < a->n; i++)
+        a->argv[i] = a->store.data + a->off[i];
+    return a->argv;
+}
+
+/* ------------------------------------------------------------ state */
+
+struct rcons {
+    struct broker_queue q; /* owned copies */
+    int fanout;            /* consumed through PSUBSCRIBE */
+    char *pattern;         /* its PSUBSCRIBE pattern (fanout only) */
+};
+
+enum rec_state {
+    REC_PENDING, /* not sent yet (the command connection was down) */
+    REC_SENT,    /* MULTI ZADD HSET EXEC sent, not answered */
+    REC_DONE,    /* in Redis */
+    REC_NONE,    /* never recorded: ack_emulation off */
+};
+
+/* A popped delivery with acks, not settled yet. */
+struct held {
+    char *tag;
+    char *queue;  /* the queue it was popped from */
+    int priority; /* kombu's scale: the bucket of its restore */
+    enum rec_state rec;
+    int copies; /* a restored copy of a message we hold has the same tag */
+    /* What the record needs, kept until it is in Redis (and for good
+     * without ack_emulation, for a requeue). */
+    char *env;
+    size_t env_len;
+    char *exchange, *routing_key;
+    struct held *prev, *next;
+};
+
+/* One requeue or restore, ours or a dead worker's. */
+struct rjob {
+    struct rb *b;
+    char *tag;
+    char *queue;  /* NULL: routed by the record's exchange and routing key */
+    int priority; /* kombu's; -1: read from the envelope */
+    char side;    /* 'L' requeue (tail), 'R' restore (head of the line) */
+    int round;    /* part of a restore_visible() round */
+    char *env;    /* never recorded: this is pushed as it is */
+    size_t env_len;
+    char *value; /* the record read */
+    size_t value_len;
+    char *renv; /* its envelope */
+    char *exchange, *routing_key;
+    char **targets;
+    int ntargets;
+    struct rjob *next; /* waiting for the command connection */
+};
+
+struct pubop {
+    broker_confirm_fn *cb;
+    void *privdata;
+    char *env;
+    size_t env_len;
+    int priority; /* kombu's */
+    char *routing_key;
+    int topic; /* the exchange was declared topic */
+    int pending, failed;
+};
+
+struct statop {
+    struct rb *b;
+    broker_queue_stats_fn *cb; /* NULL once cancelled */
+    void *privdata;
+    int nkeys;
+    struct statop *prev, *next;
+};
+
+struct exch {
+    char *name;
+    char *type;
+};
+
+struct rb {
+    struct broker base; /* first: the face */
+    uv_loop_t *loop;
+    struct broker_config cfg;
+    broker_msg_fn *on_msg;
+    broker_conn_fn *on_conn;
+    void *privdata;
+    struct kombu_opts o;
+    struct redis_url url;
+    char shown_url[512];
+    struct redis_conn *cmd, *pop, *sub;
+    struct redis_req psub_req; /* every PSUBSCRIBE's: replies name the pattern */
+    char probe_channel[KOMBU_NAME_MAX + 32];
+    const char *probe_argv[2];
+    int up_said; /* what on_conn heard last */
+    int ever_up;
+    int consuming;
+    int freeing;
+    int prefetch;
+    char *k_unacked, *k_index, *k_mutex;
+
+    struct rcons cons[MAX_CONSUMERS];
+    int ncons;
+    const char *cycle[MAX_CONSUMERS]; /* BRPOP order (names borrowed from cons) */
+    int ncycle;
+    struct exch ex[MAX_EXCHANGES];
+    int nex;
+
+    /* BRPOP */
+    struct buf pop_store;
+    int pop_out;
+    int client_id_state; /* 0 unknown, 1 asked, 2 known (on this connection) */
+    long long client_id;
+    uint64_t pop_pause_until;
+    unsigned long bad_pops;
+
+    /* held deliveries */
+    struct strmap held;
+    struct held *held_head;
+    long nheld; /* copies counted against the prefetch window */
+
+    /* acks not yet sent (tags owned) */
+    char **acks;
+    size_t nacks, capacks;
+
+    /* our restores waiting for the command connection */
+    struct rjob *waiting;
+    int njobs; /* restore jobs in flight */
+
+    struct statop *stats;
+
+    uv_prepare_t prepare;
+    uv_timer_t tick;
+    int nclosed;
+    uint64_t lease_ms, lease_due, restore_due;
+    int round_on;   /* a restore_visible() round in progress */
+    int round_jobs; /* its jobs in flight */
+    char token[33]; /* its mutex token */
+};
+
+static void maybe_pop(struct rb *b);
+static void job_start(struct rjob *j);
+static void job_free(struct rjob *j);
+
+static uint64_t now_ms(const struct rb *b)
+{
+    return uv_now(b->loop);
+}
+
+static double epoch_s(void)
+{
+    return (double)clock_epoch_us() / 1e6;
+}
+
+static void on_op(struct redis_req *req, int status, struct redisReply *r)
+{
+    struct op *o = (struct op *)req;
+    if (o->fn)
+        o->fn(o->b, status, (redisReply *)r, o->arg);
+    cr_free(o);
+}
+
+/* Sends one command on c. Returns 0 (fn, if any, is called exactly once,
+ * later) or CR_EBROKER / CR_ENOMEM (never called). */
+static int send_op(struct rb *b, struct redis_conn *c, op_fn *fn, void *arg,
+                   struct args *a)
+{
+    const char **argv = args_argv(a);
+    struct op *o;
+    if (!argv)
+        return CR_ENOMEM;
+    o = cr_calloc(1, sizeof(*o));
+    if (!o)
+        return CR_ENOMEM;
+    o->b = b;
+    o->fn = fn;
+    o->arg = arg;
+    if (redis_conn_send(c, &o->req, on_op, a->n, argv, a->len)) {
+        cr_free(o);
+        return CR_EBROKER;
+    }
+    return 0;
+}
+
+/* MULTI, the commands, EXEC: fn gets EXEC's reply. Same return as send_op().
+ * The commands are queued in hiredis in one go, so either all or none go. */
+static int send_multi(struct rb *b, op_fn *fn, void *arg, struct args *cmds, int n)
+{
+    struct args m;
+    int rc;
+    for (int i = 0; i < n; i++)
+        if (!args_argv(&cmds[i]))
+            return CR_ENOMEM;
+    if (!redis_conn_up(b->cmd))
+        return CR_EBROKER;
+    args_init(&m);
+    args_s(&m, "MULTI");
+    rc = send_op(b, b->cmd, NULL, NULL, &m);
+    args_release(&m);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++)
+        send_op(b, b->cmd, NULL, NULL, &cmds[i]);
+    args_init(&m);
+    args_s(&m, "EXEC");
+    rc = send_op(b, b->cmd, fn, arg, &m);
+    args_release(&m);
+    return rc;
+}
+
+static int is_error(const redisReply *r)
+{
+    return !r || r->type == REDIS_REPLY_ERROR;
+}
+
+/* An EXEC reply whose every command succeeded. */
+static int exec_ok(int status, const redisReply *r)
+{
+    if (status || !r || r->type != REDIS_REPLY_ARRAY)
+        return 0;
+    for (size_t i = 0; i < r->elements; i++)
+        if (r->element[i]->type == REDIS_REPLY_ERROR)
+            return 0;
+    return 1;
+}
+
+static int key_of(struct rb *b, struct buf *out, const char *queue, int bucket)
+{
+    buf_reset(out);
+    return kombu_queue_key(&b->o, queue, bucket, out);
+}
+
+static void args_key(struct rb *b, struct args *a, const char *queue, int bucket)
+{
+    struct buf k;
+    buf_init(&k);
+    if (key_of(b, &k, queue, bucket))
+        a->oom = 1;
+    else
+        args_add(a, k.data, k.len);
+    buf_release(&k);
+}
+
+static void random_bytes(unsigned char *p, size_t n)
+{
+    if (uv_random(NULL, NULL, p, n, 0, NULL) != 0) {
+        uint64_t x = uv_hrtime() ^ ((uint64_t)(uintptr_t)p << 16);
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            p[i] = (unsigned char)(x >> 24);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ consumers */
+
+static struct rcons *find_cons(struct rb *b, const char *queue)
+{
+    for (int i = 0; i < b->ncons; i++)
+        if (!strcmp(b->cons[i].q.name, queue))
+            return &b->cons[i];
+    return NULL;
+}
+
+static const char *exchange_type(const struct rb *b, const char *name)
+{
+    for (int i = 0; i < b->nex; i++)
+        if (!strcmp(b->ex[i].name, name))
+            return b->ex[i].type;
+    /* kombu's own fanouts, whoever declared them */
+    if (!strcmp(name, "celery.pidbox") || !strcmp(name, "celeryev"))
+        return "fanout";
+    return NULL;
+}
+
+/* The binding a queue's declaration writes: exchange (the queue's name for
+ * Celery's default direct exchange, as kombu names it) and member. */
+static int binding_of(struct rb *b, const struct broker_queue *q, struct buf *key,
+                      struct buf *member)
+{
+    const char *ex = q->exchange && *q->exchange ? q->exchange : q->name;
+    const char *type = q->exchange_type ? q->exchange_type : "direct";
+    const char *rk = q->routing_key ? q->routing_key : "";
+    struct buf pat;
+    int rc;
+    buf_init(&pat);
+    buf_reset(key);
+    buf_reset(member);
+    rc = kombu_binding_key(&b->o, ex, key);
+    if (!rc && !strcmp(type, "topic"))
+        rc = kombu_topic_pattern(rk, &pat);
+    if (!rc)
+        rc = kombu_binding_member(&b->o, rk, pat.data ? pat.data : "", q->name, member);
+    buf_release(&pat);
+    return rc;
+}
+
+static void send_binding(struct rb *b, const struct broker_queue *q, const char *verb)
+{
+    struct buf key, member;
+    struct args a;
+    buf_init(&key);
+    buf_init(&member);
+    args_init(&a);
+    if (binding_of(b, q, &key, &member) == 0) {
+        args_s(&a, verb);
+        args_add(&a, key.data, key.len);
+        args_add(&a, member.data, member.len);
+        if (send_op(b, b->cmd, NULL, NULL, &a) == CR_ENOMEM)
+            LOG(LOG_ERROR, "broker: out of memory binding queue '%s'", q->name);
+    }
+    args_release(&a);
+    buf_release(&key);
+    buf_release(&member);
+}
+
+/* The dead-letter queue's binding: topic "#", so every dead letter and every
+ * restore through the dead-letter exchange reaches it. */
+static void send_dlq_binding(struct rb *b)
+{
+    struct broker_queue q;
+    if (!b->cfg.dlx || !b->cfg.dlq)
+        return;
+    memset(&q, 0, sizeof(q));
+    q.name = b->cfg.dlq;
+    q.exchange = b->cfg.dlx;
+    q.exchange_type = "topic";
+    q.routing_key = "#";
+    send_binding(b, &q, "SADD");
+}
+
+static void psubscribe(struct rb *b, const struct rcons *c, const char *verb);
+
+static void rebuild_cycle(struct rb *b)
+{
+    const char *old[MAX_CONSUMERS];
+    int nold = b->ncycle, n = 0;
+    memcpy(old, b->cycle, sizeof(old));
+    /* Keep the current order of the queues still consumed, then the new. */
+    for (int i = 0; i < nold; i++) {
+        struct rcons *c = find_cons(b, old[i]);
+        if (c && !c->fanout && !c->q.no_consume)
+            b->cycle[n++] = c->q.name;
+    }
+    for (int i = 0; i < b->ncons; i++) {
+        struct rcons *c = &b->cons[i];
+        int seen = 0;
+        if (c->fanout || c->q.no_consume)
+            continue;
+        for (int k = 0; k < n; k++)
+            if (b->cycle[k] == c->q.name)
+                seen = 1;
+        if (!seen)
+            b->cycle[n++] = c->q.name;
+    }
+    b->ncycle = n;
+    if (b->o.order == KOMBU_ORDER_SORTED)
+        kombu_initial_order(&b->o, b->cycle, n);
+}
+
+static void cons_release(struct rcons *c)
+{
+    cr_free((char *)c->q.name);
+    cr_free((char *)c->q.exchange);
+    cr_free((char *)c->q.exchange_type);
+    cr_free((char *)c->q.routing_key);
+    cJSON_Delete((cJSON *)c->q.arguments);
+    cr_free(c->pattern);
+    memset(c, 0, sizeof(*c));
+}
+
+static int rb_add_consumer(struct rb *b, const struct broker_queue *q)
+{
+    struct rcons *c;
+    if (find_cons(b, q->name))
+        return 0;
+    if (b->ncons == MAX_CONSUMERS)
+        return CR_ERANGE;
+    if (strlen(q->name) >= KOMBU_NAME_MAX)
+        return CR_ERANGE;
+    c = &b->cons[b->ncons];
+    memset(c, 0, sizeof(*c));
+    c->q = *q;
+    c->q.name = cr_strdup(q->name);
+    c->q.exchange = q->exchange ? cr_strdup(q->exchange) : NULL;
+    c->q.exchange_type = q->exchange_type ? cr_strdup(q->exchange_type) : NULL;
+    c->q.routing_key = q->routing_key ? cr_strdup(q->routing_key) : NULL;
+    c->q.arguments = q->arguments ? cJSON_Duplicate(q->arguments, 1) : NULL;
+    c->fanout = q->exchange_type && !strcmp(q->exchange_type, "fanout");
+    if (c->fanout) {
+        struct buf p;
+        buf_init(&p);
+        if (kombu_channel_pattern(&b->o, b->url.db, c->q.exchange ? c->q.exchange : "",
+                                  c->q.routing_key ? c->q.routing_key : "", &p) == 0)
+            c->pattern = buf_detach(&p);
+        buf_release(&p);
+    }
+    if (!c->q.name || (q->exchange && !c->q.exchange) ||
+        (q->exchange_type && !c->q.exchange_type) ||
+        (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments) ||
+        (c->fanout && !c->pattern)) {
+        cons_release(c);
+        return CR_ENOMEM;
+    }
+    b->ncons++;
+    rebuild_cycle(b);
+    if (redis_conn_up(b->cmd))
+        send_binding(b, &c->q, "SADD");
+    if (c->fanout && redis_conn_up(b->sub))
+        psubscribe(b, c, "PSUBSCRIBE");
+    return 0;
+}
+
+static int pattern_used(const struct rb *b, const char *pattern)
+{
+    for (int i = 0; i < b->ncons; i++)
+        if (b->cons[i].fanout && !strcmp(b->cons[i].pattern, pattern))
+            return 1;
+    return 0;
+}
+
+/* A fanout or auto-delete queue goes with its binding, as kombu's queue
+ * deletion removes it; a task queue's binding stays, since restores of its
+ * messages through a named exchange need it whoever consumes. */
+static int rb_cancel_consumer(struct rb *b, const char *queue)
+{
+    struct rcons *c = find_cons(b, queue), gone;
+    int i;
+    if (!c)
+        return CR_ENOTFOUND;
+    i = (int)(c - b->cons);
+    gone = *c;
+    memmove(c, c + 1, (size_t)(b->ncons - i - 1) * sizeof(*c));
+    b->ncons--;
+    if ((gone.fanout || gone.q.auto_delete) && redis_conn_up(b->cmd))
+        send_binding(b, &gone.q, "SREM");
+    if (gone.fanout && !pattern_used(b, gone.pattern) && redis_conn_up(b->sub))
+        psubscribe(b, &gone, "PUNSUBSCRIBE");
+    /* the cycle borrows the names: rebuilt before the strings go */
+    rebuild_cycle(b);
+    cons_release(&gone);
+    return 0;
+}
+
+static void rb_each_consumer(const struct rb *b,
+                             void (*fn)(const struct broker_queue *q, void *arg),
+                             void *arg)
+{
+    for (int i = 0; i < b->ncons; i++)
+        if (!b->cons[i].q.no_consume)
+            fn(&b->cons[i].q, arg);
+}
+
+static int rb_declare_exchange(struct rb *b, const char *name, const char *type,
+                               int durable)
+{
+    (void)durable; /* kombu keeps exchanges in memory only: nothing is written */
+    for (int i = 0; i < b->nex; i++)
+        if (!strcmp(b->ex[i].name, name))
+            return 0;
+    if (b->nex == MAX_EXCHANGES)
+        return CR_ERANGE;
+    b->ex[b->nex].name = cr_strdup(name);
+    b->ex[b->nex].type = cr_strdup(type);
+    if (!b->ex[b->nex].name || !b->ex[b->nex].type) {
+        cr_free(b->ex[b->nex].name);
+        cr_free(b->ex[b->nex].type);
+        return CR_ENOMEM;
+    }
+    b->nex++;
+    return 0;
+}
+
+/* ------------------------------------------------------------ deliveries */
+
+/* An empty kombu string is an absent property. */
+static char *opt_take(char **s)
+{
+    char *v = *s;
+    *s = NULL;
+    if (v && !*v) {
+        cr_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int no_ack)
+{
+    struct broker_msg *m = cr_calloc(1, sizeof(*m));
+    if (!m) {
+        LOG(LOG_ERROR, "broker: out of memory receiving a message");
+        return;
+    }
+    m->generation = 1;
+    m->redelivered = km->redelivered;
+    m->exchange = km->exchange;
+    km->exchange = NULL;
+    m->routing_key = km->routing_key;
+    km->routing_key = NULL;
+    m->queue = cr_strdup(queue);
+    m->no_ack = no_ack;
+    m->received_ms = now_ms(b);
+    m->content_type = opt_take(&km->content_type);
+    m->content_encoding = opt_take(&km->content_encoding);
+    m->correlation_id = opt_take(&km->correlation_id);
+    m->reply_to = opt_take(&km->reply_to);
+    m->expiration = opt_take(&km->expiration);
+    m->delivery_mode = km->delivery_mode;
+    m->priority = kombu_to_engine_priority(km->priority);
+    m->headers = km->headers;
+    km->headers = NULL;
+    m->body = km->body;
+    m->body_len = km->body_len;
+    km->body = NULL;
+    m->tag = km->delivery_tag;
+    km->delivery_tag = NULL;
+    if (!m->queue) {
+        LOG(LOG_ERROR, "broker: out of memory receiving a message");
+        broker_msg_free(m);
+        return;
+    }
+    b->on_msg(&b->base, m, b->privdata);
+}
+
+/* What a popped value may weigh. Twice the body limit and some: a body
+ * just over the limit still reaches the engine, which refuses it the way it
+ * refuses one from RabbitMQ (a stored FAILURE, a dead letter); only what is far
+ * beyond is set aside here, unread. */
+static size_t body_bound(const struct rb *b)
+{
+    size_t m = b->cfg.max_message_bytes;
+    return m ? 2 * m + 65536 : 0;
+}
+
+static void held_free(struct held *h)
+{
+    cr_free(h->tag);
+    cr_free(h->queue);
+    cr_free(h->env);
+    cr_free(h->exchange);
+    cr_free(h->routing_key);
+    cr_free(h);
+}
+
+static void held_unlink(struct rb *b, struct held *h)
+{
+    strmap_del(&b->held, h->tag);
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        b->held_head = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+}
+
+static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
+{
+    char *tag = arg;
+    struct held *h;
+    if (status != CR_ECANCELED) {
+        h = strmap_get(&b->held, tag);
+        if (h && h->rec == REC_SENT) {
+            if (exec_ok(status, r)) {
+                h->rec = REC_DONE;
+                cr_free(h->env);
+                h->env = NULL;
+            } else {
+                /* sent again once the connection is back */
+                h->rec = REC_PENDING;
+                if (!status)
+                    LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
+                        r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+            }
+        }
+    }
+    cr_free(tag);
+}
+
+/* MULTI ZADD unacked_index <now> <tag> / HSET unacked <tag> [env, ex, rk] /
+ * EXEC, as kombu writes it right after the pop. */
+static void send_record(struct rb *b, struct held *h)
+{
+    struct args c[2];
+    struct buf v;
+    char score[64];
+    char *tag = cr_strdup(h->tag);
+    struct cr_err err;
+    int rc;
+
+    buf_init(&v);
+    args_init(&c[0]);
+    args_init(&c[1]);
+    snprintf(score, sizeof(score), "%.7f", epoch_s());
+    rc = tag ? kombu_unacked_encode(h->env, h->env_len, h->exchange, h->routing_key, &v,
+                                    &err)
+             : CR_ENOMEM;
+    if (!rc) {
+        args_s(&c[0], "ZADD");
+        args_s(&c[0], b->k_index);
+        args_s(&c[0], score);
+        args_s(&c[0], h->tag);
+        args_s(&c[1], "HSET");
+        args_s(&c[1], b->k_unacked);
+        args_s(&c[1], h->tag);
+        args_add(&c[1], v.data, v.len);
+        rc = send_multi(b, on_recorded, tag, c, 2);
+    }
+    if (rc) {
+        cr_free(tag);
+        h->rec = REC_PENDING;
+    } else {
+        h->rec = REC_SENT;
+    }
+    buf_release(&v);
+    args_release(&c[0]);
+    args_release(&c[1]);
+}
+
+/* Pushes a raw value back onto the key it was popped from, at the head of
+ * the line: it was never delivered. */
+static void push_back(struct rb *b, const char *key, size_t klen, const char *v,
+                      size_t vlen)
+{
+    struct args a;
+    args_init(&a);
+    args_s(&a, "RPUSH");
+    args_add(&a, key, klen);
+    args_add(&a, v, vlen);
+    if (send_op(b, b->cmd, NULL, NULL, &a))
+        LOG(LOG_ERROR, "broker: cannot push a message back to '%.*s'; it is lost",
+            (int)klen, key);
+    args_release(&a);
+}
+
+/* A popped value that is no envelope we can deliver: it goes whole to the
+ * dead-letter queue when there is one (where `celeriac dlq` can show it), and
+ * is otherwise dropped with its start in the log. Either way once, never
+ * back where it came from (it would come back at once, for ever). */
+static void set_aside(struct rb *b, const char *key, size_t klen, const char *v,
+                      size_t vlen, const char *why)
+{
+    struct args a;
+    if (b->bad_pops++ < 10 || b->bad_pops % 1000 == 0)
+        LOG(LOG_ERROR, "broker: bad message on '%.*s' (%s)%s: %.120s", (int)klen, key,
+            why, b->cfg.dlq ? "; moved to the dead-letter queue" : "; dropped", v);
+    if (!b->cfg.dlq)
+        return;
+    args_init(&a);
+    args_s(&a, "LPUSH");
+    args_key(b, &a, b->cfg.dlq, 0);
+    args_add(&a, v, vlen);
+    if (send_op(b, b->cmd, NULL, NULL, &a))
+        LOG(LOG_ERROR, "broker: cannot move a bad message to '%s'; it is lost",
+            b->cfg.dlq);
+    args_release(&a);
+}
+
+static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
+                    const char *env, size_t len)
+{
+    struct held *h = strmap_get(&b->held, km->delivery_tag);
+    if (h) {
+        /* A copy of a message we hold (a peer restored it): one record. */
+        h->copies++;
+        b->nheld++;
+        return 0;
+    }
+    h = cr_calloc(1, sizeof(*h));
+    if (!h)
+        return CR_ENOMEM;
+    h->tag = cr_strdup(km->delivery_tag);
+    h->queue = cr_strdup(queue);
+    h->env = cr_malloc(len + 1);
+    h->exchange = cr_strdup(km->exchange);
+    h->routing_key = cr_strdup(km->routing_key);
+    h->priority = km->priority;
+    h->copies = 1;
+    if (!h->tag || !h->queue || !h->env || !h->exchange || !h->routing_key ||
+        strmap_put(&b->held, h->tag, h)) {
+        held_free(h);
+        return CR_ENOMEM;
+    }
+    memcpy(h->env, env, len);
+    h->env[len] = '\0';
+    h->env_len = len;
+    h->next = b->held_head;
+    if (h->next)
+        h->next->prev = h;
+    b->held_head = h;
+    b->nheld++;
+    if (!b->o.ack_emulation)
+        h->rec = REC_NONE;
+    else
+        send_record(b, h);
+    return 0;
+}
+
+static void on_popped(struct rb *b, const char *key, size_t klen, const char *env,
+                      size_t len)
+{
+    char queue[KOMBU_NAME_MAX];
+    struct kombu_msg km;
+    struct cr_err err;
+    struct rcons *c;
+    int rc;
+
+    if (kombu_queue_of_key(&b->o, key, klen, queue, sizeof(queue))) {
+        push_back(b, key, klen, env, len);
+        return;
+    }
+    c = find_cons(b, queue);
+    /* Cancelled meanwhile, or stopped: back to the head of its list, as
+     * kombu requeues a message that finds no consumer. */
+    if (b->freeing || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
+        push_back(b, key, klen, env, len);
+        return;
+    }
+    kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
+    memset(&err, 0, sizeof(err));
+    rc = body_bound(b) && len > body_bound(b)
+             ? CR_ETOOBIG
+             : kombu_msg_decode(&km, env, len, body_bound(b), &err);
+    if (rc == CR_ENOMEM) {
+        LOG(LOG_ERROR, "broker: out of memory decoding a message; pushing it back");
+        push_back(b, key, klen, env, len);
+        return;
+    }
+    if (rc) {
+        set_aside(b, key, klen, env, len, err.msg[0] ? err.msg : cr_strerror(rc));
+        return;
+    }
+    if (!c->q.no_ack && held_add(b, &km, queue, env, len)) {
+        LOG(LOG_ERROR, "broker: out of memory receiving a message; pushing it back");
+        kombu_msg_release(&km);
+        push_back(b, key, klen, env, len);
+        return;
+    }
+    deliver(b, &km, queue, c->q.no_ack);
+    kombu_msg_release(&km);
+}
+
+static void on_pop(struct rb *b, int status, redisReply *r, void *arg)
+{
+    (void)arg;
+    b->pop_out = 0;
+    if (status)
+        return; /* lost or cancelled: popped again once it is back */
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (b->bad_pops++ < 10)
+            LOG(LOG_ERROR, "broker: BRPOP refused: %s", r->str);
+        b->pop_pause_until = now_ms(b) + POP_PAUSE_MS;
+        return;
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type == REDIS_REPLY_STRING)
+        on_popped(b, r->element[0]->str, r->element[0]->len, r->element[1]->str,
+                  r->element[1]->len);
+    /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
+}
+
+static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
+{
+    (void)arg;
+    if (status)
+        return;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        b->client_id = r->integer;
+        b->client_id_state = 2;
+    }
+}
+
+static int can_consume(const struct rb *b)
+{
+    return b->prefetch <= 0 || b->nheld < b->prefetch;
+}
+
+static void maybe_pop(struct rb *b)
+{
+    const char *qs[MAX_CONSUMERS];
+    const char *argv[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
+    size_t lens[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
+    struct op *o;
+    int n = 0, argc;
+    double timeout = b->o.polling_interval_s > 0 ? b->o.polling_interval_s : 1;
+
+    if (b->freeing || b->pop_out || !redis_conn_up(b->pop) || !redis_conn_up(b->cmd) ||
+        now_ms(b) < b->pop_pause_until)
+        return;
+    for (int i = 0; i < b->ncycle; i++) {
+        struct rcons *c = find_cons(b, b->cycle[i]);
+        /* A no_ack queue goes on while stopped; task queues wait for room
+         * in the prefetch window. */
+        if (c && (c->q.no_ack || (b->consuming && can_consume(b))))
+            qs[n++] = b->cycle[i];
+    }
+    if (!n)
+        return;
+    if (b->client_id_state == 0) {
+        struct args a;
+        args_init(&a);
+        args_s(&a, "CLIENT");
+        args_s(&a, "ID");
+        if (send_op(b, b->pop, on_client_id, NULL, &a) == 0)
+            b->client_id_state = 1;
+        args_release(&a);
+    }
+    buf_reset(&b->pop_store);
+    argc = kombu_brpop_args(&b->o, qs, n, timeout, &b->pop_store, argv, lens,
+                            (int)(sizeof(argv) / sizeof(argv[0])));
+    if (argc < 0)
+        return;
+    o = cr_calloc(1, sizeof(*o));
+    if (!o)
+        return;
+    o->b = b;
+    o->fn = on_pop;
+    if (redis_conn_send(b->pop, &o->req, on_op, argc, argv, lens)) {
+        cr_free(o);
+        return;
+    }
+    b->pop_out = 1;
+}
+
+/* ------------------------------------------------------------ acks */
+
+static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct args *tags = arg;
+    if (status == 0 && !exec_ok(status, r))
+        LOG(LOG_WARNING, "broker: ack refused: %s",
+            r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+    if (status == CR_EBACKEND) {
+        /* Unknown whether Redis had them: sent again (removing twice is
+         * harmless). */
+        for (int i = 0; i < tags->n; i++) {
+            char *t = cr_strdup(tags->store.data + tags->off[i]);
+            if (t && b->nacks < b->capacks)
+                b->acks[b->nacks++] = t;
+            else
+                cr_free(t);
+        }
+    }
+    args_release(tags);
+    cr_free(tags);
+}
+
+static int ack_push(struct rb *b, const char *tag)
+{
+    char *t;
+    if (b->nacks == b->capacks) {
+        size_t cap = b->capacks ? b->capacks * 2 : 64;
+        char **p = cr_realloc(b->acks, cap * sizeof(*p));
+        if (!p)
+            return CR_ENOMEM;
+        b->acks = p;
+        b->capacks = cap;
+    }
+    t = cr_strdup(tag);
+    if (!t)
+        return CR_ENOMEM;
+    b->acks[b->nacks++] = t;
+    return 0;
+}
+
+/* One MULTI ZREM unacked_index T... / HDEL unacked T... / EXEC per batch. */
+static void flush_acks(struct rb *b)
+{
+    while (b->nacks && redis_conn_up(b->cmd)) {
+        size_t n = b->nacks < BATCH_MAX ? b->nacks : BATCH_MAX;
+        struct args c[2], *tags = cr_calloc(1, sizeof(*tags));
+        int rc;
+        if (!tags)
+            return;
+        args_init(tags);
+        args_init(&c[0]);
+        args_init(&c[1]);
+        args_s(&c[0], "ZREM");
+        args_s(&c[0], b->k_index);
+        args_s(&c[1], "HDEL");
+        args_s(&c[1], b->k_unacked);
+        for (size_t i = 0; i < n; i++) {
+            const char *t = b->acks[b->nacks - n + i];
+            args_s(&c[0], t);
+            args_s(&c[1], t);
+            args_s(tags, t);
+        }
+        rc = tags->oom ? CR_ENOMEM : send_multi(b, on_acked, tags, c, 2);
+        args_release(&c[0]);
+        args_release(&c[1]);
+        if (rc) {
+            args_release(tags);
+            cr_free(tags);
+            return;
+        }
+        for (size_t i = 0; i < n; i++)
+            cr_free(b->acks[b->nacks - n + i]);
+        b->nacks -= n;
+    }
+}
+
+/* The settle of one copy: the record's fate is the caller's. Returns the
+ * held entry when this was its last copy (unlinked, the caller frees it),
+ * else NULL. */
+static struct held *held_settle(struct rb *b, const char *tag, int *found)
+{
+    struct held *h = strmap_get(&b->held, tag);
+    *found = h != NULL;
+    if (!h)
+        return NULL;
+    b->nheld--;
+    if (--h->copies > 0)
+        return NULL;
+    held_unlink(b, h);
+    return h;
+}
+
+static int rb_ack(struct rb *b, struct broker_msg *m)
+{
+    struct held *h;
+    int found;
+    if (m->no_ack || m->settled || !m->tag)
+        return 0;
+    m->settled = 1;
+    h = held_settle(b, m->tag, &found);
+    if (!found)
+        return 0;
+    /* A record never written needs no removal. */
+    if (h && (h->rec == REC_PENDING || h->rec == REC_NONE)) {
+        held_free(h);
+        return 0;
+    }
+    if (h)
+        held_free(h);
+    if (ack_push(b, m->tag)) {
+        LOG(LOG_ERROR,
+            "broker: out of memory acking %s; it comes back after the "
+            "visibility timeout",
+            m->tag);
+        return CR_ENOMEM;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ restores */
+
+static struct rjob *job_new(struct rb *b, const char *tag, char side)
+{
+    struct rjob *j = cr_calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->b = b;
+    j->side = side;
+    j->priority = -1;
+    j->tag = cr_strdup(tag);
+    if (!j->tag) {
+        cr_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+static void job_free(struct rjob *j)
+{
+    cr_free(j->tag);
+    cr_free(j->queue);
+    cr_free(j->env);
+    cr_free(j->value);
+    cr_free(j->renv);
+    cr_free(j->exchange);
+    cr_free(j->routing_key);
+    for (int i = 0; i < j->ntargets; i++)
+        cr_free(j->targets[i]);
+    cr_free(j->targets);
+    cr_free(j);
+}
+
+static void round_job_done(struct rb *b);
+
+/* The job is over (done, or given up): ours wait for the connection when it
+ * was the connection that failed. */
+static void job_end(struct rjob *j, int status)
+{
+    struct rb *b = j->b;
+    int round = j->round;
+    b->njobs--;
+    if (status == CR_EBACKEND && !round && !b->freeing) {
+        j->next = b->waiting;
+        b->waiting = j;
+        return;
+    }
+    job_free(j);
+    if (round)
+        round_job_done(b);
+}
+
+static void on_job_pushed(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct rjob *j = arg;
+    if (!status && is_error(r))
+        LOG(LOG_ERROR, "broker: cannot put message %s back: %s", j->tag, r->str);
+    else if (!status && r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !j->env)
+        LOG(LOG_DEBUG, "broker: message %s settled elsewhere meanwhile", j->tag);
+    (void)b;
+    job_end(j, status);
+}
+
+static int add_target(struct rjob *j, const char *q, size_t n)
+{
+    char **t = cr_realloc(j->targets, (size_t)(j->ntargets + 1) * sizeof(*t));
+    if (!t)
+        return CR_ENOMEM;
+    j->targets = t;
+    t[j->ntargets] = cr_strndup(q, n);
+    if (!t[j->ntargets])
+        return CR_ENOMEM;
+    j->ntargets++;
+    return 0;
+}
+
+/* The envelope's properties.priority (kombu's scale), 0 when absent. */
+static int env_priority(const char *env, size_t len)
+{
+    cJSON *doc = cJSON_ParseWithLength(env, len);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(doc, "properties");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(p, "priority");
+    int v = cJSON_IsNumber(pr) ? (int)pr->valuedouble : 0;
+    cJSON_Delete(doc);
+    return v < 0 ? 0 : v > KOMBU_PRIORITY_MAX ? KOMBU_PRIORITY_MAX : v;
+}
+
+/* The push: with the record (the Lua script, only if the record is still
+ * the value read), or without one (never recorded). */
+static void job_push(struct rjob *j)
+{
+    struct rb *b = j->b;
+    const char *env = j->env ? j->env : j->renv;
+    size_t env_len = j->env ? j->env_len : strlen(j->renv);
+    struct buf marked;
+    struct args a;
+    struct cr_err err;
+    int bucket, rc;
+
+    if (j->priority < 0)
+        j->priority = env_priority(env, env_len);
+    bucket = kombu_bucket(&b->o, j->priority);
+    buf_init(&marked);
+    args_init(&a);
+    rc = kombu_mark_redelivered(env, env_len, &marked, &err);
+    if (rc == CR_EDECODE) {
+        LOG(LOG_ERROR,
+            "broker: the record of message %s is not an envelope; left as "
+            "it is",
+            j->tag);
+        goto out;
+    }
+    if (rc)
+        goto out;
+    if (j->env) {
+        args_s(&a, j->side == 'R' ? "RPUSH" : "LPUSH");
+        args_key(b, &a, j->targets[0], bucket);
+        args_add(&a, marked.data, marked.len);
+    } else {
+        char nkeys[16];
+        snprintf(nkeys, sizeof(nkeys), "%d", j->ntargets + 2);
+        args_s(&a, "EVAL");
+        args_s(&a, restore_lua);
+        args_s(&a, nkeys);
+        args_s(&a, b->k_unacked);
+        args_s(&a, b->k_index);
+        for (int i = 0; i < j->ntargets; i++)
+            args_key(b, &a, j->targets[i], bucket);
+        args_s(&a, j->tag);
+        args_add(&a, j->value, j->value_len);
+        args_add(&a, marked.data, marked.len);
+        args_s(&a, j->side == 'R' ? "R" : "L");
+    }
+    rc = send_op(b, b->cmd, on_job_pushed, j, &a);
+out:
+    buf_release(&marked);
+    args_release(&a);
+    if (rc)
+        job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
+}
+
+static int member_matches(const struct kombu_opts *o, const char *m, size_t n,
+                          const char *rk, int topic)
+{
+    const char *bk, *pat, *q;
+    size_t bk_len, pat_len, q_len;
+    if (kombu_binding_parse(o, m, n, &bk, &bk_len, &pat, &pat_len, &q, &q_len))
+        return 0;
+    if (topic || pat_len)
+        return kombu_topic_match(bk, bk_len, rk, strlen(rk));
+    return bk_len == strlen(rk) && !memcmp(bk, rk, bk_len);
+}
+
+static const char *member_queue(const struct kombu_opts *o, const char *m, size_t n,
+                                size_t *len)
+{
+    const char *bk, *pat, *q;
+    size_t bk_len, pat_len;
+    if (kombu_binding_parse(o, m, n, &bk, &bk_len, &pat, &pat_len, &q, len))
+        return NULL;
+    return q;
+}
+
+static void on_job_members(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct rjob *j = arg;
+    const char *type;
+    int topic;
+    (void)b;
+    if (status || r->type != REDIS_REPLY_ARRAY) {
+        job_end(j, status ? status : CR_EBROKER);
+        return;
+    }
+    type = exchange_type(b, j->exchange);
+    topic = type && !strcmp(type, "topic");
+    for (size_t i = 0; i < r->elements && i < MEMBERS_MAX; i++) {
+        const redisReply *e = r->element[i];
+        size_t ql;
+        const char *q;
+        if (e->type != REDIS_REPLY_STRING ||
+            !member_matches(&b->o, e->str, e->len, j->routing_key, topic))
+            continue;
+        q = member_queue(&b->o, e->str, e->len, &ql);
+        if (q && add_target(j, q, ql)) {
+            job_end(j, CR_ENOMEM);
+            return;
+        }
+    }
+    if (!j->ntargets) {
+        /* kombu would delete the record and lose the message: it stays,
+         * for whoever binds the queue again. */
+        LOG(LOG_WARNING,
+            "broker: message %s cannot be restored: no queue bound to "
+            "exchange '%s' with key '%s'",
+            j->tag, j->exchange, j->routing_key);
+        job_end(j, 0);
+        return;
+    }
+    job_push(j);
+}
+
+static void on_job_value(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct rjob *j = arg;
+    struct cr_err err;
+    if (status) {
+        job_end(j, status);
+        return;
+    }
+    if (r->type != REDIS_REPLY_STRING) {
+        job_end(j, 0); /* acked or restored meanwhile: nothing to do */
+        return;
+    }
+    j->value = cr_malloc(r->len + 1);
+    if (!j->value) {
+        job_end(j, CR_ENOMEM);
+        return;
+    }
+    memcpy(j->value, r->str, r->len);
+    j->value[r->len] = '\0';
+    j->value_len = r->len;
+    if (kombu_unacked_decode(j->value, j->value_len, &j->renv, &j->exchange,
+                             &j->routing_key, &err)) {
+        LOG(LOG_ERROR, "broker: the record of message %s is not kombu's; left as it is",
+            j->tag);
+        job_end(j, 0);
+        return;
+    }
+    if (j->queue) {
+        if (add_target(j, j->queue, strlen(j->queue))) {
+            job_end(j, CR_ENOMEM);
+            return;
+        }
+    } else if (!j->exchange[0]) {
+        if (add_target(j, j->routing_key, strlen(j->routing_key))) {
+            job_end(j, CR_ENOMEM);
+            return;
+        }
+    } else {
+        struct args a;
+        int rc;
+        args_init(&a);
+        args_s(&a, "SMEMBERS");
+        {
+            struct buf k;
+            buf_init(&k);
+            if (kombu_binding_key(&b->o, j->exchange, &k))
+                a.oom = 1;
+            else
+                args_add(&a, k.data, k.len);
+            buf_release(&k);
+        }
+        rc = send_op(b, b->cmd, on_job_members, j, &a);
+        args_release(&a);
+        if (rc)
+            job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
+        return;
+    }
+    job_push(j);
+}
+
+static void job_start(struct rjob *j)
+{
+    struct rb *b = j->b;
+    struct args a;
+    int rc;
+    b->njobs++;
+    if (j->env) {
+        if (!j->ntargets && add_target(j, j->queue, strlen(j->queue))) {
+            job_end(j, CR_ENOMEM);
+            return;
+        }
+        job_push(j);
+        return;
+    }
+    args_init(&a);
+    args_s(&a, "HGET");
+    args_s(&a, b->k_unacked);
+    args_s(&a, j->tag);
+    rc = send_op(b, b->cmd, on_job_value, j, &a);
+    args_release(&a);
+    if (rc)
+        job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
+}
+
+/* Puts a held message of ours back: side 'L' for a requeue, 'R' for a
+ * restore. Takes h (already unlinked). */
+static int restore_held(struct rb *b, struct held *h, char side)
+{
+    struct rjob *j = job_new(b, h->tag, side);
+    if (!j) {
+        held_free(h);
+        return CR_ENOMEM;
+    }
+    j->queue = h->queue;
+    h->queue = NULL;
+    j->priority = h->priority;
+    if (h->rec == REC_PENDING || h->rec == REC_NONE) {
+        j->env = h->env;
+        j->env_len = h->env_len;
+        h->env = NULL;
+    }
+    held_free(h);
+    if (!j->queue) {
+        job_free(j);
+        return CR_ENOMEM;
+    }
+    if (redis_conn_up(b->cmd)) {
+        job_start(j);
+    } else {
+        j->next = b->waiting;
+        b->waiting = j;
+    }
+    return 0;
+}
+
+static int rb_reject(struct rb *b, struct broker_msg *m, int requeue)
+{
+    struct held *h;
+    int found;
+    if (!requeue)
+        return rb_ack(b, m);
+    if (m->no_ack || m->settled || !m->tag)
+        return 0;
+    m->settled = 1;
+    h = held_settle(b, m->tag, &found);
+    if (!h)
+        return 0; /* another copy still holds it: its settle decides */
+    /* kombu's requeue goes to the tail (LPUSH); once the worker stops
+     * consuming, what it gives back goes to the head, so that the other
+     * workers take it at once. */
+    return restore_held(b, h, b->consuming ? 'L' : 'R');
+}
+
+static void start_waiting(struct rb *b)
+{
+    struct rjob *j = b->waiting;
+    b->waiting = NULL;
+    while (j) {
+        struct rjob *next = j->next;
+        j->next = NULL;
+        job_start(j);
+        j = next;
+    }
+}
+
+/* ------------------------------------------------ restore_visible, leases */
+
+static void on_unlocked(struct rb *b, int status, redisReply *r, void *arg)
+{
+    (void)b;
+    (void)status;
+    (void)r;
+    (void)arg;
+}
+
+static void round_end(struct rb *b)
+{
+    struct args a;
+    b->round_on = 0;
+    if (b->freeing)
+        return;
+    args_init(&a);
+    args_s(&a, "EVAL");
+    args_s(&a, unlock_lua);
+    args_s(&a, "1");
+    args_s(&a, b->k_mutex);
+    args_s(&a, b->token);
+    send_op(b, b->cmd, on_unlocked, NULL, &a);
+    args_release(&a);
+}
+
+static void round_job_done(struct rb *b)
+{
+    if (--b->round_jobs == 0 && b->round_on)
+        round_end(b);
+}
+
+static void on_stale(struct rb *b, int status, redisReply *r, void *arg)
+{
+    int n = 0;
+    (void)arg;
+    if (status || r->type != REDIS_REPLY_ARRAY) {
+        if (!status)
+            round_end(b);
+        else
+            b->round_on = 0;
+        return;
+    }
+    b->round_jobs = 1; /* held while the jobs start */
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *t = r->element[i];
+        struct rjob *j;
+        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
+            continue; /* ours: alive, whatever a slow refresh made it look */
+        j = job_new(b, t->str, 'R');
+        if (!j)
+            break;
+        j->round = 1;
+        b->round_jobs++;
+        n++;
+        job_start(j);
+    }
+    if (n)
+        LOG(LOG_INFO, "Restoring %d unacknowledged message(s)", n);
+    round_job_done(b);
+}
+
+static void on_locked(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct args a;
+    char max[64], limit[32];
+    long n = RESTORE_ROUND_MAX;
+    (void)arg;
+    if (status || r->type != REDIS_REPLY_STATUS) {
+        b->round_on = 0; /* held by another restorer (nil), or lost */
+        return;
+    }
+    if (b->o.unacked_restore_limit > 0 && b->o.unacked_restore_limit < n)
+        n = b->o.unacked_restore_limit;
+    snprintf(max, sizeof(max), "%.7f", epoch_s() - b->o.visibility_timeout_s);
+    snprintf(limit, sizeof(limit), "%ld", n);
+    args_init(&a);
+    args_s(&a, "ZREVRANGEBYSCORE");
+    args_s(&a, b->k_index);
+    args_s(&a, max);
+    args_s(&a, "0");
+    args_s(&a, "WITHSCORES");
+    args_s(&a, "LIMIT");
+    args_s(&a, "0");
+    args_s(&a, limit);
+    if (send_op(b, b->cmd, on_stale, NULL, &a))
+        round_end(b);
+    args_release(&a);
+}
+
+/* kombu's restore_visible(): under the mutex, the records older than the
+ * visibility timeout go back to their queues. */
+static void restore_visible(struct rb *b)
+{
+    unsigned char rnd[16];
+    char px[32];
+    struct args a;
+    int consumes = 0;
+    for (int i = 0; i < b->ncycle; i++) {
+        const struct rcons *c = find_cons(b, b->cycle[i]);
+        consumes |= c && !c->q.no_ack;
+    }
+    /* Only a consumer restores (the gateway, which publishes only, does
+     * not): it knows its own visibility timeout, and refreshes its leases. */
+    if (b->round_on || !consumes || !redis_conn_up(b->cmd) || !b->o.ack_emulation)
+        return;
+    random_bytes(rnd, sizeof(rnd));
+    for (int i = 0; i < 16; i++)
+        snprintf(b->token + 2 * i, 3, "%02x", rnd[i]);
+    snprintf(px, sizeof(px), "%ld", (long)(b->o.unacked_mutex_expire_s * 1000));
+    args_init(&a);
+    args_s(&a, "SET");
+    args_s(&a, b->k_mutex);
+    args_s(&a, b->token);
+    args_s(&a, "PX");
+    args_s(&a, px);
+    args_s(&a, "NX");
+    if (send_op(b, b->cmd, on_locked, NULL, &a) == 0)
+        b->round_on = 1;
+    args_release(&a);
+}
+
+/* ZADD unacked_index XX <now> <tag>... for every record we hold: XX, so an
+ * entry removed meanwhile is not made again. */
+static void refresh_leases(struct rb *b)
+{
+    struct held *h = b->held_head;
+    char score[64];
+    snprintf(score, sizeof(score), "%.7f", epoch_s());
+    while (h && redis_conn_up(b->cmd)) {
+        struct args a;
+        int n = 0;
+        args_init(&a);
+        args_s(&a, "ZADD");
+        args_s(&a, b->k_index);
+        args_s(&a, "XX");
+        for (; h && n < BATCH_MAX; h = h->next) {
+            if (h->rec != REC_DONE && h->rec != REC_SENT)
+                continue;
+            args_s(&a, score);
+            args_s(&a, h->tag);
+            n++;
+        }
+        if (n)
+            send_op(b, b->cmd, NULL, NULL, &a);
+        args_release(&a);
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct rb *b = t->data;
+    uint64_t now = now_ms(b);
+    if (b->freeing || !redis_conn_up(b->cmd))
+        return;
+    if (now >= b->lease_due) {
+        b->lease_due = now + b->lease_ms;
+        refresh_leases(b);
+    }
+    if (now >= b->restore_due) {
+        b->restore_due = now + RESTORE_EVERY_MS;
+        restore_visible(b);
+    }
+    maybe_pop(b);
+}
+
+static void on_prepare(uv_prepare_t *p)
+{
+    struct rb *b = p->data;
+    flush_acks(b);
+    maybe_pop(b);
+}
+
+/* ------------------------------------------------------------ pub/sub */
+
+static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr)
+{
+    struct rb *b = req->data;
+    redisReply *r = (redisReply *)rr;
+    const redisReply *pat, *data;
+    if (status || b->freeing || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        strcmp(r->element[0]->str, "pmessage"))
+        return;
+    pat = r->element[1];
+    data = r->element[3];
+    if (pat->type != REDIS_REPLY_STRING || data->type != REDIS_REPLY_STRING)
+        return;
+    for (int i = 0; i < b->ncons; i++) {
+        struct rcons *c = &b->cons[i];
+        struct kombu_msg km;
+        struct cr_err err;
+        int rc;
+        if (!c->fanout || strcmp(c->pattern, pat->str))
+            continue;
+        memset(&err, 0, sizeof(err));
+        rc = body_bound(b) && data->len > body_bound(b)
+                 ? CR_ETOOBIG
+                 : kombu_msg_decode(&km, data->str, data->len, body_bound(b), &err);
+        if (rc) {
+            if (b->bad_pops++ < 10)
+                LOG(LOG_WARNING, "broker: bad message on channel '%s': %s",
+                    r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "?",
+                    err.msg[0] ? err.msg : cr_strerror(rc));
+            return;
+        }
+        /* on_msg may cancel consumers: the loop checks the count again */
+        deliver(b, &km, c->q.name, 1);
+        kombu_msg_release(&km);
+        if (b->freeing)
+            return;
+    }
+}
+
+static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
+{
+    const char *argv[2] = {verb, c->pattern};
+    b->psub_req.data = b;
+    if (redis_conn_send_pubsub(b->sub, &b->psub_req, on_pmessage, 2, argv, NULL))
+        LOG(LOG_WARNING, "broker: cannot %s '%s'", verb, c->pattern);
+}
+
+/* ------------------------------------------------------------ publish */
+
+static void confirm(struct rb *b, struct pubop *p)
+{
+    if (p->cb)
+        p->cb(&b->base, !p->failed, p->privdata);
+    cr_free(p->env);
+    cr_free(p->routing_key);
+    cr_free(p);
+}
+
+static void on_pushed(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct pubop *p = arg;
+    if (status || is_error(r)) {
+        if (!status)
+            LOG(LOG_WARNING, "broker: publish refused: %s", r->str);
+        p->failed = 1;
+    }
+    if (--p->pending == 0)
+        confirm(b, p);
+}
+
+static int push_env(struct rb *b, struct pubop *p, const char *queue, size_t qlen)
+{
+    struct args a;
+    char q[KOMBU_NAME_MAX];
+    int rc;
+    if (qlen >= sizeof(q))
+        return CR_EINVAL;
+    memcpy(q, queue, qlen);
+    q[qlen] = '\0';
+    args_init(&a);
+    args_s(&a, "LPUSH");
+    args_key(b, &a, q, kombu_bucket(&b->o, p->priority));
+    args_add(&a, p->env, p->env_len);
+    rc = send_op(b, b->cmd, on_pushed, p, &a);
+    args_release(&a);
+    if (!rc)
+        p->pending++;
+    return rc;
+}
+
+static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct pubop *p = arg;
+    if (status || r->type != REDIS_REPLY_ARRAY) {
+        p->failed = 1;
+        confirm(b, p);
+        return;
+    }
+    p->pending = 1; /* held while the pushes go */
+    for (size_t i = 0; i < r->elements && i < MEMBERS_MAX; i++) {
+        const redisReply *e = r->element[i];
+        const char *q;
+        size_t ql;
+        if (e->type != REDIS_REPLY_STRING ||
+            !member_matches(&b->o, e->str, e->len, p->routing_key, p->topic))
+            continue;
+        q = member_queue(&b->o, e->str, e->len, &ql);
+        if (q && push_env(b, p, q, ql))
+            p->failed = 1;
+    }
+    if (p->pending == 1)
+        LOG(LOG_DEBUG, "broker: no queue bound for key '%s'; message dropped",
+            p->routing_key);
+    if (--p->pending == 0)
+        confirm(b, p);
+}
+
+static void on_published(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct pubop *p = arg;
+    p->failed = status || is_error(r);
+    confirm(b, p);
+}
+
+static int rb_publish(struct rb *b, const char *exchange, const char *routing_key,
+                      const struct broker_props *props, const char *body, size_t len,
+                      broker_confirm_fn *cb, void *privdata)
+{
+    struct kombu_out ko;
+    struct buf env, key;
+    struct args a;
+    unsigned char rnd[16];
+    char tag[CR_UUID_LEN + 1];
+    const char *type;
+    struct pubop *p;
+    int rc;
+
+    if (b->freeing || !redis_conn_up(b->cmd))
+        return CR_EBROKER;
+    if (!exchange)
+        exchange = "";
+    if (!routing_key)
+        routing_key = "";
+    random_bytes(rnd, sizeof(rnd));
+    cr_uuid4(rnd, tag);
+    memset(&ko, 0, sizeof(ko));
+    ko.body = body;
+    ko.body_len = len;
+    ko.content_type = props->content_type;
+    ko.content_encoding = props->content_encoding;
+    ko.headers = props->headers;
+    ko.correlation_id = props->correlation_id;
+    ko.reply_to = props->reply_to;
+    ko.expiration = props->expiration;
+    ko.delivery_mode = props->delivery_mode;
+    /* the engine's scale back to kombu's; none given is kombu's 0 */
+    ko.priority = props->priority < 0 ? 0 : kombu_from_engine_priority(props->priority);
+    ko.exchange = exchange;
+    ko.routing_key = routing_key;
+    ko.delivery_tag = tag;
+    buf_init(&env);
+    buf_init(&key);
+    args_init(&a);
+    p = cr_calloc(1, sizeof(*p));
+    rc = p ? kombu_msg_encode(&ko, &env) : CR_ENOMEM;
+    if (rc)
+        goto fail;
+    p->cb = cb;
+    p->privdata = privdata;
+    p->priority = ko.priority;
+    p->routing_key = cr_strdup(routing_key);
+    if (!p->routing_key) {
+        rc = CR_ENOMEM;
+        goto fail;
+    }
+    type = *exchange ? exchange_type(b, exchange) : "direct";
+    if (!*exchange) {
+        p->env = buf_detach(&env);
+        p->env_len = p->env ? strlen(p->env) : 0;
+        if (!p->env) {
+            rc = CR_ENOMEM;
+            goto fail;
+        }
+        rc = push_env(b, p, routing_key, strlen(routing_key));
+        if (rc)
+            goto fail;
+    } else if (type && !strcmp(type, "fanout")) {
+        rc = kombu_channel(&b->o, b->url.db, exchange, routing_key, &key);
+        if (rc)
+            goto fail;
+        args_s(&a, "PUBLISH");
+        args_add(&a, key.data, key.len);
+        args_add(&a, env.data, env.len);
+        rc = send_op(b, b->cmd, on_published, p, &a);
+        if (rc)
+            goto fail;
+    } else {
+        p->topic = type && !strcmp(type, "topic");
+        p->env_len = env.len;
+        p->env = buf_detach(&env);
+        if (!p->env) {
+            rc = CR_ENOMEM;
+            goto fail;
+        }
+        rc = kombu_binding_key(&b->o, exchange, &key);
+        if (rc)
+            goto fail;
+        args_s(&a, "SMEMBERS");
+        args_add(&a, key.data, key.len);
+        rc = send_op(b, b->cmd, on_pub_members, p, &a);
+        if (rc)
+            goto fail;
+    }
+    buf_release(&env);
+    buf_release(&key);
+    args_release(&a);
+    return 0;
+fail:
+    if (p) {
+        cr_free(p->env);
+        cr_free(p->routing_key);
+        cr_free(p);
+    }
+    buf_release(&env);
+    buf_release(&key);
+    args_release(&a);
+    return rc == CR_EBROKER || rc == CR_ENOMEM ? rc : CR_EBROKER;
+}
+
+/* ------------------------------------------------------------ stats */
+
+static void on_stats(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct statop *s = arg;
+    uint64_t sum = 0;
+    int ok = exec_ok(status, r) && (int)r->elements == s->nkeys;
+    if (ok)
+        for (size_t i = 0; i < r->elements; i++)
+            sum +=
+                r->element[i]->type == REDIS_REPLY_INTEGER && r->element[i]->integer > 0
+                    ? (uint64_t)r->element[i]->integer
+                    : 0;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        b->stats = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    /* Redis knows nothing of consumers: 0. */
+    if (s->cb)
+        s->cb(&b->base, ok, sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum, 0,
+              s->privdata);
+    cr_free(s);
+}
+
+/* The sum of LLEN over the queue's buckets (kombu's _size). */
+static int rb_queue_stats(struct rb *b, const char *queue, broker_queue_stats_fn *cb,
+                          void *privdata)
+{
+    struct args c[KOMBU_MAX_STEPS];
+    struct statop *s;
+    int rc;
+    if (b->freeing || !redis_conn_up(b->cmd))
+        return CR_EBROKER;
+    s = cr_calloc(1, sizeof(*s));
+    if (!s)
+        return CR_ENOMEM;
+    s->b = b;
+    s->cb = cb;
+    s->privdata = privdata;
+    s->nkeys = b->o.nsteps;
+    for (int i = 0; i < b->o.nsteps; i++) {
+        args_init(&c[i]);
+        args_s(&c[i], "LLEN");
+        args_key(b, &c[i], queue, b->o.steps[i]);
+    }
+    rc = send_multi(b, on_stats, s, c, b->o.nsteps);
+    for (int i = 0; i < b->o.nsteps; i++)
+        args_release(&c[i]);
+    if (rc) {
+        cr_free(s);
+        return rc;
+    }
+    s->next = b->stats;
+    if (s->next)
+        s->next->prev = s;
+    b->stats = s;
+    return 0;
+}
+
+static void rb_queue_stats_cancel(struct rb *b, void *privdata)
+{
+    for (struct statop *s = b->stats; s; s = s->next)
+        if (s->privdata == privdata)
+            s->cb = NULL;
+}
+
+/* ------------------------------------------------------------ connections */
+
+static int all_up(const struct rb *b)
+{
+    return redis_conn_up(b->cmd) && redis_conn_up(b->pop) && redis_conn_up(b->sub);
+}
+
+static void tell_owner(struct rb *b)
+{
+    int up = all_up(b);
+    if (b->freeing || up == b->up_said)
+        return;
+    b->up_said = up;
+    if (up && b->ever_up)
+        LOG(LOG_INFO, "broker: connection to %s is back", b->shown_url);
+    if (up)
+        b->ever_up = 1;
+    if (b->on_conn)
+        b->on_conn(&b->base, up, b->privdata);
+}
+
+static void on_cmd_up(struct rb *b)
+{
+    for (int i = 0; i < b->ncons; i++)
+        send_binding(b, &b->cons[i].q, "SADD");
+    send_dlq_binding(b);
+    /* Records not written yet go before the acks that may remove them. */
+    for (struct held *h = b->held_head; h; h = h->next)
+        if (h->rec == REC_PENDING)
+            send_record(b, h);
+    flush_acks(b);
+    refresh_leases(b);
+    b->lease_due = now_ms(b) + b->lease_ms;
+    start_waiting(b);
+}
+
+static void on_sub_up(struct rb *b)
+{
+    /* Before anything else: a fanout message sent meanwhile is lost. */
+    for (int i = 0; i < b->ncons; i++) {
+        int dup = 0;
+        if (!b->cons[i].fanout)
+            continue;
+        for (int k = 0; k < i; k++)
+            if (b->cons[k].fanout && !strcmp(b->cons[k].pattern, b->cons[i].pattern))
+                dup = 1;
+        if (!dup)
+            psubscribe(b, &b->cons[i], "PSUBSCRIBE");
+    }
+}
+
+static void on_event(struct redis_conn *c, enum redis_conn_event ev,
+                     const struct redis_conn_news *news, void *privdata)
+{
+    struct rb *b = privdata;
+    const char *role = c == b->cmd ? "commands" : c == b->pop ? "consumer" : "pub/sub";
+    if (b->freeing)
+        return;
+    switch (ev) {
+    case REDIS_CONN_UP:
+        if (c == b->cmd)
+            on_cmd_up(b);
+        else if (c == b->sub)
+            on_sub_up(b);
+        else
+            b->client_id_state = 0;
+        break;
+    case REDIS_CONN_FAILED:
+        if (news->loud)
+            LOG(LOG_ERROR, "broker: cannot connect to %s (%s connection): %s",
+                b->shown_url, role, news->why ? news->why : "?");
+        break;
+    case REDIS_CONN_LOST:
+    case REDIS_CONN_SILENT:
+        LOG(LOG_WARNING, "broker: %s connection to %s lost: %s; reconnecting", role,
+            b->shown_url,
+            ev == REDIS_CONN_SILENT ? "no reply within the timeout"
+                                    : (news->why ? news->why : "closed"));
+        if (c == b->pop) {
+            b->client_id_state = 0;
+        }
+        break;
+    }
+    tell_owner(b);
+}
+
+static struct redis_conn *conn_new(struct rb *b, double timeout, double health, int probe,
+                                   struct cr_err *err)
+{
+    struct redis_conn_config rc;
+    memset(&rc, 0, sizeof(rc));
+    rc.url = &b->url;
+    rc.timeout = timeout;
+    rc.health_check_interval = health;
+    if (probe) {
+        rc.probe_argc = 2;
+        rc.probe_argv = b->probe_argv;
+    }
+    rc.master_name = b->o.master_name;
+    rc.connect_timeout =
+        b->o.socket_connect_timeout_s > 0 ? b->o.socket_connect_timeout_s : 0;
+    rc.sentinel_user = b->o.sentinel_username;
+    rc.sentinel_password = b->o.sentinel_password;
+    rc.on_event = on_event;
+    rc.privdata = b;
+    return redis_conn_new(b->loop, &rc, err);
+}
+
+static int rb_connect(struct rb *b, struct cr_err *err)
+{
+    int ms = (int)((b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout : 5) * 1000);
+    struct redis_conn *cs[3] = {b->cmd, b->pop, b->sub};
+    for (int i = 0; i < 3; i++) {
+        int rc = redis_conn_wait(cs[i], ms);
+        if (rc)
+            return cr_err_set(
+                err, CR_EBROKER, "cannot connect to broker '%s': %s", b->shown_url,
+                redis_conn_last_error(cs[i])[0] ? redis_conn_last_error(cs[i])
+                                                : cr_strerror(rc));
+    }
+    uv_update_time(b->loop);
+    b->restore_due = now_ms(b); /* a first restore round at once */
+    LOG(LOG_INFO, "Connected to %s", b->shown_url);
+    tell_owner(b);
+    return 0;
+}
+
+static int rb_connected(const struct rb *b)
+{
+    return all_up(b);
+}
+
+static unsigned long rb_reconnects(const struct rb *b)
+{
+    return redis_conn_reconnects(b->cmd) + redis_conn_reconnects(b->pop) +
+           redis_conn_reconnects(b->sub);
+}
+
+static void rb_set_prefetch(struct rb *b, int n)
+{
+    b->prefetch = n < 0 ? 0 : n;
+}
+
+/* Ends the BRPOP at once rather than at its timeout (Redis >= 5; older ones
+ * refuse and the BRPOP ends by itself within its timeout). What it still
+ * returns goes back to the head of its list (on_popped()). */
+static void unblock_pop(struct rb *b)
+{
+    struct args a;
+    char id[32];
+    if (!b->pop_out || b->client_id_state != 2 || !redis_conn_up(b->cmd))
+        return;
+    snprintf(id, sizeof(id), "%lld", b->client_id);
+    args_init(&a);
+    args_s(&a, "CLIENT");
+    args_s(&a, "UNBLOCK");
+    args_s(&a, id);
+    send_op(b, b->cmd, NULL, NULL, &a);
+    args_release(&a);
+}
+
+static void rb_stop_consuming(struct rb *b)
+{
+    if (!b->consuming)
+        return;
+    b->consuming = 0;
+    unblock_pop(b);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void on_closed(uv_handle_t *h)
+{
+    struct rb *b = h->data;
+    if (++b->nclosed < 2)
+        return;
+    for (int i = 0; i < b->ncons; i++)
+        cons_release(&b->cons[i]);
+    for (int i = 0; i < b->nex; i++) {
+        cr_free(b->ex[i].name);
+        cr_free(b->ex[i].type);
+    }
+    cr_free(b->k_unacked);
+    cr_free(b->k_index);
+    cr_free(b->k_mutex);
+    buf_release(&b->pop_store);
+    strmap_release(&b->held);
+    cr_free(b->acks);
+    cr_free(b);
+}
+
+static void on_free_deadline(uv_timer_t *t)
+{
+    *(int *)t->data = 1;
+}
+
+static void on_free_timer_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+/* A cold stop: every held message goes back to the head of its list, the
+ * last acks go out, the mailbox's binding goes, and the BRPOP still out is
+ * ended and read (a message it popped is pushed back, never lost as kombu
+ * 5.2 loses it). This runs the loop, for FREE_WAIT_MS at most: the worker's
+ * loop is ending, and nothing else can wait for these replies. */
+static void drain(struct rb *b)
+{
+    uv_timer_t deadline;
+    int expired = 0;
+    struct held *h;
+
+    if (!redis_conn_up(b->cmd))
+        return;
+    b->consuming = 0;
+    unblock_pop(b);
+    while ((h = b->held_head) != NULL) {
+        b->nheld -= h->copies;
+        held_unlink(b, h);
+        restore_held(b, h, 'R');
+    }
+    for (int i = 0; i < b->ncons; i++)
+        if (b->cons[i].q.auto_delete || b->cons[i].fanout)
+            send_binding(b, &b->cons[i].q, "SREM");
+    flush_acks(b);
+    uv_timer_init(b->loop, &deadline);
+    deadline.data = &expired;
+    uv_timer_start(&deadline, on_free_deadline, FREE_WAIT_MS, 0);
+    while (!expired && redis_conn_up(b->cmd) &&
+           (redis_conn_inflight(b->cmd) || b->njobs ||
+            (b->pop_out && redis_conn_up(b->pop)) || b->nacks))
+        uv_run(b->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&deadline, on_free_timer_closed);
+    uv_run(b->loop, UV_RUN_NOWAIT);
+    if (b->njobs || b->waiting || b->held_head)
+        LOG(LOG_WARNING, "broker: some held messages could not be put back; they come "
+                         "back after the visibility timeout");
+}
+
+static void rb_free(struct rb *b)
+{
+    struct rjob *j;
+    if (!b)
+        return;
+    if (b->cmd && b->pop && b->sub) {
+        /* Held messages are restored, not left to a visibility timeout. */
+        drain(b);
+    }
+    b->freeing = 1;
+    redis_conn_free(b->pop);
+    redis_conn_free(b->sub);
+    redis_conn_free(b->cmd);
+    while ((j = b->waiting) != NULL) {
+        b->waiting = j->next;
+        job_free(j);
+    }
+    while (b->held_head) {
+        struct held *h = b->held_head;
+        held_unlink(b, h);
+        held_free(h);
+    }
+    for (size_t i = 0; i < b->nacks; i++)
+        cr_free(b->acks[i]);
+    b->nacks = 0;
+    b->nclosed = 0;
+    uv_close((uv_handle_t *)&b->prepare, on_closed);
+    uv_close((uv_handle_t *)&b->tick, on_closed);
+}
+
+static char *prefixed(const struct kombu_opts *o, const char *name)
+{
+    struct buf k;
+    buf_init(&k);
+    if (kombu_queue_key(o, name, 0, &k)) {
+        buf_release(&k);
+        return NULL;
+    }
+    return buf_detach(&k);
+}
+
+static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
+                         broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
+                         struct cr_err *err)
+{
+    struct rb *b;
+    double timeout, vt_ms;
+    struct cr_err e2;
+
+    b = cr_calloc(1, sizeof(*b));
+    if (!b) {
+        cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
+        return NULL;
+    }
+    b->loop = loop;
+    b->cfg = *cfg;
+    b->on_msg = on_msg;
+    b->on_conn = on_conn;
+    b->privdata = privdata;
+    b->consuming = 1;
+    b->prefetch = cfg->prefetch_count;
+    redact_url(cfg->url, b->shown_url, sizeof(b->shown_url));
+    kombu_opts_init(&b->o);
+    memset(&e2, 0, sizeof(e2));
+    if (cfg->transport_options && *cfg->transport_options &&
+        kombu_opts_parse(&b->o, cfg->transport_options, strlen(cfg->transport_options),
+                         &e2)) {
+        cr_err_set(err, CR_EINVAL, "invalid broker transport options: %s", e2.msg);
+        cr_free(b);
+        return NULL;
+    }
+    if (redis_url_parse(&b->url, cfg->url, "broker", &e2)) {
+        cr_err_set(err, CR_EINVAL, "%s", e2.msg);
+        cr_free(b);
+        return NULL;
+    }
+    if (b->url.kind == REDIS_URL_SENTINEL && !b->o.master_name[0]) {
+        cr_err_set(err, CR_EINVAL,
+                   "broker sentinel:// needs master_name in --broker-transport-options");
+        cr_free(b);
+        return NULL;
+    }
+    if (b->url.tls.on && !b->url.tls.cert_reqs_given)
+        LOG(LOG_WARNING, "broker: rediss:// without ssl_cert_reqs verifies no "
+                         "certificate (as kombu does)");
+    strmap_init(&b->held);
+    buf_init(&b->pop_store);
+    vt_ms = b->o.visibility_timeout_s * 1000 / 3;
+    b->lease_ms = vt_ms < LEASE_MIN_MS   ? LEASE_MIN_MS
+                  : vt_ms > LEASE_MAX_MS ? LEASE_MAX_MS
+                                         : (uint64_t)vt_ms;
+    b->k_unacked = prefixed(&b->o, b->o.unacked_key);
+    b->k_index = prefixed(&b->o, b->o.unacked_index_key);
+    b->k_mutex = prefixed(&b->o, b->o.unacked_mutex_key);
+    snprintf(b->probe_channel, sizeof(b->probe_channel), "%s_celeriac.probe",
+             b->o.keyprefix);
+    b->probe_argv[0] = "SUBSCRIBE";
+    b->probe_argv[1] = b->probe_channel;
+    uv_prepare_init(loop, &b->prepare);
+    b->prepare.data = b;
+    uv_prepare_start(&b->prepare, on_prepare);
+    uv_unref((uv_handle_t *)&b->prepare);
+    uv_timer_init(loop, &b->tick);
+    b->tick.data = b;
+    uv_timer_start(&b->tick, on_tick, TICK_MS, TICK_MS);
+    uv_unref((uv_handle_t *)&b->tick);
+    if (!b->k_unacked || !b->k_index || !b->k_mutex)
+        goto oom;
+    /* The command timeout: a BRPOP is answered within its own timeout, so
+     * the consumer connection's is that plus a margin. */
+    timeout = b->o.socket_timeout_s > 0 ? b->o.socket_timeout_s : 30;
+    b->cmd = conn_new(b, timeout, b->o.health_check_interval_s, 0, err);
+    b->pop =
+        b->cmd ? conn_new(b,
+                          timeout +
+                              (b->o.polling_interval_s > 0 ? b->o.polling_interval_s : 1),
+                          0, 0, err)
+               : NULL;
+    b->sub = b->pop ? conn_new(b, timeout, b->o.health_check_interval_s, 1, err) : NULL;
+    if (!b->sub)
+        goto oom;
+    for (int i = 0; i < cfg->nqueues; i++) {
+        /* What Celery declares for a task queue: a direct exchange of the
+         * same name, bound with the queue's name. */
+        struct broker_queue q;
+        memset(&q, 0, sizeof(q));
+        q.name = cfg->queues[i];
+        q.exchange = cfg->queues[i];
+        q.exchange_type = "direct";
+        q.exchange_durable = 1;
+        q.routing_key = cfg->queues[i];
+        q.durable = 1;
+        if (rb_add_consumer(b, &q))
+            goto oom;
+    }
+    if (b->o.order == KOMBU_ORDER_SORTED)
+        kombu_initial_order(&b->o, b->cycle, b->ncycle);
+    if (cfg->dlx && rb_declare_exchange(b, cfg->dlx, "topic", 1))
+        goto oom;
+    return b;
+oom:
+    cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
+    rb_free(b);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the face */
+
+#define R(b) ((struct rb *)(b))
+#define CR(b) ((const struct rb *)(b))
+
+static int v_connect(struct broker *b, struct cr_err *err)
+{
+    return rb_connect(R(b), err);
+}
+static int v_connected(const struct broker *b)
+{
+    return rb_connected(CR(b));
+}
+/* Never changes: see the top of the file. */
+static unsigned v_generation(const struct broker *b)
+{
+    (void)b;
+    return 1;
+}
+static unsigned long v_reconnects(const struct broker *b)
+{
+    return rb_reconnects(CR(b));
+}
+/* Redis never blocks publishing (an OOM refusal fails the publish). */
+static int v_blocked(const struct broker *b, const char **why)
+{
+    (void)b;
+    if (why)
+        *why = NULL;
+    return 0;
+}
+static int v_ack(struct broker *b, struct broker_msg *m)
+{
+    return rb_ack(R(b), m);
+}
+static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
+{
+    return rb_reject(R(b), m, requeue);
+}
+static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
+                     const struct broker_props *props, const char *body, size_t len,
+                     broker_confirm_fn *cb, void *privdata)
+{
+    return rb_publish(R(b), exchange, routing_key, props, body, len, cb, privdata);
+}
+static int v_add_consumer(struct broker *b, const struct broker_queue *q)
+{
+    return rb_add_consumer(R(b), q);
+}
+static int v_cancel_consumer(struct broker *b, const char *queue)
+{
+    return rb_cancel_consumer(R(b), queue);
+}
+static void v_each_consumer(const struct broker *b,
+                            void (*fn)(const struct broker_queue *q, void *arg),
+                            void *arg)
+{
+    rb_each_consumer(CR(b), fn, arg);
+}
+static int v_declare_exchange(struct broker *b, const char *name, const char *type,
+                              int durable)
+{
+    return rb_declare_exchange(R(b), name, type, durable);
+}
+static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
+                         void *privdata)
+{
+    return rb_queue_stats(R(b), queue, cb, privdata);
+}
+static void v_queue_stats_cancel(struct broker *b, void *privdata)
+{
+    rb_queue_stats_cancel(R(b), privdata);
+}
+static void v_set_prefetch(struct broker *b, int prefetch_count)
+{
+    rb_set_prefetch(R(b), prefetch_count);
+}
+static void v_stop_consuming(struct broker *b)
+{
+    rb_stop_consuming(R(b));
+}
+static void v_free(struct broker *b)
+{
+    rb_free(R(b));
+}
+
+/* No BROKER_CAP_PARK: a held eta task keeps its record, whose lease is
+ * refreshed, instead of a parked copy. */
+static const struct broker_vtab redis_vtab = {
+    .name = "redis",
+    .caps = BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH,
+    .connect = v_connect,
+    .connected = v_connected,
+    .generation = v_generation,
+    .reconnects = v_reconnects,
+    .blocked = v_blocked,
+    .ack = v_ack,
+    .reject = v_reject,
+    .publish = v_publish,
+    .add_consumer = v_add_consumer,
+    .cancel_consumer = v_cancel_consumer,
+    .each_consumer = v_each_consumer,
+    .declare_exchange = v_declare_exchange,
+    .queue_stats = v_queue_stats,
+    .queue_stats_cancel = v_queue_stats_cancel,
+    .set_prefetch = v_set_prefetch,
+    .stop_consuming = v_stop_consuming,
+    .free = v_free,
+};
 
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
                                 broker_msg_fn *on_msg, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err)
 {
-    (void)loop;
-    (void)cfg;
-    (void)on_msg;
-    (void)on_conn;
-    (void)privdata;
-    cr_err_set(err, CR_EINVAL, "the Redis broker transport is not built yet");
-    return NULL;
+    struct rb *b = rb_new(loop, cfg, on_msg, on_conn, privdata, err);
+    if (!b)
+        return NULL;
+    b->base.vt = &redis_vtab;
+    return &b->base;
 }

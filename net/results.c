@@ -2,6 +2,7 @@
  * outlasts reconnects, on one net/redis.c connection. */
 #include "results.h"
 
+#include <cJSON.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,10 @@ struct op {
 
 struct backend {
     struct redis_conn *conn; /* connects, times out, reconnects */
+    /* global_keyprefix, with Celery's '_' added: before every key and
+     * channel; "" when none. */
+    char prefix[BACKEND_KEYPREFIX_MAX + 2];
+    size_t prefix_len;
     int result_expires;
     char expires_text[24];
     int freeing;
@@ -415,13 +420,14 @@ static struct op *op_new(struct backend *bk, enum op_kind kind, const char *task
     op->bk = bk;
     op->req.data = op;
     op->kind = kind;
-    op->key = cr_malloc(sizeof(KEY_PREFIX) + n);
+    op->key = cr_malloc(bk->prefix_len + sizeof(KEY_PREFIX) + n);
     if (!op->key) {
         cr_free(op);
         return NULL;
     }
-    memcpy(op->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
-    memcpy(op->key + sizeof(KEY_PREFIX) - 1, task_id, n + 1);
+    memcpy(op->key, bk->prefix, bk->prefix_len);
+    memcpy(op->key + bk->prefix_len, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
+    memcpy(op->key + bk->prefix_len + sizeof(KEY_PREFIX) - 1, task_id, n + 1);
     return op;
 }
 
@@ -524,20 +530,22 @@ int backend_eval(struct backend *bk, struct backend_script *script, int argc,
 
 /* prefix, group_id, suffix into out (CHORD_KEY_MAX bytes); 0 or CR_EINVAL
  * when too long. */
-static int group_key(char *out, const char *prefix, const char *group_id,
-                     const char *suffix)
+static int group_key(const struct backend *bk, char *out, const char *prefix,
+                     const char *group_id, const char *suffix)
 {
-    int n = snprintf(out, CHORD_KEY_MAX, "%s%s%s", prefix, group_id, suffix);
+    int n =
+        snprintf(out, CHORD_KEY_MAX, "%s%s%s%s", bk->prefix, prefix, group_id, suffix);
     return n > 0 && n < CHORD_KEY_MAX ? 0 : CR_EINVAL;
 }
 
 /* A chord's keys: Celery's .j .t .s, then celeriac's join claim. */
-static int group_keys(const char *group_id, char keys[4][CHORD_KEY_MAX])
+static int group_keys(const struct backend *bk, const char *group_id,
+                      char keys[4][CHORD_KEY_MAX])
 {
-    if (group_key(keys[0], GROUP_PREFIX, group_id, ".j") ||
-        group_key(keys[1], GROUP_PREFIX, group_id, ".t") ||
-        group_key(keys[2], GROUP_PREFIX, group_id, ".s") ||
-        group_key(keys[3], BACKEND_CHORD_CLAIM_PREFIX, group_id, ""))
+    if (group_key(bk, keys[0], GROUP_PREFIX, group_id, ".j") ||
+        group_key(bk, keys[1], GROUP_PREFIX, group_id, ".t") ||
+        group_key(bk, keys[2], GROUP_PREFIX, group_id, ".s") ||
+        group_key(bk, keys[3], BACKEND_CHORD_CLAIM_PREFIX, group_id, ""))
         return CR_EINVAL;
     return 0;
 }
@@ -548,7 +556,7 @@ int backend_chord_size(struct backend *bk, const char *group_id, long size,
     char key[CHORD_KEY_MAX], n[24];
     const char *argv[4] = {"1", key, n, bk->expires_text};
     struct op *op;
-    if (group_key(key, GROUP_PREFIX, group_id, ".s"))
+    if (group_key(bk, key, GROUP_PREFIX, group_id, ".s"))
         return CR_EINVAL;
     snprintf(n, sizeof(n), "%ld", size);
     op = raw_op_new(bk, &chord_size_script, 4, argv, NULL, NULL, privdata);
@@ -567,7 +575,7 @@ int backend_chord_part(struct backend *bk, const char *group_id, long group_inde
                            member, score,   bk->expires_text, task_id};
     size_t lens[9];
     struct op *op;
-    if (group_keys(group_id, keys))
+    if (group_keys(bk, group_id, keys))
         return CR_EINVAL;
     if (group_index < 0)
         snprintf(score, sizeof(score), "+inf");
@@ -588,13 +596,127 @@ int backend_chord_clear(struct backend *bk, const char *group_id, backend_done_f
     char keys[4][CHORD_KEY_MAX];
     const char *argv[5] = {"DEL", keys[0], keys[1], keys[2], keys[3]};
     struct op *op;
-    if (group_keys(group_id, keys))
+    if (group_keys(bk, group_id, keys))
         return CR_EINVAL;
     op = raw_op_new(bk, NULL, 5, argv, NULL, NULL, privdata);
     if (!op)
         return CR_ENOMEM;
     op->done_cb = cb;
     return submit(bk, op);
+}
+
+/* ------------------------------------------------------ transport options */
+
+static int opt_string(const cJSON *v, const char *name, char *out, size_t size,
+                      struct cr_err *err)
+{
+    if (!cJSON_IsString(v))
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport option '%s' must be a string", name);
+    if (strlen(v->valuestring) >= size)
+        return cr_err_set(
+            err, CR_EINVAL,
+            "result backend transport option '%s' too long (over %zu bytes)", name,
+            size - 1);
+    snprintf(out, size, "%s", v->valuestring);
+    return 0;
+}
+
+static int opt_seconds(const cJSON *v, const char *name, double *out, struct cr_err *err)
+{
+    if (cJSON_IsNull(v))
+        return 0; /* redis-py's None: the default */
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 86400)
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport option '%s' must be seconds "
+                          "(0..86400)",
+                          name);
+    *out = v->valuedouble;
+    return 0;
+}
+
+int backend_options_parse(struct backend_options *o, const char *json, struct cr_err *err)
+{
+    cJSON *root, *v;
+    int rc = 0;
+
+    memset(o, 0, sizeof(*o));
+    o->socket_timeout = o->socket_connect_timeout = o->health_check_interval = -1;
+    if (!json || !json[0])
+        return 0;
+    if (strlen(json) > BACKEND_OPTIONS_MAX_BYTES)
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport options too long (over %d bytes)",
+                          BACKEND_OPTIONS_MAX_BYTES);
+    root = cJSON_Parse(json);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport options are not a JSON object");
+    }
+    cJSON_ArrayForEach(v, root)
+    {
+        const char *k = v->string;
+        if (!strcmp(k, "master_name")) {
+            rc = opt_string(v, k, o->master_name, sizeof(o->master_name), err);
+        } else if (!strcmp(k, "global_keyprefix")) {
+            rc = opt_string(v, k, o->global_keyprefix, sizeof(o->global_keyprefix), err);
+        } else if (!strcmp(k, "socket_timeout")) {
+            rc = opt_seconds(v, k, &o->socket_timeout, err);
+        } else if (!strcmp(k, "socket_connect_timeout")) {
+            rc = opt_seconds(v, k, &o->socket_connect_timeout, err);
+        } else if (!strcmp(k, "health_check_interval")) {
+            rc = opt_seconds(v, k, &o->health_check_interval, err);
+        } else if (!strcmp(k, "retry_policy")) {
+            /* Celery's retries of a failed store: ours wait for the
+             * reconnect and go again without a limit. Accepted, ignored. */
+            if (!cJSON_IsObject(v) && !cJSON_IsNull(v))
+                rc = cr_err_set(err, CR_EINVAL,
+                                "result backend transport option 'retry_policy' must be "
+                                "an object");
+        } else if (!strcmp(k, "sentinel_kwargs")) {
+            const cJSON *e;
+            if (cJSON_IsNull(v))
+                continue;
+            if (!cJSON_IsObject(v)) {
+                rc = cr_err_set(err, CR_EINVAL,
+                                "result backend transport option 'sentinel_kwargs' must "
+                                "be an object");
+                break;
+            }
+            cJSON_ArrayForEach(e, v)
+            {
+                if (!strcmp(e->string, "password"))
+                    rc = opt_string(e, "sentinel_kwargs.password", o->sentinel_password,
+                                    sizeof(o->sentinel_password), err);
+                else if (!strcmp(e->string, "username"))
+                    rc = opt_string(e, "sentinel_kwargs.username", o->sentinel_user,
+                                    sizeof(o->sentinel_user), err);
+                else if (!strcmp(e->string, "socket_timeout") ||
+                         !strcmp(e->string, "socket_connect_timeout"))
+                    rc = opt_seconds(e, e->string, &(double){0}, err);
+                else
+                    rc = cr_err_set(err, CR_EINVAL,
+                                    "unknown result backend transport option "
+                                    "'sentinel_kwargs.%.60s' (known: username, password, "
+                                    "socket_timeout, socket_connect_timeout)",
+                                    e->string);
+                if (rc)
+                    break;
+            }
+        } else {
+            rc = cr_err_set(err, CR_EINVAL,
+                            "unknown result backend transport option '%.60s' (known: "
+                            "master_name, sentinel_kwargs, global_keyprefix, "
+                            "socket_timeout, socket_connect_timeout, "
+                            "health_check_interval, retry_policy)",
+                            k);
+        }
+        if (rc)
+            break;
+    }
+    cJSON_Delete(root);
+    return rc;
 }
 
 /* ------------------------------------------------------------- lifecycle */
@@ -605,20 +727,42 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
     struct backend *bk;
     struct redis_url url;
     struct redis_conn_config rc;
+    struct backend_options o;
 
-    if (redis_url_parse(&url, cfg->url, "result backend", err))
+    if (redis_url_parse_flags(&url, cfg->url, "result backend", REDIS_URL_TLS_STRICT,
+                              err) ||
+        backend_options_parse(&o, cfg->transport_options, err))
         return NULL;
+    if (url.kind == REDIS_URL_SENTINEL && !o.master_name[0]) {
+        cr_err_set(err, CR_EINVAL,
+                   "result backend sentinel:// needs master_name in "
+                   "--result-backend-transport-options");
+        return NULL;
+    }
     bk = cr_calloc(1, sizeof(*bk));
     if (!bk) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
     }
+    if (o.global_keyprefix[0]) {
+        /* Celery 5.3+ (BaseKeyValueStoreBackend._add_global_keyprefix): a
+         * prefix not ending in one of ":_-." gets a '_'. */
+        size_t n = strlen(o.global_keyprefix);
+        snprintf(bk->prefix, sizeof(bk->prefix), "%s%s", o.global_keyprefix,
+                 strchr(":_-.", o.global_keyprefix[n - 1]) ? "" : "_");
+        bk->prefix_len = strlen(bk->prefix);
+    }
     bk->result_expires = cfg->result_expires;
     snprintf(bk->expires_text, sizeof(bk->expires_text), "%d", cfg->result_expires);
     memset(&rc, 0, sizeof(rc));
     rc.url = &url;
-    rc.timeout = cfg->timeout;
-    rc.health_check_interval = cfg->health_check_interval;
+    rc.timeout = o.socket_timeout >= 0 ? o.socket_timeout : cfg->timeout;
+    rc.health_check_interval = o.health_check_interval >= 0 ? o.health_check_interval
+                                                            : cfg->health_check_interval;
+    rc.connect_timeout = o.socket_connect_timeout >= 0 ? o.socket_connect_timeout : 0;
+    rc.master_name = o.master_name;
+    rc.sentinel_user = o.sentinel_user;
+    rc.sentinel_password = o.sentinel_password;
     rc.on_event = on_conn_event;
     rc.privdata = bk;
     bk->conn = redis_conn_new(loop, &rc, err);
@@ -643,6 +787,11 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
     return cr_err_set(err, CR_EBACKEND,
                       "cannot connect to result backend redis://%s:%d/%d: %s", u->host,
                       u->port, u->db, why[0] ? why : "timed out");
+}
+
+const char *backend_key_prefix(const struct backend *bk)
+{
+    return bk->prefix;
 }
 
 int backend_connected(const struct backend *bk)

@@ -24,7 +24,37 @@ struct backend_config {
     /* Seconds without traffic after which an idle connection is tested with a
      * PING (that timeout applies to it); 0: never. */
     double health_check_interval;
+    /* Celery's result_backend_transport_options as JSON (see
+     * backend_options_parse()); NULL or "": none. Its socket_timeout and
+     * health_check_interval win over the two fields above. */
+    const char *transport_options;
 };
+
+#define BACKEND_OPTIONS_MAX_BYTES 8192
+#define BACKEND_KEYPREFIX_MAX 255
+
+/* Celery's result_backend_transport_options that the worker understands. */
+struct backend_options {
+    char master_name[256];       /* sentinel:// (required there) */
+    char sentinel_user[256];     /* sentinel_kwargs.username */
+    char sentinel_password[512]; /* sentinel_kwargs.password */
+    /* Celery 5.3+: before every result key, chord key and channel (with '_'
+     * added unless it ends in one of ":_-."). */
+    char global_keyprefix[BACKEND_KEYPREFIX_MAX + 1];
+    double socket_timeout;         /* seconds; -1 when not given */
+    double socket_connect_timeout; /* seconds; -1 when not given */
+    double health_check_interval;  /* seconds; -1 when not given */
+};
+
+/* Parses the JSON object of transport options: master_name, sentinel_kwargs
+ * (username, password; socket_timeout and socket_connect_timeout accepted and
+ * ignored), global_keyprefix, socket_timeout, socket_connect_timeout,
+ * health_check_interval (seconds or null), retry_policy (an object, accepted
+ * and ignored: stores wait for the reconnect and go again without a limit).
+ * NULL or "" gives the defaults. Returns 0, or CR_EINVAL with detail in err
+ * for malformed JSON, a wrong type, or an unknown key. Pure. */
+int backend_options_parse(struct backend_options *o, const char *json,
+                          struct cr_err *err);
 
 struct backend;
 
@@ -139,6 +169,12 @@ int backend_chord_clear(struct backend *bk, const char *group_id, backend_done_f
 
 /* The key prefix results are stored under ("celery-task-meta-"). */
 #define BACKEND_META_PREFIX "celery-task-meta-"
+
+/* What every key and channel of this backend starts with before Celery's own
+ * prefix (global_keyprefix and its '_'); "" when none. Borrowed for the
+ * backend's life. Writers of result metas elsewhere (the progress writer)
+ * must put it before BACKEND_META_PREFIX. */
+const char *backend_key_prefix(const struct backend *bk);
 
 int backend_connected(const struct backend *bk);
 unsigned long backend_reconnects(const struct backend *bk);

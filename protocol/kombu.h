@@ -147,8 +147,9 @@ int kombu_unacked_encode(const char *env, size_t len, const char *exchange,
 
 /* Splits an `unacked` value: *env (new, NUL-terminated, compact or as stored:
  * any JSON text of the envelope) and the exchange and routing key (new).
- * Returns 0, CR_EDECODE (not a 3-array of object, string, string) or
- * CR_ENOMEM; nothing to free on error. */
+ * Returns 0, CR_EDECODE (not a 3-array of object, string, string; a null
+ * exchange or routing key reads "", as kombu routes None as the nameless
+ * exchange) or CR_ENOMEM; nothing to free on error. */
 int kombu_unacked_decode(const char *value, size_t len, char **env, char **exchange,
                          char **routing_key, struct cr_err *err);
 
@@ -198,33 +199,38 @@ void kombu_initial_order(const struct kombu_opts *o, const char **queues, int n_
 /* Appends prefix + "_kombu.binding." + exchange. */
 int kombu_binding_key(const struct kombu_opts *o, const char *exchange, struct buf *out);
 
-/* Appends routing_key + SEP + pattern + SEP + queue (NULL reads ""). The
- * separator of binding members is always "\x06\x16", whatever o->sep. */
-int kombu_binding_member(const char *routing_key, const char *pattern, const char *queue,
-                         struct buf *out);
+/* Appends routing_key + sep + pattern + sep + queue (NULL reads ""). kombu
+ * joins and splits binding members with the channel's sep option, the same
+ * o->sep as the priority lists ("\x06\x16" by default). */
+int kombu_binding_member(const struct kombu_opts *o, const char *routing_key,
+                         const char *pattern, const char *queue, struct buf *out);
 
-/* Splits a binding member into its three fields (pointers into member,
- * lengths in *_len). Returns 0, or CR_EDECODE when it does not have exactly
- * three. */
-int kombu_binding_parse(const char *member, size_t len, const char **routing_key,
-                        size_t *rk_len, const char **pattern, size_t *pattern_len,
-                        const char **queue, size_t *queue_len);
+/* Splits a binding member at o->sep into its three fields (pointers into
+ * member, lengths in *_len). Returns 0, or CR_EDECODE when it does not have
+ * exactly three. */
+int kombu_binding_parse(const struct kombu_opts *o, const char *member, size_t len,
+                        const char **routing_key, size_t *rk_len, const char **pattern,
+                        size_t *pattern_len, const char **queue, size_t *queue_len);
 
 /* kombu's topic binding: the regex kombu stores as the pattern field for a
  * binding key ("task.#" -> "^task\..*?$"), appended. */
 int kombu_topic_pattern(const char *binding_key, struct buf *out);
 
 /* Whether routing_key matches a topic binding key the way kombu's regex does
- * ('#': any run of characters, dots included, possibly empty; '*': one or more
- * characters ending in one that is not a dot, dots allowed before it; words
- * literal). Bounded: O(len(binding_key) * len(routing_key)) time, no
- * allocation; keys longer than KOMBU_NAME_MAX do not match. */
+ * with re.match ('#': any run of characters but a newline, dots included,
+ * possibly empty; '*': one or more characters ending in one that is not a dot,
+ * dots allowed before it; words literal, except that a '*' inside a word
+ * repeats the character before it, as the regex reads it; '$' also matches
+ * before a final newline; a key whose regex does not compile matches nothing;
+ * both keys strict UTF-8, compared by code point). Bounded: O(len(binding_key) *
+ * len(routing_key)) time, no allocation; keys longer than KOMBU_NAME_MAX do not match. */
 int kombu_topic_match(const char *binding_key, size_t bk_len, const char *routing_key,
                       size_t rk_len);
 
 /* The pub/sub channel of a fanout publish: prefix + fanout prefix (with db)
  * + exchange [+ "/" + routing_key when fanout_patterns and the key is not
- * empty], appended. */
+ * empty], appended. A db < 0 leaves "{db}" unformatted: the channel kombu
+ * < 5.4 uses on Sentinel ("/{db}.celery.pidbox"). */
 int kombu_channel(const struct kombu_opts *o, int db, const char *exchange,
                   const char *routing_key, struct buf *out);
 
@@ -236,7 +242,7 @@ int kombu_channel_pattern(const struct kombu_opts *o, int db, const char *exchan
 /* The exchange and routing key a received channel names (prefix stripped;
  * a leading "/..." up to the first '.' dropped; the exchange runs to the
  * first '/'). Written NUL-terminated into the two buffers. Returns 0 or
- * CR_EINVAL (no prefix, or a part does not fit). */
+ * CR_EINVAL (no prefix, no exchange, or a part does not fit). */
 int kombu_channel_parse(const struct kombu_opts *o, const char *channel, size_t len,
                         char *exchange, size_t exchange_size, char *routing_key,
                         size_t rk_size);
@@ -244,7 +250,8 @@ int kombu_channel_parse(const struct kombu_opts *o, const char *channel, size_t 
 /* ------------------------------------------------------------ restore */
 
 /* Whether an `unacked_index` entry with score (Unix seconds) is old enough to
- * restore at now_s: score <= now_s - visibility_timeout. */
+ * restore at now_s: 0 <= score <= now_s - visibility_timeout (the range kombu's
+ * ZREVRANGEBYSCORE reads). */
 int kombu_restore_due(const struct kombu_opts *o, double score, double now_s);
 
 #endif

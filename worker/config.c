@@ -5,6 +5,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "net/broker.h"
+#include "net/redis.h"
+#include "net/results.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
@@ -15,8 +18,19 @@
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
      "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP broker URL"},
+    {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
+     OFF(broker_transport_options), "", 0, 0,
+     "Redis broker: Celery's broker_transport_options as JSON, e.g. "
+     "{\"visibility_timeout\": 3600, \"global_keyprefix\": \"pfx:\"}"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPTS_STR, OFF(result_backend),
-     "redis://localhost:6379/0", 0, 0, "Redis result backend URL"},
+     "redis://localhost:6379/0", 0, 0,
+     "Redis result backend URL: redis://, rediss:// (with ssl_cert_reqs), "
+     "redis+socket:// or sentinel://h1:26379/0;sentinel://h2:26379/0"},
+    {"result-backend-transport-options", 0, "CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS",
+     OPTS_STR, OFF(result_backend_transport_options), "", 0, 0,
+     "JSON object, Celery's result_backend_transport_options: master_name, "
+     "sentinel_kwargs, global_keyprefix, socket_timeout, socket_connect_timeout, "
+     "health_check_interval, retry_policy (ignored)"},
     {"redis-timeout", 0, "CELERIAC_REDIS_TIMEOUT", OPTS_DOUBLE, OFF(redis_timeout), "120",
      0, 86400,
      "seconds a Redis command may go unanswered before the connection is rebuilt (0: "
@@ -224,11 +238,29 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
     if (strcmp(cfg->queue_order, "fair") && strcmp(cfg->queue_order, "strict"))
         return cr_err_set(err, CR_EINVAL, "invalid --queue-order '%s' (fair or strict)",
                           cfg->queue_order);
-    if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9))
-        return cr_err_set(err, CR_EINVAL, "unsupported broker URL scheme (want amqp://)");
-    if (strncmp(cfg->result_backend, "redis://", 8))
+    if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9) &&
+        !broker_url_is_redis(cfg->broker))
         return cr_err_set(err, CR_EINVAL,
-                          "unsupported result backend URL scheme (want redis://)");
+                          "unsupported broker URL scheme (want amqp:// or redis://)");
+    if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))
+        return cr_err_set(err, CR_EINVAL,
+                          "--broker-transport-options is for a Redis broker");
+    {
+        struct redis_url u;
+        struct backend_options bo;
+        if (redis_url_parse_flags(&u, cfg->result_backend, "result backend",
+                                  REDIS_URL_TLS_STRICT, err) ||
+            backend_options_parse(&bo, cfg->result_backend_transport_options, err))
+            return err->code;
+        if (u.kind == REDIS_URL_SENTINEL && !bo.master_name[0])
+            return cr_err_set(err, CR_EINVAL,
+                              "result backend sentinel:// needs master_name in "
+                              "--result-backend-transport-options");
+        if (u.tls.on)
+            return cr_err_set(err, CR_EINVAL,
+                              "result backend rediss:// (TLS) is not supported by this "
+                              "build yet");
+    }
     return expand_hostname(cfg, err);
 }
 
@@ -309,7 +341,8 @@ int config_secrets(const struct config *cfg, struct redact *r)
     if (cfg->llm_api_key && *cfg->llm_api_key)
         rc = add_secret(r, cfg->llm_api_key, strlen(cfg->llm_api_key));
     if (!rc && cfg->broker)
-        rc = add_url_secrets(r, cfg->broker, 0, 0);
+        /* redis://secret@host: a Redis URL's user part may be a password */
+        rc = add_url_secrets(r, cfg->broker, broker_url_is_redis(cfg->broker), 0);
     if (!rc && cfg->result_backend)
         rc = add_url_secrets(r, cfg->result_backend, 1, 0);
     if (!rc && cfg->llm_base_url)

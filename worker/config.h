@@ -18,10 +18,16 @@
 #define CONFIG_MAX_CONCURRENCY 100000
 
 struct config {
-    char *broker;         /* AMQP URL */
+    char *broker; /* AMQP or Redis URL */
+    /* Redis broker: Celery's broker_transport_options as a JSON object
+     * (visibility_timeout, priority_steps, global_keyprefix...); "": none */
+    char *broker_transport_options;
     char *result_backend; /* redis:// URL */
     double redis_timeout; /* seconds a Redis command may go unanswered; 0: none */
     double redis_health_check_interval; /* seconds idle before a PING; 0: never */
+    /* Celery's result_backend_transport_options, JSON ("": none); checked by
+     * config_validate() with backend_options_parse(). */
+    char *result_backend_transport_options;
     struct opts_list queues;
     char *default_queue;          /* where a follow-up without a route goes */
     struct opts_list task_routes; /* PATTERN=QUEUE, for follow-ups */

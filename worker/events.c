@@ -136,7 +136,11 @@ struct events *events_new(const struct worker_ctx *w)
         cr_free(ev);
         return NULL;
     }
-    if (broker_declare_exchange(w->broker, EVENT_EXCHANGE, "topic", 1))
+    /* Celery's events switch the exchange to fanout on Redis (PUBLISH), as
+     * celery/events/event.py does for transports without topic routing. */
+    if (broker_declare_exchange(
+            w->broker, EVENT_EXCHANGE,
+            strcmp(broker_transport(w->broker), "redis") ? "topic" : "fanout", 1))
         LOG(LOG_WARNING, "events: cannot declare exchange '%s'", EVENT_EXCHANGE);
     uv_timer_init(w->loop, ev->timer);
     ev->timer->data = ev;

@@ -97,7 +97,9 @@ static int op_delivery_live(void *ctx, const struct delivery *d)
 {
     struct worker *w = ctx;
     const struct broker_msg *m = d->tag;
-    return w->broker && broker_connected(w->broker) &&
+    /* A Redis delivery (m->tag) stays settleable while a connection is down:
+     * its record lives in Redis and the ack waits for the reconnect. */
+    return w->broker && (m->tag || broker_connected(w->broker)) &&
            m->generation == broker_generation(w->broker);
 }
 
@@ -571,6 +573,7 @@ static int clients_new(struct worker *w, struct cr_err *err)
     bc.result_expires = cfg->result_expires;
     bc.timeout = cfg->redis_timeout;
     bc.health_check_interval = cfg->redis_health_check_interval;
+    bc.transport_options = cfg->result_backend_transport_options;
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
@@ -586,6 +589,9 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->bcfg.dlx = cfg->dead_letter_exchange[0] ? cfg->dead_letter_exchange : NULL;
     w->bcfg.dlq = cfg->dead_letter_queue[0] ? cfg->dead_letter_queue : NULL;
     w->bcfg.connection_name = cfg->hostname;
+    w->bcfg.transport_options =
+        cfg->broker_transport_options[0] ? cfg->broker_transport_options : NULL;
+    w->bcfg.max_message_bytes = (size_t)cfg->max_message_size;
     w->broker = broker_new(w->loop, &w->bcfg, on_msg, NULL, w, err);
     if (!w->broker)
         return err->code;

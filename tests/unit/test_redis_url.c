@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "net/redis.h"
+#include "net/results.h"
 #include "util/alloc.h"
 #include "util/redact.h"
 
@@ -63,9 +64,21 @@ static const struct {
     const char *url;
     const char *says;
 } bad[] = {
-    {"rediss://h", "unsupported result backend URL (want redis://)"},
-    {"http://h:6379/0", "unsupported result backend URL (want redis://)"},
-    {"unix:///tmp/redis.sock", "unsupported"},
+    {"http://h:6379/0", "unsupported result backend URL (want redis://, rediss://"},
+    {"unix:/tmp/redis.sock", "unsupported"},
+    {"redis+socket://", "names no socket path"},
+    {"redis+socket://relative.sock", "names no socket path"},
+    {"unix:///s?virtual_host=x", "invalid database"},
+    {"unix:///s?db=-1", "invalid database"},
+    {"rediss://h?ssl_cert_reqs=maybe", "invalid ssl_cert_reqs 'maybe'"},
+    {"rediss://h?ssl_cert_reqs=required&ssl_check_hostname=perhaps",
+     "invalid ssl_check_hostname"},
+    {"sentinel://h;redis://h2", "entry 2 is not sentinel://"},
+    {"sentinel://h;", "entry 2 is not sentinel://"},
+    {"sentinel://h:0", "invalid port"},
+    {"sentinel://:secret@h/x", "'sentinel://:**@h/x'"},
+    {"sentinel://h;sentinel://h2:x",
+     "invalid port in result backend URL 'sentinel://h2:x'"},
     {"REDIS://h", "unsupported"},
     {"", "unsupported"},
     {"redis://h:", "invalid port in result backend URL 'redis://h:'"},
@@ -109,7 +122,8 @@ START_TEST(test_what)
     struct redis_url u;
     struct cr_err e;
     ck_assert_int_eq(redis_url_parse(&u, "amqp://h", "broker", &e), CR_EINVAL);
-    ck_assert_str_eq(e.msg, "unsupported broker URL (want redis://)");
+    ck_assert_str_eq(e.msg, "unsupported broker URL (want redis://, rediss://, "
+                            "redis+socket://, unix:// or sentinel://)");
 }
 END_TEST
 
@@ -178,6 +192,159 @@ START_TEST(test_reuse)
 }
 END_TEST
 
+/* rediss://: the ssl_* query keys, %XX-decoded; the result backend's rule
+ * (strict: ssl_cert_reqs required) against the broker's (warn, verify none). */
+START_TEST(test_tls)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://:pw@h:6380/2", "broker", &e), 0);
+    ck_assert(u.tls.on);
+    ck_assert(!u.tls.cert_reqs_given);
+    ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_NONE);
+    ck_assert_int_eq(u.tls.check_hostname, -1);
+    ck_assert_str_eq(u.password, "pw");
+    ck_assert_int_eq(u.port, 6380);
+    ck_assert_int_eq(u.db, 2);
+    ck_assert_int_eq(redis_url_parse_flags(&u, "rediss://h", "result backend",
+                                           REDIS_URL_TLS_STRICT, &e),
+                     CR_EINVAL);
+    ck_assert_msg(strstr(e.msg, "rediss:// without ssl_cert_reqs") != NULL, "%s", e.msg);
+    ck_assert_int_eq(redis_url_parse_flags(
+                         &u,
+                         "rediss://h/1?ssl_cert_reqs=CERT_REQUIRED&ssl_ca_certs=%2Ftmp%2F"
+                         "ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k%20y.pem&"
+                         "ssl_check_hostname=false&other=1",
+                         "result backend", REDIS_URL_TLS_STRICT, &e),
+                     0);
+    ck_assert(u.tls.cert_reqs_given);
+    ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_REQUIRED);
+    ck_assert_str_eq(u.tls.ca_certs, "/tmp/ca.pem");
+    ck_assert_str_eq(u.tls.certfile, "/c.pem");
+    ck_assert_str_eq(u.tls.keyfile, "/k y.pem");
+    ck_assert_int_eq(u.tls.check_hostname, 0);
+    ck_assert_int_eq(u.db, 1);
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_cert_reqs=optional", "b", &e),
+                     0);
+    ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_OPTIONAL);
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_cert_reqs=none", "b", &e), 0);
+    ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_NONE);
+    ck_assert(u.tls.cert_reqs_given);
+    /* ssl_* keys on a plain URL mean nothing, as in kombu */
+    ck_assert_int_eq(redis_url_parse(&u, "redis://h?ssl_cert_reqs=bogus", "b", &e), 0);
+    ck_assert(!u.tls.on);
+}
+END_TEST
+
+START_TEST(test_unix)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    ck_assert_int_eq(redis_url_parse(&u, "redis+socket:///run/redis.sock", "b", &e), 0);
+    ck_assert_int_eq(u.kind, REDIS_URL_UNIX);
+    ck_assert_str_eq(u.socket_path, "/run/redis.sock");
+    ck_assert_int_eq(u.db, 0);
+    ck_assert_int_eq(
+        redis_url_parse(&u, "redis+socket:///t/r.sock?virtual_host=3&password=p%40w", "b",
+                        &e),
+        0);
+    ck_assert_str_eq(u.socket_path, "/t/r.sock");
+    ck_assert_int_eq(u.db, 3);
+    ck_assert_str_eq(u.password, "p@w");
+    ck_assert_int_eq(redis_url_parse(&u, "unix:///t/r.sock?db=5", "b", &e), 0);
+    ck_assert_int_eq(u.kind, REDIS_URL_UNIX);
+    ck_assert_int_eq(u.db, 5);
+    /* the password in the query is never quoted */
+    ck_assert_int_eq(redis_url_parse(&u, "unix:///s?password=secret&db=x", "b", &e),
+                     CR_EINVAL);
+    ck_assert_msg(strstr(e.msg, "secret") == NULL, "%s", e.msg);
+}
+END_TEST
+
+/* ';' ends an entry, so a password cannot hold one; db, user and password of
+ * the later entries are ignored, and the limit is REDIS_URL_MAX_SENTINELS. */
+START_TEST(test_sentinel_list)
+{
+    static char url[REDIS_URL_MAX_BYTES + 64];
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    size_t n = 0;
+    ck_assert_int_eq(redis_url_parse(&u,
+                                     "sentinel://u:pw@h1:26380/4;sentinel://h2/9;"
+                                     "sentinel://:other@[::1]:7",
+                                     "b", &e),
+                     0);
+    ck_assert_int_eq(u.n_sentinels, 3);
+    ck_assert_str_eq(u.sentinels[0].host, "h1");
+    ck_assert_int_eq(u.sentinels[0].port, 26380);
+    ck_assert_str_eq(u.sentinels[1].host, "h2");
+    ck_assert_int_eq(u.sentinels[1].port, 26379);
+    ck_assert_str_eq(u.sentinels[2].host, "::1");
+    ck_assert_int_eq(u.sentinels[2].port, 7);
+    ck_assert_str_eq(u.user, "u");
+    ck_assert_str_eq(u.password, "pw");
+    ck_assert_int_eq(u.db, 4);
+    ck_assert_str_eq(u.host, "h1");
+    ck_assert_int_eq(u.port, 26380);
+
+    for (int i = 0; i < REDIS_URL_MAX_SENTINELS; i++)
+        n += (size_t)snprintf(url + n, sizeof(url) - n, "%ssentinel://h%d:%d",
+                              i ? ";" : "", i, 26379 + i);
+    ck_assert_int_eq(redis_url_parse(&u, url, "b", &e), 0);
+    ck_assert_int_eq(u.n_sentinels, REDIS_URL_MAX_SENTINELS);
+    ck_assert_str_eq(u.sentinels[15].host, "h15");
+    ck_assert_int_eq(u.sentinels[15].port, 26394);
+    snprintf(url + n, sizeof(url) - n, ";sentinel://one-more");
+    ck_assert_int_eq(redis_url_parse(&u, url, "b", &e), CR_EINVAL);
+    ck_assert_msg(strstr(e.msg, "more than 16 sentinels") != NULL, "%s", e.msg);
+}
+END_TEST
+
+/* Celery's result_backend_transport_options as the worker takes them. */
+START_TEST(test_backend_options)
+{
+    struct backend_options o;
+    struct cr_err e = {0, ""};
+    static const char *const bad[][2] = {
+        {"[]", "not a JSON object"},
+        {"{", "not a JSON object"},
+        {"{\"master_name\": 1}", "'master_name' must be a string"},
+        {"{\"socket_timeout\": \"3\"}", "'socket_timeout' must be seconds"},
+        {"{\"socket_timeout\": -1}", "must be seconds"},
+        {"{\"visibility_timeout\": 3}", "unknown result backend transport option "
+                                        "'visibility_timeout'"},
+        {"{\"sentinel_kwargs\": {\"ssl\": true}}", "'sentinel_kwargs.ssl'"},
+        {"{\"sentinel_kwargs\": 3}", "'sentinel_kwargs' must be an object"},
+        {"{\"retry_policy\": 3}", "'retry_policy' must be an object"},
+    };
+    ck_assert_int_eq(backend_options_parse(&o, NULL, &e), 0);
+    ck_assert_str_eq(o.master_name, "");
+    ck_assert(o.socket_timeout < 0 && o.health_check_interval < 0);
+    ck_assert_int_eq(backend_options_parse(&o, "", &e), 0);
+    ck_assert_int_eq(backend_options_parse(
+                         &o,
+                         "{\"master_name\": \"mymaster\", \"global_keyprefix\": "
+                         "\"pfx\", \"sentinel_kwargs\": {\"password\": \"sp\", "
+                         "\"username\": \"su\", \"socket_timeout\": 1}, "
+                         "\"socket_timeout\": 2.5, \"socket_connect_timeout\": null, "
+                         "\"health_check_interval\": 0, \"retry_policy\": "
+                         "{\"max_retries\": 3}}",
+                         &e),
+                     0);
+    ck_assert_str_eq(o.master_name, "mymaster");
+    ck_assert_str_eq(o.global_keyprefix, "pfx");
+    ck_assert_str_eq(o.sentinel_password, "sp");
+    ck_assert_str_eq(o.sentinel_user, "su");
+    ck_assert(o.socket_timeout == 2.5);
+    ck_assert(o.socket_connect_timeout < 0);
+    ck_assert(o.health_check_interval == 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(backend_options_parse(&o, bad[i][0], &e), CR_EINVAL);
+        ck_assert_msg(strstr(e.msg, bad[i][1]) != NULL, "%s: %s", bad[i][0], e.msg);
+    }
+}
+END_TEST
+
 /* redact_url() (util/redact.c, was config_redact_url): what the worker logs
  * of its broker and backend URLs. */
 START_TEST(test_redact_url)
@@ -210,6 +377,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_reuse);
     tcase_add_test(tc, test_redact_url);
+    tcase_add_test(tc, test_tls);
+    tcase_add_test(tc, test_unix);
+    tcase_add_test(tc, test_sentinel_list);
+    tcase_add_test(tc, test_backend_options);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,265 @@
+"""Issue 15: Redis as the broker -- kombu's Redis transport, exactly, with
+Python producers, Python clients (inspect, control, events) and celeriac on
+one Redis. The broker shares the result backend's db: kombu's keys and
+celery-task-meta-* never collide, and the env fixture flushes it per test."""
+import json
+import signal
+import subprocess
+import time
+import uuid
+
+from celery import Celery
+
+from conftest import wait_until
+
+SEP = "\x06\x16"
+
+
+def rapp(env, **opts):
+    app = Celery("rb", broker=env.backend, backend=env.backend)
+    app.conf.update(result_expires=3600, broker_connection_retry_on_startup=True)
+    if opts:
+        app.conf.broker_transport_options = opts
+    return app
+
+
+def rworker(env, *args, opts=None, **kw):
+    extra = ["-b", env.backend]
+    if opts:
+        extra += ["--broker-transport-options", json.dumps(opts)]
+    return env.worker(*extra, *args, **kw)
+
+
+PY_INSPECT = """
+import json, sys
+from celery import Celery
+app = Celery(broker=sys.argv[1])
+app.conf.broker_transport_options = json.loads(sys.argv[2])
+print(json.dumps(getattr(app.control.inspect(timeout=float(sys.argv[4])), sys.argv[3])()))
+"""
+
+
+def py_inspect(env, method, opts=None, timeout=2):
+    """`celery inspect <method>` from a Python process of its own, with the
+    given transport options (a visibility timeout, a key prefix)."""
+    out = subprocess.run(["/usr/bin/python3", "-c", PY_INSPECT, env.backend,
+                          json.dumps(opts or {}), method, str(timeout)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def envelope(task_id, prompt, queue="celery", priority=0, tag=None, eta=None):
+    """A task message as kombu 5.2 writes it (protocol 2)."""
+    import base64
+    body = json.dumps([[prompt], {}, {"callbacks": None, "errbacks": None,
+                                      "chain": None, "chord": None}])
+    return json.dumps({
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": {"lang": "py", "task": "llm.generate", "id": task_id, "shadow": None,
+                    "eta": eta, "expires": None, "group": None, "group_index": None,
+                    "retries": 0, "timelimit": [None, None], "root_id": task_id,
+                    "parent_id": None, "argsrepr": repr((prompt,)), "kwargsrepr": "{}",
+                    "origin": "test@host", "ignore_result": False},
+        "properties": {"correlation_id": task_id, "reply_to": str(uuid.uuid4()),
+                       "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": queue},
+                       "priority": priority, "body_encoding": "base64",
+                       "delivery_tag": tag or str(uuid.uuid4())}})
+
+
+def test_send_task_and_delay_over_redis(env):
+    app = rapp(env)
+    rworker(env)
+    r = app.send_task("llm.generate", args=["hello redis"])
+    assert r.get(timeout=20) == env.fake.expected_text("hello redis")
+
+    @app.task(name="llm.generate")
+    def generate(prompt, **kw):
+        raise AssertionError("runs on celeriac")
+
+    r2 = generate.delay("via delay")
+    assert r2.get(timeout=20) == env.fake.expected_text("via delay")
+    # the binding kombu writes for the default queue, and nothing left unacked
+    assert env.redis.smembers("_kombu.binding.celery") >= {
+        ("celery" + SEP + SEP + "celery").encode()}
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 5, what="unacked emptied")
+    assert env.redis.zcard("unacked_index") == 0
+
+
+def test_unacked_entry_held_while_running(env):
+    app = rapp(env)
+    env.fake.script(["latency_ms=2500;tokens=3"])
+    rworker(env)
+    r = app.send_task("llm.generate", args=["slow one"])
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="unacked entry")
+    (tag, value), = env.redis.hgetall("unacked").items()
+    env_json, exchange, rk = json.loads(value)
+    assert env_json["headers"]["id"] == r.id and exchange == "" and rk == "celery"
+    assert env_json["properties"]["delivery_tag"] == tag.decode()
+    score = env.redis.zscore("unacked_index", tag)
+    assert abs(score - time.time()) < 10
+    r.get(timeout=20)
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               5, what="acked")
+
+
+def test_priority_buckets_and_order_from_a_python_producer(env):
+    app = rapp(env)
+    # queued before any worker: 9 (least urgent on Redis) first, then 0
+    low = app.send_task("llm.generate", args=["p9"], priority=9)
+    high = app.send_task("llm.generate", args=["p0"], priority=0)
+    assert env.redis.llen("celery" + SEP + "9") == 1 and env.redis.llen("celery") == 1
+    w = rworker(env, "-c", "1", "--prefetch-multiplier", "1")
+    high.get(timeout=20)
+    low.get(timeout=20)
+    order = [l for l in w.lines if "Task llm.generate[" in l and "received" in l]
+    assert high.id in order[0] and low.id in order[1], order
+
+
+def test_retry_is_republished_through_redis(env):
+    app = rapp(env)
+    env.fake.script(["status=429;ra=1", "tokens=4"])
+    w = rworker(env)
+    r = app.send_task("llm.generate", args=["retry me"], priority=3)
+    assert r.get(timeout=20) == env.fake.expected_text("retry me", tokens=4)
+    assert w.count(r"Retry in") >= 1 or env.meta(r.id)["status"] == "SUCCESS"
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 5, what="acked")
+
+
+def test_eta_task_lease_refreshed_against_a_short_visibility_timeout(env):
+    opts = {"visibility_timeout": 5}
+    app = rapp(env, **opts)
+    w = rworker(env, opts=opts)
+    r = app.send_task("llm.generate", args=["later, once"], countdown=12)
+    wait_until(lambda: env.redis.zcard("unacked_index") == 1, 10, what="held")
+    time.sleep(7)
+    # A Python client with the same 5 s visibility timeout restores what is
+    # older than 5 s on its first poll: our lease keeps the score fresh.
+    assert py_inspect(env, "ping", opts, timeout=1)
+    assert env.redis.llen("celery") == 0
+    assert r.get(timeout=20) == env.fake.expected_text("later, once")
+    time.sleep(0.5)
+    assert w.count(r"Task llm.generate\[%s\] received" % r.id) == 1
+    assert len([s for s in env.fake.stats() if "later, once" in json.dumps(s["body"])]) == 1
+
+
+def test_dead_workers_message_is_restored(env):
+    app = rapp(env)
+    tid = str(uuid.uuid4())
+    tag = str(uuid.uuid4())
+    e = envelope(tid, "orphan")
+    # what a killed Python worker leaves behind: a record two hours old
+    env.redis.hset("unacked", tag, json.dumps([json.loads(e), "", "celery"]))
+    env.redis.zadd("unacked_index", {tag: time.time() - 7200})
+    rworker(env)
+    wait_until(lambda: env.meta(tid) and env.meta(tid)["status"] == "SUCCESS", 20,
+               what="restored task ran")
+    assert env.meta(tid)["result"] == env.fake.expected_text("orphan")
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 5, what="acked")
+    assert not env.redis.exists("unacked_mutex")
+
+
+def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
+    app = rapp(env)
+    w = rworker(env, "-c", "1", "--prefetch-multiplier", "4")
+    env.fake.script(["latency_ms=1500;tokens=2"])
+    first = app.send_task("llm.generate", args=["running"])
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="first held")
+    later = [app.send_task("llm.generate", args=["waiting %d" % i], countdown=60)
+             for i in range(2)]
+    wait_until(lambda: env.redis.hlen("unacked") == 3, 10, what="all held")
+    env.redis.lpush("celery", envelope(str(uuid.uuid4()), "behind"))
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0
+    first.get(timeout=5)
+    assert env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0
+    queued = [json.loads(x) for x in env.redis.lrange("celery", 0, -1)]
+    ids = [q["headers"]["id"] for q in queued]
+    # the eta ones at the right end (popped next), the one behind them left alone
+    assert set(ids[-2:]) == {r.id for r in later}
+    assert all(q["headers"].get("redelivered") for q in queued[-2:])
+    assert all(q["properties"]["delivery_info"].get("redelivered") for q in queued[-2:])
+
+
+def test_global_keyprefix(env):
+    opts = {"global_keyprefix": "pfx:"}
+    app = rapp(env, **opts)
+    rworker(env, opts=opts)
+    r = app.send_task("llm.generate", args=["prefixed"])
+    assert r.get(timeout=20) == env.fake.expected_text("prefixed")
+    assert env.redis.exists("pfx:_kombu.binding.celery")
+    assert not env.redis.exists("_kombu.binding.celery")
+    replies = py_inspect(env, "ping", opts)
+    assert replies and all(v == {"ok": "pong"} for v in replies.values()), replies
+    # the mailbox and the events channel carry the prefix too
+    assert env.redis.exists("pfx:_kombu.binding.celery.pidbox")
+
+
+def test_dead_letters_land_in_the_redis_dead_letter_queue(env):
+    app = rapp(env)
+    env.fake.script(["status=400;err_msg=nope"])
+    rworker(env)
+    r = app.send_task("llm.generate", args=["doomed"])
+    wait_until(lambda: env.redis.llen("celeriac.dead") == 1, 20, what="dead letter")
+    dl = json.loads(env.redis.lindex("celeriac.dead", 0))
+    assert dl["headers"]["id"] == r.id
+    assert dl["properties"]["delivery_info"]["exchange"] == "celeriac.dlx"
+    assert env.meta(r.id)["status"] == "FAILURE"
+
+
+def test_malformed_envelope_is_set_aside(env):
+    rworker(env)
+    env.redis.lpush("celery", "this is not json")
+    wait_until(lambda: env.redis.llen("celeriac.dead") == 1, 10, what="set aside")
+    assert env.redis.lindex("celeriac.dead", 0) == b"this is not json"
+    r = rapp(env).send_task("llm.generate", args=["still fine"])
+    assert r.get(timeout=20) == env.fake.expected_text("still fine")
+
+
+def test_pidbox_inspect_and_control_over_redis(env):
+    app = rapp(env)
+    w = rworker(env)
+    wait_until(lambda: env.redis.smembers("_kombu.binding.celery.pidbox"), 5,
+               what="mailbox binding")
+    replies = app.control.inspect(timeout=2).ping()
+    assert replies and any(v == {"ok": "pong"} for v in replies.values()), replies
+    env.fake.script(["latency_ms=3000;tokens=2"])
+    r = app.send_task("llm.generate", args=["busy"])
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    active = app.control.inspect(timeout=2).active()
+    assert any(t["id"] == r.id for v in active.values() for t in v), active
+    later = app.send_task("llm.generate", args=["revoke me"], countdown=30)
+    wait_until(lambda: env.redis.hlen("unacked") == 2, 10, what="eta held")
+    app.control.revoke(later.id)
+    w.wait_for(r"revoked|Discarding revoked", 10)
+    r.get(timeout=20)
+    # the reply queues were written through their bindings, none left behind
+    time.sleep(0.5)
+    assert not [k for k in env.redis.keys("*.reply.celery.pidbox")]
+
+
+def test_events_over_redis(env):
+    app = rapp(env)
+    rworker(env, "-E")
+    got = []
+
+    def collect():
+        with app.connection() as conn:
+            recv = app.events.Receiver(conn, handlers={"*": got.append})
+            try:
+                recv.capture(limit=None, timeout=8, wakeup=False)
+            except Exception:
+                pass
+
+    import threading
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    r = app.send_task("llm.generate", args=["watched"])
+    r.get(timeout=20)
+    wait_until(lambda: any(e.get("type") == "task-succeeded" for e in got), 10,
+               what="task-succeeded event")
+    types = {e["type"] for e in got}
+    assert {"task-received", "task-started", "task-succeeded"} <= types, types

@@ -1,0 +1,139 @@
+"""Issue 15: the result backend over Redis Sentinel (discovery, ROLE, a
+failover under load), a unix socket, global_keyprefix, and the start-up
+errors Celery gives for incomplete Sentinel and TLS settings. Each test that
+needs Sentinel starts its own master, replica and three sentinels
+(sentinel_util.py) in its tmp dir."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import redis
+
+from conftest import BIN, free_port, wait_until
+from sentinel_util import SentinelCluster
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = SentinelCluster(tmp_path / "sentinel", sentinel_password="sentinel-secret").start()
+    yield c
+    c.stop()
+
+
+def sentinel_worker(env, cluster, *args, **kw):
+    return env.worker("--result-backend", cluster.url(db=env.db, first_dead_port=free_port()),
+                      "--result-backend-transport-options",
+                      json.dumps(cluster.transport_options()), *args, **kw)
+
+
+def test_results_over_sentinel_read_by_celery(env, cluster):
+    """The first sentinel listed is dead: the worker moves on, authenticates
+    to the sentinels (sentinel_kwargs), finds the master, and a Python client
+    configured the Celery way reads the result through the sentinels."""
+    host, port = cluster.master_addr()
+    w = sentinel_worker(env, cluster)
+    w.wait_for(r"Connected to redis://%s:%d/%d" % (host, port, env.db))
+    app = env.make_app(result_backend=cluster.url(db=env.db),
+                       result_backend_transport_options=cluster.transport_options())
+    r = app.send_task("llm.generate", args=["over sentinel"])
+    out = r.get(timeout=30)
+    assert isinstance(out, str) and out
+    raw = cluster.master_client(env.db).get("celery-task-meta-" + r.id)
+    assert json.loads(raw)["status"] == "SUCCESS"
+
+
+@pytest.mark.slow
+def test_failover_during_1000_tasks_keeps_every_result(env, cluster):
+    """SENTINEL FAILOVER while 1,000 quick tasks store their results: the
+    worker follows the switch (+switch-master, or the demoted master's
+    -READONLY) and every task ends with its one SUCCESS on the new master."""
+    n = 1000
+    w = sentinel_worker(env, cluster, "-c", "50")
+    old = cluster.master_addr()
+    old_client = cluster.master_client(env.db)
+    results = [env.app.send_task("celery.accumulate", args=[i]) for i in range(n)]
+    wait_until(lambda: len(old_client.keys("celery-task-meta-*")) >= 100, 30,
+               interval=0.02, what="the first results")
+    new = cluster.failover()
+    assert new != old
+    w.wait_for(r"Connected to redis://%s:%d/%d" % (new[0], new[1], env.db), timeout=30)
+    new_client = cluster.master_client(env.db)
+
+    def stored():
+        keys = ["celery-task-meta-" + r.id for r in results]
+        return all(new_client.mget(keys))
+    wait_until(stored, 40, interval=0.2, what="every result on the new master")
+    for i, r in enumerate(results):
+        meta = json.loads(new_client.get("celery-task-meta-" + r.id))
+        assert meta["status"] == "SUCCESS", meta
+        assert meta["result"] == [i]
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30,
+               what="every task acked")
+    assert w.count(r"result backend: connection lost") >= 1
+
+
+def test_global_keyprefix_on_every_result_key(env):
+    """global_keyprefix (Celery 5.3+) goes before every result key and its
+    channel, with Celery's '_'. Debian's Celery 5.2.6 has no such option on
+    the result backend, so the keys are read with redis-py."""
+    w = env.worker("--result-backend-transport-options",
+                   json.dumps({"global_keyprefix": "tenant1", "socket_timeout": 30,
+                               "health_check_interval": 10,
+                               "retry_policy": {"max_retries": 3}}))
+    p = env.redis.pubsub()
+    p.psubscribe("tenant1_celery-task-meta-*")
+    r = env.app.send_task("llm.generate", args=["prefixed"])
+    wait_until(lambda: env.redis.get("tenant1_celery-task-meta-" + r.id), 30,
+               what="the prefixed result")
+    assert json.loads(env.redis.get("tenant1_celery-task-meta-" + r.id))["status"] == "SUCCESS"
+    assert env.redis.get("celery-task-meta-" + r.id) is None
+    msgs = []
+    wait_until(lambda: msgs.extend(m for m in [p.get_message(timeout=0.1)]
+                                   if m and m["type"] == "pmessage") or msgs, 10,
+               what="the published result")
+    assert msgs[0]["channel"] == ("tenant1_celery-task-meta-" + r.id).encode()
+    # A prefix that ends in one of ":_-." is taken as it is.
+    w.stop()
+    env.worker("--result-backend-transport-options", json.dumps({"global_keyprefix": "t2:"}))
+    r = env.app.send_task("llm.generate", args=["prefixed again"])
+    wait_until(lambda: env.redis.get("t2:celery-task-meta-" + r.id), 30,
+               what="the result under t2:")
+
+
+def test_unix_socket_result_backend(env, tmp_path):
+    sock = str(tmp_path / "redis.sock")
+    conf = tmp_path / "redis.conf"
+    conf.write_text("port 0\nunixsocket %s\nunixsocketperm 700\ndir %s\nsave \"\"\n"
+                    % (sock, tmp_path))
+    srv = subprocess.Popen(["/usr/bin/redis-server", str(conf)], stdout=subprocess.DEVNULL)
+    try:
+        c = redis.Redis(unix_socket_path=sock, db=3)
+        wait_until(lambda: os.path.exists(sock), 10, what="the socket")
+        env.worker("--result-backend", "redis+socket://%s?virtual_host=3" % sock)
+        r = env.app.send_task("llm.generate", args=["over a unix socket"])
+        wait_until(lambda: c.get("celery-task-meta-" + r.id), 30, what="the result")
+        assert json.loads(c.get("celery-task-meta-" + r.id))["status"] == "SUCCESS"
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+@pytest.mark.parametrize("backend,options,says", [
+    ("sentinel://127.0.0.1:26379/0", "",
+     "result backend sentinel:// needs master_name in --result-backend-transport-options"),
+    ("redis://127.0.0.1:6379/0", '{"visibility_timeout": 3}',
+     "unknown result backend transport option 'visibility_timeout'"),
+    ("redis://127.0.0.1:6379/0", "{not json", "not a JSON object"),
+    ("rediss://127.0.0.1:6379/0", "",
+     "rediss:// without ssl_cert_reqs: add ?ssl_cert_reqs=required"),
+    ("sentinel://127.0.0.1:26379/0;redis://h", '{"master_name": "m"}',
+     "entry 2 is not sentinel://"),
+])
+def test_start_up_errors(env, backend, options, says):
+    e = dict(os.environ, CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS=options)
+    p = subprocess.run([BIN, "worker", "-b", env.broker, "--result-backend", backend],
+                       env=e, capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0
+    assert says in p.stdout + p.stderr, p.stdout + p.stderr
