@@ -334,6 +334,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_configure(config):
     config.addinivalue_line("markers", "brokers(*names): run the test once over each broker "
                             "named (amqp, redis); unmarked tests run over amqp only")
+    config.addinivalue_line("markers", "slow: takes 15 s or more on its own "
+                            "(make test runs them; -m 'not slow' leaves them out)")
 
 
 def pytest_generate_tests(metafunc):

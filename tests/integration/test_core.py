@@ -25,6 +25,7 @@ def test_send_task_generate(env):
     assert 86000 < ttl <= 86400
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_delay_on_stub_task(env):
     env.worker()
 

@@ -248,6 +248,7 @@ def test_retried_task_shows_the_new_attempt(env, gateway):
     assert text_of(msgs, 1) != final["result"]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_failing_task_ends_with_its_error(env, gateway):
     env.worker("--max-retries", "0")
     gw = gateway()

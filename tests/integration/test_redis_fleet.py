@@ -260,6 +260,7 @@ def test_mixed_fleet_runs_each_task_once(env, fleet):
 
 # ------------------------------------------------------------ kill -9, restore
 
+@pytest.mark.slow
 def test_python_worker_restores_what_a_killed_celeriac_held(env, fleet):
     n = 200
     c = fleet.celeriac(vt=VT, concurrency=20)
@@ -298,6 +299,7 @@ def test_python_worker_restores_what_a_killed_celeriac_held(env, fleet):
     wait_until(lambda: drained(env), 20, what="queue and unacked empty")
 
 
+@pytest.mark.slow
 def test_long_task_is_not_run_twice_and_a_dead_workers_task_comes_back(env, fleet):
     # 1. A task running three visibility timeouts on celeriac while a
     #    Python worker starts (its start-up scan) and two inspect clients poll,
