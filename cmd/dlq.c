@@ -12,6 +12,8 @@
 
 #include "net/amqp_url.h"
 #include "commands.h"
+#include "dlq_int.h"
+#include "net/broker.h"
 #include "worker/config.h"
 #include "protocol/amqp_json.h"
 #include "util/alloc.h"
@@ -21,21 +23,17 @@
 
 #define CH 1
 
-struct dlq_opts {
-    char *broker;
-    char *queue;
-    char *task;   /* filter, or NULL */
-    char *reason; /* substring filter, or NULL */
-    char **ids;
-    int nids;
-    int json;
-};
-
 #define OFF(f) offsetof(struct dlq_opts, f)
 
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
-     "amqp://guest:guest@localhost:5672//", 0, 0, "AMQP URL", "URL", OPT_HIDE_DEFAULT},
+     "amqp://guest:guest@localhost:5672//", 0, 0, "broker URL (AMQP or Redis)", "URL",
+     OPT_HIDE_DEFAULT},
+    {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
+     OFF(transport_options), NULL, 0, 0,
+     "Redis broker: Celery's broker_transport_options as JSON (global_keyprefix, sep, "
+     "priority_steps)",
+     "JSON"},
     {"queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPTS_STR, OFF(queue), "celeriac.dead", 0,
      0, "dead-letter queue", "NAME", OPT_HIDE_ENV},
     {"task", 0, NULL, OPTS_STR, OFF(task), NULL, 0, 0, "only dead letters of this task",
@@ -123,7 +121,7 @@ static amqp_connection_state_t open_conn(const char *url)
     return c;
 }
 
-static const char *hstr(const cJSON *h, const char *key)
+const char *dlq__hstr(const cJSON *h, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
     return cJSON_IsString(v) ? v->valuestring : "";
@@ -131,20 +129,20 @@ static const char *hstr(const cJSON *h, const char *key)
 
 /* A header value as it may go to the terminal: escaped into out (see esc.h),
  * as anyone who could publish to a task queue chose it. */
-static const char *tty(const char *s, char *out, size_t size)
+const char *dlq__tty(const char *s, char *out, size_t size)
 {
     esc_ctl(out, size, s, strlen(s), 0);
     return out;
 }
 
-static int matches(const struct dlq_opts *o, const cJSON *h)
+int dlq__matches(const struct dlq_opts *o, const cJSON *h)
 {
-    const char *id = hstr(h, "id");
-    if (o->task && strcmp(hstr(h, "task"), o->task))
+    const char *id = dlq__hstr(h, "id");
+    if (o->task && strcmp(dlq__hstr(h, "task"), o->task))
         return 0;
-    if (o->reason && !strstr(hstr(h, "x-celeriac-reason"), o->reason) &&
-        !strstr(hstr(h, "x-celeriac-exception-type"), o->reason) &&
-        !strstr(hstr(h, "x-celeriac-exception-message"), o->reason))
+    if (o->reason && !strstr(dlq__hstr(h, "x-celeriac-reason"), o->reason) &&
+        !strstr(dlq__hstr(h, "x-celeriac-exception-type"), o->reason) &&
+        !strstr(dlq__hstr(h, "x-celeriac-exception-message"), o->reason))
         return 0;
     if (o->nids) {
         for (int i = 0; i < o->nids; i++)
@@ -171,23 +169,9 @@ static int wait_confirm(amqp_connection_state_t c)
     }
 }
 
-/* Republishes a dead letter where it first came from, without our headers and
- * with the retry count back at 0. */
-static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSON *h)
+void dlq__reset_headers(cJSON *h)
 {
-    amqp_basic_properties_t p = msg->properties;
-    amqp_pool_t pool;
-    struct cr_err err;
-    char *exchange = cr_strdup(hstr(h, "x-celeriac-original-exchange"));
-    char *rk = cr_strdup(hstr(h, "x-celeriac-original-routing-key"));
     const cJSON *item, *next;
-    int ok;
-
-    if (!exchange || !rk) {
-        cr_free(exchange);
-        cr_free(rk);
-        return 0;
-    }
     for (item = h->child; item; item = next) {
         next = item->next;
         if (!strncmp(item->string, "x-celeriac-", 11))
@@ -195,6 +179,25 @@ static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSO
     }
     if (cJSON_GetObjectItemCaseSensitive(h, "retries"))
         cJSON_ReplaceItemInObjectCaseSensitive(h, "retries", cJSON_CreateNumber(0));
+}
+
+/* Republishes a dead letter where it first came from, without our headers and
+ * with the retry count back at 0. */
+static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSON *h)
+{
+    amqp_basic_properties_t p = msg->properties;
+    amqp_pool_t pool;
+    struct cr_err err;
+    char *exchange = cr_strdup(dlq__hstr(h, "x-celeriac-original-exchange"));
+    char *rk = cr_strdup(dlq__hstr(h, "x-celeriac-original-routing-key"));
+    int ok;
+
+    if (!exchange || !rk) {
+        cr_free(exchange);
+        cr_free(rk);
+        return 0;
+    }
+    dlq__reset_headers(h);
     init_amqp_pool(&pool, 4096);
     if (amqp_json_to_table(h, &pool, &p.headers, &err)) {
         empty_amqp_pool(&pool);
@@ -212,10 +215,11 @@ static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSO
     return ok;
 }
 
-static void print_show(const cJSON *h, const amqp_message_t *msg)
+void dlq__print_show(const cJSON *h, const char *content_type, size_t ct_len,
+                     const char *body, size_t body_len)
 {
     char *text = cJSON_Print(h);
-    size_t shown = msg->body.len > 65536 ? 65536 : msg->body.len;
+    size_t shown = body_len > 65536 ? 65536 : body_len;
     char ct[512];
     char *safe = cr_malloc(4 * 65536 + 1);
 
@@ -224,28 +228,29 @@ static void print_show(const cJSON *h, const amqp_message_t *msg)
     if (text && safe)
         esc_ctl(safe, 4 * 65536 + 1, text, strlen(text), ESC_KEEP_LAYOUT);
     printf("headers: %s\n", text && safe ? safe : "{}");
-    esc_ctl(ct, sizeof(ct), msg->properties.content_type.bytes,
-            msg->properties.content_type.len, 0);
+    esc_ctl(ct, sizeof(ct), content_type, ct_len, 0);
     printf("content-type: %s\n", ct);
     if (safe)
-        esc_ctl(safe, 4 * 65536 + 1, msg->body.bytes, shown, 0);
-    printf("body (%zu bytes): %s\n", msg->body.len, safe ? safe : "(out of memory)");
+        esc_ctl(safe, 4 * 65536 + 1, body, shown, 0);
+    printf("body (%zu bytes): %s\n", body_len, safe ? safe : "(out of memory)");
     cr_free(safe);
     cr_free(text);
 }
 
-static void print_line(const struct dlq_opts *o, const cJSON *h)
+void dlq__print_line(const struct dlq_opts *o, const cJSON *h)
 {
     if (o->json) {
         cJSON *line = cJSON_CreateObject();
         char *text;
-        cJSON_AddStringToObject(line, "id", hstr(h, "id"));
-        cJSON_AddStringToObject(line, "task", hstr(h, "task"));
-        cJSON_AddStringToObject(line, "reason", hstr(h, "x-celeriac-reason"));
-        cJSON_AddStringToObject(line, "exception", hstr(h, "x-celeriac-exception-type"));
-        cJSON_AddStringToObject(line, "message", hstr(h, "x-celeriac-exception-message"));
-        cJSON_AddStringToObject(line, "queue", hstr(h, "x-celeriac-original-queue"));
-        cJSON_AddStringToObject(line, "failed_at", hstr(h, "x-celeriac-failed-at"));
+        cJSON_AddStringToObject(line, "id", dlq__hstr(h, "id"));
+        cJSON_AddStringToObject(line, "task", dlq__hstr(h, "task"));
+        cJSON_AddStringToObject(line, "reason", dlq__hstr(h, "x-celeriac-reason"));
+        cJSON_AddStringToObject(line, "exception",
+                                dlq__hstr(h, "x-celeriac-exception-type"));
+        cJSON_AddStringToObject(line, "message",
+                                dlq__hstr(h, "x-celeriac-exception-message"));
+        cJSON_AddStringToObject(line, "queue", dlq__hstr(h, "x-celeriac-original-queue"));
+        cJSON_AddStringToObject(line, "failed_at", dlq__hstr(h, "x-celeriac-failed-at"));
         text = cJSON_PrintUnformatted(line);
         printf("%s\n", text ? text : "{}");
         cr_free(text);
@@ -255,22 +260,29 @@ static void print_line(const struct dlq_opts *o, const cJSON *h)
     {
         char id[1024], task[1024], reason[1024], exc[1024], at[256];
         printf("%-36s  %-24s  %-18s  %-24s  %s\n",
-               *hstr(h, "id") ? tty(hstr(h, "id"), id, sizeof(id)) : "-",
-               *hstr(h, "task") ? tty(hstr(h, "task"), task, sizeof(task)) : "-",
-               tty(hstr(h, "x-celeriac-reason"), reason, sizeof(reason)),
-               tty(hstr(h, "x-celeriac-exception-type"), exc, sizeof(exc)),
-               tty(hstr(h, "x-celeriac-failed-at"), at, sizeof(at)));
+               *dlq__hstr(h, "id") ? dlq__tty(dlq__hstr(h, "id"), id, sizeof(id)) : "-",
+               *dlq__hstr(h, "task") ? dlq__tty(dlq__hstr(h, "task"), task, sizeof(task))
+                                     : "-",
+               dlq__tty(dlq__hstr(h, "x-celeriac-reason"), reason, sizeof(reason)),
+               dlq__tty(dlq__hstr(h, "x-celeriac-exception-type"), exc, sizeof(exc)),
+               dlq__tty(dlq__hstr(h, "x-celeriac-failed-at"), at, sizeof(at)));
     }
 }
 
-enum action { A_LIST, A_SHOW, A_REPLAY, A_PURGE };
-
-static int run(const struct dlq_opts *o, enum action a)
+static int run(const struct dlq_opts *o, enum dlq_action a)
 {
-    amqp_connection_state_t c = open_conn(o->broker);
+    amqp_connection_state_t c;
     unsigned long seen = 0, acted = 0;
     int rc = 0;
 
+    if (broker_url_is_redis(o->broker))
+        return dlq__run_redis(o, a);
+    if (o->transport_options && *o->transport_options) {
+        fprintf(stderr,
+                "celeriac dlq: broker transport options are for a Redis broker\n");
+        return 2;
+    }
+    c = open_conn(o->broker);
     if (!c)
         return 1;
     if (a == A_PURGE && !o->task && !o->reason && !o->nids) {
@@ -317,16 +329,18 @@ static int run(const struct dlq_opts *o, enum action a)
             h = NULL;
         if (!h)
             h = cJSON_CreateObject();
-        if (matches(o, h)) {
+        if (dlq__matches(o, h)) {
             if (a == A_LIST)
-                print_line(o, h);
+                dlq__print_line(o, h);
             else if (a == A_SHOW) {
-                print_show(h, &msg);
+                dlq__print_show(h, msg.properties.content_type.bytes,
+                                msg.properties.content_type.len, msg.body.bytes,
+                                msg.body.len);
                 acted++;
             } else if (a == A_REPLAY) {
-                char *id = cr_strdup(hstr(h, "id"));
+                char *id = cr_strdup(dlq__hstr(h, "id"));
                 char shown_id[1024];
-                tty(id ? id : "?", shown_id, sizeof(shown_id));
+                dlq__tty(id ? id : "?", shown_id, sizeof(shown_id));
                 if (replay_one(c, &msg, h)) {
                     amqp_basic_ack(c, CH, g->delivery_tag, 0);
                     printf("replayed %s\n", shown_id);
@@ -366,7 +380,7 @@ int cmd_dlq(int argc, char **argv)
 {
     struct dlq_opts o;
     struct cr_err err;
-    enum action a;
+    enum dlq_action a;
     const char *verb;
     char **args;
     int nargs, rc;

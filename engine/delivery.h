@@ -35,6 +35,11 @@ struct delivery {
      * Read only when caps has DELIVERY_CAP_PRIORITY; otherwise every delivery
      * counts as priority 0. */
     int priority;
+    /* The priority as the message carried it, on its transport's own scale
+     * (AMQP's as is; kombu's Redis numbers, where 0 is the most urgent):
+     * what copies republished from it carry (retries, dead letters, parked
+     * copies), so they keep the urgency their producer gave them. */
+    int wire_priority;
     const char *exchange;    /* where it was published */
     const char *routing_key; /* with what key */
     const char *queue;       /* the queue it was consumed from */
@@ -65,6 +70,8 @@ struct outbound {
     const char *correlation_id;
     const char *reply_to;
     int delivery_mode;
+    /* On the transport's own scale, as a Celery producer writes it on that
+     * broker (see struct delivery's wire_priority). */
     int priority;
     const cJSON *headers;
     const char *body;

@@ -69,7 +69,7 @@ void engine__raw_of(struct celery_raw_msg *raw, const struct delivery *d,
     raw->correlation_id = d->correlation_id;
     raw->reply_to = d->reply_to;
     raw->delivery_mode = d->delivery_mode;
-    raw->priority = d->priority;
+    raw->priority = d->wire_priority;
     raw->body = d->body;
     raw->body_len = d->body_len;
 }
@@ -210,7 +210,7 @@ void engine__outbound_of(struct outbound *o, const struct delivery *d,
     o->correlation_id = d->correlation_id;
     o->reply_to = d->reply_to;
     o->delivery_mode = 2;
-    o->priority = d->priority;
+    o->priority = d->wire_priority;
     o->headers = headers;
     o->body = d->body;
     o->body_len = d->body_len;
@@ -285,7 +285,7 @@ int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
     o->correlation_id = t->id;
     o->reply_to = d->reply_to;
     o->delivery_mode = d->delivery_mode ? d->delivery_mode : 2;
-    o->priority = d->priority;
+    o->priority = d->wire_priority;
     o->headers = *headers;
     /* Same routing as the original: through "" the routing key is the queue. */
     o->exchange = d->exchange ? d->exchange : "";

@@ -938,7 +938,7 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
         m->delivery_mode = p->delivery_mode;
     if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
-        m->priority = p->priority;
+        m->priority = m->wire_priority = p->priority;
     if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
         /* A bad entry drops only itself: the others (id, task...) stay in
          * m->headers for the dead letter and the FAILURE. */

@@ -45,6 +45,7 @@ struct broker_msg {
     /* On the engine's scale: higher = more urgent (Redis: kombu's 0..9, where
      * 0 is the most urgent, inverted). */
     int priority;
+    int wire_priority; /* as the message carried it, on the transport's own scale */
     cJSON *headers;    /* application headers as JSON, or NULL */
     int headers_bad;   /* an entry of the header table could not be converted
                         * (headers holds the others) */
@@ -65,7 +66,8 @@ struct broker_props {
     const char *reply_to;
     const char *expiration;
     int delivery_mode; /* 0 omits */
-    int priority;      /* < 0 omits */
+    int priority;      /* the transport's own scale (what a Celery producer writes on
+                        * that broker: kombu's 0..9 on Redis); < 0 omits */
     const cJSON *headers;
     /* Refused (CR_EBROKER) rather than held while the broker blocks
      * publishing: for messages worth nothing late, such as events. */

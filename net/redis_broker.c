@@ -163,6 +163,9 @@ struct rcons {
     struct broker_queue q; /* owned copies */
     int fanout;            /* consumed through PSUBSCRIBE */
     char *pattern;         /* its PSUBSCRIBE pattern (fanout only) */
+    /* Sentinel: kombu < 5.4 never formats the fanout prefix there, so its
+     * peers use "/{db}." literally: that spelling too, or NULL. */
+    char *pattern2;
 };
 
 enum rec_state {
@@ -248,6 +251,7 @@ struct rb {
     int ever_up;
     int consuming;
     int freeing;
+    int draining; /* inside broker_free(): nothing more reaches the owner */
     int prefetch;
     char *k_unacked, *k_index, *k_mutex;
 
@@ -408,6 +412,14 @@ static void random_bytes(unsigned char *p, size_t n)
 
 /* ------------------------------------------------------------ consumers */
 
+/* Whether fanout channels are also spelt the way kombu < 5.4 spells them on
+ * Sentinel ("/{db}." unformatted): subscribed both ways, published both
+ * ways, so Python peers of either age hear us and we hear them. */
+static int sentinel_compat(const struct rb *b)
+{
+    return b->url.kind == REDIS_URL_SENTINEL && b->o.fanout_prefix == 1;
+}
+
 static struct rcons *find_cons(struct rb *b, const char *queue)
 {
     for (int i = 0; i < b->ncons; i++)
@@ -520,6 +532,7 @@ static void cons_release(struct rcons *c)
     cr_free((char *)c->q.routing_key);
     cJSON_Delete((cJSON *)c->q.arguments);
     cr_free(c->pattern);
+    cr_free(c->pattern2);
     memset(c, 0, sizeof(*c));
 }
 
@@ -543,16 +556,20 @@ static int rb_add_consumer(struct rb *b, const struct broker_queue *q)
     c->fanout = q->exchange_type && !strcmp(q->exchange_type, "fanout");
     if (c->fanout) {
         struct buf p;
+        const char *ex = c->q.exchange ? c->q.exchange : "";
+        const char *rk = c->q.routing_key ? c->q.routing_key : "";
         buf_init(&p);
-        if (kombu_channel_pattern(&b->o, b->url.db, c->q.exchange ? c->q.exchange : "",
-                                  c->q.routing_key ? c->q.routing_key : "", &p) == 0)
+        if (kombu_channel_pattern(&b->o, b->url.db, ex, rk, &p) == 0)
             c->pattern = buf_detach(&p);
+        buf_reset(&p);
+        if (sentinel_compat(b) && kombu_channel_pattern(&b->o, -1, ex, rk, &p) == 0)
+            c->pattern2 = buf_detach(&p);
         buf_release(&p);
     }
     if (!c->q.name || (q->exchange && !c->q.exchange) ||
         (q->exchange_type && !c->q.exchange_type) ||
         (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments) ||
-        (c->fanout && !c->pattern)) {
+        (c->fanout && (!c->pattern || (sentinel_compat(b) && !c->pattern2)))) {
         cons_release(c);
         return CR_ENOMEM;
     }
@@ -662,6 +679,7 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
     m->expiration = opt_take(&km->expiration);
     m->delivery_mode = km->delivery_mode;
     m->priority = kombu_to_engine_priority(km->priority);
+    m->wire_priority = km->priority;
     m->headers = km->headers;
     km->headers = NULL;
     m->body = km->body;
@@ -866,7 +884,7 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     c = find_cons(b, queue);
     /* Cancelled meanwhile, or stopped: back to the head of its list, as
      * kombu requeues a message that finds no consumer. */
-    if (b->freeing || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
+    if (b->freeing || b->draining || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
         push_back(b, key, klen, env, len);
         return;
     }
@@ -1623,8 +1641,8 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
     struct rb *b = req->data;
     redisReply *r = (redisReply *)rr;
     const redisReply *pat, *data;
-    if (status || b->freeing || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
+    if (status || b->freeing || b->draining || r->type != REDIS_REPLY_ARRAY ||
+        r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING ||
         strcmp(r->element[0]->str, "pmessage"))
         return;
     pat = r->element[1];
@@ -1636,7 +1654,8 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
         struct kombu_msg km;
         struct cr_err err;
         int rc;
-        if (!c->fanout || strcmp(c->pattern, pat->str))
+        if (!c->fanout || (strcmp(c->pattern, pat->str) &&
+                           (!c->pattern2 || strcmp(c->pattern2, pat->str))))
             continue;
         memset(&err, 0, sizeof(err));
         rc = body_bound(b) && data->len > body_bound(b)
@@ -1659,9 +1678,10 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
 
 static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
 {
-    const char *argv[2] = {verb, c->pattern};
+    const char *argv[3] = {verb, c->pattern, c->pattern2};
     b->psub_req.data = b;
-    if (redis_conn_send_pubsub(b->sub, &b->psub_req, on_pmessage, 2, argv, NULL))
+    if (redis_conn_send_pubsub(b->sub, &b->psub_req, on_pmessage, c->pattern2 ? 3 : 2,
+                               argv, NULL))
         LOG(LOG_WARNING, "broker: cannot %s '%s'", verb, c->pattern);
 }
 
@@ -1773,8 +1793,8 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
     ko.reply_to = props->reply_to;
     ko.expiration = props->expiration;
     ko.delivery_mode = props->delivery_mode;
-    /* the engine's scale back to kombu's; none given is kombu's 0 */
-    ko.priority = props->priority < 0 ? 0 : kombu_from_engine_priority(props->priority);
+    /* already kombu's scale (broker_props); none given is kombu's 0 */
+    ko.priority = props->priority < 0 ? 0 : props->priority;
     ko.exchange = exchange;
     ko.routing_key = routing_key;
     ko.delivery_tag = tag;
@@ -1811,7 +1831,25 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
         args_s(&a, "PUBLISH");
         args_add(&a, key.data, key.len);
         args_add(&a, env.data, env.len);
-        rc = send_op(b, b->cmd, on_published, p, &a);
+        if (sentinel_compat(b)) {
+            struct args a2;
+            buf_reset(&key);
+            rc = kombu_channel(&b->o, -1, exchange, routing_key, &key);
+            if (rc)
+                goto fail;
+            args_init(&a2);
+            args_s(&a2, "PUBLISH");
+            args_add(&a2, key.data, key.len);
+            args_add(&a2, env.data, env.len);
+            /* both or neither: the connection is up, so both are taken */
+            p->pending = 2;
+            rc = send_op(b, b->cmd, on_pushed, p, &a);
+            if (!rc && send_op(b, b->cmd, on_pushed, p, &a2))
+                p->pending = 1;
+            args_release(&a2);
+        } else {
+            rc = send_op(b, b->cmd, on_published, p, &a);
+        }
         if (rc)
             goto fail;
     } else {
@@ -2127,6 +2165,7 @@ static void drain(struct rb *b)
     int expired = 0;
     struct held *h;
 
+    b->draining = 1;
     if (!redis_conn_up(b->cmd))
         return;
     b->consuming = 0;
@@ -2239,6 +2278,10 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (b->url.tls.on && !b->url.tls.cert_reqs_given)
         LOG(LOG_WARNING, "broker: rediss:// without ssl_cert_reqs verifies no "
                          "certificate (as kombu does)");
+    /* --queue-order strict (an earlier -Q queue first) is kombu's "priority"
+     * strategy: the -Q order, never rotated. */
+    if (cfg->per_consumer_qos && b->o.order == KOMBU_ORDER_ROUND_ROBIN)
+        b->o.order = KOMBU_ORDER_PRIORITY;
     strmap_init(&b->held);
     buf_init(&b->pop_store);
     vt_ms = b->o.visibility_timeout_s * 1000 / 3;

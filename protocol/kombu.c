@@ -198,8 +198,17 @@ static int opt_one(struct kombu_opts *o, const cJSON *v, struct cr_err *err)
     long l;
     int rc;
     static const char *const ignored[] = {
-        "max_connections",  "socket_keepalive",         "socket_keepalive_options",
-        "retry_on_timeout", "unacked_restore_interval", "unacked_restore_throttle",
+        "max_connections",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "retry_on_timeout",
+        "unacked_restore_interval",
+        "unacked_restore_throttle",
+        /* the publish retry policy Celery's docs put here (Connection.ensure) */
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
     };
 
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
@@ -253,10 +262,8 @@ static int opt_one(struct kombu_opts *o, const cJSON *v, struct cr_err *err)
     if (strcmp(k, "unacked_mutex_key") == 0)
         return opt_str(v, k, o->unacked_mutex_key, sizeof o->unacked_mutex_key, 0, 0,
                        err);
-    if (strcmp(k, "unacked_mutex_expire") == 0) {
-        rc = opt_num(v, k, &o->unacked_mutex_expire_s, 0.001, 1e9, 0, 0, err);
-        return rc;
-    }
+    if (strcmp(k, "unacked_mutex_expire") == 0) /* the lock's PX must be >= 1 ms */
+        return opt_num(v, k, &o->unacked_mutex_expire_s, 0.001, 1e9, 0, 0, err);
     if (strcmp(k, "unacked_restore_limit") == 0)
         return opt_int(v, k, &o->unacked_restore_limit, 0, 1000000000L, 1, 0, err);
     if (strcmp(k, "ack_emulation") == 0)
@@ -676,8 +683,11 @@ static int set_true(cJSON *obj, const char *key)
     t = cJSON_CreateTrue();
     if (!t)
         return CR_ENOMEM;
-    if (first ? !cJSON_ReplaceItemInObjectCaseSensitive(obj, key, t)
-              : !cJSON_AddItemToObject(obj, key, t)) {
+    /* cJSON 1.7.15's ReplaceItemInObject ignores a failed name copy, so the
+     * name is set here. */
+    t->string = first ? cr_strdup(key) : NULL;
+    if ((first && !t->string) || (first ? !cJSON_ReplaceItemViaPointer(obj, first, t)
+                                        : !cJSON_AddItemToObject(obj, key, t))) {
         cJSON_Delete(t);
         return CR_ENOMEM;
     }
@@ -782,6 +792,8 @@ static int unacked_elem(struct py_json_scan *sc, size_t index, void *privdata)
 {
     struct unacked_scan *u = privdata;
     size_t at = sc->pos;
+    if (at >= sc->len)
+        return 1;
     if (index > 2) {
         u->bad = 1;
         return 1;

@@ -43,8 +43,9 @@ struct kombu_opts {
     char sep[16];                   /* "\x06\x16" */
     enum kombu_order order;         /* queue_order_strategy: round_robin */
     char keyprefix[KOMBU_NAME_MAX]; /* global_keyprefix: "" */
-    /* fanout_prefix: 1 (true: "/{db}."), 0 (false: none), or a string of
-     * its own in fanout_prefix_str (kombu formats "{db}" in it). */
+    /* fanout_prefix: 1 (true: "/{db}."), 0 (false, or ""; none), or 2: a
+     * string of its own in fanout_prefix_str (kombu formats "{db}" in it; any
+     * other brace but "{{" and "}}" is refused, as Python's format raises). */
     int fanout_prefix;
     char fanout_prefix_str[64];
     int fanout_patterns;                    /* 1: "/routing_key" suffix on channels */
@@ -72,7 +73,8 @@ void kombu_opts_init(struct kombu_opts *o);
 /* Parses a broker_transport_options JSON object (len bytes, no NUL needed)
  * over the defaults already in o. Keys kombu accepts for pools and sockets
  * that mean nothing here (max_connections, socket_keepalive, retry_on_timeout,
- * ...) are accepted and ignored. Any other key, a value of the wrong type or
+ * ..., and the publish retry policy max_retries and interval_*) are accepted
+ * and ignored. Any other key, a value of the wrong type or
  * out of range is CR_EINVAL with one line naming the key in err; o is then
  * unspecified. */
 int kombu_opts_parse(struct kombu_opts *o, const char *json, size_t len,

@@ -880,6 +880,7 @@ static void copy_decoded(const char *s, const char *e, char *out, size_t size)
 int pidbox_broker_info_parse(const char *url, struct pidbox_broker_info *out)
 {
     const char *p, *auth_end, *host, *host_end, *path, *colon;
+    int redis = 0, default_port;
     memset(out, 0, sizeof(*out));
     if (!strncmp(url, "amqp://", 7)) {
         p = url + 7;
@@ -888,10 +889,30 @@ int pidbox_broker_info_parse(const char *url, struct pidbox_broker_info *out)
     } else if (!strncmp(url, "amqps://", 8)) {
         p = url + 8;
         out->ssl = 1;
+    } else if (!strncmp(url, "redis://", 8)) {
+        p = url + 8;
+        redis = 1;
+    } else if (!strncmp(url, "rediss://", 9)) {
+        p = url + 9;
+        redis = out->ssl = 1;
+    } else if (!strncmp(url, "sentinel://", 11)) {
+        /* the first sentinel of the list names the connection, as in kombu */
+        p = url + 11;
+        redis = 2;
+    } else if (!strncmp(url, "redis+socket://", 15) || !strncmp(url, "unix://", 7)) {
+        snprintf(out->transport, sizeof(out->transport), "redis");
+        snprintf(out->hostname, sizeof(out->hostname), "localhost");
+        snprintf(out->virtual_host, sizeof(out->virtual_host), "/");
+        return 0;
     } else {
         return CR_EINVAL;
     }
-    path = p + strcspn(p, "/?");
+    snprintf(out->transport, sizeof(out->transport), "%s",
+             redis == 2 ? "sentinel"
+             : redis    ? "redis"
+                        : "amqp");
+    default_port = redis == 2 ? 26379 : redis ? 6379 : out->ssl ? 5671 : 5672;
+    path = p + strcspn(p, redis == 2 ? "/?;" : "/?");
     auth_end = NULL;
     /* the last '@' before the path ends the credentials */
     for (const char *q = p; q < path; q++)
@@ -923,13 +944,13 @@ int pidbox_broker_info_parse(const char *url, struct pidbox_broker_info *out)
         out->port = port > 0 && port < 65536 ? (int)port : 0;
     }
     if (!out->port)
-        out->port = out->ssl ? 5671 : 5672;
+        out->port = default_port;
     if (!out->hostname[0])
         snprintf(out->hostname, sizeof(out->hostname), "localhost");
-    if (!out->userid[0])
+    if (!out->userid[0] && !redis)
         snprintf(out->userid, sizeof(out->userid), "guest");
     if (*path == '/') {
-        const char *end = path + 1 + strcspn(path + 1, "?");
+        const char *end = path + 1 + strcspn(path + 1, "?;");
         copy_decoded(path + 1, end, out->virtual_host, sizeof(out->virtual_host));
     }
     if (!out->virtual_host[0])
@@ -1021,12 +1042,19 @@ cJSON *pidbox_stats_new(const struct pidbox_stats *st)
     if (!rc && st->broker) {
         const struct pidbox_broker_info *b = st->broker;
         rc = add(br, "hostname", cJSON_CreateString(b->hostname));
-        rc = rc ? rc : add(br, "userid", cJSON_CreateString(b->userid));
+        /* kombu has no default user for Redis: None */
+        rc = rc ? rc
+                : add(br, "userid",
+                      b->userid[0] || !strcmp(b->transport, "amqp")
+                          ? cJSON_CreateString(b->userid)
+                          : cJSON_CreateNull());
         rc = rc ? rc : add(br, "virtual_host", cJSON_CreateString(b->virtual_host));
         rc = rc ? rc : add(br, "port", cJSON_CreateNumber(b->port));
         rc = rc ? rc : add(br, "insist", bool_item(0));
         rc = rc ? rc : add(br, "ssl", bool_item(b->ssl));
-        rc = rc ? rc : add(br, "transport", cJSON_CreateString("amqp"));
+        rc = rc ? rc
+                : add(br, "transport",
+                      cJSON_CreateString(b->transport[0] ? b->transport : "amqp"));
         rc = rc ? rc
                 : add(br, "connect_timeout", py_json_float(st->broker_connect_timeout));
         rc = rc ? rc : add(br, "transport_options", cJSON_CreateObject());

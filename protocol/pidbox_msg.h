@@ -158,10 +158,14 @@ struct pidbox_broker_info {
     char virtual_host[256];
     int port;
     int ssl;
+    char transport[16]; /* "amqp", "redis" or "sentinel", as kombu names it */
 };
 /* Reads an amqp://, amqps:// or pyamqp:// URL the way kombu does (defaults
  * localhost, guest, 5672/5671, vhost "/"; "amqp://h//" is vhost "/"; %XX
- * decoded). Returns 0 or CR_EINVAL (another scheme). */
+ * decoded), and the Redis forms: redis:// and rediss:// (port 6379, no
+ * default user, the db as virtual host), sentinel:// (its first sentinel,
+ * port 26379), redis+socket:// and unix:// (localhost). Returns 0 or
+ * CR_EINVAL (another scheme). */
 int pidbox_broker_info_parse(const char *url, struct pidbox_broker_info *out);
 
 struct pidbox_rusage {

@@ -126,6 +126,7 @@ static struct delivery *delivery_of(const struct broker *b, struct broker_msg *m
     d->reply_to = m->reply_to;
     d->delivery_mode = m->delivery_mode;
     d->priority = m->priority;
+    d->wire_priority = m->wire_priority;
     d->exchange = m->exchange;
     d->routing_key = m->routing_key;
     d->queue = m->queue;

@@ -163,14 +163,16 @@ def test_dead_workers_message_is_restored(env):
 
 def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
     app = rapp(env)
-    w = rworker(env, "-c", "1", "--prefetch-multiplier", "4")
     env.fake.script(["latency_ms=1500;tokens=2"])
-    first = app.send_task("llm.generate", args=["running"])
-    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="first held")
+    # -c 1 x 1: a window of 1, raised by one for each eta task held, so the
+    # worker holds exactly these three and leaves the one pushed after them
     later = [app.send_task("llm.generate", args=["waiting %d" % i], countdown=60)
              for i in range(2)]
+    first = app.send_task("llm.generate", args=["running"])
+    w = rworker(env, "-c", "1", "--prefetch-multiplier", "1")
     wait_until(lambda: env.redis.hlen("unacked") == 3, 10, what="all held")
     env.redis.lpush("celery", envelope(str(uuid.uuid4()), "behind"))
+    time.sleep(0.3)
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
     first.get(timeout=5)
@@ -181,6 +183,22 @@ def test_warm_shutdown_puts_held_messages_back_at_the_head(env):
     assert set(ids[-2:]) == {r.id for r in later}
     assert all(q["headers"].get("redelivered") for q in queued[-2:])
     assert all(q["properties"]["delivery_info"].get("redelivered") for q in queued[-2:])
+
+
+def test_cold_stop_restores_the_running_message(env):
+    app = rapp(env)
+    env.fake.script(["latency_ms=8000;tokens=2"])
+    w = rworker(env, "-c", "1")
+    r = app.send_task("llm.generate", args=["cut short"], priority=7)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)   # the second: a cold stop
+    w.wait(30)
+    assert env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0
+    # back at the head of its own bucket (priority 7 -> bucket 6), redelivered
+    back = json.loads(env.redis.lindex("celery" + SEP + "6", -1))
+    assert back["headers"]["id"] == r.id and back["headers"]["redelivered"] is True
 
 
 def test_global_keyprefix(env):
@@ -263,3 +281,26 @@ def test_events_over_redis(env):
                what="task-succeeded event")
     types = {e["type"] for e in got}
     assert {"task-received", "task-started", "task-succeeded"} <= types, types
+
+
+def test_connections_dropped_mid_task(env):
+    """Redis drops every connection (CLIENT KILL; the data stays): the running
+    task's record survives, its ack goes once the worker is back, the mailbox
+    is subscribed again, and nothing runs twice."""
+    app = rapp(env)
+    env.fake.script(["latency_ms=2500;tokens=3"])
+    w = rworker(env)
+    r = app.send_task("llm.generate", args=["across a drop"])
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    time.sleep(0.5)
+    env.redis.client_kill_filter(_type="normal", skipme=True)
+    env.redis.client_kill_filter(_type="pubsub")
+    assert r.get(timeout=20) == env.fake.expected_text("across a drop", tokens=3)
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="acked after the reconnect")
+    w.wait_for(r"connection to .* lost", 5)
+    replies = wait_until(lambda: py_inspect(env, "ping", timeout=1), 15, what="ping after")
+    assert any(v == {"ok": "pong"} for v in replies.values())
+    r2 = app.send_task("llm.generate", args=["after the drop"])
+    assert r2.get(timeout=20) == env.fake.expected_text("after the drop")
+    assert len([s for s in env.fake.stats() if "across a drop" in json.dumps(s["body"])]) == 1

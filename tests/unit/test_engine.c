@@ -78,7 +78,8 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     m->d.reply_to = m->reply;
     m->d.delivery_mode =
         cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
-    m->d.priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
+    m->d.priority = m->d.wire_priority =
+        cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
     m->d.exchange = m->exchange;
     m->d.routing_key = m->rk;
     m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |

@@ -607,7 +607,13 @@ static const struct {
     {"amqps://us%40r:p@ss@[::1]:5999/", 0, "::1", "us@r", "/", 5999, 1},
     {"amqps://h", 0, "h", "guest", "/", 5671, 1},
     {"amqp://h:notaport/", 0, "h", "guest", "/", 5672, 0},
-    {"redis://h/0", CR_EINVAL, "", "", "", 0, 0},
+    {"redis://h/3", 0, "h", "", "3", 6379, 0},
+    {"redis://:pw@h", 0, "h", "", "/", 6379, 0},
+    {"rediss://u:pw@h:6380/1?ssl_cert_reqs=none", 0, "h", "u", "1", 6380, 1},
+    {"sentinel://s1:26380/2;sentinel://s2:26381/2", 0, "s1", "", "2", 26380, 0},
+    {"sentinel://s1;sentinel://s2", 0, "s1", "", "/", 26379, 0},
+    {"redis+socket:///tmp/r.sock", 0, "localhost", "", "/", 0, 0},
+    {"memory://", CR_EINVAL, "", "", "", 0, 0},
 };
 
 START_TEST(test_broker_info)

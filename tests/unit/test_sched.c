@@ -66,7 +66,7 @@ static void deliver_task(struct fake *f, const char *id, const char *queue, int 
         cJSON_AddStringToObject(h, "eta", eta);
     }
     m = fake_msg_new(f, body, queue, h);
-    m->d.priority = prio;
+    m->d.priority = m->d.wire_priority = prio;
     m->d.caps = caps;
     engine_on_delivery(f->e, f->now, &m->d);
 }

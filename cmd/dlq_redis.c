@@ -1,0 +1,380 @@
+/* dlq_redis.c -- `celeriac dlq` over a Redis broker.
+ *
+ * On Redis the dead-letter queue is a kombu queue like any other: one list per
+ * priority bucket, each element an envelope (protocol/kombu.h). A command-line
+ * client, so it uses hiredis's blocking context. Dead letters are read oldest
+ * first (from the right end of each bucket, bucket 0 first, as a consumer
+ * would pop them) and only removed by the command that acts on them: replay
+ * moves one with a script that removes that exact element and pushes its new
+ * envelope in one step, so a dead letter is never lost or doubled, even when
+ * two operators replay at once. */
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "dlq_int.h"
+#include "net/redis.h"
+#include "protocol/kombu.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/uuid.h"
+
+#define PAGE 500
+/* A reply larger than this is not read (a dead letter holds one task). */
+#define MAX_ENVELOPE_BYTES (64u << 20)
+
+/* Removes ARGV[1] from KEYS[1] and pushes ARGV[2] on KEYS[2] only if it was
+ * there: a dead letter another operator took meanwhile is not replayed twice. */
+static const char MOVE_LUA[] =
+    "if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then "
+    "return redis.call('LPUSH', KEYS[2], ARGV[2]) end return -1";
+
+struct entry {
+    char *key; /* the bucket list it is on */
+    char *env;
+    size_t len;
+};
+
+struct rdlq {
+    redisContext *c;
+    struct kombu_opts ko;
+    struct entry *v;
+    size_t n, cap;
+};
+
+static redisReply *cmd(struct rdlq *r, int argc, const char **argv, const size_t *lens)
+{
+    redisReply *rep = redisCommandArgv(r->c, argc, argv, lens);
+    if (!rep) {
+        fprintf(stderr, "celeriac dlq: redis: %s\n",
+                r->c->errstr[0] ? r->c->errstr : "connection lost");
+        return NULL;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "celeriac dlq: redis: %s\n", rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+static int open_redis(struct rdlq *r, const char *url)
+{
+    struct redis_url u;
+    struct cr_err err;
+    struct timeval tv = {5, 0};
+    redisReply *rep;
+
+    memset(&err, 0, sizeof(err));
+    if (redis_url_parse(&u, url, "broker", &err)) {
+        fprintf(stderr, "celeriac dlq: %s\n", err.msg);
+        return 2;
+    }
+    r->c = redisConnectWithTimeout(u.host, u.port, tv);
+    if (!r->c || r->c->err) {
+        fprintf(stderr, "celeriac dlq: cannot connect to Redis at %s:%d: %s\n", u.host,
+                u.port, r->c ? r->c->errstr : "out of memory");
+        return 1;
+    }
+    redisSetTimeout(r->c, tv);
+    if (u.password[0]) {
+        const char *argv[3] = {"AUTH", u.user[0] ? u.user : u.password, u.password};
+        rep = cmd(r, u.user[0] ? 3 : 2, argv, NULL);
+        if (!rep)
+            return 1;
+        freeReplyObject(rep);
+    }
+    if (u.db) {
+        char db[16];
+        const char *argv[2] = {"SELECT", db};
+        snprintf(db, sizeof(db), "%d", u.db);
+        rep = cmd(r, 2, argv, NULL);
+        if (!rep)
+            return 1;
+        freeReplyObject(rep);
+    }
+    return 0;
+}
+
+static int keep(struct rdlq *r, const char *key, const char *env, size_t len)
+{
+    struct entry *e;
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 64;
+        struct entry *v = cr_realloc(r->v, cap * sizeof(*v));
+        if (!v)
+            return CR_ENOMEM;
+        r->v = v;
+        r->cap = cap;
+    }
+    e = &r->v[r->n];
+    e->key = cr_strdup(key);
+    e->env = cr_malloc(len + 1);
+    if (!e->key || !e->env) {
+        cr_free(e->key);
+        cr_free(e->env);
+        return CR_ENOMEM;
+    }
+    memcpy(e->env, env, len);
+    e->env[len] = 0;
+    e->len = len;
+    r->n++;
+    return 0;
+}
+
+/* Reads every dead letter, oldest first, into r->v. */
+static int load(struct rdlq *r, const char *queue)
+{
+    for (int s = 0; s < r->ko.nsteps; s++) {
+        struct buf key;
+        long long total;
+        redisReply *rep;
+        buf_init(&key);
+        if (kombu_queue_key(&r->ko, queue, r->ko.steps[s], &key))
+            return CR_ENOMEM;
+        {
+            const char *argv[2] = {"LLEN", key.data};
+            rep = cmd(r, 2, argv, NULL);
+        }
+        if (!rep) {
+            buf_release(&key);
+            return CR_EBROKER;
+        }
+        total = rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
+        freeReplyObject(rep);
+        /* The right end is the oldest: pages from there towards the left. */
+        for (long long end = total - 1; end >= 0; end -= PAGE) {
+            long long start = end - PAGE + 1 < 0 ? 0 : end - PAGE + 1;
+            char a[32], b[32];
+            const char *argv[4] = {"LRANGE", key.data, a, b};
+            snprintf(a, sizeof(a), "%lld", start);
+            snprintf(b, sizeof(b), "%lld", end);
+            rep = cmd(r, 4, argv, NULL);
+            if (!rep) {
+                buf_release(&key);
+                return CR_EBROKER;
+            }
+            for (size_t i = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+                 i-- > 0;) {
+                const redisReply *el = rep->element[i];
+                if (el->type == REDIS_REPLY_STRING && el->len <= MAX_ENVELOPE_BYTES &&
+                    keep(r, key.data, el->str, el->len)) {
+                    freeReplyObject(rep);
+                    buf_release(&key);
+                    return CR_ENOMEM;
+                }
+            }
+            freeReplyObject(rep);
+        }
+        buf_release(&key);
+    }
+    return 0;
+}
+
+/* The list a replayed dead letter goes to: its original queue's bucket, found
+ * as kombu finds it (exchange "" names the queue; a named exchange through
+ * its binding set, direct match on the routing key). */
+static int target_key(struct rdlq *r, const char *exchange, const char *rk, int priority,
+                      struct buf *out)
+{
+    struct buf bkey;
+    redisReply *rep;
+    int rc = CR_ENOTFOUND;
+
+    if (!*exchange)
+        return kombu_queue_key(&r->ko, rk, kombu_bucket(&r->ko, priority), out);
+    buf_init(&bkey);
+    if (kombu_binding_key(&r->ko, exchange, &bkey))
+        return CR_ENOMEM;
+    {
+        const char *argv[2] = {"SMEMBERS", bkey.data};
+        rep = cmd(r, 2, argv, NULL);
+    }
+    buf_release(&bkey);
+    if (!rep)
+        return CR_EBROKER;
+    for (size_t i = 0; rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+        const char *mrk, *pat, *q;
+        size_t mrk_len, pat_len, q_len;
+        const redisReply *el = rep->element[i];
+        char queue[KOMBU_NAME_MAX];
+        if (el->type != REDIS_REPLY_STRING ||
+            kombu_binding_parse(&r->ko, el->str, el->len, &mrk, &mrk_len, &pat, &pat_len,
+                                &q, &q_len) ||
+            q_len >= sizeof(queue))
+            continue;
+        if (mrk_len != strlen(rk) || memcmp(mrk, rk, mrk_len))
+            continue;
+        memcpy(queue, q, q_len);
+        queue[q_len] = 0;
+        rc = kombu_queue_key(&r->ko, queue, kombu_bucket(&r->ko, priority), out);
+        break;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int replay(struct rdlq *r, const struct entry *e, struct kombu_msg *m)
+{
+    struct kombu_out o;
+    struct buf env, dst;
+    unsigned char rnd[16];
+    char tag[CR_UUID_LEN + 1];
+    char *exchange = cr_strdup(dlq__hstr(m->headers, "x-celeriac-original-exchange"));
+    char *rk = cr_strdup(dlq__hstr(m->headers, "x-celeriac-original-routing-key"));
+    redisReply *rep = NULL;
+    int ok = 0;
+
+    buf_init(&env);
+    buf_init(&dst);
+    if (!exchange || !rk || getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        goto out;
+    cr_uuid4(rnd, tag);
+    if (!*exchange && !*rk) {
+        fprintf(stderr,
+                "celeriac dlq: the dead letter does not say where it came from\n");
+        goto out;
+    }
+    if (target_key(r, exchange, rk, m->priority, &dst)) {
+        fprintf(stderr,
+                "celeriac dlq: no queue is bound to exchange '%s' with key '%s'\n",
+                exchange, rk);
+        goto out;
+    }
+    dlq__reset_headers(m->headers);
+    memset(&o, 0, sizeof(o));
+    o.body = m->body;
+    o.body_len = m->body_len;
+    o.content_type = m->content_type;
+    o.content_encoding = m->content_encoding;
+    o.headers = m->headers;
+    o.correlation_id = m->correlation_id;
+    o.reply_to = m->reply_to;
+    o.expiration = *m->expiration ? m->expiration : NULL;
+    o.delivery_mode = m->delivery_mode;
+    o.priority = m->priority;
+    o.exchange = exchange;
+    o.routing_key = rk;
+    o.delivery_tag = tag;
+    if (kombu_msg_encode(&o, &env))
+        goto out;
+    {
+        const char *argv[7] = {"EVAL", MOVE_LUA, "2", e->key, dst.data, e->env, env.data};
+        size_t lens[7] = {
+            4, sizeof(MOVE_LUA) - 1, 1, strlen(e->key), dst.len, e->len, env.len};
+        rep = cmd(r, 7, argv, lens);
+    }
+    ok = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0;
+    if (rep && !ok)
+        fprintf(stderr, "celeriac dlq: the dead letter was taken meanwhile\n");
+out:
+    if (rep)
+        freeReplyObject(rep);
+    buf_release(&env);
+    buf_release(&dst);
+    cr_free(exchange);
+    cr_free(rk);
+    return ok;
+}
+
+static int drop(struct rdlq *r, const struct entry *e)
+{
+    const char *argv[4] = {"LREM", e->key, "1", e->env};
+    size_t lens[4] = {4, strlen(e->key), 1, e->len};
+    redisReply *rep = cmd(r, 4, argv, lens);
+    int ok = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    if (rep)
+        freeReplyObject(rep);
+    return ok;
+}
+
+int dlq__run_redis(const struct dlq_opts *o, enum dlq_action a)
+{
+    struct rdlq r;
+    struct cr_err err;
+    unsigned long seen = 0, acted = 0;
+    int rc;
+
+    memset(&r, 0, sizeof(r));
+    memset(&err, 0, sizeof(err));
+    kombu_opts_init(&r.ko);
+    if (o->transport_options && *o->transport_options &&
+        kombu_opts_parse(&r.ko, o->transport_options, strlen(o->transport_options),
+                         &err)) {
+        fprintf(stderr, "celeriac dlq: %s\n", err.msg);
+        return 2;
+    }
+    rc = open_redis(&r, o->broker);
+    if (rc)
+        goto out;
+    rc = load(&r, o->queue);
+    if (rc) {
+        if (rc == CR_ENOMEM)
+            fprintf(stderr, "celeriac dlq: out of memory\n");
+        rc = 1;
+        goto out;
+    }
+    if (a == A_LIST && !o->json)
+        printf("%-36s  %-24s  %-18s  %-24s  %s\n", "ID", "TASK", "REASON", "EXCEPTION",
+               "FAILED AT");
+    for (size_t i = 0; i < r.n; i++) {
+        const struct entry *e = &r.v[i];
+        struct kombu_msg m;
+        const cJSON *h;
+
+        seen++;
+        memset(&err, 0, sizeof(err));
+        if (kombu_msg_decode(&m, e->env, e->len, 0, &err)) {
+            /* Not an envelope: nothing to show or replay; a purge of
+             * everything still drops it. */
+            if (a == A_PURGE && !o->task && !o->reason && !o->nids && drop(&r, e))
+                acted++;
+            continue;
+        }
+        if (!m.headers)
+            m.headers = cJSON_CreateObject();
+        h = m.headers;
+        if (h && dlq__matches(o, h)) {
+            if (a == A_LIST) {
+                dlq__print_line(o, h);
+            } else if (a == A_SHOW) {
+                dlq__print_show(h, m.content_type, strlen(m.content_type), m.body,
+                                m.body_len);
+                acted++;
+            } else if (a == A_REPLAY) {
+                char shown_id[1024];
+                dlq__tty(dlq__hstr(h, "id"), shown_id, sizeof(shown_id));
+                if (replay(&r, e, &m)) {
+                    printf("replayed %s\n", shown_id);
+                    acted++;
+                } else {
+                    fprintf(stderr, "celeriac dlq: cannot replay %s\n", shown_id);
+                    rc = 1;
+                }
+            } else if (drop(&r, e)) {
+                acted++;
+            }
+        }
+        kombu_msg_release(&m);
+    }
+    if (a == A_SHOW && !acted) {
+        fprintf(stderr, "celeriac dlq: no dead letter with id %s\n",
+                o->nids ? o->ids[0] : "?");
+        rc = 1;
+    } else if (a == A_REPLAY) {
+        printf("replayed %lu of %lu dead letters\n", acted, seen);
+    } else if (a == A_PURGE) {
+        printf("purged %lu of %lu dead letters\n", acted, seen);
+    }
+out:
+    for (size_t i = 0; i < r.n; i++) {
+        cr_free(r.v[i].key);
+        cr_free(r.v[i].env);
+    }
+    cr_free(r.v);
+    if (r.c)
+        redisFree(r.c);
+    return rc;
+}
