@@ -666,6 +666,7 @@ def dlq(env, *args):
                           text=True, timeout=60)
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_dlq_list_show_replay_purge(env):
     w = env.worker(*FAST, "--max-retries", "0")
     env.fake.script(["status=500"] * 3)
