@@ -65,6 +65,10 @@ CANVAS_LLM_MS = 200
 CANVAS_PROBE_N = 500 if QUICK else 2000
 CANVAS_TIMEOUT_S = 60  # one case on one worker; a case that runs out fails, the rest go on
 PY_POOLS = (("prefork", 2), ("solo", 1), ("threads", 8), ("gevent", 100))  # as in dispatch()
+# The Redis broker (issue 15): its own db on the same Redis as the results
+# (db 1), flushed before every run; kombu's priority-list separator.
+REDIS_BROKER_DB = 2
+KOMBU_SEP = "\x06\x16"
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -171,19 +175,31 @@ def read_env(path):
 
 
 class Redis:
-    """A tiny RESP client: enough for SELECT, FLUSHDB and DBSIZE."""
+    """A tiny RESP client: enough for SELECT, FLUSHDB, DBSIZE and pipelined LPUSH."""
 
     def __init__(self, port, db):
         self.s = socket.create_connection(("127.0.0.1", port))
         self.f = self.s.makefile("rb")
         self.cmd("SELECT", str(db))
 
-    def cmd(self, *args):
-        out = b"*%d\r\n" % len(args)
+    @staticmethod
+    def encode(args):
+        out = [b"*%d\r\n" % len(args)]
         for a in args:
             a = a.encode() if isinstance(a, str) else a
-            out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.s.sendall(out)
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        return b"".join(out)
+
+    def pipeline(self, cmds):
+        """Sends every command at once, then reads the replies; returns them."""
+        self.s.sendall(b"".join(self.encode(c) for c in cmds))
+        return [self.reply() for _ in cmds]
+
+    def cmd(self, *args):
+        self.s.sendall(self.encode(args))
+        return self.reply()
+
+    def reply(self):
         line = self.f.readline()
         if line[:1] == b"-":
             raise RuntimeError(line.decode().strip())
@@ -309,6 +325,9 @@ class Bench:
         self.db = 1
         self.backend = "redis://127.0.0.1:%d/%d" % (self.redis_port, self.db)
         self.redis = Redis(self.redis_port, self.db)
+        # The Redis broker's db (section 8); results stay in self.db.
+        self.redis_broker = "redis://127.0.0.1:%d/%d" % (self.redis_port, REDIS_BROKER_DB)
+        self.bredis = Redis(self.redis_port, REDIS_BROKER_DB)
         # The services' own CPU, to show which process limits a run.
         self.svc_pids = {}
         for name, path in (("rabbitmq", "rabbit/pid"), ("redis", "redis.pid")):
@@ -347,23 +366,65 @@ class Bench:
         m = re.search(r"\(([\d.]+) msg/s\)", out)
         return float(m.group(1))
 
+    def redis_publish(self, queue, n, task, args, kwargs):
+        """Pre-publishes n tasks on the Redis broker as a Celery 5 producer does
+        through kombu's Redis transport (reference/redis-broker.md §3): the
+        queue's binding (SADD), then LPUSH of one JSON envelope per task, its
+        body base64, a fresh task id and delivery tag each. Pipelined in
+        batches; returns messages/s."""
+        import base64
+        import uuid
+        body = base64.b64encode(json.dumps(
+            [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None,
+                            "chord": None}]).encode()).decode()
+        origin = "%d@bench" % os.getpid()
+        base = self.bredis.cmd("LLEN", queue)
+        t0 = time.perf_counter()
+        cmds = [("SADD", "_kombu.binding." + queue, queue + KOMBU_SEP + KOMBU_SEP + queue)]
+        batch = []
+        for _ in range(n):
+            tid = str(uuid.uuid4())
+            batch.append(json.dumps({
+                "body": body, "content-encoding": "utf-8", "content-type": "application/json",
+                "headers": {"lang": "py", "task": task, "id": tid, "shadow": None, "eta": None,
+                            "expires": None, "group": None, "group_index": None,
+                            "retries": 0, "timelimit": [None, None], "root_id": tid,
+                            "parent_id": None, "argsrepr": "()", "kwargsrepr": "{}",
+                            "origin": origin, "ignore_result": False},
+                "properties": {"correlation_id": tid, "reply_to": "bench-reply",
+                               "delivery_mode": 2,
+                               "delivery_info": {"exchange": "", "routing_key": queue},
+                               "priority": 0, "body_encoding": "base64",
+                               "delivery_tag": str(uuid.uuid4())}}))
+            if len(batch) == 500:
+                cmds.append(("LPUSH", queue) + tuple(batch))
+                batch = []
+        if batch:
+            cmds.append(("LPUSH", queue) + tuple(batch))
+        for i in range(0, len(cmds), 20):
+            self.bredis.pipeline(cmds[i:i + 20])
+        depth = self.bredis.cmd("LLEN", queue)
+        if depth != base + n:
+            raise RuntimeError("redis publish: %s holds %s, not %d + %d" % (queue, depth, base, n))
+        return n / (time.perf_counter() - t0)
+
     def new_queue(self):
         self.runs += 1
         return "bench%d" % self.runs
 
-    def celeriac(self, queue, c, extra=(), llm_base=None):
+    def celeriac(self, queue, c, extra=(), llm_base=None, broker=None):
         env = dict(os.environ, OPENAI_BASE_URL=llm_base or self.llm_base)
         wrap = os.environ.get("BENCH_CELERIAC_WRAP", "").split()  # e.g. perf record -g --
-        cmd = wrap + [BIN, "worker", "-b", self.broker, "--result-backend", self.backend,
+        cmd = wrap + [BIN, "worker", "-b", broker or self.broker, "--result-backend", self.backend,
                "-c", str(c), "-Q", queue, "-l", "warning", "-n", "celeriac@bench"] + list(extra)
         return Proc("celeriac", cmd, env=env, ready=r" ready\.$")
 
-    def python(self, queue, pool, c, llm_base=None):
+    def python(self, queue, pool, c, llm_base=None, broker=None):
         """Python Celery with its defaults, except the prefetch window of solo
         and threads: with Celery's default (4 x c) both stall on this stack
         (Celery 5.2.6, kombu 5.2.4, Python 3.11) after a few hundred tasks,
         consuming nothing more, so they get a 1,000-message window."""
-        env = dict(os.environ, BENCH_BROKER=self.broker, BENCH_BACKEND=self.backend,
+        env = dict(os.environ, BENCH_BROKER=broker or self.broker, BENCH_BACKEND=self.backend,
                    OPENAI_BASE_URL=llm_base or self.llm_base, PYTHONWARNINGS="ignore")
         cmd = [PY, "-m", "celery", "-A", "pyapp", "worker", "-P", pool, "-c", str(c),
                "-Q", queue, "-l", "warning", "--without-gossip", "--without-mingle",
@@ -374,16 +435,22 @@ class Bench:
                     ready=r"BENCH-READY")
 
     def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None,
-                  extra=(), quiet=False):
+                  extra=(), quiet=False, broker="amqp"):
         """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
 
         Samples the worker's RSS and CPU and the fake's CPU every 100 ms. With
         hold_for, also records the worker's RSS once the fake has that many
-        streams open at once. With quiet, waits for an idle machine first."""
+        streams open at once. With quiet, waits for an idle machine first.
+        broker="redis": the tasks go through the Redis broker's db instead,
+        flushed before the publish and after the run."""
         if impl not in IMPLS:
             return None
         queue = self.new_queue()
-        pub_rate = self.publish(queue, n, task, args, kwargs)
+        if broker == "redis":
+            self.bredis.cmd("FLUSHDB")
+            pub_rate = self.redis_publish(queue, n, task, args, kwargs)
+        else:
+            pub_rate = self.publish(queue, n, task, args, kwargs)
         self.redis.cmd("FLUSHDB")
         self.fake_stats(reset=True)
         # The concurrency runs use the whole machine: they start once the
@@ -391,10 +458,14 @@ class Bench:
         # queue, Redis expiring keys) are over, or they vary by +-10%.
         busy_before = wait_quiet() if quiet else None
         counter = ResultCounter(self.redis_port)
-        w = self.celeriac(queue, c, extra) if impl == "celeriac" else self.python(queue, pool, c)
+        url = self.redis_broker if broker == "redis" else None
+        w = (self.celeriac(queue, c, extra, broker=url) if impl == "celeriac" else
+             self.python(queue, pool, c, broker=url))
         rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
                "model": kwargs.get("model"), "publish_rate": round(pub_rate),
                "variant": " ".join(extra)}
+        if broker != "amqp":
+            rec["broker"] = broker
         if busy_before is not None:
             rec["busy_before"] = round(busy_before, 3)
         try:
@@ -456,11 +527,14 @@ class Bench:
         rec["complete"] = done >= n
         if w.p.returncode not in (0, -9, -15, None) and impl == "celeriac":
             rec["exit"] = w.p.returncode
-        self.tool("publish", self.amqp_port, queue, "purge")
+        if broker == "redis":
+            self.bredis.cmd("FLUSHDB")
+        else:
+            self.tool("publish", self.amqp_port, queue, "purge")
         busy = lambda k: 100 * rec.get(k, 0) / rec["wall_s"]
         log("  %-8s %-8s c=%-6d %-18s %6d/%-6d in %7.2f s: %9.1f tasks/s  rss %6.1f MB  "
             "cpu%%: worker %3.0f rabbit %3.0f redis %3.0f fake %3.0f others %3.0f" % (
-                impl, pool, c, task, done, n, rec["wall_s"], rec["rate"],
+                impl if broker == "amqp" else impl + "/" + broker, pool, c, task, done, n, rec["wall_s"], rec["rate"],
                 rec["peak_rss_kb"] / 1024, busy("cpu_s"), busy("rabbitmq_cpu_s"),
                 busy("redis_cpu_s"), busy("fake_cpu_s"), busy("other_cpu_s")))
         return rec
@@ -651,6 +725,111 @@ class Bench:
                    "us_per_task_1tok": round(a["cpu_s"] / n * 1e6, 1)}
             out.append(rec)
         self.results["cpu_per_token"] = out
+
+    # ------------------------------------------------------ Redis broker
+
+    def redis_loop(self, mode):
+        """One run of the bare loop (bench/redis_loop.c) over N_DISPATCH
+        accumulate envelopes; returns its record."""
+        q = self.new_queue()
+        self.bredis.cmd("FLUSHDB")
+        self.redis_publish(q, N_DISPATCH, "celery.accumulate", [1], {})
+        self.redis.cmd("FLUSHDB")
+        rpid = self.svc_pids.get("redis")
+        r0, m0, t0 = cpu_s([rpid]) if rpid else 0, machine_busy_s(), time.time()
+        k0 = children_cpu_s()
+        try:
+            out = self.tool("redis_loop", self.redis_port, REDIS_BROKER_DB, self.db, q,
+                            N_DISPATCH, mode)
+        finally:
+            self.bredis.cmd("FLUSHDB")
+            self.redis.cmd("FLUSHDB")
+        wall = time.time() - t0
+        rec = {"mode": mode, "n": N_DISPATCH,
+               "rate": float(re.search(r"\(([\d.]+) msg/s\)", out).group(1)),
+               "loop_cpu_s": round(children_cpu_s() - k0, 3),
+               "redis_cpu_s": round((cpu_s([rpid]) if rpid else 0) - r0, 3),
+               "machine_cpu_s": round(machine_busy_s() - m0, 3), "wall_s": round(wall, 3)}
+        log("  bare loop %-4s %6d in %6.2f s: %9.0f msg/s  cpu%%: loop %3.0f redis %3.0f" % (
+            mode, N_DISPATCH, wall, rec["rate"], 100 * rec["loop_cpu_s"] / wall,
+            100 * rec["redis_cpu_s"] / wall))
+        return rec
+
+    def idle_kb(self, broker=None):
+        """celeriac's RSS once ready with nothing to do, -c the top level."""
+        q = self.new_queue()
+        w = self.celeriac(q, max(CONC_LEVELS), broker=broker)
+        try:
+            w.wait_ready()
+            time.sleep(1.0)
+            return status_kb(w.p.pid, "VmRSS")
+        finally:
+            w.stop()
+            if broker:
+                self.bredis.cmd("FLUSHDB")
+
+    def redis_section(self):
+        """Section 8 (issue 15): the dispatch and concurrency workloads over the
+        Redis broker, side by side with the AMQP ones in this run, and the bare
+        Redis loop. A celeriac that cannot consume from Redis (the transport
+        missing, or failing to start) is recorded as missing, once, and its
+        remaining runs are skipped; the Python and bare-loop rows still run."""
+        log("8. Redis broker (issue 15): dispatch and concurrency over redis://…/%d, bare loop"
+            % REDIS_BROKER_DB)
+        res = {"db": REDIS_BROKER_DB, "n": N_DISPATCH, "c": DISPATCH_C, "loop": [],
+               "loop_sync": [], "dispatch": {}, "concurrency": [], "missing": None}
+        self.results["redis_broker"] = res
+
+        def celeriac_redis(fn, *a, **kw):
+            if res["missing"] or "celeriac" not in IMPLS:
+                return None
+            try:
+                return fn(*a, **kw)
+            except RuntimeError as e:
+                res["missing"] = " ".join(str(e).split("\n")[:6])[:600]
+                log("  celeriac over Redis: missing (%s)" % res["missing"][:200])
+                self.bredis.cmd("FLUSHDB")
+                return None
+
+        for _ in range(REPEAT):
+            res["loop"].append(self.redis_loop("pipe"))
+        res["loop_sync"].append(self.redis_loop("sync"))
+        res["loop_deep"] = [self.redis_loop("pipe8")]  # eight BRPOPs in flight
+        if "celeriac" in IMPLS:
+            res["idle_kb_amqp"] = self.idle_kb()
+            res["idle_kb_redis"] = celeriac_redis(self.idle_kb, self.redis_broker)
+        for label, task, args, kwargs in (
+                ("accumulate", "celery.accumulate", [1], {}),
+                ("llm_zero", "llm.generate", ["bench"], {"model": LLM_ZERO})):
+            rows = []
+            for _ in range(REPEAT):
+                rows.append(celeriac_redis(self.run_tasks, "celeriac", "libuv", DISPATCH_C, task,
+                                           args, kwargs, N_DISPATCH, 120, broker="redis"))
+            for pool, c in PY_POOLS:
+                try:
+                    rows.append(self.run_tasks("python", pool, c, task, args, kwargs,
+                                               N_DISPATCH, PY_BOUND_S, broker="redis"))
+                except RuntimeError as e:  # a pool that did not start: its row is missing
+                    log("  python %s over Redis: %s" % (pool, str(e)[:300]))
+                    self.bredis.cmd("FLUSHDB")
+            res["dispatch"][label] = [r for r in rows if r]
+        # The concurrency workload at the top level, alternating AMQP and
+        # Redis, REPEAT times: the figures to hold within 10% of each other.
+        top = max(CONC_LEVELS)
+        rows = []
+        for _ in range(REPEAT):
+            rows.append(self.run_tasks("celeriac", "libuv", top, "llm.generate", ["bench"],
+                                       {"model": LLM_1S}, N_CONC, 300, quiet=True))
+            rows.append(celeriac_redis(self.run_tasks, "celeriac", "libuv", top, "llm.generate",
+                                       ["bench"], {"model": LLM_1S}, N_CONC, 300, quiet=True,
+                                       broker="redis"))
+        rows = [r for r in rows if r]
+        for r in rows:
+            r["ideal_s"] = N_CONC * LLM_1S_S / r["c"]
+            r.setdefault("broker", "amqp")
+        res["concurrency"] = rows
+        for r in [r for rs in res["dispatch"].values() for r in rs] + rows:
+            r.pop("timeline", None)  # 100 ms samples: the other sections keep theirs
 
     # ------------------------------------------------------------ canvas
 
@@ -949,11 +1128,11 @@ def main():
         b = Bench(svc, out)
         b.results["machine"] = machine()
         only = os.environ.get("BENCH_ONLY",
-                              "limits,dispatch,concurrency,memory,latency,cpu,canvas")
+                              "limits,dispatch,concurrency,memory,latency,cpu,canvas,redis")
         for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
                          ("concurrency", b.concurrency), ("memory", b.memory),
                          ("latency", b.latency), ("cpu", b.cpu_per_token),
-                         ("canvas", b.canvas)):
+                         ("canvas", b.canvas), ("redis", b.redis_section)):
             if name in only.split(","):
                 fn()
         b.results["elapsed_s"] = round(time.time() - t0, 1)

@@ -163,35 +163,48 @@ static void send_waiting(struct backend *bk)
 
 /* ----------------------------------------------------------- connection */
 
+/* Where the connection goes, for messages: redis://host:port/db (after a
+ * sentinel answered, the master it named, with "via sentinel"), or the unix
+ * socket. */
+static const char *where(const struct redis_url *u, char *out, size_t size)
+{
+    if (u->kind == REDIS_URL_UNIX)
+        snprintf(out, size, "redis+socket://%.200s?virtual_host=%d", u->socket_path,
+                 u->db);
+    else
+        snprintf(out, size, "redis://%.200s:%d/%d%s", u->host, u->port, u->db,
+                 u->kind == REDIS_URL_SENTINEL ? " (via sentinel)" : "");
+    return out;
+}
+
 /* The connection's news, said in the result backend's words. */
 static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
                           const struct redis_conn_news *news, void *privdata)
 {
     struct backend *bk = privdata;
     const struct redis_url *u = redis_conn_url(c);
+    char at[300];
 
     switch (ev) {
     case REDIS_CONN_UP:
-        LOG(LOG_INFO, "Connected to redis://%s:%d/%d", u->host, u->port, u->db);
+        LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
         send_waiting(bk);
         break;
     case REDIS_CONN_FAILED:
         if (news->loud)
-            LOG(LOG_ERROR,
-                "result backend: cannot connect to redis://%s:%d/%d: %s; retrying",
-                u->host, u->port, u->db, news->why);
+            LOG(LOG_ERROR, "result backend: cannot connect to %s: %s; retrying",
+                where(u, at, sizeof(at)), news->why);
         else
-            LOG(LOG_DEBUG, "result backend: cannot connect to redis://%s:%d/%d: %s",
-                u->host, u->port, u->db, news->why);
+            LOG(LOG_DEBUG, "result backend: cannot connect to %s: %s",
+                where(u, at, sizeof(at)), news->why);
         break;
     case REDIS_CONN_LOST:
         LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting", news->why);
         break;
     case REDIS_CONN_SILENT:
         LOG(LOG_ERROR,
-            "result backend: connection lost: no reply from redis://%s:%d/%d for %g s; "
-            "reconnecting",
-            u->host, u->port, u->db, (double)redis_conn_timeout_ms(c) / 1000);
+            "result backend: connection lost: no reply from %s for %g s; reconnecting",
+            where(u, at, sizeof(at)), (double)redis_conn_timeout_ms(c) / 1000);
         break;
     }
 }
@@ -780,13 +793,13 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
 {
     const struct redis_url *u = redis_conn_url(bk->conn);
     const char *why;
+    char at[300];
     (void)loop; /* the connection's own */
     if (redis_conn_wait(bk->conn, timeout_ms) == 0)
         return 0;
     why = redis_conn_last_error(bk->conn);
-    return cr_err_set(err, CR_EBACKEND,
-                      "cannot connect to result backend redis://%s:%d/%d: %s", u->host,
-                      u->port, u->db, why[0] ? why : "timed out");
+    return cr_err_set(err, CR_EBACKEND, "cannot connect to result backend %s: %s",
+                      where(u, at, sizeof(at)), why[0] ? why : "timed out");
 }
 
 const char *backend_key_prefix(const struct backend *bk)

@@ -5,6 +5,8 @@
 #   BENCH_QUICK=1 scripts/bench.sh   small workloads, under three minutes (checks the harness)
 #   BENCH_DOC=docs/benchmarks.md     also write the table and chart into that page
 #   BENCH_ONLY=dispatch,latency      a subset: limits dispatch concurrency memory latency cpu canvas
+#                                    redis (dispatch and concurrency over the Redis broker, db 2,
+#                                    beside the AMQP figures, and the bare Redis loop)
 #   BENCH_IMPL=celeriac              skip the Python runs
 #   BENCH_BASELINE=<git rev>         A/B instead: this tree's build/celeriac against the
 #                                    worker built from <rev>, alternating, same run
@@ -37,7 +39,7 @@ trap 'exit 130' INT TERM
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 for t in build/celeriac build/bench/fake_fast build/bench/publish build/bench/consume_ack \
-         build/bench/redis_limit build/bench/idle_streams; do
+         build/bench/redis_limit build/bench/redis_loop build/bench/idle_streams; do
     [ -x "$t" ] || { echo "bench: $t missing: run 'make all bench-tools'" >&2; exit 1; }
 done
 

@@ -345,6 +345,20 @@ int config_secrets(const struct config *cfg, struct redact *r)
         rc = add_url_secrets(r, cfg->broker, broker_url_is_redis(cfg->broker), 0);
     if (!rc && cfg->result_backend)
         rc = add_url_secrets(r, cfg->result_backend, 1, 0);
+    if (!rc && cfg->result_backend) {
+        /* What the URL parser finds (a password=... of redis+socket://),
+         * and the sentinels' password of the transport options. */
+        struct redis_url u;
+        struct backend_options bo;
+        struct cr_err e;
+        if (!redis_url_parse(&u, cfg->result_backend, "result backend", &e) &&
+            u.password[0])
+            rc = add_secret(r, u.password, strlen(u.password));
+        if (!rc &&
+            !backend_options_parse(&bo, cfg->result_backend_transport_options, &e) &&
+            bo.sentinel_password[0])
+            rc = add_secret(r, bo.sentinel_password, strlen(bo.sentinel_password));
+    }
     if (!rc && cfg->llm_base_url)
         rc = add_url_secrets(r, cfg->llm_base_url, 1, 1);
     return rc;

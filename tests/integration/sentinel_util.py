@@ -43,16 +43,21 @@ class SentinelCluster:
 
     sentinel_password: when given, every sentinel requires it (Celery's
     sentinel_kwargs={'password': ...}). down_after_ms is how fast the
-    sentinels judge a silent master down."""
+    sentinels judge a silent master down. min_replicas_to_write (Redis's
+    min-replicas-to-write, with min-replicas-max-lag 2) makes a master that
+    lost its replica refuse writes (NOREPLICAS): without it, what a demoted
+    master accepts between the replica's promotion and its own demotion is
+    acknowledged and then lost (asynchronous replication)."""
 
     def __init__(self, tmp_path, master_name="mymaster", sentinel_password=None,
-                 down_after_ms=1000, n_sentinels=3):
+                 down_after_ms=1000, n_sentinels=3, min_replicas_to_write=0):
         self.dir = str(tmp_path)
         self.master_name = master_name
         self.sentinel_password = sentinel_password
         self.down_after_ms = down_after_ms
         self.ports = [free_port(), free_port()]  # master, replica at start
         self.sentinel_ports = [free_port() for _ in range(n_sentinels)]
+        self.min_replicas_to_write = min_replicas_to_write
         self.procs = []
 
     # ---------------------------------------------------------- start / stop
@@ -64,6 +69,9 @@ class SentinelCluster:
         with open(conf, "w") as f:
             f.write("port %d\nbind 127.0.0.1\ndir %s\nsave \"\"\nappendonly no\n"
                     "protected-mode no\n%s" % (port, d, extra))
+            if self.min_replicas_to_write:
+                f.write("min-replicas-to-write %d\nmin-replicas-max-lag 2\n"
+                        % self.min_replicas_to_write)
         return _Proc(name, conf, [], os.path.join(d, "log"))
 
     def _sentinel(self, i, port):
