@@ -9,6 +9,7 @@
 #
 # Each DIR gets its own RabbitMQ node (own name, ports and data) and its own
 # Redis, so test runs never share state and reruns never see leftovers.
+# Redis has 64 databases: 1..15 hold results, 16 + that db a test's Redis broker.
 set -euo pipefail
 
 cmd=${1:?usage: services.sh start|stop|... DIR}
@@ -87,7 +88,7 @@ rabbit_stop() {
 redis_start() {
     . "$dir/env"
     if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
-    redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --databases 64 \
         --appendonly no --dbfilename dump.rdb --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
     for _ in $(seq 1 100); do
         redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0

@@ -3,8 +3,15 @@ celeriac binary and a real Python Celery client.
 
 Run through scripts/run-integration.sh (which starts private RabbitMQ and Redis
 instances and exports CELERIAC_IT_DIR), or by hand with that variable set.
-Every test module gets its own RabbitMQ vhost and its own Redis database, so
-tests never see each other's messages or results.
+Every test gets its own RabbitMQ vhost and its own Redis database, so tests
+never see each other's messages or results.
+
+Brokers: a test runs over RabbitMQ only, unless it is marked
+`@pytest.mark.brokers("amqp", "redis")`: then it runs once per broker named
+(ids `[amqp]` / `[redis]`). Over Redis, Env.broker is redis://.../<db> with a
+database of the test's own (16 + the result backend's db, so kombu's keys and
+its `/<db>.` pub/sub channels never meet another test's), flushed before and
+after. Env.transport says which broker a test has.
 """
 import json
 import os
@@ -25,6 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.environ.get("CELERIAC_BIN", os.path.join(ROOT, "build", "celeriac"))
 PY = "/usr/bin/python3"
 _db_counter = [0]
+# Result backends use dbs 1..15; a Redis broker uses 16 + that db, so that the
+# two never share a db (scripts/services.sh starts Redis with 64 databases).
+BROKER_DB_BASE = 16
+BROKERS = ("amqp", "redis")
 
 
 def _read_env(path):
@@ -35,6 +46,17 @@ def _read_env(path):
                 k, v = line.strip().split("=", 1)
                 env[k] = v
     return env
+
+
+class RedisBrokerDb(int):
+    """Env.vhost of a test over Redis: the broker's db number. It stands where a
+    vhost name goes, so that `services.queue_depth(env.vhost, q)` reads the
+    queue over either broker; rabbitmqctl given it fails loudly."""
+
+
+def redis_queue_keys(queue):
+    """The lists kombu keeps a queue in: the queue, then its priority buckets."""
+    return [queue] + [queue + "\x06\x16" + str(p) for p in (3, 6, 9)]
 
 
 class Services:
@@ -66,6 +88,14 @@ class Services:
         return "redis://127.0.0.1:%d/%d" % (self.redis_port, db)
 
     def queue_depth(self, vhost, queue):
+        if isinstance(vhost, RedisBrokerDb):
+            # kombu's queue size: LLEN summed over the queue's priority lists
+            import redis
+            r = redis.Redis(host="127.0.0.1", port=self.redis_port, db=int(vhost))
+            try:
+                return sum(r.llen(k) for k in redis_queue_keys(queue))
+            finally:
+                r.close()
         out = self.ctl("list_queues", "-p", vhost, "name", "messages").stdout
         for line in out.splitlines():
             parts = line.split()
@@ -211,19 +241,33 @@ class Worker:
 
 
 class Env:
-    """A test's world: a vhost, a Redis db, the fake LLM, workers and a client."""
+    """A test's world: a broker (a vhost, or a Redis db of its own), a Redis db
+    for results, the fake LLM, workers and a client."""
 
-    def __init__(self, services, fake_llm):
+    def __init__(self, services, fake_llm, transport="amqp"):
+        assert transport in BROKERS, transport
         self.services = services
         self.fake = fake_llm
-        self.vhost = services.new_vhost()
+        self.transport = transport
         _db_counter[0] = _db_counter[0] % 15 + 1
         self.db = _db_counter[0]
-        self.broker = services.broker_url(self.vhost)
         self.backend = services.redis_url(self.db)
         import redis
         self.redis = redis.Redis(host="127.0.0.1", port=services.redis_port, db=self.db)
         self.redis.flushdb()
+        self.vhost = None  # RabbitMQ: the vhost's name; Redis: a RedisBrokerDb
+        self.broker_db = None
+        self.broker_redis = None
+        if transport == "amqp":
+            self.vhost = services.new_vhost()
+            self.broker = services.broker_url(self.vhost)
+        else:
+            self.broker_db = BROKER_DB_BASE + self.db
+            self.vhost = RedisBrokerDb(self.broker_db)
+            self.broker = services.redis_url(self.broker_db)
+            self.broker_redis = redis.Redis(host="127.0.0.1", port=services.redis_port,
+                                            db=self.broker_db)
+            self.broker_redis.flushdb()
         self.workers = []
         self.app = self.make_app()
 
@@ -248,6 +292,15 @@ class Env:
             w.start(**kw)
         return w
 
+    def queue_depth(self, queue="celery"):
+        """Messages ready in a queue, over either broker (None: no such AMQP
+        queue). On Redis: the sum of LLEN over kombu's four priority lists."""
+        return self.services.queue_depth(self.vhost, queue)
+
+    def unacked(self):
+        """Redis broker only: the delivery tags in kombu's `unacked` hash."""
+        return [k.decode() for k in self.broker_redis.hkeys("unacked")]
+
     def meta(self, task_id):
         raw = self.redis.get("celery-task-meta-" + task_id)
         return json.loads(raw) if raw else None
@@ -259,10 +312,16 @@ class Env:
             self.app.close()
         except Exception:
             pass
-        try:
-            self.services.ctl("delete_vhost", self.vhost, check=False)
-        except Exception:
-            pass
+        if self.transport == "amqp":
+            try:
+                self.services.ctl("delete_vhost", self.vhost, check=False)
+            except Exception:
+                pass
+        if self.broker_redis is not None:
+            try:
+                self.broker_redis.flushdb()
+            except Exception:
+                pass
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
@@ -272,9 +331,27 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "brokers(*names): run the test once over each broker "
+                            "named (amqp, redis); unmarked tests run over amqp only")
+    config.addinivalue_line("markers", "slow: takes 15 s or more on its own "
+                            "(make test runs them; -m 'not slow' leaves them out)")
+
+
+def pytest_generate_tests(metafunc):
+    """`@pytest.mark.brokers("amqp", "redis")` parametrizes the env fixture."""
+    m = metafunc.definition.get_closest_marker("brokers")
+    if m is None or "env" not in metafunc.fixturenames:
+        return
+    names = m.args or BROKERS
+    for n in names:
+        assert n in BROKERS, "unknown broker %r in @pytest.mark.brokers" % n
+    metafunc.parametrize("env", list(names), indirect=True, ids=list(names))
+
+
 @pytest.fixture
 def env(request, services, fake_llm):
-    e = Env(services, fake_llm)
+    e = Env(services, fake_llm, getattr(request, "param", "amqp"))
     yield e
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:

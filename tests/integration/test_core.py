@@ -11,6 +11,7 @@ import pytest
 from conftest import BIN, wait_until
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_send_task_generate(env):
     env.worker("-c", "10")
     r = env.app.send_task("llm.generate", args=["Explain quantum computing"])
@@ -24,6 +25,7 @@ def test_send_task_generate(env):
     assert 86000 < ttl <= 86400
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_delay_on_stub_task(env):
     env.worker()
 
@@ -55,6 +57,7 @@ def test_generate_options(env):
     assert env.fake.stats()[-1]["body"]["model"] == "default-model"
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_chat_and_embed(env):
     env.worker()
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello there"}]
@@ -70,6 +73,7 @@ def test_chat_and_embed(env):
     assert env.fake.stats()[-1]["path"] == "/v1/embeddings"
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_accumulate_and_alias(env):
     env.worker("--task-alias", "tasks.process_llm_request=llm.generate")
     assert env.app.send_task("celery.accumulate", args=[1, 2, 3]).get(timeout=20) == [1, 2, 3]
@@ -78,6 +82,7 @@ def test_accumulate_and_alias(env):
     assert r.get(timeout=20) == env.fake.expected_text("aliased")
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_unknown_task_and_bad_arguments(env):
     from celery.exceptions import NotRegistered
     w = env.worker()
@@ -96,6 +101,7 @@ def test_unknown_task_and_bad_arguments(env):
     assert env.app.send_task("celery.accumulate", args=[5]).get(timeout=20) == [5]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_protocol_v1_message(env):
     env.worker()
     app1 = env.make_app(task_protocol=1)
@@ -103,6 +109,7 @@ def test_protocol_v1_message(env):
     assert r.get(timeout=20) == env.fake.expected_text("v1 prompt")
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_result_extended_track_started_ignore_result(env):
     env.worker("--result-extended", "--track-started")
     env.fake.script(["latency_ms=700;tps=20;tokens=20"])
@@ -238,6 +245,7 @@ def test_long_prompts_arrive_whole(env):
         assert text == seen[p]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_thousand_concurrent_tasks(env):
     env.worker("-c", "1000", "--loglevel", "warning")
     env.fake.script(["latency_ms=1000;tokens=4"] * 1000)
@@ -278,6 +286,7 @@ def test_kill9_loses_nothing_and_pays_once(env):
     assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_warm_shutdown_finishes_in_flight(env):
     w = env.worker("-c", "20")
     env.fake.script(["latency_ms=1500;tokens=4"] * 20)
@@ -291,6 +300,7 @@ def test_warm_shutdown_finishes_in_flight(env):
     assert env.services.queue_depth(env.vhost, "celery") == 0
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_cold_shutdown_requeues_unacked(env):
     w = env.worker("-c", "5")
     env.fake.script(["latency_ms=5000;tokens=4"] * 5 + ["tokens=4"] * 10)

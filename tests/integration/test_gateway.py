@@ -146,6 +146,7 @@ def seqs(msgs):
 # ---------------------------------------------------------------- streaming
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_python_client_task_watched_live(env, gateway):
     env.worker()
     gw = gateway()
@@ -247,6 +248,7 @@ def test_retried_task_shows_the_new_attempt(env, gateway):
     assert text_of(msgs, 1) != final["result"]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_failing_task_ends_with_its_error(env, gateway):
     env.worker("--max-retries", "0")
     gw = gateway()
@@ -275,6 +277,7 @@ def test_unregistered_task_ends_with_its_error_without_stream(env, gateway):
 # ---------------------------------------------------------------- HTTP API
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_submit_is_a_real_celery_message(env, gateway):
     env.worker()
     gw = gateway()
@@ -291,6 +294,7 @@ def test_submit_is_a_real_celery_message(env, gateway):
     assert st == 200 and out["state"] == "PENDING" and out["ready"] is False
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_task_sent_before_any_worker_is_kept(env, gateway):
     # the gateway declares its queues as Celery's producer does
     gw = gateway("-Q", "celery,fresh")

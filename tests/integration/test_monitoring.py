@@ -262,6 +262,7 @@ def test_heartbeats_keep_flowing_during_a_long_generation(env, events):
     assert not [e for e in events.events if e["type"].startswith("task-")]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_enable_and_disable_events_by_remote_control(env, events):
     w = env.worker()
     node = node_of(w)
@@ -327,6 +328,7 @@ def test_real_cli_status_and_inspect(env):
     assert cli_json(env, node, "inspect", "revoked") == [r.id]
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_real_cli_control(env):
     w = env.worker()
     node = node_of(w)
@@ -354,6 +356,7 @@ def test_real_cli_control(env):
     assert "Got shutdown from remote" in w.log()
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_inspect_and_control_reply_shapes(env):
     # prefetch 3: the running task, a reserved one and an eta one all arrive
     w = env.worker("-c", "1", "--prefetch-multiplier", "3")
@@ -490,6 +493,7 @@ def test_conf_report_and_banner_show_no_url_secret(env):
     assert r.get(timeout=20) == env.fake.expected_text("through a proxy")
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_revoke_before_start(env, events):
     w = env.worker("-E")
     node = node_of(w)
@@ -510,6 +514,7 @@ def test_revoke_before_start(env, events):
     assert env.fake.stats() == []
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_revoke_terminate_mid_stream_stores_partial_text(env, events):
     from celery.exceptions import TaskRevokedError
     w = env.worker("-E")

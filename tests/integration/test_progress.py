@@ -1,6 +1,8 @@
 """Issue 5: progress written by the worker (Redis Stream per task, PROGRESS meta)."""
 import time
 
+import pytest
+
 from conftest import wait_until
 
 KEY = "celeriac:progress:"
@@ -19,6 +21,7 @@ def attempt_text(es, attempt):
     return "".join(e["text"] for e in es if int(e["attempt"]) == attempt)
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_stream_entries_are_batched_and_complete(env):
     env.worker("--progress-interval", "100")
     env.fake.script(["tps=80;tokens=60"])
@@ -62,6 +65,7 @@ def test_on_message_sees_progress_states(env):
     assert seen[-1][0] == "SUCCESS"
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_retry_starts_a_new_attempt(env):
     env.worker("--retry-backoff", "0.2", "--retry-jitter", "0")
     env.fake.script(["tps=200;tokens=30;cut_after_tokens=7", "tps=200;tokens=30"])
@@ -95,6 +99,7 @@ def test_attempts_without_text_still_open_and_close(env):
     assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_failure_ends_the_stream_with_its_error(env):
     env.worker("--max-retries", "0")
     env.fake.script(["tps=200;tokens=30;status=400"])

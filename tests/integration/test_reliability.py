@@ -67,6 +67,7 @@ def states_of(result, timeout=30):
 
 # ----------------------------------------------------------------- retries
 
+@pytest.mark.brokers("amqp", "redis")
 def test_retry_honours_retry_after_then_succeeds(env):
     env.worker(*FAST)
     env.fake.script(["status=429;ra=1", "status=503;ra_ms=700", "tokens=5"])
@@ -82,6 +83,7 @@ def test_retry_honours_retry_after_then_succeeds(env):
     assert 0.7 <= gap2 < 1.7, gap2       # retry-after-ms wins over everything
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_backoff_policy_delays(env):
     env.worker(*FAST, "--max-retries", "3")
     env.fake.script(["status=500"] * 3 + ["tokens=3"])
@@ -242,6 +244,7 @@ def test_stream_quirks_still_succeed(env):
 
 # ----------------------------------------------------------- time and eta
 
+@pytest.mark.brokers("amqp", "redis")
 def test_countdown_and_eta(env):
     from datetime import datetime, timedelta, timezone
     env.worker()
@@ -255,6 +258,7 @@ def test_countdown_and_eta(env):
     assert by_prompt["at eta"] - t0 >= 1.4
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_eta_tasks_hold_no_slot_and_do_not_starve(env):
     env.worker("-c", "1", "--prefetch-multiplier", "1")
     held = [env.app.send_task("llm.generate", args=["held %d" % i], countdown=3) for i in range(3)]
@@ -285,6 +289,7 @@ def test_expired_tasks_are_revoked(env):
     assert calls(env) == []
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_time_limits(env):
     from celery.exceptions import TimeLimitExceeded, SoftTimeLimitExceeded
     w = env.worker()
@@ -661,6 +666,7 @@ def dlq(env, *args):
                           text=True, timeout=60)
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_dlq_list_show_replay_purge(env):
     w = env.worker(*FAST, "--max-retries", "0")
     env.fake.script(["status=500"] * 3)
