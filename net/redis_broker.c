@@ -70,9 +70,10 @@
  * take in the last. */
 #define POP_BATCH_MAX 64
 #define POP_CALLS_MAX 2
-/* Script failures in a row (other than NOSCRIPT) after which we keep to
- * BRPOP alone: a server without scripting, or one that refuses it. */
+/* Script failures in a row after which we keep to BRPOP alone for a while:
+ * a server without scripting, or one that refuses it. */
 #define POP_SCRIPT_TRIES 10
+#define POP_SCRIPT_RETRY_MS 60000
 
 /* Deletes the lock only while it still holds our token. */
 static const char unlock_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
@@ -332,11 +333,12 @@ struct rb {
     /* the pop script (pop_lua), on the same connection as the BRPOP, never
      * both at once */
     char pop_sha[SHA1_HEX_LEN + 1];
-    int script_loaded; /* SCRIPT LOAD sent on this connection */
-    int calls_out;     /* script calls in flight */
-    long reserved;     /* the prefetch room they were given */
-    int pop_cold;      /* the last call found the queues empty: BRPOP next */
-    int script_fails;  /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
+    int script_loaded;        /* SCRIPT LOAD sent on this connection */
+    int calls_out;            /* script calls in flight */
+    long reserved;            /* the prefetch room they were given */
+    int pop_cold;             /* the last call found the queues empty: BRPOP next */
+    int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
+    uint64_t script_retry_at; /* ... until then */
 
     /* held deliveries */
     struct strmap held;
@@ -1100,14 +1102,19 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
     if (status)
         return;
     if (r->type == REDIS_REPLY_ERROR) {
-        if (!strncmp(r->str, "NOSCRIPT", 8)) {
-            b->script_loaded = 0; /* flushed meanwhile: loaded again */
-            return;
-        }
-        if (b->script_fails++ < 3)
+        /* NOSCRIPT: flushed meanwhile, loaded again by the next call (and
+         * counted: a server that refuses SCRIPT LOAD says NOSCRIPT for ever). */
+        if (!strncmp(r->str, "NOSCRIPT", 8))
+            b->script_loaded = 0;
+        else
+            b->pop_cold = 1;
+        if (++b->script_fails <= 3 || b->script_fails == POP_SCRIPT_TRIES)
             LOG(LOG_WARNING, "broker: pop script refused: %s%s", r->str,
-                b->script_fails >= POP_SCRIPT_TRIES ? "; popping with BRPOP alone" : "");
-        b->pop_cold = 1;
+                b->script_fails >= POP_SCRIPT_TRIES
+                    ? "; popping with BRPOP alone for a minute"
+                    : "");
+        if (b->script_fails >= POP_SCRIPT_TRIES)
+            b->script_retry_at = now_ms(b) + POP_SCRIPT_RETRY_MS;
         return;
     }
     if (r->type != REDIS_REPLY_ARRAY)
@@ -1217,7 +1224,8 @@ static void maybe_pop(struct rb *b)
     if (b->freeing || b->pop_out || !redis_conn_up(b->pop) || !redis_conn_up(b->cmd) ||
         now_ms(b) < b->pop_pause_until)
         return;
-    if (!b->pop_cold && b->consuming && b->script_fails < POP_SCRIPT_TRIES) {
+    if (!b->pop_cold && b->consuming &&
+        (b->script_fails < POP_SCRIPT_TRIES || now_ms(b) >= b->script_retry_at)) {
         for (int i = 0; i < b->ncycle; i++)
             if (find_cons(b, b->cycle[i]))
                 qs[n++] = b->cycle[i];

@@ -387,3 +387,28 @@ def test_prefetch_bounds_the_batch(env):
     wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
                60, what="all 100 ran")
     assert env.redis.hlen("unacked") == 0
+
+
+def test_script_flushed_and_odd_routing_keys(env):
+    """The pop script's record of a routing key JSON must escape is still one
+    Python reads back the same; a SCRIPT FLUSH meanwhile (NOSCRIPT) only makes
+    the worker load it again."""
+    app = rapp(env)
+    odd = 'odd/key "quoted" \u00e9\\'
+    env.fake.script(["hold=odd;tokens=2"])
+    e = json.loads(envelope(str(uuid.uuid4()), "odd one"))
+    e["properties"]["delivery_info"]["routing_key"] = odd
+    env.redis.lpush("celery", json.dumps(e))
+    w = rworker(env)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="held")
+    (tag, value), = env.redis.hgetall("unacked").items()
+    got_env, exchange, rk = json.loads(value)
+    assert got_env == e and exchange == "" and rk == odd
+    env.fake.release("odd")
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 10, what="acked")
+    env.redis.script_flush()
+    ids = push_burst(env, 50, prompt="after flush %d")
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               30, what="all 50 ran after the flush")
+    assert env.redis.hlen("unacked") == 0
+    assert w.count("pop script refused") <= 3
