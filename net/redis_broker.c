@@ -5,13 +5,17 @@
  * depth polls), one subscribed (PSUBSCRIBE) for fanout queues. The wire format
  * is protocol/kombu.h's; the facts are in docs/internals/redis-broker.md.
  *
- * The life of a task message: BRPOP pops it; before anything else it is
- * recorded (MULTI ZADD unacked_index / HSET unacked / EXEC), then handed to
- * the owner. While it is held its score in unacked_index is refreshed, so no
- * restorer anywhere (a Python worker, `celery inspect`) takes it back. An ack
- * removes the record; a requeue or a restore moves the record back onto its
- * list in one Lua script that checks the record is still the one read. Dead
- * workers' records are moved back by restore_visible() under kombu's mutex.
+ * The life of a task message: a Lua script (pop_lua) pops it and records it
+ * (ZADD unacked_index, HSET unacked) in one atomic step, a batch at a time,
+ * then it is handed to the owner. When the script finds the queues empty a
+ * BRPOP waits for the next message; what the BRPOP pops is recorded before
+ * anything else (MULTI ZADD unacked_index / HSET unacked / EXEC), as kombu
+ * does, and the script takes over again at once. While it is held its score
+ * in unacked_index is refreshed, so no restorer anywhere (a Python worker,
+ * `celery inspect`) takes it back. An ack removes the record; a requeue or a
+ * restore moves the record back onto its list in one Lua script that checks
+ * the record is still the one read. Dead workers' records are moved back by
+ * restore_visible() under kombu's mutex.
  *
  * Deliveries stay settleable across reconnects: a record lives in Redis, not
  * in a connection, so broker_generation() never changes and acks made while
@@ -19,6 +23,8 @@
 #include "broker_int.h"
 
 #include <hiredis/hiredis.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +36,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/redact.h"
+#include "util/sha1.h"
 #include "util/strmap.h"
 #include "util/uuid.h"
 
@@ -58,6 +65,15 @@
 #define FREE_WAIT_MS 3000
 /* A BRPOP answered with an error waits this long before the next one. */
 #define POP_PAUSE_MS 1000
+/* Messages per pop script call, at most (within the prefetch room), and
+ * calls in flight at once: two, so that Redis pops the next batch while we
+ * take in the last. */
+#define POP_BATCH_MAX 64
+#define POP_CALLS_MAX 2
+/* Script failures in a row after which we keep to BRPOP alone for a while:
+ * a server without scripting, or one that refuses it. */
+#define POP_SCRIPT_TRIES 10
+#define POP_SCRIPT_RETRY_MS 60000
 
 /* Deletes the lock only while it still holds our token. */
 static const char unlock_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
@@ -72,6 +88,51 @@ static const char restore_lua[] =
     "redis.call('ZREM', KEYS[2], ARGV[1]) redis.call('HDEL', KEYS[1], ARGV[1]) "
     "for i = 3, #KEYS do if ARGV[4] == 'R' then redis.call('RPUSH', KEYS[i], ARGV[3]) "
     "else redis.call('LPUSH', KEYS[i], ARGV[3]) end end return 1";
+
+/* Pops up to ARGV[1] messages from KEYS[3..] in that order (BRPOP's:
+ * priority-major, then the cycle; from the right end, as BRPOP), and records
+ * each one (KEYS[1] unacked, KEYS[2] unacked_index) in the same atomic step,
+ * so no message is ever out of its list without its record, even if we die
+ * between the pop and its reply. ARGV[2] is the score (our clock, as the
+ * MULTI record writes it: no TIME, so that any Redis with scripting, 2.6 on,
+ * runs it), ARGV[3] the largest value recorded (0: any), ARGV[3 + i] "1" when
+ * KEYS[2 + i]'s messages are recorded ("0": a no_ack queue). The value is
+ * kombu's [envelope, exchange, routing_key], the envelope embedded as it lay
+ * in the list; a string with nothing JSON escapes is quoted as is, the same
+ * bytes as kombu_unacked_encode() writes; any other goes through
+ * cjson.encode, valid JSON that kombu reads the same (it writes '/' as
+ * "\/" and leaves UTF-8 unescaped). A value it cannot decode, or without a
+ * delivery tag, is popped unrecorded (the C side then records it, or sets it
+ * aside). Each message is read (LINDEX) and recorded before it is popped,
+ * with pcall: a refused write (maxmemory) ends the batch with the message
+ * still in its list, never popped without a record. Returns key, value, tag
+ * (empty: not recorded) triples. */
+static const char pop_lua[] =
+    "local function q(s) if s:find('[%c\"\\\\\\128-\\255]') then "
+    "return cjson.encode(s) end return '\"' .. s .. '\"' end "
+    "local n = tonumber(ARGV[1]) local lim = tonumber(ARGV[3]) "
+    "local out = {} local got = 0 local k = 3 "
+    "while got < n and k <= #KEYS do "
+    "local v = redis.call('LINDEX', KEYS[k], -1) "
+    "if not v then k = k + 1 else "
+    "local tag = '' "
+    "if ARGV[k + 1] == '1' and (lim == 0 or #v <= lim) then "
+    "local ok, m = pcall(cjson.decode, v) "
+    "local p = ok and type(m) == 'table' and m.properties "
+    "local d = type(p) == 'table' and p.delivery_info "
+    "if type(d) == 'table' and type(p.delivery_tag) == 'string' and "
+    "#p.delivery_tag > 0 and type(d.exchange) == 'string' and "
+    "type(d.routing_key) == 'string' then "
+    "local r = redis.pcall('ZADD', KEYS[2], ARGV[2], p.delivery_tag) "
+    "if type(r) == 'table' and r.err then break end "
+    "r = redis.pcall('HSET', KEYS[1], p.delivery_tag, "
+    "'[' .. v .. ', ' .. q(d.exchange) .. ', ' .. q(d.routing_key) .. ']') "
+    "if type(r) == 'table' and r.err then "
+    "redis.call('ZREM', KEYS[2], p.delivery_tag) break end "
+    "tag = p.delivery_tag end end "
+    "redis.call('RPOP', KEYS[k]) got = got + 1 "
+    "out[#out + 1] = KEYS[k] out[#out + 1] = v out[#out + 1] = tag end end "
+    "return out";
 
 struct rb;
 
@@ -269,6 +330,15 @@ struct rb {
     long long client_id;
     uint64_t pop_pause_until;
     unsigned long bad_pops;
+    /* the pop script (pop_lua), on the same connection as the BRPOP, never
+     * both at once */
+    char pop_sha[SHA1_HEX_LEN + 1];
+    int script_loaded;        /* SCRIPT LOAD sent on this connection */
+    int calls_out;            /* script calls in flight */
+    long reserved;            /* the prefetch room they were given */
+    int pop_cold;             /* the last call found the queues empty: BRPOP next */
+    int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
+    uint64_t script_retry_at; /* ... until then */
 
     /* held deliveries */
     struct strmap held;
@@ -295,6 +365,7 @@ struct rb {
 };
 
 static void maybe_pop(struct rb *b);
+static int ack_push(struct rb *b, const char *tag);
 static void job_start(struct rjob *j);
 static void job_free(struct rjob *j);
 
@@ -828,8 +899,10 @@ static void set_aside(struct rb *b, const char *key, size_t klen, const char *v,
     args_release(&a);
 }
 
+/* recorded: the pop script wrote the record already (nothing to keep for
+ * it); otherwise it is sent now. */
 static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
-                    const char *env, size_t len)
+                    const char *env, size_t len, int recorded)
 {
     struct held *h = strmap_get(&b->held, km->delivery_tag);
     if (h) {
@@ -843,33 +916,76 @@ static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
         return CR_ENOMEM;
     h->tag = cr_strdup(km->delivery_tag);
     h->queue = cr_strdup(queue);
-    h->env = cr_malloc(len + 1);
-    h->exchange = cr_strdup(km->exchange);
-    h->routing_key = cr_strdup(km->routing_key);
     h->priority = km->priority;
     h->copies = 1;
-    if (!h->tag || !h->queue || !h->env || !h->exchange || !h->routing_key ||
+    if (!recorded) {
+        h->env = cr_malloc(len + 1);
+        h->exchange = cr_strdup(km->exchange);
+        h->routing_key = cr_strdup(km->routing_key);
+    }
+    if (!h->tag || !h->queue ||
+        (!recorded && (!h->env || !h->exchange || !h->routing_key)) ||
         strmap_put(&b->held, h->tag, h)) {
         held_free(h);
         return CR_ENOMEM;
     }
-    memcpy(h->env, env, len);
-    h->env[len] = '\0';
-    h->env_len = len;
+    if (!recorded) {
+        memcpy(h->env, env, len);
+        h->env[len] = '\0';
+        h->env_len = len;
+    }
     h->next = b->held_head;
     if (h->next)
         h->next->prev = h;
     b->held_head = h;
     b->nheld++;
-    if (!b->o.ack_emulation)
+    if (recorded)
+        h->rec = REC_DONE;
+    else if (!b->o.ack_emulation)
         h->rec = REC_NONE;
     else
         send_record(b, h);
     return 0;
 }
 
+/* push_back() of a message the pop script recorded: the push and the
+ * removal of its record in one MULTI, so that it is in exactly one of the
+ * two places at every instant. A copy of one we hold keeps its record (ours). */
+static void push_back_rec(struct rb *b, const char *key, size_t klen, const char *v,
+                          size_t vlen, const char *tag)
+{
+    struct args c[3];
+    int rc;
+    if (!tag || strmap_get(&b->held, tag)) {
+        push_back(b, key, klen, v, vlen);
+        return;
+    }
+    for (int i = 0; i < 3; i++)
+        args_init(&c[i]);
+    args_s(&c[0], "RPUSH");
+    args_add(&c[0], key, klen);
+    args_add(&c[0], v, vlen);
+    args_s(&c[1], "ZREM");
+    args_s(&c[1], b->k_index);
+    args_s(&c[1], tag);
+    args_s(&c[2], "HDEL");
+    args_s(&c[2], b->k_unacked);
+    args_s(&c[2], tag);
+    rc = send_multi(b, NULL, NULL, c, 3);
+    if (rc)
+        LOG(LOG_WARNING,
+            "broker: cannot push %s back to '%.*s'; it comes back after the "
+            "visibility timeout",
+            tag, (int)klen, key);
+    for (int i = 0; i < 3; i++)
+        args_release(&c[i]);
+}
+
+/* One popped message. tag: the pop script recorded it under that tag (NULL:
+ * not recorded, a BRPOP's or one the script could not read). rotate: the
+ * cycle turns past its queue (a BRPOP's; a batch turns once, at its end). */
 static void on_popped(struct rb *b, const char *key, size_t klen, const char *env,
-                      size_t len)
+                      size_t len, const char *tag, int rotate)
 {
     char queue[KOMBU_NAME_MAX];
     struct kombu_msg km;
@@ -878,34 +994,44 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     int rc;
 
     if (kombu_queue_of_key(&b->o, key, klen, queue, sizeof(queue))) {
-        push_back(b, key, klen, env, len);
+        push_back_rec(b, key, klen, env, len, tag);
         return;
     }
     c = find_cons(b, queue);
     /* Cancelled meanwhile, or stopped: back to the head of its list, as
      * kombu requeues a message that finds no consumer. */
     if (b->freeing || b->draining || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
-        push_back(b, key, klen, env, len);
+        push_back_rec(b, key, klen, env, len, tag);
         return;
     }
-    kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
+    if (rotate)
+        kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
     memset(&err, 0, sizeof(err));
     rc = body_bound(b) && len > body_bound(b)
              ? CR_ETOOBIG
              : kombu_msg_decode(&km, env, len, body_bound(b), &err);
     if (rc == CR_ENOMEM) {
         LOG(LOG_ERROR, "broker: out of memory decoding a message; pushing it back");
-        push_back(b, key, klen, env, len);
+        push_back_rec(b, key, klen, env, len, tag);
         return;
     }
     if (rc) {
         set_aside(b, key, klen, env, len, err.msg[0] ? err.msg : cr_strerror(rc));
+        if (tag && !strmap_get(&b->held, tag))
+            ack_push(b, tag);
         return;
     }
-    if (!c->q.no_ack && held_add(b, &km, queue, env, len)) {
+    if (tag && (c->q.no_ack || !km.delivery_tag || strcmp(tag, km.delivery_tag))) {
+        /* Not the record we would write (cannot happen with the script's
+         * flags and kombu's decoder agreeing): removed, written our way. */
+        if (!strmap_get(&b->held, tag))
+            ack_push(b, tag);
+        tag = NULL;
+    }
+    if (!c->q.no_ack && held_add(b, &km, queue, env, len, tag != NULL)) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message; pushing it back");
         kombu_msg_release(&km);
-        push_back(b, key, klen, env, len);
+        push_back_rec(b, key, klen, env, len, tag);
         return;
     }
     deliver(b, &km, queue, c->q.no_ack);
@@ -926,9 +1052,11 @@ static void on_pop(struct rb *b, int status, redisReply *r, void *arg)
     }
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING)
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        b->pop_cold = 0; /* messages again: the script takes the rest */
         on_popped(b, r->element[0]->str, r->element[0]->len, r->element[1]->str,
-                  r->element[1]->len);
+                  r->element[1]->len, NULL, 1);
+    }
     /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
 }
 
@@ -943,11 +1071,147 @@ static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
     }
 }
 
-static int can_consume(const struct rb *b)
+/* The prefetch room: messages that may still be popped (LONG_MAX: no bound).
+ * Script calls in flight have theirs reserved, so that popped-but-unsettled
+ * messages never exceed the prefetch count. */
+static long room(const struct rb *b)
 {
-    return b->prefetch <= 0 || b->nheld < b->prefetch;
+    long r;
+    if (b->prefetch <= 0)
+        return LONG_MAX;
+    r = b->prefetch - b->nheld - b->reserved;
+    return r > 0 ? r : 0;
 }
 
+static int can_consume(const struct rb *b)
+{
+    return room(b) > 0;
+}
+
+static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
+{
+    long asked = (long)(intptr_t)arg;
+    const char *last = NULL;
+    size_t lastlen = 0, got;
+    char queue[KOMBU_NAME_MAX];
+
+    b->calls_out--;
+    b->reserved -= asked;
+    /* Lost or cancelled: what it popped, if it ran, is recorded, so it comes
+     * back after the visibility timeout (a BRPOP's reply lost is lost). */
+    if (status)
+        return;
+    if (r->type == REDIS_REPLY_ERROR) {
+        /* NOSCRIPT: flushed meanwhile, loaded again by the next call (and
+         * counted: a server that refuses SCRIPT LOAD says NOSCRIPT for ever). */
+        if (!strncmp(r->str, "NOSCRIPT", 8))
+            b->script_loaded = 0;
+        else
+            b->pop_cold = 1;
+        if (++b->script_fails <= 3 || b->script_fails == POP_SCRIPT_TRIES)
+            LOG(LOG_WARNING, "broker: pop script refused: %s%s", r->str,
+                b->script_fails >= POP_SCRIPT_TRIES
+                    ? "; popping with BRPOP alone for a minute"
+                    : "");
+        if (b->script_fails >= POP_SCRIPT_TRIES)
+            b->script_retry_at = now_ms(b) + POP_SCRIPT_RETRY_MS;
+        return;
+    }
+    if (r->type != REDIS_REPLY_ARRAY)
+        return;
+    b->script_fails = 0;
+    got = r->elements / 3;
+    for (size_t i = 0; i < got; i++) {
+        redisReply **e = r->element + 3 * i;
+        if (e[0]->type != REDIS_REPLY_STRING || e[1]->type != REDIS_REPLY_STRING ||
+            e[2]->type != REDIS_REPLY_STRING)
+            continue;
+        on_popped(b, e[0]->str, e[0]->len, e[1]->str, e[1]->len,
+                  e[2]->len ? e[2]->str : NULL, 0);
+        last = e[0]->str;
+        lastlen = e[0]->len;
+    }
+    /* round_robin turns once per batch, past the last queue popped. kombu
+     * turns after every message, so that with queues A and B both full it
+     * takes A, B, A, B; we take up to a batch of A, then of B. Every queue
+     * still gets its turn within a batch of the others, and a batch is a
+     * few milliseconds of work: the fairness kombu's rotation exists for
+     * (no queue starved by a busy one) is kept, only its grain is coarser. */
+    if (last && !kombu_queue_of_key(&b->o, last, lastlen, queue, sizeof(queue)))
+        kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
+    if ((long)got < asked)
+        b->pop_cold = 1; /* the queues ran dry: BRPOP waits for the next */
+}
+
+/* One pop script call for queues qs (n, cycle order), at most max messages. */
+static int send_batch(struct rb *b, const char **qs, int n, long max)
+{
+    const char *argv[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
+    size_t lens[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
+    const char *kv[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
+    size_t kl[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
+    char nkeys_s[16], max_s[24], score[64], lim[24];
+    struct op *o;
+    int argc = 0, nk;
+
+    if (!b->script_loaded) {
+        /* Pipelined ahead of the calls: Redis answers in order. */
+        struct args a;
+        args_init(&a);
+        args_s(&a, "SCRIPT");
+        args_s(&a, "LOAD");
+        args_s(&a, pop_lua);
+        if (send_op(b, b->pop, NULL, NULL, &a) == 0)
+            b->script_loaded = 1;
+        args_release(&a);
+        if (!b->script_loaded)
+            return CR_EBROKER;
+    }
+    buf_reset(&b->pop_store);
+    nk = kombu_brpop_args(&b->o, qs, n, 1, &b->pop_store, kv, kl,
+                          (int)(sizeof(kv) / sizeof(kv[0])));
+    if (nk < 3)
+        return CR_ENOMEM;
+    nk -= 2; /* BRPOP and the timeout */
+    snprintf(nkeys_s, sizeof(nkeys_s), "%d", nk + 2);
+    snprintf(max_s, sizeof(max_s), "%ld", max);
+    snprintf(score, sizeof(score), "%.7f", epoch_s());
+    snprintf(lim, sizeof(lim), "%zu", body_bound(b));
+#define ARG(p, l) (argv[argc] = (p), lens[argc] = (l), argc++)
+    ARG("EVALSHA", 7);
+    ARG(b->pop_sha, SHA1_HEX_LEN);
+    ARG(nkeys_s, strlen(nkeys_s));
+    ARG(b->k_unacked, strlen(b->k_unacked));
+    ARG(b->k_index, strlen(b->k_index));
+    for (int i = 0; i < nk; i++)
+        ARG(kv[1 + i], kl[1 + i]);
+    ARG(max_s, strlen(max_s));
+    ARG(score, strlen(score));
+    ARG(lim, strlen(lim));
+    /* kombu_brpop_args(): key i is queue qs[i % n]'s, step i / n. */
+    for (int i = 0; i < nk; i++) {
+        const struct rcons *c = find_cons(b, qs[i % n]);
+        ARG(c && !c->q.no_ack && b->o.ack_emulation ? "1" : "0", 1);
+    }
+#undef ARG
+    o = cr_calloc(1, sizeof(*o));
+    if (!o)
+        return CR_ENOMEM;
+    o->b = b;
+    o->fn = on_batch;
+    o->arg = (void *)(intptr_t)max;
+    if (redis_conn_send(b->pop, &o->req, on_op, argc, argv, lens)) {
+        cr_free(o);
+        return CR_EBROKER;
+    }
+    b->calls_out++;
+    b->reserved += max;
+    return 0;
+}
+
+/* Pops while there is room: pop script calls while messages keep coming,
+ * one BRPOP (alone on its connection) once a call found the queues empty,
+ * and script calls again as soon as the BRPOP pops one. */
 static void maybe_pop(struct rb *b)
 {
     const char *qs[MAX_CONSUMERS];
@@ -960,6 +1224,22 @@ static void maybe_pop(struct rb *b)
     if (b->freeing || b->pop_out || !redis_conn_up(b->pop) || !redis_conn_up(b->cmd) ||
         now_ms(b) < b->pop_pause_until)
         return;
+    if (!b->pop_cold && b->consuming &&
+        (b->script_fails < POP_SCRIPT_TRIES || now_ms(b) >= b->script_retry_at)) {
+        for (int i = 0; i < b->ncycle; i++)
+            if (find_cons(b, b->cycle[i]))
+                qs[n++] = b->cycle[i];
+        while (n && b->calls_out < POP_CALLS_MAX && can_consume(b)) {
+            long max = room(b) < POP_BATCH_MAX ? room(b) : POP_BATCH_MAX;
+            if (send_batch(b, qs, n, max))
+                break;
+        }
+        n = 0;
+        if (b->calls_out)
+            return;
+    }
+    if (b->calls_out)
+        return; /* their replies decide what comes next */
     for (int i = 0; i < b->ncycle; i++) {
         struct rcons *c = find_cons(b, b->cycle[i]);
         /* A no_ack queue goes on while stopped; task queues wait for room
@@ -2017,8 +2297,11 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
             on_cmd_up(b);
         else if (c == b->sub)
             on_sub_up(b);
-        else
+        else {
             b->client_id_state = 0;
+            b->script_loaded = 0;
+            b->pop_cold = 0;
+        }
         break;
     case REDIS_CONN_FAILED:
         if (news->loud)
@@ -2184,7 +2467,7 @@ static void drain(struct rb *b)
     uv_timer_start(&deadline, on_free_deadline, FREE_WAIT_MS, 0);
     while (!expired && redis_conn_up(b->cmd) &&
            (redis_conn_inflight(b->cmd) || b->njobs ||
-            (b->pop_out && redis_conn_up(b->pop)) || b->nacks))
+            ((b->pop_out || b->calls_out) && redis_conn_up(b->pop)) || b->nacks))
         uv_run(b->loop, UV_RUN_ONCE);
     uv_close((uv_handle_t *)&deadline, on_free_timer_closed);
     uv_run(b->loop, UV_RUN_NOWAIT);
@@ -2293,6 +2576,7 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->k_mutex = prefixed(&b->o, b->o.unacked_mutex_key);
     snprintf(b->probe_channel, sizeof(b->probe_channel), "%s_celeriac.probe",
              b->o.keyprefix);
+    sha1_hex(pop_lua, strlen(pop_lua), b->pop_sha);
     b->probe_argv[0] = "SUBSCRIBE";
     b->probe_argv[1] = b->probe_channel;
     uv_prepare_init(loop, &b->prepare);

@@ -304,3 +304,111 @@ def test_connections_dropped_mid_task(env):
     r2 = app.send_task("llm.generate", args=["after the drop"])
     assert r2.get(timeout=20) == env.fake.expected_text("after the drop")
     assert len([s for s in env.fake.stats() if "across a drop" in json.dumps(s["body"])]) == 1
+
+
+def push_burst(env, n, prompt="burst %d"):
+    """n task envelopes on 'celery', as a Python producer leaves them; their
+    task ids in order."""
+    ids, pipe = [], env.redis.pipeline()
+    for i in range(n):
+        tid = str(uuid.uuid4())
+        ids.append(tid)
+        pipe.lpush("celery", envelope(tid, prompt % i))
+    pipe.execute()
+    return ids
+
+
+def test_burst_consumed_in_batches_every_record_present(env):
+    """500 messages queued before the worker: popped by the pop script a batch
+    at a time, each one recorded byte for byte as kombu writes it while it is
+    held, every one run exactly once, nothing left behind."""
+    app = rapp(env)
+    env.fake.script(["hold=burst;tokens=2"] * 500)
+    ids = push_burst(env, 500)
+    raw = {json.loads(e)["properties"]["delivery_tag"]: e.decode()
+           for e in env.redis.lrange("celery", 0, -1)}
+    rworker(env, "-c", "50", "--prefetch-multiplier", "20")
+    wait_until(lambda: env.redis.hlen("unacked") == 500, 20, what="all 500 held")
+    assert env.redis.llen("celery") == 0
+    assert env.redis.zcard("unacked_index") == 500
+    held = env.redis.hgetall("unacked")
+    for tag, value in held.items():
+        # kombu's [envelope, exchange, routing_key], the envelope as it lay
+        assert value.decode() == "[%s, \"\", \"celery\"]" % raw[tag.decode()]
+    assert {json.loads(v)[0]["headers"]["id"] for v in held.values()} == set(ids)
+    env.fake.release("burst")
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               60, what="all 500 ran")
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="all acked")
+    runs = [s for s in env.fake.stats() if "burst " in json.dumps(s["body"])]
+    assert len(runs) == 500
+
+
+def test_kill_9_while_popping_loses_nothing(env):
+    """A worker killed (SIGKILL) while it takes in a burst: every message is
+    either still in its list or recorded in unacked, never in neither; a
+    worker with a short visibility timeout then restores and runs them all."""
+    app = rapp(env)
+    env.fake.script(["hold=k9;tokens=2"] * 400)
+    ids = push_burst(env, 400, prompt="kill9 %d")
+    w = rworker(env, "-c", "40", "--prefetch-multiplier", "10")
+    wait_until(lambda: env.redis.hlen("unacked") >= 10, 20, what="popping")
+    w.proc.kill()
+    w.proc.wait()
+    queued = {json.loads(e)["headers"]["id"] for e in env.redis.lrange("celery", 0, -1)}
+    recorded = {json.loads(v)[0]["headers"]["id"]
+                for v in env.redis.hgetall("unacked").values()}
+    assert queued | recorded == set(ids), "lost: %d" % len(set(ids) - queued - recorded)
+    assert env.redis.zcard("unacked_index") == len(recorded)
+    env.fake.release("k9")
+    env.fake.script(["tokens=2"])
+    time.sleep(1.5)  # older than the visibility timeout below
+    rworker(env, "-c", "40", opts={"visibility_timeout": 1})
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               60, what="all 400 ran")
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.llen("celery") == 0,
+               10, what="nothing left")
+
+
+def test_prefetch_bounds_the_batch(env):
+    """The pop script takes no more than the prefetch window has room for:
+    -c 3 x 5 holds exactly 15 of 100 queued, however long it waits."""
+    app = rapp(env)
+    env.fake.script(["hold=pf;tokens=2"] * 100)
+    ids = push_burst(env, 100, prompt="window %d")
+    rworker(env, "-c", "3", "--prefetch-multiplier", "5")
+    wait_until(lambda: env.redis.hlen("unacked") == 15, 20, what="window full")
+    time.sleep(1.0)
+    assert env.redis.hlen("unacked") == 15 and env.redis.zcard("unacked_index") == 15
+    assert env.redis.llen("celery") == 85
+    env.fake.release("pf")
+    env.fake.script(["tokens=2"])
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               60, what="all 100 ran")
+    assert env.redis.hlen("unacked") == 0
+
+
+def test_script_flushed_and_odd_routing_keys(env):
+    """The pop script's record of a routing key JSON must escape is still one
+    Python reads back the same; a SCRIPT FLUSH meanwhile (NOSCRIPT) only makes
+    the worker load it again."""
+    app = rapp(env)
+    odd = 'odd/key "quoted" \u00e9\\'
+    env.fake.script(["hold=odd;tokens=2"])
+    e = json.loads(envelope(str(uuid.uuid4()), "odd one"))
+    e["properties"]["delivery_info"]["routing_key"] = odd
+    env.redis.lpush("celery", json.dumps(e))
+    w = rworker(env)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="held")
+    (tag, value), = env.redis.hgetall("unacked").items()
+    got_env, exchange, rk = json.loads(value)
+    assert got_env == e and exchange == "" and rk == odd
+    env.fake.release("odd")
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 10, what="acked")
+    env.redis.script_flush()
+    ids = push_burst(env, 50, prompt="after flush %d")
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               30, what="all 50 ran after the flush")
+    assert env.redis.hlen("unacked") == 0
+    assert w.count("pop script refused") <= 3
