@@ -69,6 +69,11 @@ int broker_connect(struct broker *b, struct cr_err *err)
     return b->vt->connect(b, err);
 }
 
+int broker_wait_subscribed(struct broker *b, int timeout_ms)
+{
+    return b->vt->wait_subscribed ? b->vt->wait_subscribed(b, timeout_ms) : 0;
+}
+
 int broker_connected(const struct broker *b)
 {
     return b->vt->connected(b);

@@ -142,6 +142,12 @@ unsigned broker_delivery_caps(const struct broker *b);
  * runs, and BRPOP starts from the loop. */
 int broker_connect(struct broker *b, struct cr_err *err);
 
+/* Start-up only (runs the loop): waits until the fanout consumers added so
+ * far are subscribed for sure, so a broadcast sent after it returns is heard.
+ * Redis: the PSUBSCRIBE confirmations; AMQP: nothing to wait for. Returns 0,
+ * or CR_ETIMEDOUT after timeout_ms (the subscriptions still complete later). */
+int broker_wait_subscribed(struct broker *b, int timeout_ms);
+
 /* After a lost connection the broker reconnects by itself with backoff; this
  * says whether it is connected now (Redis: all three connections up). The
  * generation changes with each AMQP connection, never on Redis. */

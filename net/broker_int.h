@@ -14,6 +14,8 @@ struct broker_vtab {
     unsigned caps;    /* broker_delivery_caps() */
     int (*connect)(struct broker *b, struct cr_err *err);
     int (*connected)(const struct broker *b);
+    int (*wait_subscribed)(struct broker *b,
+                           int timeout_ms); /* NULL: nothing to wait for */
     unsigned (*generation)(const struct broker *b);
     unsigned long (*reconnects)(const struct broker *b);
     int (*blocked)(const struct broker *b, const char **why);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "protocol/kombu.h"
 #include "redis.h"
@@ -306,6 +307,10 @@ struct rb {
     char shown_url[512];
     struct redis_conn *cmd, *pop, *sub;
     struct redis_req psub_req; /* every PSUBSCRIBE's: replies name the pattern */
+    /* Patterns PSUBSCRIBEd on this pub/sub connection and not yet confirmed:
+     * start-up waits for them, so that a control request sent right after
+     * "ready." is heard. */
+    int psub_unconfirmed;
     char probe_channel[KOMBU_NAME_MAX + 32];
     const char *probe_argv[2];
     int up_said; /* what on_conn heard last */
@@ -1921,12 +1926,17 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
     struct rb *b = req->data;
     redisReply *r = (redisReply *)rr;
     const redisReply *pat, *data;
+    if (!status && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+        r->element[0]->type == REDIS_REPLY_STRING &&
+        !strcmp(r->element[0]->str, "psubscribe") && b->psub_unconfirmed > 0)
+        b->psub_unconfirmed--;
     if (status || b->freeing || b->draining || r->type != REDIS_REPLY_ARRAY ||
         r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING ||
         strcmp(r->element[0]->str, "pmessage"))
         return;
     pat = r->element[1];
     data = r->element[3];
+    /* (the confirmations are 3-element arrays, counted below) */
     if (pat->type != REDIS_REPLY_STRING || data->type != REDIS_REPLY_STRING)
         return;
     for (int i = 0; i < b->ncons; i++) {
@@ -1963,6 +1973,8 @@ static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
     if (redis_conn_send_pubsub(b->sub, &b->psub_req, on_pmessage, c->pattern2 ? 3 : 2,
                                argv, NULL))
         LOG(LOG_WARNING, "broker: cannot %s '%s'", verb, c->pattern);
+    else if (!strcmp(verb, "PSUBSCRIBE"))
+        b->psub_unconfirmed += c->pattern2 ? 2 : 1;
 }
 
 /* ------------------------------------------------------------ publish */
@@ -2317,6 +2329,8 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
         if (c == b->pop) {
             b->client_id_state = 0;
         }
+        if (c == b->sub)
+            b->psub_unconfirmed = 0;
         break;
     }
     tell_owner(b);
@@ -2356,11 +2370,28 @@ static int rb_connect(struct rb *b, struct cr_err *err)
                 redis_conn_last_error(cs[i])[0] ? redis_conn_last_error(cs[i])
                                                 : cr_strerror(rc));
     }
-    uv_update_time(b->loop);
     b->restore_due = now_ms(b); /* a first restore round at once */
     LOG(LOG_INFO, "Connected to %s", b->shown_url);
     tell_owner(b);
     return 0;
+}
+
+/* Runs the loop (start-up only) until every PSUBSCRIBE sent so far is
+ * confirmed, the pub/sub connection goes, or timeout_ms passes: a broadcast
+ * published before Redis registers a pattern never reaches us, so the worker
+ * says "ready." only after this. */
+static int rb_wait_subscribed(struct rb *b, int timeout_ms)
+{
+    uv_update_time(b->loop);
+    for (uint64_t until = now_ms(b) + (uint64_t)timeout_ms;
+         b->psub_unconfirmed > 0 && redis_conn_up(b->sub) && now_ms(b) < until;) {
+        struct timespec pause = {0, 1000000};
+        uv_run(b->loop, UV_RUN_NOWAIT);
+        if (b->psub_unconfirmed > 0)
+            nanosleep(&pause, NULL);
+        uv_update_time(b->loop);
+    }
+    return b->psub_unconfirmed > 0 ? CR_ETIMEDOUT : 0;
 }
 
 static int rb_connected(const struct rb *b)
@@ -2636,6 +2667,10 @@ static int v_connect(struct broker *b, struct cr_err *err)
 {
     return rb_connect(R(b), err);
 }
+static int v_wait_subscribed(struct broker *b, int timeout_ms)
+{
+    return rb_wait_subscribed((struct rb *)b, timeout_ms);
+}
 static int v_connected(const struct broker *b)
 {
     return rb_connected(CR(b));
@@ -2720,6 +2755,7 @@ static const struct broker_vtab redis_vtab = {
     .caps = BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH,
     .connect = v_connect,
     .connected = v_connected,
+    .wait_subscribed = v_wait_subscribed,
     .generation = v_generation,
     .reconnects = v_reconnects,
     .blocked = v_blocked,

@@ -706,6 +706,8 @@ int worker_start(struct worker *w, struct cr_err *err)
     w->metrics = metrics_new(&w->ctx, err);
     if (!w->metrics && err->code)
         return err->code;
+    if (broker_wait_subscribed(w->broker, 5000))
+        LOG(LOG_WARNING, "broker: remote control not subscribed yet after 5 s");
     uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);

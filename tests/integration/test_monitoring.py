@@ -542,6 +542,7 @@ def test_revoke_terminate_mid_stream_stores_partial_text(env, events):
     assert w.count("Terminating") == 1
 
 
+@pytest.mark.brokers("amqp", "redis")
 def test_statedb_keeps_revoked_ids_across_restarts(env, tmp_path):
     db = str(tmp_path / "state.db")
     w = env.worker("--statedb", db)
