@@ -269,6 +269,21 @@ void dlq__print_line(const struct dlq_opts *o, const cJSON *h)
     }
 }
 
+int dlq__summary(const struct dlq_opts *o, enum dlq_action a, unsigned long acted,
+                 unsigned long seen, int rc)
+{
+    if (a == A_SHOW && !acted) {
+        fprintf(stderr, "celeriac dlq: no dead letter with id %s\n",
+                o->nids ? o->ids[0] : "?");
+        return 1;
+    }
+    if (a == A_REPLAY)
+        printf("replayed %lu of %lu dead letters\n", acted, seen);
+    else if (a == A_PURGE)
+        printf("purged %lu of %lu dead letters\n", acted, seen);
+    return rc;
+}
+
 static int run(const struct dlq_opts *o, enum dlq_action a)
 {
     amqp_connection_state_t c;
@@ -359,15 +374,7 @@ static int run(const struct dlq_opts *o, enum dlq_action a)
         amqp_destroy_message(&msg);
         amqp_maybe_release_buffers(c);
     }
-    if (a == A_SHOW && !acted) {
-        fprintf(stderr, "celeriac dlq: no dead letter with id %s\n",
-                o->nids ? o->ids[0] : "?");
-        rc = 1;
-    } else if (a == A_REPLAY) {
-        printf("replayed %lu of %lu dead letters\n", acted, seen);
-    } else if (a == A_PURGE) {
-        printf("purged %lu of %lu dead letters\n", acted, seen);
-    }
+    rc = dlq__summary(o, a, acted, seen, rc);
 out:
     /* Closing returns every unacked dead letter to the queue. */
     amqp_channel_close(c, CH, AMQP_REPLY_SUCCESS);

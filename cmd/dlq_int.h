@@ -32,6 +32,11 @@ void dlq__print_show(const cJSON *h, const char *content_type, size_t ct_len,
  * entries removed and the retry count back at 0 (in place). */
 void dlq__reset_headers(cJSON *h);
 
+/* The closing words of an action over seen dead letters, acted on acted;
+ * returns the exit code given rc (1 when show found nothing). */
+int dlq__summary(const struct dlq_opts *o, enum dlq_action a, unsigned long acted,
+                 unsigned long seen, int rc);
+
 /* The action over a Redis broker (dlq_redis.c). Returns the exit code. */
 int dlq__run_redis(const struct dlq_opts *o, enum dlq_action a);
 

@@ -425,15 +425,7 @@ int dlq__run_redis(const struct dlq_opts *o, enum dlq_action a)
         }
         kombu_msg_release(&m);
     }
-    if (a == A_SHOW && !acted) {
-        fprintf(stderr, "celeriac dlq: no dead letter with id %s\n",
-                o->nids ? o->ids[0] : "?");
-        rc = 1;
-    } else if (a == A_REPLAY) {
-        printf("replayed %lu of %lu dead letters\n", acted, seen);
-    } else if (a == A_PURGE) {
-        printf("purged %lu of %lu dead letters\n", acted, seen);
-    }
+    rc = dlq__summary(o, a, acted, seen, rc);
 out:
     for (size_t i = 0; i < r.n; i++) {
         cr_free(r.v[i].key);

@@ -739,13 +739,7 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
      * task sent before any worker ran is kept rather than dropped unroutable. */
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
-        memset(&q, 0, sizeof(q));
-        q.name = cfg->queues[i];
-        q.exchange = cfg->queues[i];
-        q.exchange_type = "direct";
-        q.exchange_durable = 1;
-        q.routing_key = cfg->queues[i];
-        q.durable = 1;
+        broker_task_queue(&q, cfg->queues[i]);
         q.no_consume = 1;
         if (broker_add_consumer(app->broker, &q)) {
             cr_err_set(err, CR_ENOMEM, "out of memory");

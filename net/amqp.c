@@ -1234,18 +1234,8 @@ static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *
     uv_unref((uv_handle_t *)&b->prepare); /* nor the prepare handle */
     b->prefetch = cfg->prefetch_count;
     for (int i = 0; i < cfg->nqueues; i++) {
-        /* What Celery declares for a task queue: a durable direct exchange of
-         * the same name, a durable queue, bound with the queue name. */
-        struct broker_queue q = {cfg->queues[i],
-                                 cfg->queues[i],
-                                 "direct",
-                                 1,
-                                 cfg->queues[i],
-                                 1,
-                                 0,
-                                 0,
-                                 NULL,
-                                 0};
+        struct broker_queue q;
+        broker_task_queue(&q, cfg->queues[i]);
         if (rmq_add_consumer(b, &q)) {
             rmq_free(b);
             return NULL;

@@ -27,6 +27,17 @@ void broker_msg_free(struct broker_msg *m)
     cr_free(m);
 }
 
+void broker_task_queue(struct broker_queue *q, const char *name)
+{
+    memset(q, 0, sizeof(*q));
+    q->name = name;
+    q->exchange = name;
+    q->exchange_type = "direct";
+    q->exchange_durable = 1;
+    q->routing_key = name;
+    q->durable = 1;
+}
+
 int broker_url_is_redis(const char *url)
 {
     static const char *const schemes[] = {"redis://", "rediss://", "redis+socket://",

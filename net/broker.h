@@ -215,6 +215,11 @@ struct broker_queue {
     int no_consume; /* declare (and redeclare on reconnect) but never consume */
 };
 
+/* Fills q with what Celery declares for a task queue by name: a durable
+ * direct exchange of the same name, a durable queue bound with its name
+ * (name borrowed). */
+void broker_task_queue(struct broker_queue *q, const char *name);
+
 /* Adds a consumer (everything in q is copied). It is declared and consumed on
  * every (re)connect; while connected the declarations and basic.consume go out
  * at once without waiting for replies, so this never blocks. A queue already

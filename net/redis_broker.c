@@ -2634,16 +2634,8 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (!b->sub)
         goto oom;
     for (int i = 0; i < cfg->nqueues; i++) {
-        /* What Celery declares for a task queue: a direct exchange of the
-         * same name, bound with the queue's name. */
         struct broker_queue q;
-        memset(&q, 0, sizeof(q));
-        q.name = cfg->queues[i];
-        q.exchange = cfg->queues[i];
-        q.exchange_type = "direct";
-        q.exchange_durable = 1;
-        q.routing_key = cfg->queues[i];
-        q.durable = 1;
+        broker_task_queue(&q, cfg->queues[i]);
         if (rb_add_consumer(b, &q))
             goto oom;
     }

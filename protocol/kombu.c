@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../util/alloc.h"
+#include "../util/base64.h"
 #include "pyjson.h"
 
 #define DEFAULT_SEP "\x06\x16"
@@ -329,73 +330,6 @@ int kombu_opts_parse(struct kombu_opts *o, const char *json, size_t len,
     return rc;
 }
 
-/* ------------------------------------------------------------ base64 */
-
-static const char b64chars[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static int b64_encode(const unsigned char *p, size_t n, struct buf *out)
-{
-    char q[4];
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i += 3) {
-        unsigned v = (unsigned)p[i] << 16;
-        if (i + 1 < n)
-            v |= (unsigned)p[i + 1] << 8;
-        if (i + 2 < n)
-            v |= p[i + 2];
-        q[0] = b64chars[(v >> 18) & 63];
-        q[1] = b64chars[(v >> 12) & 63];
-        q[2] = i + 1 < n ? b64chars[(v >> 6) & 63] : '=';
-        q[3] = i + 2 < n ? b64chars[v & 63] : '=';
-        rc = buf_append(out, q, 4);
-    }
-    return rc;
-}
-
-static int b64_val(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-/* Strict standard base64 (padded, no whitespace) into out, which must hold
- * n / 4 * 3 bytes. Python's b64decode would skip stray characters; a body
- * holding some was not written by kombu, so it is refused. Returns the
- * decoded length or -1. */
-static long b64_decode(const char *s, size_t n, char *out)
-{
-    size_t o = 0;
-    if (n % 4)
-        return -1;
-    for (size_t i = 0; i < n; i += 4) {
-        int a = b64_val((unsigned char)s[i]), b = b64_val((unsigned char)s[i + 1]);
-        int c = b64_val((unsigned char)s[i + 2]), d = b64_val((unsigned char)s[i + 3]);
-        int last = i + 4 == n;
-        if (a < 0 || b < 0)
-            return -1;
-        if (c < 0 && !(last && s[i + 2] == '=' && s[i + 3] == '='))
-            return -1;
-        if (c >= 0 && d < 0 && !(last && s[i + 3] == '='))
-            return -1;
-        out[o++] = (char)((a << 2) | (b >> 4));
-        if (c >= 0)
-            out[o++] = (char)(((b & 15) << 4) | (c >> 2));
-        if (d >= 0)
-            out[o++] = (char)(((c & 3) << 6) | d);
-    }
-    return (long)o;
-}
-
 /* ------------------------------------------------------------ envelope */
 
 static const cJSON *get(const cJSON *obj, const char *key)
@@ -501,7 +435,7 @@ static int decode_body(struct kombu_msg *m, const cJSON *body, const cJSON *prop
     m->body = cr_malloc(n / 4 * 3 + 1);
     if (!m->body)
         return CR_ENOMEM;
-    long got = b64_decode(s, n, m->body);
+    long got = base64_decode(s, n, (unsigned char *)m->body, BASE64_STRICT);
     if (got < 0)
         return cr_err_set(err, CR_EDECODE, "envelope body is not base64");
     if (max_body_bytes && (size_t)got > max_body_bytes)
@@ -617,7 +551,7 @@ int kombu_msg_encode(const struct kombu_out *o, struct buf *out)
      * expiration (Producer.publish), delivery_info and priority
      * (prepare_message), body_encoding and delivery_tag (basic_publish). */
     if (rc == 0)
-        rc = b64_encode((const unsigned char *)o->body, o->body ? o->body_len : 0, out);
+        rc = base64_encode(o->body, o->body ? o->body_len : 0, out);
     if (rc == 0)
         rc = buf_putc(out, '"');
     if (rc == 0)

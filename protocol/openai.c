@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../util/alloc.h"
+#include "../util/base64.h"
 #include "pyjson.h"
 
 /* How much of a bad payload to quote in an error message. */
@@ -743,49 +744,6 @@ int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
 
 /* ------------------------------------------------------------- embeddings */
 
-static int b64_value(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+' || c == '-')
-        return 62;
-    if (c == '/' || c == '_')
-        return 63;
-    return -1;
-}
-
-/* Decodes standard or URL-safe base64, padding optional. out must hold
- * n / 4 * 3 + 2 bytes. Returns the decoded length, or -1 on a bad character
- * or an impossible length. */
-static long b64_decode(const char *s, size_t n, unsigned char *out)
-{
-    uint32_t acc = 0;
-    size_t i, bits = 0;
-    long o = 0;
-
-    while (n > 0 && s[n - 1] == '=')
-        n--;
-    if (n % 4 == 1)
-        return -1;
-    for (i = 0; i < n; i++) {
-        int v = b64_value((unsigned char)s[i]);
-        if (v < 0)
-            return -1;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (unsigned char)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    return o;
-}
-
 /* Returns a new array of numbers from base64 little-endian float32s, or NULL
  * with *rc set. */
 static cJSON *b64_vector(const char *s, int *rc)
@@ -801,7 +759,7 @@ static cJSON *b64_vector(const char *s, int *rc)
         *rc = CR_ENOMEM;
         return NULL;
     }
-    got = b64_decode(s, n, bytes);
+    got = base64_decode(s, n, bytes, 0);
     if (got < 0 || got % 4 != 0 || (size_t)got / 4 > INT_MAX) {
         cr_free(bytes);
         *rc = CR_EPROTO;

@@ -1066,15 +1066,14 @@ static int cmd_add_consumer(struct pidbox *pb, const cJSON *args, cJSON **reply)
     pidbox_arg_str(args, "exchange", &exchange);
     pidbox_arg_str(args, "exchange_type", &type);
     pidbox_arg_str(args, "routing_key", &key);
-    /* A task queue as Celery declares one by name: a durable direct exchange
-     * named like the queue, bound with the queue name. */
-    memset(&q, 0, sizeof(q));
-    q.name = queue;
-    q.exchange = exchange && *exchange ? exchange : queue;
-    q.exchange_type = type && *type ? type : "direct";
-    q.exchange_durable = 1;
-    q.routing_key = key && *key ? key : queue;
-    q.durable = 1;
+    /* A task queue as Celery declares one by name, unless told otherwise. */
+    broker_task_queue(&q, queue);
+    if (exchange && *exchange)
+        q.exchange = exchange;
+    if (type && *type)
+        q.exchange_type = type;
+    if (key && *key)
+        q.routing_key = key;
     rc = broker_add_consumer(pb->w->broker, &q);
     if (rc == CR_ENOMEM)
         return rc;

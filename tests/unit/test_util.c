@@ -1,8 +1,9 @@
-/* test_util.c -- buf, err, alloc and sha1. */
+/* test_util.c -- buf, err, alloc, sha1 and base64. */
 #include <check.h>
 #include <string.h>
 
 #include "util/alloc.h"
+#include "util/base64.h"
 #include "util/buf.h"
 #include "util/err.h"
 #include "util/sha1.h"
@@ -94,6 +95,47 @@ START_TEST(test_sha1)
 }
 END_TEST
 
+/* Every length 0..40 round-trips, as RFC 4648's vectors; each mode refuses
+ * what the other allows. */
+START_TEST(test_base64)
+{
+    static const char *const rfc[][2] = {{"", ""},
+                                         {"f", "Zg=="},
+                                         {"fo", "Zm8="},
+                                         {"foo", "Zm9v"},
+                                         {"foob", "Zm9vYg=="},
+                                         {"fooba", "Zm9vYmE="},
+                                         {"foobar", "Zm9vYmFy"}};
+    unsigned char bin[64], out[64];
+    struct buf b;
+    for (size_t i = 0; i < sizeof(rfc) / sizeof(rfc[0]); i++) {
+        buf_init(&b);
+        ck_assert_int_eq(base64_encode(rfc[i][0], strlen(rfc[i][0]), &b), 0);
+        ck_assert_str_eq(b.data ? b.data : "", rfc[i][1]);
+        buf_release(&b);
+    }
+    for (size_t n = 0; n <= 40; n++) {
+        for (size_t k = 0; k < n; k++)
+            bin[k] = (unsigned char)(k * 37 + n * 11 + 250);
+        buf_init(&b);
+        ck_assert_int_eq(base64_encode(bin, n, &b), 0);
+        ck_assert_int_eq(base64_decode(b.data ? b.data : "", b.len, out, BASE64_STRICT),
+                         (long)n);
+        ck_assert(memcmp(bin, out, n) == 0);
+        buf_release(&b);
+    }
+    ck_assert_int_eq(base64_decode("Zg", 2, out, BASE64_STRICT), -1); /* unpadded */
+    ck_assert_int_eq(base64_decode("Zg", 2, out, 0), 1);
+    ck_assert_int_eq(base64_decode("-_8=", 4, out, BASE64_STRICT), -1); /* URL-safe */
+    ck_assert_int_eq(base64_decode("-_8=", 4, out, 0), 2);
+    ck_assert_int_eq(out[0], 0xfb);
+    ck_assert_int_eq(base64_decode("Z=g=", 4, out, 0), -1); /* '=' inside */
+    ck_assert_int_eq(base64_decode("Z===", 4, out, BASE64_STRICT), -1);
+    ck_assert_int_eq(base64_decode("Zm9vY", 5, out, 0), -1); /* 4k + 1 */
+    ck_assert_int_eq(base64_decode("Zm 9", 4, out, 0), -1);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("util");
@@ -103,6 +145,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_buf_oom);
     tcase_add_test(tc, test_err);
     tcase_add_test(tc, test_sha1);
+    tcase_add_test(tc, test_base64);
     suite_add_tcase(s, tc);
     return s;
 }
