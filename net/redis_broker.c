@@ -137,6 +137,10 @@ static const char pop_lua[] =
 
 struct rb;
 
+/* Pop script calls whose lost replies are remembered, at most (two are in
+ * flight at a time; older ones are left to the visibility timeout). */
+#define LOST_MAX 8
+
 /* ------------------------------------------------------------ commands */
 
 /* One command's registration; freed after its reply. fn gets CR_ECANCELED
@@ -338,8 +342,14 @@ struct rb {
     /* the pop script (pop_lua), on the same connection as the BRPOP, never
      * both at once */
     char pop_sha[SHA1_HEX_LEN + 1];
-    int script_loaded;        /* SCRIPT LOAD sent on this connection */
-    int calls_out;            /* script calls in flight */
+    int script_loaded; /* SCRIPT LOAD sent on this connection */
+    int calls_out;     /* script calls in flight */
+    /* The scores of pop script calls whose reply was lost (the connection
+     * went): if the script ran, its messages are recorded under that exact
+     * score and held by nobody. recover_lost() gives them back at once
+     * rather than after the visibility timeout. */
+    char lost_scores[LOST_MAX][32];
+    int nlost;
     long reserved;            /* the prefetch room they were given */
     int pop_cold;             /* the last call found the queues empty: BRPOP next */
     int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
@@ -372,6 +382,7 @@ struct rb {
 static void maybe_pop(struct rb *b);
 static int ack_push(struct rb *b, const char *tag);
 static void job_start(struct rjob *j);
+static struct rjob *job_new(struct rb *b, const char *tag, char side);
 static void job_free(struct rjob *j);
 
 static uint64_t now_ms(const struct rb *b)
@@ -1093,19 +1104,89 @@ static int can_consume(const struct rb *b)
     return room(b) > 0;
 }
 
+/* A pop script call's: how many it asked for, and the score it records
+ * under (which finds its records again if its reply is lost). */
+struct batch_arg {
+    long asked;
+    char score[32];
+};
+
+static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
+{
+    int n = 0;
+    (void)arg;
+    if (status || r->type != REDIS_REPLY_ARRAY)
+        return;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *t = r->element[i];
+        struct rjob *j;
+        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
+            continue;
+        j = job_new(b, t->str, 'R');
+        if (!j)
+            break;
+        n++;
+        job_start(j);
+    }
+    if (n)
+        LOG(LOG_INFO,
+            "broker: giving back %d message(s) popped by a call whose reply was "
+            "lost",
+            n);
+}
+
+/* The records of lost pop calls (their exact score; a peer's records have
+ * scores of their own clock) that we do not hold go back to the head of
+ * their lists, as a restore does (the CAS script: a record changed meanwhile
+ * is left alone). */
+static void recover_lost(struct rb *b)
+{
+    while (b->nlost > 0 && redis_conn_up(b->cmd) && !b->freeing) {
+        const char *s = b->lost_scores[b->nlost - 1];
+        struct args a;
+        args_init(&a);
+        args_s(&a, "ZRANGEBYSCORE");
+        args_s(&a, b->k_index);
+        args_s(&a, s);
+        args_s(&a, s);
+        if (send_op(b, b->cmd, on_lost_scan, NULL, &a)) {
+            args_release(&a);
+            return;
+        }
+        args_release(&a);
+        b->nlost--;
+    }
+}
+
 static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
 {
-    long asked = (long)(intptr_t)arg;
+    struct batch_arg *ba = arg;
+    long asked = ba->asked;
     const char *last = NULL;
     size_t lastlen = 0, got;
     char queue[KOMBU_NAME_MAX];
 
     b->calls_out--;
     b->reserved -= asked;
-    /* Lost or cancelled: what it popped, if it ran, is recorded, so it comes
-     * back after the visibility timeout (a BRPOP's reply lost is lost). */
-    if (status)
+    /* Lost: what it popped, if it ran, is recorded under its score and held
+     * by nobody; recover_lost() gives it back as soon as the commands
+     * connection is up (a BRPOP's reply lost is lost, as in kombu).
+     * Cancelled (broker_free): left to the visibility timeout. */
+    if (status) {
+        if (status != CR_ECANCELED && !b->freeing) {
+            if (b->nlost == LOST_MAX) {
+                memmove(b->lost_scores[0], b->lost_scores[1],
+                        sizeof(b->lost_scores[0]) * (LOST_MAX - 1));
+                b->nlost--;
+            }
+            snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s",
+                     ba->score);
+            recover_lost(b);
+        }
+        cr_free(ba);
         return;
+    }
+    cr_free(ba);
     if (r->type == REDIS_REPLY_ERROR) {
         /* NOSCRIPT: flushed meanwhile, loaded again by the next call (and
          * counted: a server that refuses SCRIPT LOAD says NOSCRIPT for ever). */
@@ -1155,7 +1236,8 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
     size_t lens[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
     const char *kv[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
     size_t kl[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
-    char nkeys_s[16], max_s[24], score[64], lim[24];
+    char nkeys_s[16], max_s[24], score[32], lim[24];
+    struct batch_arg *ba;
     struct op *o;
     int argc = 0, nk;
 
@@ -1200,13 +1282,20 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
     }
 #undef ARG
     o = cr_calloc(1, sizeof(*o));
-    if (!o)
+    ba = cr_calloc(1, sizeof(*ba));
+    if (!o || !ba) {
+        cr_free(o);
+        cr_free(ba);
         return CR_ENOMEM;
+    }
+    ba->asked = max;
+    snprintf(ba->score, sizeof(ba->score), "%s", score);
     o->b = b;
     o->fn = on_batch;
-    o->arg = (void *)(intptr_t)max;
+    o->arg = ba;
     if (redis_conn_send(b->pop, &o->req, on_op, argc, argv, lens)) {
         cr_free(o);
+        cr_free(ba);
         return CR_EBROKER;
     }
     b->calls_out++;
@@ -2279,6 +2368,7 @@ static void on_cmd_up(struct rb *b)
     refresh_leases(b);
     b->lease_due = now_ms(b) + b->lease_ms;
     start_waiting(b);
+    recover_lost(b);
 }
 
 static void on_sub_up(struct rb *b)
