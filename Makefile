@@ -2,7 +2,7 @@
 # Targets: all test unit integration demo bench asan valgrind fuzz format check-src
 #          check-src-selftest clean
 
-PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8
+PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8 openssl
 CC        ?= cc
 BUILD     ?= build
 WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \

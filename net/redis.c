@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "net/tls_pump.h"
 #include "util/alloc.h"
 
 /* ------------------------------------------------------------ URL (pure) */
@@ -111,20 +112,27 @@ static int query_pair(struct redis_url *out, const char *k, size_t kn, const cha
         }
         return 0;
     }
-    if (!out->tls.on)
+    if (kn < 4 || memcmp(k, "ssl_", 4))
         return 0;
+    /* kombu would turn a redis:// URL with ssl_ keys into TLS, Celery's
+     * result backend refuses it: we refuse it for both rather than guess. */
+    if (!out->tls.on)
+        return cr_err_set(err, CR_EINVAL,
+                          "%s URL '%s' has TLS option '%.*s' but is not rediss://", what,
+                          shown, (int)kn, k);
     if (key_is(k, kn, "ssl_cert_reqs")) {
-        const char *s = strncmp(val, "CERT_", 5) ? val : val + 5;
-        if (!strcasecmp(s, "required"))
+        /* The six spellings kombu and Celery take, and no others. */
+        if (!strcmp(val, "required") || !strcmp(val, "CERT_REQUIRED"))
             out->tls.cert_reqs = REDIS_TLS_VERIFY_REQUIRED;
-        else if (!strcasecmp(s, "optional"))
+        else if (!strcmp(val, "optional") || !strcmp(val, "CERT_OPTIONAL"))
             out->tls.cert_reqs = REDIS_TLS_VERIFY_OPTIONAL;
-        else if (!strcasecmp(s, "none"))
+        else if (!strcmp(val, "none") || !strcmp(val, "CERT_NONE"))
             out->tls.cert_reqs = REDIS_TLS_VERIFY_NONE;
         else
             return cr_err_set(err, CR_EINVAL,
                               "invalid ssl_cert_reqs '%s' in %s URL (want required, "
-                              "optional or none)",
+                              "optional or none, or CERT_REQUIRED, CERT_OPTIONAL or "
+                              "CERT_NONE)",
                               val, what);
         out->tls.cert_reqs_given = 1;
     } else if (key_is(k, kn, "ssl_check_hostname")) {
@@ -143,6 +151,25 @@ static int query_pair(struct redis_url *out, const char *k, size_t kn, const cha
         snprintf(out->tls.certfile, sizeof(out->tls.certfile), "%s", val);
     } else if (key_is(k, kn, "ssl_keyfile")) {
         snprintf(out->tls.keyfile, sizeof(out->tls.keyfile), "%s", val);
+    } else if (key_is(k, kn, "ssl_ca_path")) {
+        snprintf(out->tls.ca_path, sizeof(out->tls.ca_path), "%s", val);
+    } else if (key_is(k, kn, "ssl_ca_data") || key_is(k, kn, "ssl_password") ||
+               key_is(k, kn, "ssl_validate_ocsp") ||
+               key_is(k, kn, "ssl_validate_ocsp_stapled") ||
+               key_is(k, kn, "ssl_ocsp_context") ||
+               key_is(k, kn, "ssl_ocsp_expected_cert")) {
+        /* redis-py's, which celeriac does not do: refused rather than
+         * silently dropped, since each one weakens or changes the check. */
+        return cr_err_set(err, CR_EINVAL, "TLS option '%.*s' in %s URL is not supported",
+                          (int)kn, k, what);
+    } else {
+        /* kombu hands every ssl_ key to redis-py, which refuses a name it
+         * does not know (TypeError): a typo must not go unnoticed. */
+        return cr_err_set(err, CR_EINVAL,
+                          "unknown TLS option '%.*s' in %s URL (want ssl_cert_reqs, "
+                          "ssl_ca_certs, ssl_ca_path, ssl_certfile, ssl_keyfile or "
+                          "ssl_check_hostname)",
+                          (int)kn, k, what);
     }
     return 0;
 }
@@ -346,6 +373,13 @@ int redis_url_parse_flags(struct redis_url *out, const char *url, const char *wh
         return err->code;
     if (query && parse_query(out, query + 1, end, what, shown, err))
         return err->code;
+    if (out->tls.on && out->tls.check_hostname == 1 &&
+        out->tls.cert_reqs == REDIS_TLS_VERIFY_NONE)
+        /* Python's ssl refuses the pair too (ValueError). */
+        return cr_err_set(err, CR_EINVAL,
+                          "%s URL asks for ssl_check_hostname without checking the "
+                          "certificate: set ssl_cert_reqs=required",
+                          what);
     if (out->tls.on && !out->tls.cert_reqs_given && (flags & REDIS_URL_TLS_STRICT))
         return cr_err_set(err, CR_EINVAL,
                           "%s URL is rediss:// without ssl_cert_reqs: add "
@@ -502,9 +536,14 @@ struct redis_conn {
     redisAsyncContext *watch_ac; /* SUBSCRIBEd to +switch-master, or NULL */
 
     redisAsyncContext *ac; /* NULL while disconnected */
-    int up;                /* Redis answered the handshake: commands may be sent */
-    int handshake;         /* handshake replies still awaited on ac */
-    int refused;           /* the last handshake was refused (AUTH, SELECT) */
+    /* rediss:// only: the settings, loaded by redis_conn_new(), and the pump
+     * that carries ac over TLS (NULL while there is no ac). hiredis talks to
+     * the pump's unix socket; the pump ends with ac (end_pump()). */
+    struct tls_ctx *tls;
+    struct tls_pump *pump;
+    int up;        /* Redis answered the handshake: commands may be sent */
+    int handshake; /* handshake replies still awaited on ac */
+    int refused;   /* the last handshake was refused (AUTH, SELECT) */
     int freeing;
     int ever_up;
     int loud; /* failures are worth an error line (see redis_conn_news) */
@@ -526,6 +565,22 @@ struct redis_conn {
 };
 
 static const char *const ping_argv[] = {"PING"};
+
+/* Frees the pump of the connection that has just gone. Its reason, when it
+ * had one, is the better one: hiredis only saw its socket closed. Returns
+ * why, or the pump's reason copied into buf. */
+static const char *end_pump(struct redis_conn *c, const char *why, char *buf, size_t size)
+{
+    if (!c->pump)
+        return why;
+    if (tls_pump_error(c->pump)[0] && buf) {
+        snprintf(buf, size, "%s", tls_pump_error(c->pump));
+        why = buf;
+    }
+    tls_pump_free(c->pump);
+    c->pump = NULL;
+    return why;
+}
 
 static void start_connect(struct redis_conn *c);
 static void start_switch_watch(struct redis_conn *c);
@@ -581,6 +636,7 @@ static void drop_connection(struct redis_conn *c)
     c->ac = NULL;
     ac->data = NULL;
     redisAsyncFree(ac);
+    end_pump(c, NULL, NULL, 0);
 }
 
 static void on_watch(uv_timer_t *t);
@@ -737,9 +793,10 @@ static void on_connect(const redisAsyncContext *cac, int status)
     if (!c)
         return;
     if (status != REDIS_OK) {
+        char buf[sizeof(c->last_error)];
         /* hiredis frees the context after this callback. */
         c->ac = NULL;
-        connect_failed(c, ac->errstr, 0);
+        connect_failed(c, end_pump(c, ac->errstr, buf, sizeof(buf)), 0);
         return;
     }
     c->generation++;
@@ -775,19 +832,22 @@ static void on_connect(const redisAsyncContext *cac, int status)
 static void on_disconnect(const redisAsyncContext *cac, int status)
 {
     struct redis_conn *c = cac->data;
+    char buf[sizeof(c->last_error)];
+    const char *why;
     (void)status;
     if (!c)
         return;
     c->ac = NULL;
     c->probe_out = 0;
+    why = end_pump(c, cac->errstr[0] ? cac->errstr : NULL, buf, sizeof(buf));
     if (c->handshake) {
         c->handshake = 0;
-        connect_failed(c, cac->errstr[0] ? cac->errstr : "connection closed", 0);
+        connect_failed(c, why ? why : "connection closed", 0);
         return;
     }
     if (c->up) {
         c->up = 0;
-        emit(c, REDIS_CONN_LOST, cac->errstr[0] ? cac->errstr : "closed", 0, 0);
+        emit(c, REDIS_CONN_LOST, why ? why : "closed", 0, 0);
     }
     schedule_reconnect(c);
 }
@@ -796,10 +856,17 @@ static void on_connect_timeout(uv_timer_t *t)
 {
     struct redis_conn *c = t->data;
     if (c->ac && !c->up) {
-        int answered_tcp = c->handshake > 0;
+        char buf[sizeof(c->last_error)];
+        const char *why =
+            c->handshake > 0 ? "no reply to the handshake" : "connection timed out";
+        /* Over TLS hiredis is connected at once, to the pump: the pump knows
+         * whether the server's TCP or TLS is what is missing. */
+        if (c->pump && tls_pump_stalled(c->pump)) {
+            snprintf(buf, sizeof(buf), "%s", tls_pump_stalled(c->pump));
+            why = buf;
+        }
         drop_connection(c);
-        connect_failed(
-            c, answered_tcp ? "no reply to the handshake" : "connection timed out", 0);
+        connect_failed(c, why, 0);
     }
 }
 
@@ -810,21 +877,33 @@ static void connect_server(struct redis_conn *c)
 {
     redisAsyncContext *ac;
 
-    if (c->url.kind == REDIS_URL_UNIX)
+    if (c->tls) {
+        struct cr_err e = {0};
+        c->pump = tls_pump_new(c->loop, c->tls, c->url.host, c->url.port, &e);
+        if (!c->pump) {
+            connect_failed(c, e.msg, 0);
+            return;
+        }
+        /* A unix connect to a listening socket is done at once. */
+        ac = redisAsyncConnectUnix(tls_pump_path(c->pump));
+    } else if (c->url.kind == REDIS_URL_UNIX) {
         ac = redisAsyncConnectUnix(c->url.socket_path);
-    else
+    } else {
         ac = redisAsyncConnect(c->url.host, c->url.port);
+    }
     if (!ac || ac->err) {
         char why[sizeof(c->last_error)];
         snprintf(why, sizeof(why), "%s", ac ? ac->errstr : "out of memory");
         if (ac)
             redisAsyncFree(ac);
+        end_pump(c, NULL, NULL, 0);
         connect_failed(c, why, 0);
         return;
     }
     ac->data = c;
     if (redis_uv_attach(ac, c->loop) != REDIS_OK) {
         redisAsyncFree(ac);
+        end_pump(c, NULL, NULL, 0);
         connect_failed(c, "cannot attach to loop", 0);
         return;
     }
@@ -1211,10 +1290,7 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
                                   struct cr_err *err)
 {
     struct redis_conn *c;
-    if (cfg->url->tls.on) {
-        cr_err_set(err, CR_EINVAL, "rediss:// (TLS) is not supported by this build");
-        return NULL;
-    }
+    struct tls_ctx *tls = NULL;
     if (cfg->url->kind == REDIS_URL_SENTINEL &&
         (!cfg->master_name || !cfg->master_name[0])) {
         cr_err_set(err, CR_EINVAL,
@@ -1225,12 +1301,30 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
         cr_err_set(err, CR_EINVAL, "master_name too long");
         return NULL;
     }
+    /* The files are read here, at start-up, once for every connection to
+     * come: a missing CA or key is a start-up error, not a retry loop. */
+    if (cfg->url->tls.on) {
+        const struct redis_url_tls *t = &cfg->url->tls;
+        struct tls_settings ts = {
+            .verify = t->cert_reqs != REDIS_TLS_VERIFY_NONE,
+            .check_hostname = t->check_hostname == 1,
+            .ca_file = t->ca_certs,
+            .ca_path = t->ca_path,
+            .cert_file = t->certfile,
+            .key_file = t->keyfile,
+        };
+        tls = tls_ctx_new(&ts, err);
+        if (!tls)
+            return NULL;
+    }
     c = cr_calloc(1, sizeof(*c));
     if (!c) {
+        tls_ctx_free(tls);
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
     }
     c->loop = loop;
+    c->tls = tls;
     c->url = *cfg->url;
     c->timeout_ms = seconds_to_ms(cfg->timeout);
     c->health_ms = seconds_to_ms(cfg->health_check_interval);
@@ -1310,7 +1404,9 @@ uint64_t redis_conn_timeout_ms(const struct redis_conn *c)
 
 static void on_closed_free(uv_handle_t *h)
 {
-    cr_free(h->data);
+    struct redis_conn *c = h->data;
+    tls_ctx_free(c->tls);
+    cr_free(c);
 }
 
 void redis_conn_free(struct redis_conn *c)
@@ -1327,6 +1423,7 @@ void redis_conn_free(struct redis_conn *c)
         ac->data = NULL;
         redisAsyncFree(ac);
     }
+    end_pump(c, NULL, NULL, 0);
     drop_disc(c);
     if (c->watch_ac) {
         redisAsyncContext *ac = c->watch_ac;

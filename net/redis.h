@@ -51,7 +51,8 @@ struct redis_url_tls {
     int check_hostname;              /* ssl_check_hostname: 1, 0, or -1 when not given */
     char ca_certs[512];              /* ssl_ca_certs: "" when none (the system's store) */
     char certfile[512]; /* ssl_certfile: the client certificate, "" when none */
-    char keyfile[512];  /* ssl_keyfile */
+    char keyfile[512];  /* ssl_keyfile: "" when none (the key is in certfile) */
+    char ca_path[512];  /* ssl_ca_path: a directory of CAs, "" when none */
 };
 
 struct redis_url_sentinel {
@@ -85,9 +86,13 @@ struct redis_url {
  *   the database a decimal 0..INT_MAX (Redis refuses a number beyond its
  *   "databases" setting when we SELECT it); query keys are ignored;
  * - rediss://...: the same over TLS. Query keys (values %XX-decoded):
- *   ssl_cert_reqs (required, optional, none, or CERT_REQUIRED...),
- *   ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_check_hostname
- *   (true/false/1/0/yes/no); other keys are ignored. Without ssl_cert_reqs,
+ *   ssl_cert_reqs (required, optional, none, CERT_REQUIRED, CERT_OPTIONAL or
+ *   CERT_NONE, exactly), ssl_ca_certs, ssl_ca_path, ssl_certfile,
+ *   ssl_keyfile, ssl_check_hostname (true/false/1/0/yes/no; true needs
+ *   ssl_cert_reqs other than none); redis-py's other ssl_ keys are refused as
+ *   not supported, any other ssl_ key as unknown (kombu passes them all to
+ *   redis-py, which refuses names it does not know); an ssl_ key in a
+ *   redis:// URL is refused; other keys are ignored. Without ssl_cert_reqs,
  *   Celery's result backend refuses the URL (flag REDIS_URL_TLS_STRICT) while
  *   kombu's broker verifies nothing and warns: then cert_reqs_given is 0 and
  *   the caller warns;
@@ -210,8 +215,14 @@ struct redis_req {
 
 /* Returns a new connection that starts connecting at the next loop turn (and
  * again after every loss), or NULL with err set: CR_ENOMEM, or CR_EINVAL for
- * sentinel:// without master_name, or rediss:// (TLS is not built in yet).
- * cfg is copied. Free with redis_conn_free().
+ * sentinel:// without master_name, or rediss:// whose CA, certificate or key
+ * cannot be loaded (read here, once). cfg is copied. Free with
+ * redis_conn_free().
+ *
+ * rediss:// goes through net/tls_pump.h: hiredis connects to the pump's
+ * private unix socket, the pump carries the bytes over TLS, and a TLS failure
+ * is the attempt's reason ("TLS: certificate verify failed (...)") like any
+ * other, with the same backoff.
  *
  * redis+socket:// connects to the unix socket. sentinel:// first asks the
  * sentinels in turn, each over a short-lived connection of its own (AUTH with

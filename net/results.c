@@ -172,7 +172,8 @@ static const char *where(const struct redis_url *u, char *out, size_t size)
         snprintf(out, size, "redis+socket://%.200s?virtual_host=%d", u->socket_path,
                  u->db);
     else
-        snprintf(out, size, "redis://%.200s:%d/%d%s", u->host, u->port, u->db,
+        snprintf(out, size, "%s://%.200s:%d/%d%s", u->tls.on ? "rediss" : "redis",
+                 u->host, u->port, u->db,
                  u->kind == REDIS_URL_SENTINEL ? " (via sentinel)" : "");
     return out;
 }

@@ -257,10 +257,6 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
             return cr_err_set(err, CR_EINVAL,
                               "result backend sentinel:// needs master_name in "
                               "--result-backend-transport-options");
-        if (u.tls.on)
-            return cr_err_set(err, CR_EINVAL,
-                              "result backend rediss:// (TLS) is not supported by this "
-                              "build yet");
     }
     return expand_hostname(cfg, err);
 }
