@@ -2646,6 +2646,8 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     double timeout, vt_ms;
     struct cr_err e2;
 
+    if (err)
+        err->code = 0; /* read below to tell a refused URL from a failed allocation */
     b = cr_calloc(1, sizeof(*b));
     if (!b) {
         cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
@@ -2721,8 +2723,14 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
                           0, 0, err)
                : NULL;
     b->sub = b->pop ? conn_new(b, timeout, b->o.health_check_interval_s, 1, err) : NULL;
-    if (!b->sub)
+    if (!b->sub) {
+        /* Not only memory: a rediss:// CA or key that cannot be loaded. */
+        if (err && err->code && err->code != CR_ENOMEM) {
+            rb_free(b);
+            return NULL;
+        }
         goto oom;
+    }
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);

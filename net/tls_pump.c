@@ -356,6 +356,9 @@ static void on_local_shut(uv_shutdown_t *req, int status)
 
 static void end_cleanly(struct tls_pump *p)
 {
+    /* Said now: hiredis may see the end before on_local_shut() runs. */
+    if (!p->error[0])
+        snprintf(p->error, sizeof(p->error), "TLS: connection closed by the server");
     p->state = PUMP_CLOSING;
     close_handle(p, (uv_handle_t *)&p->tcp, &p->tcp_open);
     uv_read_stop((uv_stream_t *)&p->local);
