@@ -230,9 +230,136 @@ START_TEST(test_tls)
     ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_cert_reqs=none", "b", &e), 0);
     ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_NONE);
     ck_assert(u.tls.cert_reqs_given);
-    /* ssl_* keys on a plain URL mean nothing, as in kombu */
-    ck_assert_int_eq(redis_url_parse(&u, "redis://h?ssl_cert_reqs=bogus", "b", &e), 0);
-    ck_assert(!u.tls.on);
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_ca_path=%2Fetc%2Fcas", "b", &e),
+                     0);
+    ck_assert_str_eq(u.tls.ca_path, "/etc/cas");
+    /* keys that are not ssl_ still mean nothing */
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://h?sslx=1&ssl=1&timeout=3", "b", &e),
+                     0);
+}
+END_TEST
+
+/* ssl_cert_reqs: the six spellings kombu and Celery map, and nothing else
+ * (kombu's table lookup is exact: "Required" is a KeyError there). */
+static const struct {
+    const char *value;
+    int ok;
+    enum redis_tls_verify want;
+} cert_reqs[] = {
+    {"required", 1, REDIS_TLS_VERIFY_REQUIRED},
+    {"CERT_REQUIRED", 1, REDIS_TLS_VERIFY_REQUIRED},
+    {"optional", 1, REDIS_TLS_VERIFY_OPTIONAL},
+    {"CERT_OPTIONAL", 1, REDIS_TLS_VERIFY_OPTIONAL},
+    {"none", 1, REDIS_TLS_VERIFY_NONE},
+    {"CERT_NONE", 1, REDIS_TLS_VERIFY_NONE},
+    {"CERT%5FNONE", 1, REDIS_TLS_VERIFY_NONE}, /* values are %XX-decoded */
+    {"Required", 0, 0},
+    {"REQUIRED", 0, 0},
+    {"CERT_required", 0, 0},
+    {"cert_required", 0, 0},
+    {"CERT_", 0, 0},
+    {"", 0, 0},
+    {"required ", 0, 0},
+    {"1", 0, 0},
+};
+
+START_TEST(test_tls_cert_reqs)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    char url[128];
+    snprintf(url, sizeof(url), "rediss://h/0?ssl_cert_reqs=%s", cert_reqs[_i].value);
+    if (cert_reqs[_i].ok) {
+        ck_assert_msg(redis_url_parse_flags(&u, url, "result backend",
+                                            REDIS_URL_TLS_STRICT, &e) == 0,
+                      "%s: %s", url, e.msg);
+        ck_assert(u.tls.cert_reqs_given);
+        ck_assert_int_eq(u.tls.cert_reqs, cert_reqs[_i].want);
+    } else {
+        ck_assert_int_eq(redis_url_parse(&u, url, "broker", &e), CR_EINVAL);
+        ck_assert_msg(strstr(e.msg, "invalid ssl_cert_reqs") != NULL, "%s", e.msg);
+    }
+}
+END_TEST
+
+/* Every other ssl_ key is refused at start-up: kombu passes them all to
+ * redis-py, whose connection refuses a name it does not know; the ones
+ * redis-py knows and celeriac does not do are refused by name. An ssl_ key on
+ * redis:// is refused too (Celery's backend refuses it; kombu would switch to
+ * TLS). */
+static const struct {
+    const char *url;
+    const char *says;
+} tls_bad[] = {
+    {"rediss://h?ssl_foo=1", "unknown TLS option 'ssl_foo' in broker URL"},
+    {"rediss://h?ssl_=1", "unknown TLS option 'ssl_'"},
+    {"rediss://h?SSL_CERT_REQS=none", NULL}, /* not an ssl_ key: ignored */
+    {"rediss://h?ssl_cert_reqs=none&ssl_ca_cert=/x", "unknown TLS option 'ssl_ca_cert'"},
+    {"rediss://h?ssl_password=x",
+     "TLS option 'ssl_password' in broker URL is not supported"},
+    {"rediss://h?ssl_ca_data=x", "'ssl_ca_data' in broker URL is not supported"},
+    {"rediss://h?ssl_validate_ocsp=true", "'ssl_validate_ocsp' in broker URL is not"},
+    {"rediss://h?ssl_validate_ocsp_stapled=1", "'ssl_validate_ocsp_stapled' in"},
+    {"redis://h?ssl_cert_reqs=required",
+     "has TLS option 'ssl_cert_reqs' but is not rediss://"},
+    {"redis://:secret@h?ssl_ca_certs=/x", "'redis://:**@h?ssl_ca_certs=/x' has TLS option"},
+    {"rediss://h?ssl_check_hostname=true", "ssl_check_hostname without checking"},
+    {"rediss://h?ssl_check_hostname=1&ssl_cert_reqs=none", "ssl_check_hostname"},
+    {"rediss://h?ssl_check_hostname=yes&ssl_cert_reqs=CERT_OPTIONAL", NULL},
+    {"rediss://h?ssl_check_hostname=true&ssl_cert_reqs=required", NULL},
+    {"rediss://h?ssl_check_hostname=", "invalid ssl_check_hostname ''"},
+    /* the first bad key wins, wherever it is */
+    {"rediss://h?ssl_cert_reqs=required&ssl_ca_certs=/a&ssl_bogus=1", "'ssl_bogus'"},
+};
+
+START_TEST(test_tls_bad)
+{
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    int rc = redis_url_parse(&u, tls_bad[_i].url, "broker", &e);
+    if (!tls_bad[_i].says) {
+        ck_assert_msg(rc == 0, "%s: %s", tls_bad[_i].url, e.msg);
+        return;
+    }
+    ck_assert_int_eq(rc, CR_EINVAL);
+    ck_assert_msg(strstr(e.msg, tls_bad[_i].says) != NULL, "%s: %s", tls_bad[_i].url,
+                  e.msg);
+    ck_assert_msg(strstr(e.msg, "secret") == NULL, "%s", e.msg);
+}
+END_TEST
+
+/* Every prefix of a full rediss:// URL parses or is refused cleanly (no
+ * crash, no read past the end, which ASan would catch), and the strict rule
+ * holds for each: a parsed rediss:// URL under REDIS_URL_TLS_STRICT always has
+ * ssl_cert_reqs. */
+START_TEST(test_tls_prefixes)
+{
+    static const char full[] =
+        "rediss://u:secret@h:6380/"
+        "3?ssl_cert_reqs=CERT_OPTIONAL&ssl_ca_certs=%2Fa%2Fca.pem&"
+        "ssl_ca_path=/cas&ssl_certfile=/c.pem&ssl_keyfile=/k.pem&ssl_check_hostname=true";
+    struct redis_url u;
+    struct cr_err e = {0, ""};
+    char buf[sizeof(full)];
+    for (size_t n = 0; n <= strlen(full); n++) {
+        memcpy(buf, full, n);
+        buf[n] = '\0';
+        if (redis_url_parse_flags(&u, buf, "result backend", REDIS_URL_TLS_STRICT, &e) ==
+            0)
+            ck_assert(!u.tls.on || u.tls.cert_reqs_given);
+        else if (strchr(buf, '@')) /* before it, "u:secret" is a host and a port */
+            ck_assert_msg(strstr(e.msg, "secret") == NULL, "%s", e.msg);
+    }
+    ck_assert_int_eq(
+        redis_url_parse_flags(&u, full, "result backend", REDIS_URL_TLS_STRICT, &e), 0);
+    ck_assert_int_eq(u.tls.cert_reqs, REDIS_TLS_VERIFY_OPTIONAL);
+    ck_assert_str_eq(u.tls.ca_certs, "/a/ca.pem");
+    ck_assert_str_eq(u.tls.ca_path, "/cas");
+    ck_assert_str_eq(u.tls.certfile, "/c.pem");
+    ck_assert_str_eq(u.tls.keyfile, "/k.pem");
+    ck_assert_int_eq(u.tls.check_hostname, 1);
+    ck_assert_str_eq(u.user, "u");
+    ck_assert_int_eq(u.db, 3);
 }
 END_TEST
 
@@ -378,6 +505,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_reuse);
     tcase_add_test(tc, test_redact_url);
     tcase_add_test(tc, test_tls);
+    tcase_add_loop_test(tc, test_tls_cert_reqs, 0,
+                        (int)(sizeof(cert_reqs) / sizeof(cert_reqs[0])));
+    tcase_add_loop_test(tc, test_tls_bad, 0, (int)(sizeof(tls_bad) / sizeof(tls_bad[0])));
+    tcase_add_test(tc, test_tls_prefixes);
     tcase_add_test(tc, test_unix);
     tcase_add_test(tc, test_sentinel_list);
     tcase_add_test(tc, test_backend_options);
