@@ -7,8 +7,16 @@
  * would pop them) and only removed by the command that acts on them: replay
  * moves one with a script that removes that exact element and pushes its new
  * envelope in one step, so a dead letter is never lost or doubled, even when
- * two operators replay at once. */
+ * two operators replay at once.
+ *
+ * rediss:// goes through the worker's TLS pump (net/tls_pump.h) on a private
+ * libuv loop run by a thread of its own: the blocking context connects to the
+ * pump's unix socket (the kernel's backlog takes the connect at once) and
+ * talks plaintext to it while that thread carries the bytes over TLS. The
+ * pump is only touched on that thread once it runs; stopping it (an async
+ * handle) is how its reason is read. */
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +24,7 @@
 
 #include "dlq_int.h"
 #include "net/redis.h"
+#include "net/tls_pump.h"
 #include "protocol/kombu.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -39,17 +48,101 @@ struct entry {
 
 struct rdlq {
     redisContext *c;
+    /* rediss:// only */
+    uv_loop_t tls_loop;
+    uv_async_t tls_stop;
+    struct tls_pump *pump; /* the thread's, while tls_running */
+    pthread_t tls_thread;
+    int tls_running, tls_loop_inited;
+    char tls_why[200]; /* the pump's reason, once stopped */
     struct kombu_opts ko;
     struct entry *v;
     size_t n, cap;
 };
 
+static void on_tls_stop(uv_async_t *a)
+{
+    struct rdlq *r = a->data;
+    const char *why = tls_pump_error(r->pump);
+    if (!why[0] && tls_pump_stalled(r->pump))
+        why = tls_pump_stalled(r->pump);
+    snprintf(r->tls_why, sizeof(r->tls_why), "%s", why);
+    tls_pump_free(r->pump);
+    r->pump = NULL;
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *run_tls(void *arg)
+{
+    struct rdlq *r = arg;
+    uv_run(&r->tls_loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* Stops the pump's thread (once) and frees its loop. */
+static void stop_tls(struct rdlq *r)
+{
+    if (r->tls_running) {
+        r->tls_running = 0;
+        uv_async_send(&r->tls_stop);
+        pthread_join(r->tls_thread, NULL);
+    }
+    if (r->tls_loop_inited) {
+        r->tls_loop_inited = 0;
+        uv_run(&r->tls_loop, UV_RUN_NOWAIT); /* close callbacks left, if any */
+        uv_loop_close(&r->tls_loop);
+    }
+}
+
+/* Starts the pump toward host:port on its thread; *path gets its socket. */
+static int start_tls(struct rdlq *r, const struct redis_url *u, const char *host,
+                     int port, char *path, size_t size)
+{
+    struct cr_err e;
+    struct tls_ctx *ctx;
+
+    memset(&e, 0, sizeof(e));
+    ctx = redis_tls_ctx_new(&u->tls, &e);
+    if (!ctx) {
+        fprintf(stderr, "celeriac dlq: %s\n", e.msg);
+        return 2;
+    }
+    if (uv_loop_init(&r->tls_loop) != 0) {
+        tls_ctx_free(ctx);
+        fprintf(stderr, "celeriac dlq: cannot start TLS\n");
+        return 1;
+    }
+    r->tls_loop_inited = 1;
+    r->pump = tls_pump_new(&r->tls_loop, ctx, host, port, &e);
+    tls_ctx_free(ctx);
+    if (!r->pump) {
+        fprintf(stderr, "celeriac dlq: %s\n", e.msg);
+        return 1;
+    }
+    snprintf(path, size, "%s", tls_pump_path(r->pump));
+    uv_async_init(&r->tls_loop, &r->tls_stop, on_tls_stop);
+    r->tls_stop.data = r;
+    if (pthread_create(&r->tls_thread, NULL, run_tls, r) != 0) {
+        tls_pump_free(r->pump);
+        r->pump = NULL;
+        uv_close((uv_handle_t *)&r->tls_stop, NULL);
+        fprintf(stderr, "celeriac dlq: cannot start TLS\n");
+        return 1;
+    }
+    r->tls_running = 1;
+    return 0;
+}
+
 static redisReply *cmd(struct rdlq *r, int argc, const char **argv, const size_t *lens)
 {
     redisReply *rep = redisCommandArgv(r->c, argc, argv, lens);
     if (!rep) {
+        /* Over TLS hiredis only saw its socket closed: the pump knows why. */
+        stop_tls(r);
         fprintf(stderr, "celeriac dlq: redis: %s\n",
-                r->c->errstr[0] ? r->c->errstr : "connection lost");
+                r->tls_why[0]     ? r->tls_why
+                : r->c->errstr[0] ? r->c->errstr
+                                  : "connection lost");
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
@@ -127,17 +220,24 @@ static int open_redis(struct rdlq *r, const char *url)
         fprintf(stderr, "celeriac dlq: %s\n", err.msg);
         return 2;
     }
-    if (u.tls.on) {
-        fprintf(stderr, "celeriac dlq: rediss:// is not supported by this build\n");
-        return 2;
-    }
     snprintf(host, sizeof(host), "%s", u.host);
     port = u.port;
     if (u.kind == REDIS_URL_SENTINEL &&
         (rc = find_master(r, &u, host, sizeof(host), &port)))
         return rc;
-    r->c = u.kind == REDIS_URL_UNIX ? redisConnectUnixWithTimeout(u.socket_path, tv)
-                                    : redisConnectWithTimeout(host, port, tv);
+    if (u.tls.on) {
+        char path[108];
+        if (!u.tls.cert_reqs_given)
+            fprintf(stderr, "celeriac dlq: warning: rediss:// without ssl_cert_reqs "
+                            "verifies no certificate (as kombu does)\n");
+        rc = start_tls(r, &u, host, port, path, sizeof(path));
+        if (rc)
+            return rc;
+        r->c = redisConnectUnixWithTimeout(path, tv);
+    } else {
+        r->c = u.kind == REDIS_URL_UNIX ? redisConnectUnixWithTimeout(u.socket_path, tv)
+                                        : redisConnectWithTimeout(host, port, tv);
+    }
     if (!r->c || r->c->err) {
         fprintf(stderr, "celeriac dlq: cannot connect to Redis at %s: %s\n",
                 u.kind == REDIS_URL_UNIX ? u.socket_path : host,
@@ -434,5 +534,6 @@ out:
     cr_free(r.v);
     if (r.c)
         redisFree(r.c);
+    stop_tls(&r);
     return rc;
 }

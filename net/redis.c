@@ -1281,6 +1281,21 @@ int redis_conn_send_pubsub(struct redis_conn *c, struct redis_req *req,
 
 /* ------------------------------------------------------------ lifecycle */
 
+struct tls_ctx *redis_tls_ctx_new(const struct redis_url_tls *t, struct cr_err *err)
+{
+    /* Python's CERT_OPTIONAL is CERT_REQUIRED on a client: the server always
+     * shows a certificate, and it is checked. */
+    struct tls_settings ts = {
+        .verify = t->cert_reqs != REDIS_TLS_VERIFY_NONE,
+        .check_hostname = t->check_hostname == 1,
+        .ca_file = t->ca_certs,
+        .ca_path = t->ca_path,
+        .cert_file = t->certfile,
+        .key_file = t->keyfile,
+    };
+    return tls_ctx_new(&ts, err);
+}
+
 static uint64_t seconds_to_ms(double s)
 {
     return s > 0 ? (uint64_t)(s * 1000 + 0.5) : 0;
@@ -1304,16 +1319,7 @@ struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_confi
     /* The files are read here, at start-up, once for every connection to
      * come: a missing CA or key is a start-up error, not a retry loop. */
     if (cfg->url->tls.on) {
-        const struct redis_url_tls *t = &cfg->url->tls;
-        struct tls_settings ts = {
-            .verify = t->cert_reqs != REDIS_TLS_VERIFY_NONE,
-            .check_hostname = t->check_hostname == 1,
-            .ca_file = t->ca_certs,
-            .ca_path = t->ca_path,
-            .cert_file = t->certfile,
-            .key_file = t->keyfile,
-        };
-        tls = tls_ctx_new(&ts, err);
+        tls = redis_tls_ctx_new(&cfg->url->tls, err);
         if (!tls)
             return NULL;
     }

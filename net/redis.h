@@ -110,6 +110,15 @@ int redis_url_parse_flags(struct redis_url *out, const char *url, const char *wh
 int redis_url_parse(struct redis_url *out, const char *url, const char *what,
                     struct cr_err *err);
 
+/* ------------------------------------------------------------ TLS */
+
+struct tls_ctx; /* net/tls_pump.h */
+
+/* The TLS settings of a rediss:// URL, loaded (this reads the CA, certificate
+ * and key files). Returns a new context for tls_pump_new(), freed with
+ * tls_ctx_free(); or NULL with err set (see tls_ctx_new()). */
+struct tls_ctx *redis_tls_ctx_new(const struct redis_url_tls *t, struct cr_err *err);
+
 /* ------------------------------------------------------------ libuv glue */
 
 /* Attaches ac to loop. Returns REDIS_OK, or REDIS_ERR (then ac is untouched

@@ -239,3 +239,23 @@ def test_redis_restart_over_tls(env, tls_redis, pki):
     finally:
         app.close()
     assert w.proc.poll() is None
+
+
+def test_dlq_cli_over_rediss(tls_redis, pki):
+    """`celeriac dlq` (blocking hiredis) carries its commands through the
+    same pump, on a thread of its own."""
+    from conftest import BIN
+    tls_redis.cli("-n", "1", "LPUSH", "celeriac.dead", "not an envelope")
+
+    def dlq(url, *args):
+        return subprocess.run([BIN, "dlq", "-b", url, *args], capture_output=True,
+                              text=True, timeout=60)
+
+    out = dlq(verified(tls_redis, 1, pki), "purge")
+    assert out.returncode == 0, out.stderr
+    assert tls_redis.cli("-n", "1", "LLEN", "celeriac.dead").stdout.strip() == "0"
+    out = dlq(tls_redis.url(1, ssl_cert_reqs="required", ssl_ca_certs=pki["other_ca"]),
+              "list")
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "celeriac dlq: redis: TLS: certificate verify failed ("), out.stderr
