@@ -29,8 +29,9 @@ int ndjson_feed(struct ndjson_parser *p, const char *buf, size_t len);
  * needed, or the sticky error. */
 int ndjson_next(struct ndjson_parser *p, const char **line, size_t *len);
 /* At end of stream: returns 1 with the last line when the stream did not end
- * in LF (lenient: a server may close right after its final object), else 0.
- * Complete lines not yet taken with ndjson_next() come first, one per call. */
+ * in LF (lenient: a server may close right after its final object), else 0,
+ * or the sticky error. Complete lines not yet taken with ndjson_next() come
+ * first, one per call, so a caller loops until it returns 0. */
 int ndjson_finish(struct ndjson_parser *p, const char **line, size_t *len);
 
 #endif

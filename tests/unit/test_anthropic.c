@@ -115,6 +115,45 @@ START_TEST(test_build_minimal)
 }
 END_TEST
 
+/* An assistant turn with text and tool calls becomes blocks; tool results
+ * with content parts keep them; a top-level system comes first. */
+START_TEST(test_build_mixed_turns)
+{
+    cJSON *req = json(
+        "{\"model\":\"m\",\"system\":\"S0\",\"messages\":["
+        "{\"role\":\"system\",\"content\":\"S1\"},"
+        "{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":\"Let me see.\",\"tool_calls\":[{\"id\":"
+        "\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+        "\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"r\"}]},"
+        "{\"role\":\"user\",\"content\":\"thanks\"}],\"max_tokens\":9,"
+        "\"tools\":[{\"name\":\"native\",\"input_schema\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"any\"}}");
+    struct cr_err err = {0};
+    unsigned flags;
+    char *body;
+    size_t len;
+
+    ck_assert_int_eq(anthropic_build_request(req, NULL, 0, 1, &body, &len, &flags, &err),
+                     0);
+    ck_assert_str_eq(
+        body,
+        "{\"model\":\"m\",\"max_tokens\":9,\"system\":\"S0\\n\\nS1\",\"messages\":[{"
+        "\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":[{"
+        "\"type\":\"text\",\"text\":\"Let me "
+        "see.\"},{\"type\":\"tool_use\",\"id\":\"c1\","
+        "\"name\":\"f\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":"
+        "\"tool_result\",\"tool_use_id\":\"c1\",\"content\":[{\"type\":\"text\",\"text\":"
+        "\"r\"}]}]},{\"role\":\"user\",\"content\":\"thanks\"}],\"tools\":[{\"name\":"
+        "\"native\",\"input_schema\":{\"type\":\"object\"}}],\"tool_choice\":{\"type\":"
+        "\"any\"},\"stream\":true}");
+    cr_free(body);
+    cJSON_Delete(req);
+}
+END_TEST
+
 static const char *const bad_requests[] = {
     "{\"model\":\"m\"}",
     "{\"model\":\"m\",\"messages\":[]}",
@@ -579,6 +618,7 @@ Suite *suite(void)
 
     tcase_add_test(tc, test_build_golden);
     tcase_add_test(tc, test_build_minimal);
+    tcase_add_test(tc, test_build_mixed_turns);
     tcase_add_loop_test(tc, test_build_refused, 0,
                         (int)(sizeof(bad_requests) / sizeof(bad_requests[0])));
     tcase_add_test(tc, test_provider_build);
