@@ -507,6 +507,48 @@ START_TEST(test_truncated_everywhere)
 }
 END_TEST
 
+/* Bytes captured from the project's fake (scripts/fake_providers.py, tokens=12,
+ * unicode=1, tool calls): the fake and this codec agree. */
+#define FAKE_TEXT                                                                        \
+    "\xc7\x85 \xe6\x9d\xb1\xe4\xba\xac plain jalape\xc3\xb1o "                           \
+    "\xe3\x81\x93\xe3\x82\x93\xe3\x81\xab\xe3\x81\xa1\xe3\x81\xaf "                      \
+    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe2\x98\x85 "                                 \
+    "\xce\x95\xce\xbb\xce\xbb\xce\xac\xce\xb4\xce\xb1 \xc3\xb1"                          \
+    "and\xc3\xba \xc3\xa7"                                                               \
+    "a \xc3\x9f "                                                                        \
+    "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 "
+
+START_TEST(test_fake_capture)
+{
+    struct llm_stream s;
+    struct cr_err err = {0};
+    struct buf d;
+    size_t len;
+    char *wire = unit_read_file(FX "fake_anthropic_tools.sse", &len);
+    int i;
+
+    ck_assert_int_eq(llm_stream_init(&s, &llm_provider_anthropic, LLM_OP_CHAT), 0);
+    buf_init(&d);
+    ck_assert_int_eq(drive(&s, LLM_FRAMING_SSE, wire, len, steps[_i], &d, &err), 0);
+    ck_assert_str_eq(s.reply.content.data, FAKE_TEXT);
+    ck_assert_str_eq(d.data, FAKE_TEXT);
+    ck_assert_str_eq(s.reply.finish_reason, "tool_calls");
+    ck_assert_int_eq(s.reply.completion_tokens, 12);
+    ck_assert_uint_eq(s.reply.ntools, 2);
+    for (i = 0; i < (int)s.reply.ntools; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "{\"i\":%d,\"q\":\"unicode please\"}", i);
+        ck_assert_str_eq(s.reply.tools[i].arguments.data, want);
+        snprintf(want, sizeof(want), "fn_%d", i);
+        ck_assert_str_eq(s.reply.tools[i].name, want);
+    }
+    ck_assert_int_eq(llm_stream_complete(&s), 1);
+    buf_release(&d);
+    llm_stream_release(&s);
+    free(wire);
+}
+END_TEST
+
 /* ------------------------------------------------------------- whole body */
 
 START_TEST(test_message_parse)
@@ -629,6 +671,7 @@ Suite *suite(void)
     tcase_add_loop_test(tc, test_error_types, 0,
                         (int)(sizeof(error_vectors) / sizeof(error_vectors[0])));
     tcase_add_test(tc, test_stream_malformed);
+    tcase_add_loop_test(tc, test_fake_capture, 0, NSTEPS);
     tcase_add_test(tc, test_truncated_everywhere);
     tcase_add_test(tc, test_message_parse);
     tcase_add_test(tc, test_error_body);
