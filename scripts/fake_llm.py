@@ -14,6 +14,8 @@ ENDPOINTS
   POST /v1/chat/completions   stream and non-stream (stream_options.include_usage)
   POST /v1/completions        legacy; prompt = string or first element of a list
   POST /v1/embeddings         see EMBEDDINGS
+  POST /v1/messages, /api/chat, /api/generate, /api/embed, /openai/deployments/..
+                              Anthropic, Ollama native and Azure: scripts/fake_providers.py
   GET  /v1/models, GET /health
   GET  /__stats[?since=SEQ]   JSON list of request entries (see STATS)
   POST /__reset               clears stats, scripts, rate-limit windows, /__config
@@ -161,6 +163,9 @@ import time
 import urllib.parse
 from collections import deque
 from functools import lru_cache
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_providers  # noqa: E402
 
 WORDS = (
     "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
@@ -831,6 +836,12 @@ class Server:
 
     async def api(self, conn, req, entry, p):
         endpoint = p
+        # Anthropic, Ollama and Azure paths: scripts/fake_providers.py.
+        if fake_providers.claims(endpoint):
+            endpoint = await fake_providers.api(sys.modules[__name__], self, conn, req,
+                                                entry, endpoint)
+            if endpoint is None:
+                return
         if endpoint in ("/v1/models", "/models", "/health") and req.method == "GET":
             await conn.read_body(req)
             if endpoint == "/health":
