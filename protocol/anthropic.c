@@ -659,13 +659,6 @@ static int block_index(const cJSON *root, int *index, struct cr_err *err)
     return 0;
 }
 
-static int store_rc(int rc, struct cr_err *err, const char *what)
-{
-    if (rc == CR_ETOOBIG)
-        return cr_err_set(err, rc, "%s is too large", what);
-    return cr_err_set(err, rc, "cannot store %s", what);
-}
-
 static int on_error(struct chat_reply *r, const cJSON *root, int in_stream,
                     struct cr_err *err)
 {
@@ -693,16 +686,16 @@ static int block_start(struct chat_reply *r, const cJSON *root, struct cr_err *e
     if (strcmp(type, "text") == 0) {
         const char *text = get_str(b, "text");
         rc = text ? chat_reply_add_text(r, text, strlen(text)) : 0;
-        return rc ? store_rc(rc, err, "text") : 0;
+        return rc ? chat_store_error(rc, err, "text") : 0;
     }
     if (strcmp(type, "tool_use") != 0)
         return 0; /* thinking, server tools...: not part of the answer */
     t = chat_reply_tool(r, index, 1, &rc);
     if (!t)
-        return store_rc(rc, err, "tool call");
+        return chat_store_error(rc, err, "tool call");
     if (chat_tool_set(&t->id, get_str(b, "id")) ||
         chat_tool_set(&t->name, get_str(b, "name")))
-        return store_rc(CR_ENOMEM, err, "tool call");
+        return chat_store_error(CR_ENOMEM, err, "tool call");
     /* A non-empty input here (some proxies send the whole input at once) is
      * the arguments; an empty {} is the usual placeholder for the deltas. */
     if (cJSON_IsObject(get(b, "input")) && get(b, "input")->child) {
@@ -710,7 +703,7 @@ static int block_start(struct chat_reply *r, const cJSON *root, struct cr_err *e
         rc = s ? chat_tool_add_args(t, s, strlen(s)) : CR_ENOMEM;
         cr_free(s);
         if (rc)
-            return store_rc(rc, err, "tool arguments");
+            return chat_store_error(rc, err, "tool arguments");
     }
     return 0;
 }
@@ -729,7 +722,7 @@ static int block_delta(struct chat_reply *r, const cJSON *root, struct cr_err *e
     if (strcmp(type, "text_delta") == 0) {
         s = get_str(d, "text");
         rc = s ? chat_reply_add_text(r, s, strlen(s)) : 0;
-        return rc ? store_rc(rc, err, "text") : 0;
+        return rc ? chat_store_error(rc, err, "text") : 0;
     }
     if (strcmp(type, "input_json_delta") != 0)
         return 0;
@@ -739,9 +732,9 @@ static int block_delta(struct chat_reply *r, const cJSON *root, struct cr_err *e
     /* Lenient: a delta for a block whose start was lost still makes a call. */
     t = chat_reply_tool(r, index, 1, &rc);
     if (!t)
-        return store_rc(rc, err, "tool call");
+        return chat_store_error(rc, err, "tool call");
     rc = chat_tool_add_args(t, s, strlen(s));
-    return rc ? store_rc(rc, err, "tool arguments") : 0;
+    return rc ? chat_store_error(rc, err, "tool arguments") : 0;
 }
 
 static int block_stop(struct chat_reply *r, const cJSON *root, struct cr_err *err)
@@ -753,17 +746,8 @@ static int block_stop(struct chat_reply *r, const cJSON *root, struct cr_err *er
         return rc;
     t = chat_reply_tool(r, index, 0, &rc);
     if (t && t->arguments.len == 0 && chat_tool_add_args(t, "{}", 2))
-        return store_rc(CR_ENOMEM, err, "tool arguments");
+        return chat_store_error(CR_ENOMEM, err, "tool arguments");
     return 0;
-}
-
-static int is_blank(const char *s, size_t n)
-{
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
-            return 0;
-    return 1;
 }
 
 static int name_is(const char *name, size_t n, const char *what)
@@ -786,7 +770,7 @@ int anthropic_stream_feed(struct chat_reply *r, const char *event, size_t event_
     if (delta_len)
         *delta_len = 0;
     r->frames++;
-    if (!data || is_blank(data, len))
+    if (!data || chat_json_blank(data, len))
         return 0;
     root = chat_json_parse(data, len, 1, "stream event", err);
     if (!root)
@@ -807,7 +791,7 @@ int anthropic_stream_feed(struct chat_reply *r, const char *event, size_t event_
         const char *model = get_str(m, "model");
         apply_usage(r, get(m, "usage"));
         if (model && chat_reply_set_model(r, model, strlen(model)))
-            rc = store_rc(CR_ENOMEM, err, "model name");
+            rc = chat_store_error(CR_ENOMEM, err, "model name");
     } else if (name_is(name, nlen, "content_block_start")) {
         rc = block_start(r, root, err);
     } else if (name_is(name, nlen, "content_block_delta")) {
@@ -825,16 +809,13 @@ int anthropic_stream_feed(struct chat_reply *r, const char *event, size_t event_
     cJSON_Delete(root);
     if (rc)
         return rc;
-    if (delta)
-        *delta = r->content.data ? r->content.data + start : "";
-    if (delta_len)
-        *delta_len = r->content.len - start;
+    chat_reply_delta(r, start, delta, delta_len);
     return 0;
 }
 
 int anthropic_stream_complete(const struct chat_reply *r)
 {
-    return r->done && !r->error;
+    return chat_reply_complete(r);
 }
 
 /* -------------------------------------------------------- the whole body */
@@ -864,7 +845,7 @@ int anthropic_message_parse(struct chat_reply *r, const char *body, size_t len,
     }
     model = get_str(root, "model");
     if (model && chat_reply_set_model(r, model, strlen(model)))
-        rc = store_rc(CR_ENOMEM, err, "model name");
+        rc = chat_store_error(CR_ENOMEM, err, "model name");
     cJSON_ArrayForEach(b, blocks)
     {
         const char *bt = get_str(b, "type");
@@ -876,20 +857,20 @@ int anthropic_message_parse(struct chat_reply *r, const char *body, size_t len,
             const char *t = get_str(b, "text");
             rc = chat_reply_add_text(r, t, strlen(t));
             if (rc)
-                rc = store_rc(rc, err, "text");
+                rc = chat_store_error(rc, err, "text");
         } else if (strcmp(bt, "tool_use") == 0) {
             struct chat_tool_call *t = chat_reply_tool(r, pos, 1, &rc);
             char *args = NULL;
             if (!t) {
-                rc = store_rc(rc, err, "tool call");
+                rc = chat_store_error(rc, err, "tool call");
             } else if (chat_tool_set(&t->id, get_str(b, "id")) ||
                        chat_tool_set(&t->name, get_str(b, "name")) ||
                        !(args = cJSON_IsObject(get(b, "input"))
                                     ? cJSON_PrintUnformatted(get(b, "input"))
                                     : cr_strdup("{}"))) {
-                rc = store_rc(CR_ENOMEM, err, "tool call");
+                rc = chat_store_error(CR_ENOMEM, err, "tool call");
             } else if ((rc = chat_tool_add_args(t, args, strlen(args)))) {
-                rc = store_rc(rc, err, "tool arguments");
+                rc = chat_store_error(rc, err, "tool arguments");
             }
             cr_free(args);
         }

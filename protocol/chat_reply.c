@@ -257,13 +257,34 @@ oom:
     return NULL;
 }
 
-static int blank(const char *s, size_t n)
+int chat_json_blank(const char *s, size_t n)
 {
     size_t i;
     for (i = 0; i < n; i++)
         if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
             return 0;
     return 1;
+}
+
+int chat_store_error(int rc, struct cr_err *err, const char *what)
+{
+    if (rc == CR_ETOOBIG)
+        return cr_err_set(err, rc, "%s is too large", what);
+    return cr_err_set(err, rc, "cannot store %s", what);
+}
+
+void chat_reply_delta(const struct chat_reply *r, size_t start, const char **delta,
+                      size_t *delta_len)
+{
+    if (delta)
+        *delta = r->content.data ? r->content.data + start : "";
+    if (delta_len)
+        *delta_len = r->content.len - start;
+}
+
+int chat_reply_complete(const struct chat_reply *r)
+{
+    return r->done && !r->error;
 }
 
 cJSON *chat_json_parse(const char *s, size_t len, int object, const char *what,
@@ -275,7 +296,7 @@ cJSON *chat_json_parse(const char *s, size_t len, int object, const char *what,
 
     if (s && len > 0)
         root = cJSON_ParseWithLengthOpts(s, len, &end, 0);
-    if (root && !blank(end, len - (size_t)(end - s))) {
+    if (root && !chat_json_blank(end, len - (size_t)(end - s))) {
         cJSON_Delete(root);
         root = NULL;
     }

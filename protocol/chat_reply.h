@@ -139,6 +139,21 @@ cJSON *chat_reply_tool_calls_json(const struct chat_reply *r);
  * continuation byte, and NUL-terminates. */
 void chat_copy_text(char *dst, size_t cap, const char *s, size_t n);
 
+/* 1 when the n bytes are only JSON whitespace (or n is 0), else 0. */
+int chat_json_blank(const char *s, size_t n);
+
+/* Sets err for a failure to store part of a reply: "<what> is too large" for
+ * CR_ETOOBIG, else "cannot store <what>". Returns rc. */
+int chat_store_error(int rc, struct cr_err *err, const char *what);
+
+/* Hands out the text appended since content held start bytes: *delta borrowed
+ * from r until its next change ("" when none). Either pointer may be NULL. */
+void chat_reply_delta(const struct chat_reply *r, size_t start, const char **delta,
+                      size_t *delta_len);
+
+/* A stream is complete once its end marker was seen and no error came. */
+int chat_reply_complete(const struct chat_reply *r);
+
 /* Parses a whole JSON value of len bytes; trailing non-space bytes are an
  * error. Returns a new tree (cJSON_Delete) or NULL with err set (CR_EPROTO;
  * "what" names the thing in the message). When object is set a non-object is

@@ -442,13 +442,6 @@ const char *ollama_finish_reason(const char *done_reason)
     return NULL;
 }
 
-static int store_rc(int rc, struct cr_err *err, const char *what)
-{
-    if (rc == CR_ETOOBIG)
-        return cr_err_set(err, rc, "%s is too large", what);
-    return cr_err_set(err, rc, "cannot store %s", what);
-}
-
 /* Tool calls arrive whole, one or more per object; each becomes the next call. */
 static int apply_tool_calls(struct chat_reply *r, const cJSON *calls, struct cr_err *err)
 {
@@ -464,11 +457,11 @@ static int apply_tool_calls(struct chat_reply *r, const cJSON *calls, struct cr_
         char *s;
 
         if (!t)
-            return store_rc(rc, err, "tool call");
+            return chat_store_error(rc, err, "tool call");
         snprintf(idbuf, sizeof(idbuf), "call_%d", key);
         if (chat_tool_set(&t->id, get_str(call, "id") ? get_str(call, "id") : idbuf) ||
             chat_tool_set(&t->name, get_str(fn, "name")))
-            return store_rc(CR_ENOMEM, err, "tool call");
+            return chat_store_error(CR_ENOMEM, err, "tool call");
         if (cJSON_IsString(args))
             s = cr_strdup(args->valuestring);
         else if (args)
@@ -478,7 +471,7 @@ static int apply_tool_calls(struct chat_reply *r, const cJSON *calls, struct cr_
         rc = s ? chat_tool_add_args(t, s, strlen(s)) : CR_ENOMEM;
         cr_free(s);
         if (rc)
-            return store_rc(rc, err, "tool arguments");
+            return chat_store_error(rc, err, "tool arguments");
     }
     return 0;
 }
@@ -503,13 +496,13 @@ static int apply(struct chat_reply *r, const cJSON *root, int in_stream,
         return 0;
     }
     if (model && chat_reply_set_model(r, model, strlen(model)))
-        return store_rc(CR_ENOMEM, err, "model name");
+        return chat_store_error(CR_ENOMEM, err, "model name");
     if (cJSON_IsObject(msg))
         text = get_str(msg, "content");
     if (!text)
         text = get_str(root, "response");
     if (text && (rc = chat_reply_add_text(r, text, strlen(text))))
-        return store_rc(rc, err, "text");
+        return chat_store_error(rc, err, "text");
     if (cJSON_IsArray(get(msg, "tool_calls")) &&
         (rc = apply_tool_calls(r, get(msg, "tool_calls"), err)))
         return rc;
@@ -537,15 +530,6 @@ static int apply(struct chat_reply *r, const cJSON *root, int in_stream,
     return 0;
 }
 
-static int blank(const char *s, size_t n)
-{
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
-            return 0;
-    return 1;
-}
-
 int ollama_stream_feed(struct chat_reply *r, const char *line, size_t len,
                        const char **delta, size_t *delta_len, struct cr_err *err)
 {
@@ -558,7 +542,7 @@ int ollama_stream_feed(struct chat_reply *r, const char *line, size_t len,
     if (delta_len)
         *delta_len = 0;
     r->frames++;
-    if (!line || blank(line, len))
+    if (!line || chat_json_blank(line, len))
         return 0;
     root = chat_json_parse(line, len, 1, "stream object", err);
     if (!root)
@@ -567,16 +551,13 @@ int ollama_stream_feed(struct chat_reply *r, const char *line, size_t len,
     cJSON_Delete(root);
     if (rc)
         return rc;
-    if (delta)
-        *delta = r->content.data ? r->content.data + start : "";
-    if (delta_len)
-        *delta_len = r->content.len - start;
+    chat_reply_delta(r, start, delta, delta_len);
     return 0;
 }
 
 int ollama_stream_complete(const struct chat_reply *r)
 {
-    return r->done && !r->error;
+    return chat_reply_complete(r);
 }
 
 int ollama_chat_parse(struct chat_reply *r, const char *body, size_t len,
