@@ -680,7 +680,7 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
                           struct cr_err *err)
 {
     struct gw_app *app = cr_calloc(1, sizeof(*app));
-    struct backend_config bc;
+    struct backend_config bc = {0};
     unsigned char rnd[16];
     char host[256];
 
