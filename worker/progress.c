@@ -81,6 +81,18 @@ int64_t progress_batch_wait_ms(const struct progress_batch *b,
     return at > now_ms ? at - now_ms : 0;
 }
 
+/* With more tasks streaming than fit in the interval, it grows with their
+ * number. Each write is a script run in Redis and a command built here; at
+ * 10,000 one-second streams a fixed 100 ms interval made four writes per
+ * task over the Redis broker (whose intake is spread out, so batches rarely
+ * merged under backpressure as they do after AMQP's burst), and the writer
+ * was the largest cost beyond the calls themselves (docs/benchmarks.md). */
+int64_t progress_budget_interval_ms(int64_t base_ms, long ntasks)
+{
+    int64_t need = ntasks > 0 ? (int64_t)ntasks * 1000 / PROGRESS_WRITES_PER_S : 0;
+    return need > base_ms ? need : base_ms;
+}
+
 void progress_batch_took_stream(struct progress_batch *b)
 {
     buf_reset(&b->text);
@@ -170,7 +182,9 @@ struct progress {
     struct ptask *head;
     uv_timer_t *timer; /* heap: freed in its close callback */
     unsigned long runs;
-    long pid; /* getpid() is a system call each time, and every write names it */
+    long ntasks;     /* tasks with progress state (ptask) */
+    int64_t base_ms; /* --progress-interval */
+    long pid;        /* getpid() is a system call each time, and every write names it */
     int oom_logged;
     char ttl[24];
     char maxlen[24];
@@ -369,6 +383,11 @@ static void arm(struct progress *p)
         arm_at(p, best);
 }
 
+static void retune(struct progress *p)
+{
+    p->pol.interval_ms = progress_budget_interval_ms(p->base_ms, p->ntasks);
+}
+
 static void ptask_free(struct progress *p, struct ptask *t)
 {
     if (t->prev)
@@ -381,6 +400,8 @@ static void ptask_free(struct progress *p, struct ptask *t)
         t->j->ptask = NULL;
     progress_batch_release(&t->b);
     cr_free(t);
+    p->ntasks--;
+    retune(p);
 }
 
 static struct ptask *ptask_new(struct progress *p, struct job *j)
@@ -397,6 +418,8 @@ static struct ptask *ptask_new(struct progress *p, struct job *j)
     if (p->head)
         p->head->prev = t;
     p->head = t;
+    p->ntasks++;
+    retune(p);
     return t;
 }
 
@@ -418,8 +441,8 @@ struct progress *progress_new(const struct worker_ctx *w)
     p->pid = (long)getpid();
     p->pol.stream = !strcmp(mode, "stream");
     p->pol.meta = 1;
-    p->pol.interval_ms =
-        w->cfg->progress_interval_ms > 0 ? w->cfg->progress_interval_ms : 100;
+    p->base_ms = w->cfg->progress_interval_ms > 0 ? w->cfg->progress_interval_ms : 100;
+    p->pol.interval_ms = p->base_ms;
     p->pol.max_bytes = PROGRESS_BATCH_BYTES;
     p->pol.meta_gap_ms = PROGRESS_META_MIN_MS;
     snprintf(p->ttl, sizeof(p->ttl), "%d", w->cfg->result_expires);

@@ -85,6 +85,11 @@ int progress_batch_due(const struct progress_batch *b, const struct progress_pol
  * pending. */
 int64_t progress_batch_wait_ms(const struct progress_batch *b,
                                const struct progress_policy *pol, int64_t now_ms);
+/* Writes per second the writer aims at across all streaming tasks. */
+#define PROGRESS_WRITES_PER_S 5000
+/* The batch interval for ntasks streaming tasks: base_ms, or longer when
+ * writing each task every base_ms would exceed PROGRESS_WRITES_PER_S. */
+int64_t progress_budget_interval_ms(int64_t base_ms, long ntasks);
 /* Marks the buffered text written (empties the buffer, keeps its memory). */
 void progress_batch_took_stream(struct progress_batch *b);
 /* Marks a PROGRESS meta written at now_ms. */

@@ -169,6 +169,22 @@ START_TEST(test_oom_sweep)
 END_TEST
 
 /* The names the writer and the gateway share. */
+START_TEST(test_write_budget)
+{
+    /* Up to the budget the configured interval holds; past it, the interval
+     * grows so that ntasks / interval stays at PROGRESS_WRITES_PER_S. */
+    ck_assert_int_eq(progress_budget_interval_ms(100, 0), 100);
+    ck_assert_int_eq(progress_budget_interval_ms(100, -3), 100);
+    ck_assert_int_eq(progress_budget_interval_ms(100, 1), 100);
+    ck_assert_int_eq(progress_budget_interval_ms(100, PROGRESS_WRITES_PER_S / 10), 100);
+    ck_assert_int_eq(progress_budget_interval_ms(100, PROGRESS_WRITES_PER_S / 5), 200);
+    ck_assert_int_eq(progress_budget_interval_ms(100, PROGRESS_WRITES_PER_S * 2), 2000);
+    ck_assert_int_eq(progress_budget_interval_ms(5000, PROGRESS_WRITES_PER_S * 2), 5000);
+    ck_assert_int_eq(progress_budget_interval_ms(1, 2147483647L),
+                     (int64_t)2147483647L * 1000 / PROGRESS_WRITES_PER_S);
+}
+END_TEST
+
 START_TEST(test_wire_names)
 {
     struct buf b;
@@ -202,6 +218,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_text_is_kept_in_order_across_writes);
     tcase_add_test(tc, test_clock_going_backwards);
     tcase_add_test(tc, test_oom_sweep);
+    tcase_add_test(tc, test_write_budget);
     tcase_add_test(tc, test_wire_names);
     suite_add_tcase(s, tc);
     return s;
