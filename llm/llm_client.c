@@ -852,7 +852,8 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETDATA, c);
     fresh = no_idle_connection(c, rq->url);
     curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT, (long)fresh);
-    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, (long)(fresh && !keep_connection(c)));
+    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE,
+                     (long)(!strncmp(rq->url, "http://", 7) && !keep_connection(c)));
 
     if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
         goto oom;
