@@ -412,3 +412,53 @@ def test_script_flushed_and_odd_routing_keys(env):
                30, what="all 50 ran after the flush")
     assert env.redis.hlen("unacked") == 0
     assert w.count("pop script refused") <= 3
+
+
+def test_pop_records_envelopes_not_laid_out_as_kombu_writes_them(env):
+    """The pop script reads the tag, exchange and routing key straight from an
+    envelope laid out as kombu writes it; any other layout (compact separators,
+    properties not last, a tag given twice, values with escapes) is decoded
+    instead. Every one is held under the tag celeriac's decoder reads, with the
+    exchange and routing key it reads, runs once, and leaves nothing behind."""
+    app = rapp(env)
+    env.fake.script(["hold=lay;tokens=2"] * 5)
+    ids, raws = [], []
+    for i in range(5):
+        tid = str(uuid.uuid4())
+        ids.append(tid)
+        e = json.loads(envelope(tid, "layout %d" % i))
+        if i == 0:
+            raw = json.dumps(e, separators=(",", ":"))
+        elif i == 1:
+            props = e.pop("properties")
+            raw = json.dumps({"properties": props, **e})
+        elif i == 2:
+            raw = json.dumps(e)[:-2] + ', "delivery_tag": "second-%s"}}' % tid
+        elif i == 3:
+            e["properties"]["delivery_info"]["exchange"] = "caf\u00e9"
+            raw = json.dumps(e)
+        else:
+            # a decoy of the properties' layout inside a header value
+            e["headers"]["argsrepr"] = ('"properties": {"delivery_info": {"exchange": "x", '
+                                        '"routing_key": "y"}, "delivery_tag": "decoy"}}')
+            raw = json.dumps(e)
+        raws.append(raw)
+        env.redis.lpush("celery", raw)
+    rworker(env, "-c", "10")
+    wait_until(lambda: env.redis.hlen("unacked") == 5, 10, what="all 5 held")
+    held = {k.decode(): json.loads(v) for k, v in env.redis.hgetall("unacked").items()}
+    assert env.redis.zcard("unacked_index") == 5
+    for i, tid in enumerate(ids):
+        rec = [v for v in held.values() if v[0]["headers"]["id"] == tid]
+        assert len(rec) == 1, (i, held.keys())
+        got_env, exchange, rk = rec[0]
+        assert rk == "celery"
+        assert exchange == ("caf\u00e9" if i == 3 else "")
+        assert "decoy" not in held
+    env.fake.release("lay")
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               30, what="all 5 ran")
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="all acked")
+    runs = [s for s in env.fake.stats() if "layout " in json.dumps(s["body"])]
+    assert len(runs) == 5
