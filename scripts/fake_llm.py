@@ -90,7 +90,8 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
       finish_reason becomes "tool_calls"
   reasoning_field   reasoning | reasoning_content; reasoning_tokens (default 4) deltas "think "
   status (alias err) HTTP status; >=400 sends an error body before any streaming
-  err_body          openai | vllm | vllm_flat | ollama_str | anthropic | html | empty
+  err_body          openai | vllm | vllm_flat | ollama_str | anthropic | html | empty |
+                    error_message ({"error": etype or the status phrase, "message": ..})
   err_msg, etype, code   error message / type / code (e.g. code=insufficient_quota)
   err_quote_key     full | masked: the error message quotes the bearer token the request
                     carried, as "Incorrect API key provided: <key>." (masked: its first 8
@@ -110,6 +111,8 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
   split_surrogates(0|1) a content chunk holding a character above U+FFFF is sent as
                     two events cut between its UTF-16 surrogates: the first ends with
                     "\\udXXX" (high), the next starts with the low one (\\u escapes)
+  stream_reply(0|1) 0: a stream request gets the non-stream JSON reply (a server that
+                    ignores "stream"; with garbage=K a non-JSON 200 body)
   empty_choices(0|1) adds chunks with "choices":[] and no usage: one after the role
                     chunk, one after each content chunk
   framing           chunked | close (close-delimited);  keepalive(0|1)
@@ -211,7 +214,7 @@ KNOBS = {
     "reasoning_tokens": (int, 4),
     "status": (int, 200),
     "err_body": (("openai", "vllm", "vllm_flat", "ollama_str", "anthropic", "html",
-                  "empty"), "openai"),
+                  "empty", "error_message"), "openai"),
     "err_msg": (str, ""), "etype": (str, ""), "code": (str, ""),
     "err_quote_key": (("", "full", "masked"), ""),
     "ra": (str, ""), "ra_ms": (str, ""), "ra_date": (float, -1.0),
@@ -224,7 +227,7 @@ KNOBS = {
     "garbage": (int, -1), "content_type": (str, ""), "prompt_truncate_to": (int, -1),
     "framing": (("chunked", "close"), "chunked"), "keepalive": (bool, 1),
     "dim": (int, 16), "hold": (str, ""),
-    "split_surrogates": (bool, 0), "empty_choices": (bool, 0),
+    "split_surrogates": (bool, 0), "empty_choices": (bool, 0), "stream_reply": (bool, 1),
 }
 ALIASES = {"err": "status", "latency": "latency_ms", "ttft": "ttft_ms"}
 BUILTIN = {k: v[1] for k, v in KNOBS.items()}
@@ -972,7 +975,7 @@ class Server:
             conn.keep = False
         if K["status"] >= 400:
             return await self.error(conn, entry, K, K["status"])
-        if stream:
+        if stream and K["stream_reply"]:
             await Streamer(self, conn, req, entry, K, kind, body, toks, ptoks, prompt).run()
         else:
             await self.nonstream(conn, req, entry, K, kind, toks, ptoks, prompt)
@@ -1039,6 +1042,9 @@ class Server:
             body = jdump(obj).encode()
         elif fmt == "ollama_str":
             body = jdump({"error": msg}).encode()
+        elif fmt == "error_message":
+            body = jdump({"error": K["etype"] or http.HTTPStatus(status).phrase,
+                          "message": msg}).encode()
         elif fmt == "anthropic":
             etype = K["etype"] or {400: "invalid_request_error", 401: "authentication_error",
                                    402: "billing_error", 403: "permission_error",
