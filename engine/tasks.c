@@ -428,8 +428,8 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
     if (!u)
         goto oom;
     {
-        int given = s->prompt_tokens >= 0 || s->completion_tokens >= 0 ||
-                    s->total_tokens >= 0;
+        int given =
+            s->prompt_tokens >= 0 || s->completion_tokens >= 0 || s->total_tokens >= 0;
         const char *names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
         long vals[3] = {s->prompt_tokens, s->completion_tokens, s->total_tokens};
         for (int i = 0; i < 3; i++)
@@ -438,8 +438,8 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
                 goto oom;
         if (!cJSON_AddStringToObject(u, "source", given ? "provider" : "worker"))
             goto oom;
-        if (!given && !cJSON_AddNumberToObject(u, "completion_chunks",
-                                               (double)s->content_chunks))
+        if (!given &&
+            !cJSON_AddNumberToObject(u, "completion_chunks", (double)s->content_chunks))
             goto oom;
     }
     return o;

@@ -617,8 +617,10 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
              * request again buys the same answer. An empty body is a cut
              * exchange rather than an answer, and stays retryable. */
             bad_body = err.code == CR_EPROTO && !is_blank_body(&r->raw);
-            snprintf(msg, sizeof(msg), "response is neither an event stream nor a chat "
-                     "completion: %s", err.msg);
+            snprintf(msg, sizeof(msg),
+                     "response is neither an event stream nor a chat "
+                     "completion: %s",
+                     err.msg);
             /* Out of memory the message is lost; the failure is not. */
             openai_stream_set_error(&r->chat, NULL, NULL, err.msg);
         }
@@ -634,8 +636,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
             long st = openai_error_status(r->chat.error_type, r->chat.error_code);
             res.code = CR_ELLM;
             if (st) {
-                res.verdict = llm_classify(0, st, r->chat.error_code, r->chat.error_type,
-                                           NULL, 0);
+                res.verdict =
+                    llm_classify(0, st, r->chat.error_code, r->chat.error_type, NULL, 0);
                 res.exc_type = exc_for_status(st);
             } else {
                 res.verdict = llm_classify(0, r->status, r->chat.error_code,
@@ -835,8 +837,8 @@ static struct curl_slist *shared_headers(struct llm_client *c, enum llm_op op,
 /* RFC 9110 token characters. */
 static int is_tchar(unsigned char ch)
 {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
 
 int llm_header_check(const char *line, struct cr_err *err)

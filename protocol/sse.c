@@ -333,7 +333,8 @@ int sse_sniff(const char *buf, size_t len, int at_end)
         m = strlen(fields[k]);
         if (n > m) {
             char c = buf[i + m];
-            if (memcmp(buf + i, fields[k], m) == 0 && (c == ':' || c == '\r' || c == '\n'))
+            if (memcmp(buf + i, fields[k], m) == 0 &&
+                (c == ':' || c == '\r' || c == '\n'))
                 return 1;
         } else if (memcmp(buf + i, fields[k], n) == 0) {
             /* "dat", or "data" with the byte after it still to come. */
