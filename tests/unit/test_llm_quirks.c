@@ -7,6 +7,7 @@
 
 #include "llm/llm_client.h"
 #include "llm/policy.h"
+#include "llm/provider.h"
 #include "protocol/openai.h"
 #include "protocol/sse.h"
 #include "util/alloc.h"
@@ -409,6 +410,32 @@ START_TEST(test_surrogate_cap)
 }
 END_TEST
 
+/* Through the Azure adapter, which moves the text out of the openai_stream
+ * after every frame: the held half must survive that. */
+START_TEST(test_surrogates_azure)
+{
+    struct llm_stream s;
+    struct cr_err err;
+    char all[256] = "";
+
+    ck_assert_int_eq(llm_stream_init(&s, &llm_provider_azure, LLM_OP_CHAT), 0);
+    for (int k = 0; sur_vec[_i].payloads[k]; k++) {
+        const char *p = sur_vec[_i].payloads[k];
+        struct llm_frame f = {NULL, 0, p, strlen(p)};
+        const char *d;
+        size_t n;
+        ck_assert_int_eq(llm_stream_feed(&s, &f, &d, &n, &err), 0);
+        ck_assert_msg(n == strlen(sur_vec[_i].deltas[k]) &&
+                          memcmp(d, sur_vec[_i].deltas[k], n) == 0,
+                      "%s: delta %d is '%.*s'", sur_vec[_i].name, k, (int)n, d);
+        strncat(all, d, n);
+    }
+    ck_assert_str_eq(all, sur_vec[_i].text);
+    ck_assert_str_eq(s.reply.content.data ? s.reply.content.data : "", sur_vec[_i].text);
+    llm_stream_release(&s);
+}
+END_TEST
+
 /* --------------------------------------------------------------- headers */
 
 static const struct {
@@ -554,6 +581,8 @@ Suite *suite(void)
     tcase_add_loop_test(tc, test_surrogates, 0,
                         (int)(sizeof(sur_vec) / sizeof(sur_vec[0])));
     tcase_add_loop_test(tc, test_surrogates_byte_by_byte, 0,
+                        (int)(sizeof(sur_vec) / sizeof(sur_vec[0])));
+    tcase_add_loop_test(tc, test_surrogates_azure, 0,
                         (int)(sizeof(sur_vec) / sizeof(sur_vec[0])));
     tcase_add_test(tc, test_surrogate_end_and_body);
     tcase_add_test(tc, test_surrogate_cap);
