@@ -64,7 +64,6 @@ struct llm_req {
     int headers_done;
     int is_sse;
     int sniff; /* a 2xx chat body whose first bytes have yet to tell if it streams */
-    int event_stream; /* the content-type names text/event-stream */
     /* Retry hints, read only after a failure and mostly absent: a heap copy
      * when the header came, else NULL. */
     char *retry_after;
@@ -228,7 +227,6 @@ static void header_reset(struct llm_req *r)
     cr_free(r->retry_after_ms);
     cr_free(r->should_retry);
     r->retry_after = r->retry_after_ms = r->should_retry = NULL;
-    r->event_stream = 0;
     r->headers_done = 0;
 }
 
@@ -296,7 +294,7 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
             /* A chat asks for a stream, but whether one came is read from the
              * body: a gateway may drop the Content-Type or relabel the stream
              * text/plain, and a server may ignore "stream" and answer with
-             * one JSON document (event_stream alone decides nothing). */
+             * one JSON document. So the Content-Type is not read at all. */
             r->is_sse = 0;
             r->sniff = r->op == LLM_OP_CHAT && r->status < 300;
             if (r->sniff)
@@ -317,11 +315,6 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
         keep_value(&r->retry_after_ms, 32, colon + 1, vlen);
     else if (IS("x-should-retry"))
         keep_value(&r->should_retry, 8, colon + 1, vlen);
-    else if (IS("content-type")) {
-        /* Only the first 63 bytes were ever looked at, as before. */
-        const char *v = trim_value(colon + 1, &vlen);
-        r->event_stream = memmem(v, vlen < 63 ? vlen : 63, "event-stream", 12) != NULL;
-    }
 #undef IS
     return n;
 }
