@@ -418,16 +418,29 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
               ? cJSON_AddStringToObject(o, "finish_reason", s->finish_reason)
               : cJSON_AddNullToObject(o, "finish_reason")))
         goto oom;
-    if (s->prompt_tokens >= 0) {
-        u = cJSON_AddObjectToObject(o, "usage");
-        if (!u ||
-            !cJSON_AddNumberToObject(u, "prompt_tokens", (double)s->prompt_tokens) ||
-            !cJSON_AddNumberToObject(u, "completion_tokens",
-                                     (double)s->completion_tokens) ||
-            !cJSON_AddNumberToObject(u, "total_tokens", (double)s->total_tokens))
-            goto oom;
-    } else if (!cJSON_AddNullToObject(o, "usage")) {
+    /* Always a dict with the three counts. The provider's own when it sent
+     * a usage object ("source": "provider"; a count it left out is null);
+     * otherwise the worker cannot count tokens without the model's tokenizer,
+     * so the counts are null and it says what it did see ("source":
+     * "worker", "completion_chunks": the deltas that carried text, often
+     * but not always one token each). See the README, "Usage". */
+    u = cJSON_AddObjectToObject(o, "usage");
+    if (!u)
         goto oom;
+    {
+        int given =
+            s->prompt_tokens >= 0 || s->completion_tokens >= 0 || s->total_tokens >= 0;
+        const char *names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
+        long vals[3] = {s->prompt_tokens, s->completion_tokens, s->total_tokens};
+        for (int i = 0; i < 3; i++)
+            if (!(vals[i] >= 0 ? cJSON_AddNumberToObject(u, names[i], (double)vals[i])
+                               : cJSON_AddNullToObject(u, names[i])))
+                goto oom;
+        if (!cJSON_AddStringToObject(u, "source", given ? "provider" : "worker"))
+            goto oom;
+        if (!given &&
+            !cJSON_AddNumberToObject(u, "completion_chunks", (double)s->content_chunks))
+            goto oom;
     }
     return o;
 oom:

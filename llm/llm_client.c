@@ -63,7 +63,7 @@ struct llm_req {
     long status;
     int headers_done;
     int is_sse;
-    int event_stream; /* the content-type names text/event-stream */
+    int sniff; /* a 2xx chat body whose first bytes have yet to tell if it streams */
     /* Retry hints, read only after a failure and mostly absent: a heap copy
      * when the header came, else NULL. */
     char *retry_after;
@@ -227,7 +227,6 @@ static void header_reset(struct llm_req *r)
     cr_free(r->retry_after_ms);
     cr_free(r->should_retry);
     r->retry_after = r->retry_after_ms = r->should_retry = NULL;
-    r->event_stream = 0;
     r->headers_done = 0;
 }
 
@@ -292,7 +291,14 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
             release_body(r);
             r->headers_done = 1;
             r->t_headers = uv_now(r->c->loop);
-            r->is_sse = r->op == LLM_OP_CHAT && r->status < 300 && r->event_stream;
+            /* A chat asks for a stream, but whether one came is read from the
+             * body: a gateway may drop the Content-Type or relabel the stream
+             * text/plain, and a server may ignore "stream" and answer with
+             * one JSON document. So the Content-Type is not read at all. */
+            r->is_sse = 0;
+            r->sniff = r->op == LLM_OP_CHAT && r->status < 300;
+            if (r->sniff)
+                r->raw.max_bytes = MAX_RAW_BODY;
         }
         return n;
     }
@@ -309,11 +315,6 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
         keep_value(&r->retry_after_ms, 32, colon + 1, vlen);
     else if (IS("x-should-retry"))
         keep_value(&r->should_retry, 8, colon + 1, vlen);
-    else if (IS("content-type")) {
-        /* Only the first 63 bytes were ever looked at, as before. */
-        const char *v = trim_value(colon + 1, &vlen);
-        r->event_stream = memmem(v, vlen < 63 ? vlen : 63, "event-stream", 12) != NULL;
-    }
 #undef IS
     return n;
 }
@@ -335,13 +336,73 @@ static void set_fail(struct llm_req *r, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Feeds n bytes of an event stream; notify: hand text deltas to on_delta.
+ * Returns 0, or -1 when the stream failed (proto_error) or the request was
+ * aborted from on_delta. */
+static int feed_sse(struct llm_req *r, const char *ptr, size_t n, int notify)
+{
+    struct sse_event ev;
+    struct cr_err err;
+    int rc;
+
+    if ((rc = sse_feed(r->sse, ptr, n)) < 0) {
+        r->proto_error = 1;
+        set_fail(r, "bad event stream: %s", cr_strerror(rc));
+        return -1;
+    }
+    while ((rc = sse_next(r->sse, &ev)) == 1) {
+        const char *delta = NULL;
+        size_t dlen = 0;
+        r->t_last_data = uv_now(r->c->loop);
+        if (openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen, &err)) {
+            r->proto_error = 1;
+            set_fail(r, "bad stream chunk: %s", err.msg);
+            return -1;
+        }
+        if (dlen) {
+            if (!r->t_first_token)
+                r->t_first_token = r->t_last_data;
+            if (notify && r->on_delta)
+                r->on_delta(r, delta, dlen, r->privdata);
+            if (r->aborted)
+                return -1;
+        }
+    }
+    if (rc < 0) {
+        r->proto_error = 1;
+        set_fail(r, "bad event stream: %s", cr_strerror(rc));
+        return -1;
+    }
+    /* A stream spends most of its life waiting for the next token: hold no
+     * parser buffers meanwhile, for the price of an allocation or two per
+     * read. */
+    sse_parser_trim(r->sse);
+    return 0;
+}
+
+/* Settles a pending sniff: with at_end, the body is complete. The bytes so
+ * far are in raw; a stream moves them to the SSE parser. Returns -1 when
+ * the stream failed at once (see feed_sse()), else 0. */
+static int settle_sniff(struct llm_req *r, int at_end, int notify)
+{
+    int v = sse_sniff(r->raw.data, r->raw.len, at_end);
+    int rc;
+
+    if (v < 0)
+        return 0;
+    r->sniff = 0;
+    if (v == 0)
+        return 0;
+    r->is_sse = 1;
+    rc = feed_sse(r, r->raw.data, r->raw.len, notify);
+    buf_release(&r->raw);
+    return rc;
+}
+
 static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     struct llm_req *r = ud;
     size_t n = size * nmemb;
-    struct sse_event ev;
-    struct cr_err err;
-    int rc;
 
     if (r->aborted)
         return 0; /* makes curl stop with CURLE_WRITE_ERROR */
@@ -352,41 +413,11 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
             set_fail(r, "response body over %zu bytes", r->raw.max_bytes);
             return 0;
         }
+        if (r->sniff && settle_sniff(r, 0, 1))
+            return 0;
         return n;
     }
-    if ((rc = sse_feed(r->sse, ptr, n)) < 0) {
-        r->proto_error = 1;
-        set_fail(r, "bad event stream: %s", cr_strerror(rc));
-        return 0;
-    }
-    while ((rc = sse_next(r->sse, &ev)) == 1) {
-        const char *delta = NULL;
-        size_t dlen = 0;
-        r->t_last_data = uv_now(r->c->loop);
-        if (openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen, &err)) {
-            r->proto_error = 1;
-            set_fail(r, "bad stream chunk: %s", err.msg);
-            return 0;
-        }
-        if (dlen) {
-            if (!r->t_first_token)
-                r->t_first_token = r->t_last_data;
-            if (r->on_delta)
-                r->on_delta(r, delta, dlen, r->privdata);
-            if (r->aborted)
-                return 0;
-        }
-    }
-    if (rc < 0) {
-        r->proto_error = 1;
-        set_fail(r, "bad event stream: %s", cr_strerror(rc));
-        return 0;
-    }
-    /* A stream spends most of its life waiting for the next token: hold no
-     * parser buffers meanwhile, for the price of an allocation or two per
-     * read. */
-    sse_parser_trim(r->sse);
-    return n;
+    return feed_sse(r, ptr, n, 1) ? 0 : n;
 }
 
 /* Keeps a finished easy handle for the next request, or frees it. It must be
@@ -478,6 +509,36 @@ static void describe_failure(struct llm_req *r, CURLcode cc, char *out, size_t n
     curl_url_cleanup(u);
 }
 
+/* Appends " (type: T, code: C, param: P)" with the parts that are set, so
+ * the stored error keeps what a caller would branch on. */
+static void add_detail(char *msg, size_t cap, const char *type, const char *code,
+                       const char *param)
+{
+    const char *name[3] = {"type", "code", "param"};
+    const char *val[3] = {type, code, param};
+    size_t len = strlen(msg);
+    int first = 1;
+
+    for (int i = 0; i < 3 && len + 1 < cap; i++) {
+        if (!val[i] || !val[i][0])
+            continue;
+        snprintf(msg + len, cap - len, "%s%s: %s", first ? " (" : ", ", name[i], val[i]);
+        len = strlen(msg);
+        first = 0;
+    }
+    if (!first && len + 1 < cap)
+        snprintf(msg + len, cap - len, ")");
+}
+
+static int is_blank_body(const struct buf *b)
+{
+    for (size_t i = 0; i < b->len; i++)
+        if (b->data[i] != ' ' && b->data[i] != '\t' && b->data[i] != '\r' &&
+            b->data[i] != '\n')
+            return 0;
+    return 1;
+}
+
 /* Works out the outcome of a finished transfer and calls on_done. */
 static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
 {
@@ -496,6 +557,10 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     res.embed_tokens = -1;
     msg[0] = '\0';
 
+    /* A body too short for the sniff to decide while it arrived. Its text
+     * is not handed to on_delta: the result carries it all the same. */
+    if (r->sniff && !r->aborted && cc == CURLE_OK)
+        settle_sniff(r, 1, 0);
     if (r->aborted) {
         res.code = r->abort_code;
         res.verdict = r->abort_code == CR_ETIMEDOUT ? LLM_RETRYABLE : LLM_PERMANENT;
@@ -522,6 +587,7 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
                                                 clock_epoch_us() / 1000);
         snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
                  oe.message[0] ? oe.message : "(no message)");
+        add_detail(msg, sizeof(msg), oe.type, oe.code, oe.param);
     } else if (r->op == LLM_OP_EMBED) {
         res.embedding = openai_embed_parse(r->raw.data ? r->raw.data : "", r->raw.len,
                                            r->embed_list, &res.embed_tokens, &err);
@@ -532,22 +598,52 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
             snprintf(msg, sizeof(msg), "bad embeddings response: %s", err.msg);
         }
     } else {
+        int bad_body = 0;
         if (r->is_sse) {
             struct sse_event ev;
             if (sse_finish(r->sse, &ev) == 1)
                 openai_stream_feed(&r->chat, ev.data, ev.data_len, NULL, NULL, &err);
+            openai_stream_end(&r->chat, NULL, NULL);
         } else if (openai_chat_parse(&r->chat, r->raw.data ? r->raw.data : "", r->raw.len,
                                      &err)) {
+            /* Neither a stream nor a chat completion: sending the same
+             * request again buys the same answer. An empty body is a cut
+             * exchange rather than an answer, and stays retryable. */
+            bad_body = err.code == CR_EPROTO && !is_blank_body(&r->raw);
+            snprintf(msg, sizeof(msg),
+                     "response is neither an event stream nor a chat "
+                     "completion: %s",
+                     err.msg);
             /* Out of memory the message is lost; the failure is not. */
             openai_stream_set_error(&r->chat, NULL, NULL, err.msg);
         }
-        if (r->chat.error) {
+        if (bad_body) {
             res.code = CR_ELLM;
-            res.verdict = llm_classify(0, r->status, r->chat.error_code,
-                                       r->chat.error_type, NULL, 1);
-            res.exc_type = "APIError";
-            snprintf(msg, sizeof(msg), "error in stream: %s",
-                     r->chat.error_message[0] ? r->chat.error_message : "(no message)");
+            res.verdict = LLM_PERMANENT;
+            res.exc_type = "APIResponseValidationError";
+        } else if (r->chat.error) {
+            /* An error sent after the 200 is judged as the same error in a
+             * body would be (auth, quota, bad request: permanent; rate limit,
+             * overload, server: retryable); one that names no known class
+             * is a broken stream, retried. */
+            long st = openai_error_status(r->chat.error_type, r->chat.error_code);
+            res.code = CR_ELLM;
+            if (st) {
+                res.verdict =
+                    llm_classify(0, st, r->chat.error_code, r->chat.error_type, NULL, 0);
+                res.exc_type = exc_for_status(st);
+            } else {
+                res.verdict = llm_classify(0, r->status, r->chat.error_code,
+                                           r->chat.error_type, NULL, 1);
+                res.exc_type = "APIError";
+            }
+            res.retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
+                                                    clock_epoch_us() / 1000);
+            if (!msg[0])
+                snprintf(msg, sizeof(msg), "error in stream: %s",
+                         r->chat.error_message[0] ? r->chat.error_message
+                                                  : "(no message)");
+            add_detail(msg, sizeof(msg), r->chat.error_type, r->chat.error_code, NULL);
         } else if (r->is_sse && !openai_stream_complete(&r->chat)) {
             res.code = CR_ELLM;
             res.verdict = LLM_RETRYABLE;
@@ -659,7 +755,7 @@ static void on_sweep(uv_timer_t *t)
             }
             continue;
         }
-        if (r->is_sse && !r->t_first_token) {
+        if ((r->is_sse || r->sniff) && !r->t_first_token) {
             /* Prefill may legitimately be long and send only pings: until the
              * first token only the first-token timeout applies. */
             if (now - r->t_headers > (uint64_t)(c->cfg.first_token_timeout_s * 1000)) {
@@ -684,7 +780,8 @@ static void on_sweep(uv_timer_t *t)
 
 /* Builds the request headers for one operation and API key. Returns a new
  * list, or NULL when out of memory. */
-static struct curl_slist *build_headers(enum llm_op op, const char *api_key)
+static struct curl_slist *build_headers(enum llm_op op, const char *api_key,
+                                        const char *const *extra)
 {
     struct curl_slist *list = NULL, *h;
     char auth[512];
@@ -700,6 +797,8 @@ static struct curl_slist *build_headers(enum llm_op op, const char *api_key)
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
         h = curl_slist_append(list, auth);
     }
+    for (; h && extra && *extra; extra++)
+        h = curl_slist_append(list, *extra);
     if (!h) {
         curl_slist_free_all(list);
         return NULL;
@@ -724,8 +823,34 @@ static struct curl_slist *shared_headers(struct llm_client *c, enum llm_op op,
     if (strcmp(c->hdrs_key, key))
         return NULL;
     if (!c->hdrs[i])
-        c->hdrs[i] = build_headers(op, key);
+        c->hdrs[i] = build_headers(op, key, c->cfg.headers);
     return c->hdrs[i];
+}
+
+/* RFC 9110 token characters. */
+static int is_tchar(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+int llm_header_check(const char *line, struct cr_err *err)
+{
+    const char *colon = strchr(line, ':');
+    size_t i, n;
+
+    if (strpbrk(line, "\r\n"))
+        return cr_err_set(err, CR_EINVAL, "invalid --llm-header: contains CR or LF");
+    if (!colon)
+        return cr_err_set(err, CR_EINVAL, "invalid --llm-header: want 'Name: value'");
+    n = (size_t)(colon - line);
+    if (n == 0)
+        return cr_err_set(err, CR_EINVAL, "invalid --llm-header: empty header name");
+    for (i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)line[i]))
+            return cr_err_set(err, CR_EINVAL, "invalid --llm-header name '%.*s'",
+                              (int)(n > 64 ? 64 : n), line);
+    return 0;
 }
 
 /* libcurl keeps idle connections up to CURLMOPT_MAXCONNECTS, by default four
@@ -822,7 +947,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         goto oom;
     hdrs = shared_headers(c, rq->op, rq->api_key);
     if (!hdrs) {
-        r->headers = build_headers(rq->op, rq->api_key);
+        r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
         if (!r->headers)
             goto oom;
         hdrs = r->headers;

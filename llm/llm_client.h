@@ -20,6 +20,9 @@
 #include "util/err.h"
 #include "util/redact.h"
 
+/* The most extra request headers llm_client_config.headers may hold. */
+#define LLM_MAX_EXTRA_HEADERS 32
+
 struct llm_client_config {
     double connect_timeout_s;
     double first_byte_timeout_s;
@@ -32,6 +35,10 @@ struct llm_client_config {
      * none). A provider or proxy may quote the key it was sent, and the
      * message goes to logs, results, dead letters and events. */
     const struct redact *secrets;
+    /* Extra request headers, "Name: value" lines checked with
+     * llm_header_check(), NULL-terminated (borrowed: must outlive the client;
+     * NULL: none). Sent on every request after the client's own. */
+    const char *const *headers;
 };
 
 struct llm_request {
@@ -53,6 +60,12 @@ typedef void llm_delta_fn(struct llm_req *r, const char *text, size_t len,
  * llm_client_free(); never from inside llm_client_submit() or llm_req_abort().
  * The request is freed right after it returns. */
 typedef void llm_done_fn(struct llm_req *r, const struct llm_result *res, void *privdata);
+
+/* Checks one extra header line "Name: value" for llm_client_config.headers:
+ * a non-empty token name (RFC 9110 tchar), a colon, and no CR, LF or NUL
+ * anywhere. Returns 0, or CR_EINVAL with the reason in err (the value is
+ * never quoted: it may be a secret). Pure. */
+int llm_header_check(const char *line, struct cr_err *err);
 
 /* Returns a new client or NULL with err set. Free with llm_client_free(). */
 struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_config *cfg,

@@ -131,6 +131,160 @@ static cJSON *parse_object(const char *txt, size_t len, const char *what,
     return root;
 }
 
+/* ------------------------------------------------------------- surrogates */
+
+/* A server that cuts its text into UTF-16 code units may send half a pair
+ * per chunk: "\ud83d" at the end of one, "\ude00" at the start of the next.
+ * cJSON refuses such a lone surrogate escape, so a payload holding one is
+ * parsed from a copy in which each lone surrogate is written as its 3-byte
+ * generalized UTF-8 form (ED A0..BF xx, "WTF-8"), which cJSON passes through
+ * as bytes. settle_text() then joins or replaces those in the content. */
+
+static int hex4(const char *p, unsigned *out)
+{
+    unsigned v = 0;
+    int i;
+
+    for (i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int is_high(unsigned u)
+{
+    return u >= 0xD800 && u <= 0xDBFF;
+}
+
+static int is_low(unsigned u)
+{
+    return u >= 0xDC00 && u <= 0xDFFF;
+}
+
+/* Whether the \u escape at p (n bytes left, p[0] == '\\', p[1] == 'u') is
+ * a lone surrogate; *skip gets the bytes the escape (or pair) spans. */
+static int lone_escape(const char *p, size_t n, size_t *skip)
+{
+    unsigned u, lo;
+
+    *skip = 2;
+    if (n < 6 || hex4(p + 2, &u))
+        return 0;
+    *skip = 6;
+    if (is_low(u))
+        return 1;
+    if (!is_high(u))
+        return 0;
+    if (n >= 12 && p[6] == '\\' && p[7] == 'u' && hex4(p + 8, &lo) == 0 && is_low(lo)) {
+        *skip = 12;
+        return 0;
+    }
+    return 1;
+}
+
+/* Returns a new copy of the n bytes at txt with every lone surrogate escape
+ * (inside a string) written as WTF-8, NULL when there is none (or no memory:
+ * the payload then fails to parse as before). *out_len gets its length. */
+static char *rewrite_lone(const char *txt, size_t n, size_t *out_len)
+{
+    size_t i = 0, o = 0, skip;
+    int in_str = 0, found = 0;
+    char *copy = NULL;
+
+    /* Two passes of one loop: find, then (with copy) write. */
+    for (;;) {
+        for (i = 0, in_str = 0; i < n;) {
+            char c = txt[i];
+            if (!in_str) {
+                in_str = c == '"';
+            } else if (c == '"') {
+                in_str = 0;
+            } else if (c == '\\' && i + 1 < n) {
+                if (txt[i + 1] == 'u' && lone_escape(txt + i, n - i, &skip)) {
+                    unsigned u;
+                    hex4(txt + i + 2, &u);
+                    found = 1;
+                    if (copy) {
+                        copy[o++] = (char)0xED;
+                        copy[o++] = (char)(0x80 | ((u >> 6) & 0x3F));
+                        copy[o++] = (char)(0x80 | (u & 0x3F));
+                    }
+                    i += 6;
+                    continue;
+                }
+                skip = txt[i + 1] == 'u' ? skip : 2;
+                if (copy)
+                    memcpy(copy + o, txt + i, skip <= n - i ? skip : n - i);
+                o += skip <= n - i ? skip : n - i;
+                i += skip;
+                continue;
+            }
+            if (copy)
+                copy[o] = c;
+            o++;
+            i++;
+        }
+        if (copy || !found)
+            break;
+        copy = cr_malloc(n + 1);
+        if (!copy)
+            return NULL;
+        o = 0;
+    }
+    if (copy) {
+        copy[o] = '\0';
+        *out_len = o;
+    }
+    return copy;
+}
+
+/* parse_object(), lone surrogates allowed (see rewrite_lone()). */
+static cJSON *parse_lenient(const char *txt, size_t len, const char *what,
+                            struct cr_err *err)
+{
+    size_t n = 0;
+    char *copy = memmem(txt, len, "\\u", 2) ? rewrite_lone(txt, len, &n) : NULL;
+    cJSON *root;
+
+    if (!copy)
+        return parse_object(txt, len, what, err);
+    root = parse_object(copy, n, what, err);
+    cr_free(copy);
+    return root;
+}
+
+/* The UTF-16 code unit of the WTF-8 surrogate at p (n bytes left), or 0. */
+static unsigned wtf8_unit(const char *p, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)p;
+
+    if (n < 3 || u[0] != 0xED || u[1] < 0xA0 || u[1] > 0xBF || (u[2] & 0xC0) != 0x80)
+        return 0;
+    return 0xD000u | (unsigned)(u[1] & 0x3F) << 6 | (unsigned)(u[2] & 0x3F);
+}
+
+static void put_utf8_astral(char *o, unsigned hi, unsigned lo)
+{
+    unsigned cp = 0x10000u + ((hi - 0xD800u) << 10) + (lo - 0xDC00u);
+
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
+}
+
+static const char replacement[3] = {'\xEF', '\xBF', '\xBD'}; /* U+FFFD */
+
 /* ----------------------------------------------------------------- errors */
 
 /* True for {"error":{...non-empty}}, {"error":"text"}, the flat vLLM
@@ -153,17 +307,34 @@ static int is_error_payload(const cJSON *root)
 static int json_error(const cJSON *root, struct openai_error *out)
 {
     const cJSON *e = get(root, "error");
-    const char *msg = NULL;
+    const char *msg = NULL, *top = get_str(root, "message");
 
     if (cJSON_IsObject(e)) {
         scalar_text(out->type, sizeof(out->type), get(e, "type"));
         scalar_text(out->code, sizeof(out->code), get(e, "code"));
+        scalar_text(out->param, sizeof(out->param), get(e, "param"));
         msg = get_str(e, "message");
     } else if (cJSON_IsString(e) && e->valuestring[0]) {
         msg = e->valuestring;
+        /* {"error":"Unauthorized","message":"key revoked"}: the string is a
+         * title and the message says why; both are kept. */
+        if (top && top[0] && strcmp(top, msg) != 0) {
+            char both[2 * sizeof(out->message)];
+            snprintf(both, sizeof(both), "%.*s: %s", (int)sizeof(out->message), msg, top);
+            copy_str(out->message, sizeof(out->message), both);
+            msg = NULL;
+            top = NULL;
+        }
+    }
+    if (!msg && out->message[0]) {
+        if (!out->type[0])
+            scalar_text(out->type, sizeof(out->type), get(root, "type"));
+        if (!out->code[0])
+            scalar_text(out->code, sizeof(out->code), get(root, "code"));
+        return 1;
     }
     if (!msg)
-        msg = get_str(root, "message");
+        msg = top;
     /* The inner error type wins: Anthropic's top-level "type" is just "error". */
     if (!out->type[0])
         scalar_text(out->type, sizeof(out->type), get(root, "type"));
@@ -388,7 +559,7 @@ static int feed_json(struct openai_stream *s, const char *data, size_t len,
     cJSON *root;
     int rc;
 
-    root = parse_object(data, len, "stream chunk", err);
+    root = parse_lenient(data, len, "stream chunk", err);
     if (!root)
         return CR_EPROTO;
     if (is_error_payload(root)) {
@@ -652,6 +823,155 @@ int openai__fast_path(const char *data, size_t len)
     return !is_done(data, len) && !is_blank(data, len) && scan_chunk(data, len, &c) == 0;
 }
 
+/* ------------------------------------------------------ surrogate joining */
+
+/* Inserts the n bytes p at content offset at. */
+static int insert_at(struct buf *b, size_t at, const char *p, size_t n)
+{
+    int rc = buf_reserve(b, n);
+
+    if (rc)
+        return rc;
+    memmove(b->data + at + n, b->data + at, b->len - at);
+    memcpy(b->data + at, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* Settles the surrogates of the text appended to content at start (see
+ * openai_stream_feed()): first the one held from the last delta, then the
+ * WTF-8 ones rewrite_lone() let in, compacted in place (a pair's 6 bytes
+ * become 4, a lone one's 3 become U+FFFD's 3, or 0 when held). Linear in the
+ * new text. ending: nothing more will come. */
+static int settle_text(struct openai_stream *s, size_t start, int ending)
+{
+    struct buf *b = &s->content;
+    size_t r, w, n;
+    unsigned u, lo;
+    int rc;
+
+    if (s->held_surrogate) {
+        lo = b->len > start ? wtf8_unit(b->data + start, b->len - start) : 0;
+        if (is_low(lo)) {
+            if ((rc = buf_reserve(b, 1)))
+                return rc;
+            memmove(b->data + start + 4, b->data + start + 3, b->len - start - 3);
+            put_utf8_astral(b->data + start, s->held_surrogate, lo);
+            b->len += 1;
+            b->data[b->len] = '\0';
+            start += 4;
+        } else if (b->len > start || ending) {
+            if ((rc = insert_at(b, start, replacement, sizeof(replacement))))
+                return rc;
+            start += sizeof(replacement);
+        } else {
+            return 0; /* an empty delta: keep holding */
+        }
+        s->held_surrogate = 0;
+    }
+    if (b->len <= start || !memchr(b->data + start, 0xED, b->len - start))
+        return 0;
+    for (r = w = start; r < b->len;) {
+        n = b->len - r;
+        u = wtf8_unit(b->data + r, n);
+        if (!u) {
+            b->data[w++] = b->data[r++];
+            continue;
+        }
+        lo = is_high(u) && n >= 6 ? wtf8_unit(b->data + r + 3, n - 3) : 0;
+        if (is_low(lo)) {
+            put_utf8_astral(b->data + w, u, lo);
+            w += 4;
+            r += 6;
+        } else if (is_high(u) && n == 3 && !ending) {
+            s->held_surrogate = u;
+            r += 3;
+        } else {
+            memcpy(b->data + w, replacement, sizeof(replacement));
+            w += 3;
+            r += 3;
+        }
+    }
+    b->len = w;
+    b->data[w] = '\0';
+    return 0;
+}
+
+int openai_stream_end(struct openai_stream *s, const char **delta, size_t *delta_len)
+{
+    size_t start = s->content.len;
+    int rc = settle_text(s, start, 1);
+
+    if (delta)
+        *delta = s->content.data ? s->content.data + start : "";
+    if (delta_len)
+        *delta_len = s->content.len - start;
+    return rc;
+}
+
+/* ------------------------------------------------------------ error status */
+
+long openai_error_status(const char *type, const char *code)
+{
+    static const struct {
+        const char *name;
+        long status;
+    } names[] = {
+        {"invalid_api_key", 401},
+        {"invalid_authentication", 401},
+        {"authentication_error", 401},
+        {"AuthenticationError", 401},
+        {"insufficient_quota", 429},
+        {"billing_error", 402},
+        {"permission_error", 403},
+        {"PermissionDeniedError", 403},
+        {"not_found_error", 404},
+        {"model_not_found", 404},
+        {"NotFoundError", 404},
+        {"invalid_request_error", 400},
+        {"invalid_request", 400},
+        {"bad_request", 400},
+        {"BadRequestError", 400},
+        {"context_length_exceeded", 400},
+        {"content_filter", 400},
+        {"request_too_large", 413},
+        {"rate_limit_exceeded", 429},
+        {"rate_limit_error", 429},
+        {"RateLimitError", 429},
+        {"tokens", 429},
+        {"requests", 429},
+        {"overloaded_error", 529},
+        {"overloaded", 529},
+        {"server_overloaded", 529},
+        {"unavailable_error", 503},
+        {"server_error", 500},
+        {"api_error", 500},
+        {"internal_error", 500},
+        {"InternalServerError", 500},
+        {"timeout", 504},
+        {"timeout_error", 504},
+    };
+    const char *keys[2] = {code, type};
+    size_t i, k;
+    long n = 0;
+
+    for (k = 0; k < 2; k++) {
+        const char *c = keys[k];
+        if (!c || !c[0])
+            continue;
+        for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+            if (strcmp(c, names[i].name) == 0)
+                return names[i].status;
+        /* vLLM and llama.cpp put the HTTP status in "code". */
+        for (n = 0, i = 0; c[i] >= '0' && c[i] <= '9' && i < 4; i++)
+            n = n * 10 + (c[i] - '0');
+        if (c[i] == '\0' && n >= 400 && n <= 599)
+            return n;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- feeding */
 
 static int feed(struct openai_stream *s, const char *data, size_t len, const char **delta,
@@ -668,6 +988,14 @@ static int feed(struct openai_stream *s, const char *data, size_t len, const cha
     s->chunks++;
     if (is_done(data, len)) {
         s->done = 1;
+        rc = settle_text(s, start, 1);
+        if (rc)
+            return cr_err_set(err, rc, "cannot append delta to content: %s",
+                              cr_strerror(rc));
+        if (delta_len)
+            *delta_len = s->content.len - start;
+        if (delta)
+            *delta = s->content.data ? s->content.data + start : "";
         return 0;
     }
     /* An empty payload ("data:" alone) carries nothing; proxies use it as a
@@ -680,6 +1008,14 @@ static int feed(struct openai_stream *s, const char *data, size_t len, const cha
         rc = feed_json(s, data, len, err);
     if (rc)
         return rc;
+    if (s->content.len > start || s->held_surrogate) {
+        rc = settle_text(s, start, s->finish_reason[0] != '\0');
+        if (rc)
+            return cr_err_set(err, rc, "cannot append delta to content: %s",
+                              cr_strerror(rc));
+    }
+    if (s->content.len > start)
+        s->content_chunks++;
     if (delta)
         *delta = s->content.data ? s->content.data + start : "";
     if (delta_len)
@@ -713,7 +1049,7 @@ int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
     cJSON *root;
     int rc = 0;
 
-    root = parse_object(body, len, "chat response", err);
+    root = parse_lenient(body, len, "chat response", err);
     if (!root)
         return CR_EPROTO;
     s->chunks++;
@@ -737,8 +1073,12 @@ int openai_chat_parse(struct openai_stream *s, const char *body, size_t len,
     if (c)
         rc = apply_choice(s, c, "message");
     cJSON_Delete(root);
+    if (!rc)
+        rc = settle_text(s, 0, 1);
     if (rc)
         return cr_err_set(err, rc, "cannot store chat response content");
+    if (s->content.len)
+        s->content_chunks++;
     return 0;
 }
 

@@ -26,9 +26,15 @@ struct openai_stream {
     long prompt_tokens;        /* -1 until usage arrives (last usage wins) */
     long completion_tokens;
     long total_tokens;
-    int done;             /* "[DONE]" seen */
-    int error;            /* an error payload was seen (even if [DONE] follows) */
-    unsigned long chunks; /* data payloads seen */
+    int done;                     /* "[DONE]" seen */
+    int error;                    /* an error payload was seen (even if [DONE] follows) */
+    unsigned long chunks;         /* data payloads seen */
+    unsigned long content_chunks; /* payloads that added text */
+    /* private */
+    /* A UTF-16 high surrogate that ended the last delta as a lone "\udXXX"
+     * escape, held back (not in content) until the next delta says whether a
+     * low one completes it; 0 when none. See openai_stream_feed(). */
+    unsigned held_surrogate;
 };
 
 void openai_stream_init(struct openai_stream *s);
@@ -46,6 +52,27 @@ void openai_stream_release(struct openai_stream *s);
  * shape is read by a small scanner instead of cJSON, with the same result. */
 int openai_stream_feed(struct openai_stream *s, const char *data, size_t len,
                        const char **delta, size_t *delta_len, struct cr_err *err);
+/* Surrogates: a server that slices its text by UTF-16 code units may end one
+ * delta with the "\ud83d" of a pair and start the next with its "\ude00".
+ * Both halves are accepted: a trailing high surrogate is held back and joined
+ * with a low one starting the next delta (one UTF-8 character, in the delta
+ * where it completes); any other lone surrogate, and a held one when the next
+ * delta does not complete it or the stream ends ([DONE], a finish_reason, or
+ * openai_stream_end()), becomes U+FFFD. */
+
+/* At the end of a stream: turns a held surrogate into U+FFFD, appended to
+ * content; *delta / *delta_len (if non-NULL) give what was appended (borrowed
+ * as in openai_stream_feed()). Returns 0 or CR_ENOMEM / CR_ETOOBIG. */
+int openai_stream_end(struct openai_stream *s, const char **delta, size_t *delta_len);
+
+/* The HTTP status an OpenAI-style error stands for, from its code and type
+ * (the code is tried first): invalid_api_key and authentication errors 401,
+ * permission 403, not found 404, bad request / invalid request / context
+ * length / content filter 400, insufficient_quota and rate limits 429,
+ * overloaded 529, server errors 500, timeouts 504; a code that is an HTTP
+ * status (vLLM, llama.cpp) is that status. 0 when neither says. So an error
+ * sent inside a 200 stream is classified as the same error in a body is. */
+long openai_error_status(const char *type, const char *code);
 
 /* Marks the stream failed (s->error) with these details, for a caller that
  * found the error itself. NULL reads as "". Returns 0, or CR_ENOMEM when the
@@ -85,9 +112,10 @@ cJSON *openai_embed_parse(const char *body, size_t len, int list_input,
  * type, code}}, {"error":"text"}, flat {"message","type","code"}, or raw text
  * (first 512 bytes, for HTML or empty bodies). */
 struct openai_error {
-    char message[512];
+    char message[512]; /* {"error":"X","message":"why"} gives "X: why" */
     char type[64];
     char code[64];
+    char param[64];
 };
 void openai_error_parse(const char *body, size_t len, struct openai_error *out);
 

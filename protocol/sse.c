@@ -304,3 +304,50 @@ unsigned long sse_comments_seen(const struct sse_parser *p)
 {
     return p->comments;
 }
+
+/* ------------------------------------------------------------------ sniff */
+
+int sse_sniff(const char *buf, size_t len, int at_end)
+{
+    static const char *const fields[] = {"data", "event", "id", "retry"};
+    size_t i = 0, n, k, m;
+    int maybe = 0;
+
+    n = len < sizeof(bom) ? len : sizeof(bom);
+    if (n > 0 && memcmp(buf, bom, n) == 0) {
+        if (n < sizeof(bom))
+            return at_end ? 0 : -1;
+        i = sizeof(bom);
+    }
+    /* Blank lines before the first field are allowed by the framing; a body
+     * of nothing else for this long is not worth waiting on. */
+    for (k = 0; i < len && (buf[i] == '\r' || buf[i] == '\n'); i++, k++)
+        if (k >= SSE_SNIFF_BYTES)
+            return 0;
+    if (i >= len)
+        return at_end ? 0 : -1;
+    if (buf[i] == ':')
+        return 1;
+    n = len - i;
+    for (k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
+        m = strlen(fields[k]);
+        if (n > m) {
+            char c = buf[i + m];
+            if (memcmp(buf + i, fields[k], m) == 0 &&
+                (c == ':' || c == '\r' || c == '\n'))
+                return 1;
+        } else if (memcmp(buf + i, fields[k], n) == 0) {
+            /* "dat", or "data" with the byte after it still to come. */
+            maybe = 1;
+        }
+    }
+    if (maybe && !at_end)
+        return -1;
+    /* At the end, a body that is exactly a field name is one empty field. */
+    if (maybe) {
+        for (k = 0; k < sizeof(fields) / sizeof(fields[0]); k++)
+            if (n == strlen(fields[k]) && memcmp(buf + i, fields[k], n) == 0)
+                return 1;
+    }
+    return 0;
+}

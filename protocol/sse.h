@@ -48,6 +48,19 @@ int sse_next(struct sse_parser *p, struct sse_event *ev);
  * buffered (sse_next() not drained) are returned first, one per call, so a
  * caller may loop until it returns 0. The pending event is gone afterwards. */
 int sse_finish(struct sse_parser *p, struct sse_event *ev);
+/* Bytes sse_sniff() looks at, at most (after a BOM and leading blank lines). */
+#define SSE_SNIFF_BYTES 256
+
+/* Tells from its first bytes whether a body is an event stream, whatever its
+ * Content-Type said (a gateway may drop or relabel it). It is one when, after
+ * an optional UTF-8 BOM and blank lines, the first line is a comment (":...")
+ * or a "data", "event", "id" or "retry" field (the name followed by ':' or the
+ * line end). Returns 1 (a stream), 0 (not one), or -1 when the len bytes seen
+ * so far cannot tell yet; with at_end (the body is complete) never -1. Reads at
+ * most SSE_SNIFF_BYTES plus the BOM and blank lines it skips, and decides 0
+ * once that many blank bytes came. Pure; buf may be NULL when len is 0. */
+int sse_sniff(const char *buf, size_t len, int at_end);
+
 /* Number of comment lines seen since creation or reset (keepalive pings). */
 unsigned long sse_comments_seen(const struct sse_parser *p);
 

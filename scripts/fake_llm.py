@@ -90,7 +90,8 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
       finish_reason becomes "tool_calls"
   reasoning_field   reasoning | reasoning_content; reasoning_tokens (default 4) deltas "think "
   status (alias err) HTTP status; >=400 sends an error body before any streaming
-  err_body          openai | vllm | vllm_flat | ollama_str | anthropic | html | empty
+  err_body          openai | vllm | vllm_flat | ollama_str | anthropic | html | empty |
+                    error_message ({"error": etype or the status phrase, "message": ..})
   err_msg, etype, code   error message / type / code (e.g. code=insufficient_quota)
   err_quote_key     full | masked: the error message quotes the bearer token the request
                     carried, as "Incorrect API key provided: <key>." (masked: its first 8
@@ -105,7 +106,15 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
   stall_after_tokens=K, stall_pings(0|1), stall_ms (0 = until the client closes,
       else resume the stream after stall_ms)
   garbage=K         after K tokens send "data: {this is not json" (non-stream: the body)
-  content_type      override Content-Type;  prompt_truncate_to=N  caps prompt_tokens
+  content_type      override Content-Type ("none": no Content-Type header at all);
+                    prompt_truncate_to=N  caps prompt_tokens
+  split_surrogates(0|1) a content chunk holding a character above U+FFFF is sent as
+                    two events cut between its UTF-16 surrogates: the first ends with
+                    "\\udXXX" (high), the next starts with the low one (\\u escapes)
+  stream_reply(0|1) 0: a stream request gets the non-stream JSON reply (a server that
+                    ignores "stream"; with garbage=K a non-JSON 200 body)
+  empty_choices(0|1) adds chunks with "choices":[] and no usage: one after the role
+                    chunk, one after each content chunk
   framing           chunked | close (close-delimited);  keepalive(0|1)
   dim               embedding size when the request has no "dimensions" (default 16)
   Triggers (fail/cut/stall/garbage after K) fire once tokens_sent >= min(K, total):
@@ -205,7 +214,7 @@ KNOBS = {
     "reasoning_tokens": (int, 4),
     "status": (int, 200),
     "err_body": (("openai", "vllm", "vllm_flat", "ollama_str", "anthropic", "html",
-                  "empty"), "openai"),
+                  "empty", "error_message"), "openai"),
     "err_msg": (str, ""), "etype": (str, ""), "code": (str, ""),
     "err_quote_key": (("", "full", "masked"), ""),
     "ra": (str, ""), "ra_ms": (str, ""), "ra_date": (float, -1.0),
@@ -218,6 +227,7 @@ KNOBS = {
     "garbage": (int, -1), "content_type": (str, ""), "prompt_truncate_to": (int, -1),
     "framing": (("chunked", "close"), "chunked"), "keepalive": (bool, 1),
     "dim": (int, 16), "hold": (str, ""),
+    "split_surrogates": (bool, 0), "empty_choices": (bool, 0), "stream_reply": (bool, 1),
 }
 ALIASES = {"err": "status", "latency": "latency_ms", "ttft": "ttft_ms"}
 BUILTIN = {k: v[1] for k, v in KNOBS.items()}
@@ -340,6 +350,10 @@ def jstr(s, ascii_=False):
     return json.dumps(s, ensure_ascii=ascii_)
 
 
+# A \\u-escaped surrogate pair in json.dumps(..., ensure_ascii=True) output.
+SURROGATE_PAIR = re.compile(r"(\\ud[89ab][0-9a-f]{2})(\\ud[c-f][0-9a-f]{2})")
+
+
 class ClientGone(Exception):
     pass
 
@@ -390,7 +404,9 @@ class Resp:
         reason = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ \
             else "Unknown"
         h = ["HTTP/1.1 %d %s" % (status, reason), "Server: fake_llm"]
-        h += ["%s: %s" % kv for kv in headers]
+        # content_type=none: no Content-Type header at all.
+        h += ["%s: %s" % kv for kv in headers
+              if not (kv[0].lower() == "content-type" and kv[1] == "none")]
         if self.chunked:
             h.append("Transfer-Encoding: chunked")
         elif length is not None:
@@ -616,7 +632,9 @@ class Conn:
              "Server: fake_llm",
              "Content-Type: %s" % (ctype or "application/json"),
              "Content-Length: %d" % len(body)]
-        h += ["%s: %s" % kv for kv in headers]
+        # content_type=none: no Content-Type header at all.
+        h += ["%s: %s" % kv for kv in headers
+              if not (kv[0].lower() == "content-type" and kv[1] == "none")]
         if not self.keep:
             h.append("Connection: close")
         data = ("\r\n".join(h) + "\r\n\r\n").encode() + body
@@ -957,7 +975,7 @@ class Server:
             conn.keep = False
         if K["status"] >= 400:
             return await self.error(conn, entry, K, K["status"])
-        if stream:
+        if stream and K["stream_reply"]:
             await Streamer(self, conn, req, entry, K, kind, body, toks, ptoks, prompt).run()
         else:
             await self.nonstream(conn, req, entry, K, kind, toks, ptoks, prompt)
@@ -1024,6 +1042,9 @@ class Server:
             body = jdump(obj).encode()
         elif fmt == "ollama_str":
             body = jdump({"error": msg}).encode()
+        elif fmt == "error_message":
+            body = jdump({"error": K["etype"] or http.HTTPStatus(status).phrase,
+                          "message": msg}).encode()
         elif fmt == "anthropic":
             etype = K["etype"] or {400: "invalid_request_error", 401: "authentication_error",
                                    402: "billing_error", 403: "permission_error",
@@ -1392,6 +1413,8 @@ class Streamer:
             self.chunk('{"role":"assistant","content":""}' if rc == "empty" else
                        '{"role":"assistant","content":null}' if rc == "null" else
                        '{"role":"assistant"}')
+            if K["empty_choices"]:
+                self.event('%s[]}' % self.prefix)
         steps = plan_steps(K, self.kind, self.toks, self.prompt)
         total = len(self.toks)
         last_content = max((i for i, s in enumerate(steps) if s[0] == "content"), default=-1)
@@ -1416,13 +1439,22 @@ class Streamer:
                 if not sent:
                     entry["t_first_token"] = time.time()
                 self.comp += n
-                if self.kind == "chat":
+                if self.kind == "chat" and K["split_surrogates"] and \
+                        SURROGATE_PAIR.search(jstr(val, True)):
+                    js = jstr(val, True)
+                    m = SURROGATE_PAIR.search(js)
+                    self.chunk('{"content":%s"}' % js[:m.end(1)])
+                    self.chunk('{"content":"%s}' % js[m.start(2):],
+                               fr if merged and i == last_content else None)
+                elif self.kind == "chat":
                     self.chunk('{"content":%s}' % jstr(val, ascii_),
                                fr if merged and i == last_content else None)
                 else:
                     self.chunk(jstr(val, ascii_), fr if merged and i == last_content else None)
                 sent += n
                 entry["tokens_sent"] = sent
+                if K["empty_choices"]:
+                    self.event('%s[]}' % self.prefix)
             elif sk == "reasoning":
                 self.comp += 1
                 self.chunk('{"%s":%s}' % (K["reasoning_field"], jdump(val)))

@@ -57,10 +57,44 @@ static int list_add(const struct opt *o, struct opts_list *l, const char *v,
     return 0;
 }
 
+/* Appends v to an OPTS_LINES list: whole, or (from the environment) split
+ * into lines. */
+static int lines_add(const struct opt *o, struct opts_list *l, const char *v, int split,
+                     struct cr_err *err)
+{
+    while (*v) {
+        size_t n = split ? strcspn(v, "\n") : strlen(v), m = n;
+        if (split && m && v[m - 1] == '\r')
+            m--;
+        if (m) {
+            if (l->n >= OPTS_MAX_LIST)
+                return cr_err_set(err, CR_EINVAL, "too many values for --%s", o->name);
+            l->items[l->n] = cr_strndup(v, m);
+            if (!l->items[l->n])
+                return cr_err_set(err, CR_ENOMEM, "out of memory");
+            l->n++;
+        }
+        v += n;
+        if (*v == '\n')
+            v++;
+    }
+    return 0;
+}
+
 /* Applies one value. `replace` clears a list first (the default, the
- * environment, and the first time the option is given on the command line). */
+ * environment, and the first time the option is given on the command line);
+ * from_env: the value came from the environment. */
+static int set_from(const struct opt *o, void *dst, const char *v, int replace,
+                    int from_env, struct cr_err *err);
+
 static int set(const struct opt *o, void *dst, const char *v, int replace,
                struct cr_err *err)
+{
+    return set_from(o, dst, v, replace, 0, err);
+}
+
+static int set_from(const struct opt *o, void *dst, const char *v, int replace,
+                    int from_env, struct cr_err *err)
 {
     char *field = (char *)dst + o->offset;
     char *end;
@@ -110,6 +144,10 @@ static int set(const struct opt *o, void *dst, const char *v, int replace,
         if (replace)
             list_clear((struct opts_list *)field);
         return list_add(o, (struct opts_list *)field, v, err);
+    case OPTS_LINES:
+        if (replace)
+            list_clear((struct opts_list *)field);
+        return lines_add(o, (struct opts_list *)field, v, from_env, err);
     }
     return cr_err_set(err, CR_EINVAL, "bad option table entry --%s", o->name);
 }
@@ -170,7 +208,7 @@ int opts_parse(const struct opts_spec *spec, void *dst, int argc, char **argv,
         const char *env = o->env ? env_get(envp, o->env) : NULL;
         if (o->def && (rc = set(o, dst, o->def, 1, err)))
             return rc;
-        if (env && *env && (rc = set(o, dst, env, 1, err)))
+        if (env && *env && (rc = set_from(o, dst, env, 1, 1, err)))
             return rc;
     }
     given = cr_calloc(spec->n + 1, 1);
@@ -303,7 +341,7 @@ void opts_release(const struct opts_spec *spec, void *dst)
         if (spec->opts[i].kind == OPTS_STR) {
             cr_free(*(char **)field);
             *(char **)field = NULL;
-        } else if (spec->opts[i].kind == OPTS_LIST) {
+        } else if (spec->opts[i].kind == OPTS_LIST || spec->opts[i].kind == OPTS_LINES) {
             list_clear((struct opts_list *)field);
         }
     }

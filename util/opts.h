@@ -33,6 +33,10 @@ enum opts_kind {
     OPTS_FLAG,   /* int set to 1 by "--x"; takes no value */
     OPTS_LIST,   /* struct opts_list: comma-separated, repeatable; the first value given
                     on the command line (or from the environment) replaces the default */
+    OPTS_LINES,  /* struct opts_list, repeatable: each command-line value is one item
+                    whole (commas and all); the environment gives one item per line
+                    (a CR before the LF is dropped, empty lines skipped). For values
+                    that may hold commas, such as "Name: a, b" headers */
 };
 
 struct opts_list {

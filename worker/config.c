@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm/llm_client.h"
 #include "net/broker.h"
 #include "net/redis.h"
 #include "net/results.h"
@@ -78,6 +79,10 @@ static const struct opt opts[] = {
      "https://api.openai.com/v1", 0, 0, "OpenAI-compatible API base URL"},
     {"llm-api-key", 0, "OPENAI_API_KEY", OPTS_STR, OFF(llm_api_key), "", 0, 0,
      "API key (sent as a bearer token, never logged)"},
+    {"llm-header", 0, "CELERIAC_LLM_HEADERS", OPTS_LINES, OFF(llm_headers), NULL, 0, 0,
+     "extra header 'Name: value' on every LLM request (repeatable; env: one per line; "
+     "values never logged)",
+     "HEADER"},
     {"llm-model", 0, "CELERIAC_MODEL", OPTS_STR, OFF(llm_model), "gpt-4o-mini", 0, 0,
      "default chat model"},
     {"llm-embed-model", 0, "CELERIAC_EMBED_MODEL", OPTS_STR, OFF(llm_embed_model),
@@ -223,6 +228,12 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
                               "invalid --task-alias '%s' (want NAME=TASK)",
                               cfg->aliases.items[i]);
     }
+    if (cfg->llm_headers.n > LLM_MAX_EXTRA_HEADERS)
+        return cr_err_set(err, CR_EINVAL, "too many --llm-header values (at most %d)",
+                          LLM_MAX_EXTRA_HEADERS);
+    for (int i = 0; i < cfg->llm_headers.n; i++)
+        if (llm_header_check(cfg->llm_headers.items[i], err))
+            return err->code;
     for (int i = 0; i < cfg->task_routes.n; i++) {
         const char *eq = strchr(cfg->task_routes.items[i], '=');
         if (!eq || eq == cfg->task_routes.items[i] || !eq[1])
@@ -337,6 +348,13 @@ int config_secrets(const struct config *cfg, struct redact *r)
     int rc = 0;
     if (cfg->llm_api_key && *cfg->llm_api_key)
         rc = add_secret(r, cfg->llm_api_key, strlen(cfg->llm_api_key));
+    /* Extra headers often carry a gateway key: every value is a secret. */
+    for (int i = 0; !rc && i < cfg->llm_headers.n; i++) {
+        const char *v = strchr(cfg->llm_headers.items[i], ':');
+        v = v ? v + 1 : "";
+        v += strspn(v, " \t");
+        rc = redact_add_str(r, v);
+    }
     if (!rc && cfg->broker)
         /* redis://secret@host: a Redis URL's user part may be a password */
         rc = add_url_secrets(r, cfg->broker, broker_url_is_redis(cfg->broker), 0);

@@ -45,6 +45,7 @@ struct config {
     int heartbeat;           /* AMQP heartbeat seconds; 0 disables */
     char *llm_base_url;
     char *llm_api_key;
+    struct opts_list llm_headers; /* "Name: value" extra request headers */
     char *llm_model;
     char *llm_embed_model;
     double llm_connect_timeout;

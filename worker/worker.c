@@ -566,6 +566,8 @@ static int clients_new(struct worker *w, struct cr_err *err)
         return cr_err_set(err, rc, "cannot keep the configured secrets: %s",
                           cr_strerror(rc));
     lc.secrets = &w->secrets;
+    /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
+    lc.headers = (const char *const *)cfg->llm_headers.items;
     w->llm = llm_client_new(w->loop, &lc, err);
     if (!w->llm)
         return err->code ? err->code : CR_ENOMEM;

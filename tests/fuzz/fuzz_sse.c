@@ -46,6 +46,8 @@ static void feed_both(struct openai_stream *s, struct openai_stream *json,
           s->completion_tokens == json->completion_tokens &&
           s->total_tokens == json->total_tokens);
     check(s->done == json->done && s->error == json->error && s->chunks == json->chunks);
+    check(s->held_surrogate == json->held_surrogate &&
+          s->content_chunks == json->content_chunks);
     check(same_str(s->error_type, json->error_type) &&
           same_str(s->error_code, json->error_code) &&
           same_str(s->error_message, json->error_message));
@@ -105,6 +107,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (sse_finish(p, &ev) == 1)
         on_event(&s, &json, &ev);
     check(openai_stream_complete(&s) == openai_stream_complete(&json));
+    {
+        const char *d1, *d2;
+        size_t n1, n2;
+        openai_stream_end(&s, &d1, &n1);
+        openai_stream_end(&json, &d2, &n2);
+        check(n1 == n2 && memcmp(d1, d2, n1) == 0 && s.held_surrogate == 0);
+    }
+    /* The sniff of a prefix never contradicts the sniff of the whole. */
+    {
+        int whole_v = sse_sniff(body, len, 1), part = sse_sniff(body, cut, 0);
+        check(whole_v == 0 || whole_v == 1);
+        check(part == -1 || part == whole_v);
+    }
     sse_parser_free(p);
     openai_stream_release(&s);
     openai_stream_release(&json);

@@ -660,6 +660,27 @@ def t_sse_extras(port, srv):
           r.body.startswith(b"this is not json"))
 
 
+def t_quirks(port, srv):
+    r = chat(port, "content_type=none;tokens=2")
+    eq("no content-type", r.headers.get("content-type"), None)
+    check_stream_shape("no content-type", summarize(r), expected_text("hello world", 2))
+    p = "a \U0001F600 b"
+    s = summarize(chat(port, "reply=echo;split_surrogates=1", prompt=p))
+    halves = [c["choices"][0]["delta"]["content"] for c in s.content_chunks]
+    check("surrogate halves", "\ud83d" in halves and any(h.startswith("\ude00")
+                                                          for h in halves))
+    eq("surrogates joined", s.text.encode("utf-16", "surrogatepass").decode("utf-16"),
+       "echo: " + p)
+    s = summarize(chat(port, "empty_choices=1;tokens=3;usage=never"))
+    eq("empty choices", len([c for c in s.chunks if c.get("choices") == []]), 4)
+    eq("empty choices text", s.text, expected_text("hello world", 3))
+    r = chat(port, "stream_reply=0;tokens=2")
+    check("stream_reply=0", r.json["object"] == "chat.completion" and
+          r.json["choices"][0]["message"]["content"] == expected_text("hello world", 2))
+    r = chat(port, "status=403;err_body=error_message;err_msg=why")
+    eq("error_message body", r.json, {"error": "Forbidden", "message": "why"})
+
+
 def t_finish_done(port, srv):
     s = summarize(chat(port, "finish_style=merged;tokens=3"))
     eq("merged finish", s.finish, ["stop"])
@@ -1201,7 +1222,7 @@ def bench(n=1000, tps=0):
 
 # ---------------------------------------------------------------- main --------------
 TESTS = [t_basic, t_nonstream_chat, t_expected, t_stream_default, t_usage, t_echo_unicode,
-         t_chunking, t_eol, t_sse_extras, t_finish_done, t_tools_reasoning, t_errors,
+         t_chunking, t_eol, t_sse_extras, t_quirks, t_finish_done, t_tools_reasoning, t_errors,
          t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_framing,
          t_completions, t_embeddings, t_selection, t_stats]
 
