@@ -3,13 +3,14 @@ RabbitMQ 3.10 and Debian's Celery 5.2 producer. Celery 5.2 knows no
 task_default_queue_type, so the queues are declared quorum with kombu, and the
 delayed messages a Celery 5.5+ producer sends are made here the way it makes
 them (celery_delayed_27, a routing key spelling the delay in binary)."""
+import json
 import random
 import time
 
 from kombu import Exchange, Queue
 
 from conftest import wait_until
-from test_reliability import amqp_conn, drain_dead_letters
+from test_reliability import amqp_conn, dlq, drain_dead_letters
 
 
 def quorum_queue(name="celery"):
@@ -143,11 +144,19 @@ def test_poison_redelivered_by_the_broker_is_dead_lettered(env):
                            what="the message")
             ch.basic_reject(m.delivery_tag, requeue=True)
     w = env.worker("--delivery-limit", "4")
-    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
-    assert dl, "no dead letter:\n" + w.log()
-    assert dl[0].headers["x-celeriac-reason"] == "delivery limit"
-    assert dl[0].headers["x-delivery-count"] == 3
-    meta = wait_until(lambda: env.meta(r.id), 10, what="the FAILURE")
+    meta = wait_until(lambda: env.meta(r.id), 20, what="the FAILURE")
+    assert meta["status"] == "FAILURE"
     assert meta["result"]["exc_type"] == "DeliveryLimitExceeded"
     assert not calls(env)
     assert w.count(r"reached its delivery limit") == 1
+    # in celeriac's dead letters with its reason and the broker's count
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 10)
+    out = dlq(env, "list", "--json", "--reason", "delivery limit")
+    assert [json.loads(l)["id"] for l in out.stdout.splitlines()] == [r.id], out.stdout
+    shown = dlq(env, "show", r.id).stdout
+    assert "x-delivery-count" in shown and "DeliveryLimitExceeded" in shown, shown
+    # replayed, it runs: the count stays behind with the dead letter
+    out = dlq(env, "replay", r.id)
+    assert "replayed 1 of" in out.stdout, out.stdout + out.stderr
+    wait_until(lambda: env.meta(r.id)["status"] == "SUCCESS", 20, what="replayed success")
+    assert [c["prompt"] for c in calls(env)] == ["requeued"]
