@@ -274,6 +274,11 @@ int engine_shutting_down(const struct engine *e);
  * running task was terminated, else 0. */
 int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate);
 int engine_is_revoked(struct engine *e, const char *id, struct engine_now now);
+/* The REVOKED meta (TaskRevokedError "revoked", done now) a revoke stores at
+ * once for an id with no job here, as Celery 5.6 workers do for every revoked
+ * id: a new JSON text (cr_free), or NULL on OOM. The caller stores it never
+ * over a SUCCESS. */
+char *engine_revoked_meta(const struct engine *e, const char *id, struct engine_now now);
 /* Adds an id with a given expiry (statedb, mingle) without touching jobs. */
 void engine_remember_revoked(struct engine *e, const char *id, int64_t expires_epoch_s,
                              struct engine_now now);

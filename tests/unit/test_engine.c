@@ -654,6 +654,34 @@ START_TEST(test_delivery_limit_rule)
 }
 END_TEST
 
+START_TEST(test_revoked_meta_of_unseen_id)
+{
+    struct fake f;
+    char *meta;
+    cJSON *m, *res;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    meta = engine_revoked_meta(f.e, "never-seen-1", f.now);
+    ck_assert_ptr_nonnull(meta);
+    m = cJSON_Parse(meta);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(m, "status")->valuestring,
+                     "REVOKED");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(m, "task_id")->valuestring,
+                     "never-seen-1");
+    res = cJSON_GetObjectItemCaseSensitive(m, "result");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(res, "exc_type")->valuestring,
+                     "TaskRevokedError");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(res, "exc_module")->valuestring,
+                     "celery.exceptions");
+    ck_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "date_done")));
+    cJSON_Delete(m);
+    cr_free(meta);
+    /* nothing happened to the engine */
+    log_is(&f, "");
+    fake_release(&f);
+}
+END_TEST
+
 START_TEST(test_time_limits)
 {
     struct fake f;
@@ -1543,6 +1571,7 @@ Suite *suite(void)
     tcase_add_loop_test(tc, test_delivery_limit, 0,
                         (int)(sizeof(limits) / sizeof(limits[0])));
     tcase_add_test(tc, test_delivery_limit_rule);
+    tcase_add_test(tc, test_revoked_meta_of_unseen_id);
     tcase_add_test(tc, test_parking_running_keeps_a_lease);
     tcase_add_test(tc, test_time_limits);
     tcase_add_test(tc, test_cold_shutdown_settles_nothing);
