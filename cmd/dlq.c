@@ -174,7 +174,10 @@ void dlq__reset_headers(cJSON *h)
     const cJSON *item, *next;
     for (item = h->child; item; item = next) {
         next = item->next;
-        if (!strncmp(item->string, "x-celeriac-", 11))
+        /* (a quorum queue's x-delivery-count would send a dead letter of
+         * reason "delivery limit" straight back to the dead letters) */
+        if (!strncmp(item->string, "x-celeriac-", 11) ||
+            !strcmp(item->string, "x-delivery-count"))
             cJSON_DeleteItemFromObjectCaseSensitive(h, item->string);
     }
     if (cJSON_GetObjectItemCaseSensitive(h, "retries"))

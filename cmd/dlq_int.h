@@ -29,7 +29,8 @@ void dlq__print_line(const struct dlq_opts *o, const cJSON *h);
 void dlq__print_show(const cJSON *h, const char *content_type, size_t ct_len,
                      const char *body, size_t body_len);
 /* Headers of a dead letter made ready to run again: celeriac's x-celeriac-*
- * entries removed and the retry count back at 0 (in place). */
+ * entries and a quorum queue's x-delivery-count removed, the retry count back
+ * at 0 (in place). */
 void dlq__reset_headers(cJSON *h);
 
 /* The closing words of an action over seen dead letters, acted on acted;

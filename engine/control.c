@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine_int.h"
+#include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/log.h"
 
@@ -26,6 +27,24 @@ void engine_each_revoked(struct engine *e, struct engine_now now,
                          void *arg)
 {
     revoked_set_each(&e->revoked, now.epoch_us / 1000000, fn, arg);
+}
+
+char *engine_revoked_meta(const struct engine *e, const char *id, struct engine_now now)
+{
+    struct result_meta rm;
+    cJSON *exc = result_exc_new("TaskRevokedError", "celery.exceptions", "revoked");
+    char *meta;
+    (void)e;
+    if (!exc)
+        return NULL;
+    memset(&rm, 0, sizeof(rm));
+    rm.task_id = id;
+    rm.status = "REVOKED";
+    rm.result = exc;
+    rm.date_done_us = now.epoch_us;
+    meta = result_meta_encode(&rm);
+    cJSON_Delete(exc);
+    return meta;
 }
 
 int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate)

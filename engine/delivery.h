@@ -17,6 +17,7 @@
 #define DELIVERY_CAP_PRIORITY 2u /* messages carry a priority (see `priority`) */
 #define DELIVERY_CAP_PREFETCH 4u /* a prefetch window that set_prefetch moves */
 #define DELIVERY_CAP_PARK 8u     /* park queues: a TTL copy that comes back */
+#define DELIVERY_CAP_DELAYED 16u /* native delayed delivery (celery_delayed_*) */
 
 struct delivery {
     /* public: set by the transport, then read-only (all borrowed from the

@@ -14,6 +14,7 @@
 
 #include "engine_int.h"
 #include "llm/policy.h"
+#include "protocol/delayed.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/log.h"
@@ -747,6 +748,7 @@ int engine__park(struct job *j, struct delivery *d, int release_job, int mark_ru
     if (!h)
         return CR_ENOMEM;
     cJSON_DeleteItemFromObjectCaseSensitive(h, "x-celeriac-parked");
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "x-delivery-count");
     if (mark_running)
         cJSON_AddStringToObject(h, "x-celeriac-parked", e->cfg->hostname);
     engine__outbound_of(&o, d, h);
@@ -758,6 +760,69 @@ int engine__park(struct job *j, struct delivery *d, int release_job, int mark_ru
         return rc;
     d->flags |= DELIVERY_F_PARKING;
     return 0;
+}
+
+/* ------------------------------------------------------- delayed delivery */
+
+/* An eta past the horizon on a transport with native delayed delivery: a copy
+ * goes to celery_delayed_27 with the routing key that spells the delay and the
+ * queue it came from, exactly as a Celery 5.5+ producer sends a countdown; the
+ * original is acked once the broker confirms the copy (the PUBLISH_PARK path),
+ * and the job lets go. On a nack the delivery is held here instead. The copy
+ * comes back through celery_delayed_delivery, bound to the queue by
+ * "#.<queue>" (the fraction of a second cut from the delay is held then). */
+static int delay_eta_job(struct job *j)
+{
+    struct engine *e = j->e;
+    struct delivery *d = j->nmsgs == 1 ? j->msgs[0] : NULL;
+    char key[400];
+    struct outbound o;
+    uint64_t s;
+    cJSON *h;
+    int known = 0, rc;
+
+    if (!d || !(d->caps & DELIVERY_CAP_DELAYED) || !d->queue ||
+        (d->flags & DELIVERY_F_PARKING))
+        return -1;
+    /* Only the start-up queues are bound to celery_delayed_delivery. */
+    for (int i = 0; i < e->cfg->nqueues; i++)
+        known |= !strcmp(e->cfg->queues[i], d->queue);
+    s = known ? delayed_delay_s(j->tm.eta_us, e->now.epoch_us, e->cfg->delayed_horizon_s)
+              : 0;
+    if (s == 0 || delayed_routing_key(s, d->queue, key, sizeof(key)) < 0)
+        return -1;
+    h = engine__headers_copy(j, d);
+    if (!h)
+        return -1;
+    /* A count of this delivery's queue, not of the copy's. */
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "x-delivery-count");
+    engine__outbound_of(&o, d, h);
+    o.exchange = DELAYED_ENTRY_EXCHANGE;
+    o.routing_key = key;
+    rc = publish(j, &o, PUBLISH_PARK, d, 1);
+    cJSON_Delete(h);
+    if (rc)
+        return -1;
+    d->flags |= DELIVERY_F_PARKING;
+    LOG(LOG_INFO, "Task %s[%s] sent through delayed delivery for %llu s (eta %s)",
+        job_name(j), j->tm.id, (unsigned long long)s, j->tm.eta ? j->tm.eta : "?");
+    job_set_state(j, JOB_SETTLING);
+    return 0;
+}
+
+int engine_delivery_limit_reached(long delivery_count, int limit)
+{
+    return limit > 0 && delivery_count >= 0 && delivery_count >= (long)limit - 1;
+}
+
+/* x-delivery-count of j's first delivery, or -1. */
+static long delivery_count(const struct job *j)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(engine__headers_of(j, j->msgs[0]),
+                                                      "x-delivery-count");
+    if (!cJSON_IsNumber(c) || c->valuedouble < 0)
+        return -1;
+    return c->valuedouble > 1e9 ? 1000000000L : (long)c->valuedouble;
 }
 
 /* An eta too far away to hold: park the delivery, then let the job go. */
@@ -935,6 +1000,8 @@ static void queue_job(struct job *j)
     struct engine *e = j->e;
     int64_t now_us = e->now.epoch_us;
     if (j->tm.eta_us >= 0 && j->tm.eta_us > now_us) {
+        if (delay_eta_job(j) == 0)
+            return;
         if (e->cfg->park_after > 0 &&
             j->tm.eta_us - now_us > (int64_t)(e->cfg->park_after * 1e6) &&
             park_eta_job(j) == 0)
@@ -970,6 +1037,16 @@ static void check_job(struct job *j, const char *st, const char *value, size_t l
                 finish_job(j);
             return;
         }
+    }
+    if (j->nmsgs &&
+        engine_delivery_limit_reached(delivery_count(j), e->cfg->delivery_limit)) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "delivered %ld times before; --delivery-limit is %d",
+                 delivery_count(j), e->cfg->delivery_limit);
+        LOG(LOG_ERROR, "Task %s[%s] reached its delivery limit (%s); dead-lettering it",
+            job_name(j), j->tm.id, msg);
+        fail_job(j, "DeliveryLimitExceeded", ENGINE_EXC_MODULE, msg, "delivery limit", 1);
+        return;
     }
     if (e->shutdown) {
         /* Not started: give it back. */

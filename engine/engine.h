@@ -79,7 +79,17 @@ struct engine_config {
     double soft_time_limit;           /* seconds; 0 none */
     const char *dead_letter_exchange; /* "" or NULL: no dead letters */
     double park_after;                /* seconds; 0: never park */
-    double shutdown_timeout;          /* seconds a warm shutdown may take; 0: forever */
+    /* Native delayed delivery (protocol/delayed.h): a delivery whose transport
+     * has DELIVERY_CAP_DELAYED and whose eta is further than this many seconds
+     * away is republished through celery_delayed_27 (confirmed, then acked)
+     * instead of held; a nearer one is held. */
+    double delayed_horizon_s;
+    /* A delivery whose x-delivery-count (a quorum queue's count of earlier
+     * deliveries) is at least this minus one gets FAILURE
+     * DeliveryLimitExceeded and is dead-lettered, before the broker's own
+     * x-delivery-limit drops it. 0: no limit. */
+    int delivery_limit;
+    double shutdown_timeout; /* seconds a warm shutdown may take; 0: forever */
     const char *llm_model;
     const char *llm_embed_model;
     /* canvas follow-ups (see protocol/canvas.h, struct canvas_opts) */
@@ -264,6 +274,11 @@ int engine_shutting_down(const struct engine *e);
  * running task was terminated, else 0. */
 int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate);
 int engine_is_revoked(struct engine *e, const char *id, struct engine_now now);
+/* The REVOKED meta (TaskRevokedError "revoked", done now) a revoke stores at
+ * once for an id with no job here, as Celery 5.6 workers do for every revoked
+ * id: a new JSON text (cr_free), or NULL on OOM. The caller stores it never
+ * over a SUCCESS. */
+char *engine_revoked_meta(const struct engine *e, const char *id, struct engine_now now);
 /* Adds an id with a given expiry (statedb, mingle) without touching jobs. */
 void engine_remember_revoked(struct engine *e, const char *id, int64_t expires_epoch_s,
                              struct engine_now now);
@@ -287,6 +302,11 @@ const char *engine_rate_limit(struct engine *e, const char *task);
 int engine_set_time_limit(struct engine *e, const char *task, double soft, double hard);
 /* Whether name runs here (built-in or alias). */
 int engine_knows_task(const struct engine *e, const char *name);
+
+/* Whether a delivery seen delivery_count times before (x-delivery-count;
+ * negative: no such header) has reached the limit: count >= limit - 1, for a
+ * limit above 0. */
+int engine_delivery_limit_reached(long delivery_count, int limit);
 
 /* The basic.qos prefetch_count for this many slots, multiplier and held eta
  * tasks, computed without overflow and clamped to 1..65535: the field has 16

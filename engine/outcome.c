@@ -279,6 +279,8 @@ int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
         t->retries--;
         return rc;
     }
+    /* A quorum queue's count of the original's deliveries is not the retry's. */
+    cJSON_DeleteItemFromObjectCaseSensitive(*headers, "x-delivery-count");
     memset(o, 0, sizeof(*o));
     o->content_type = "application/json";
     o->content_encoding = "utf-8";

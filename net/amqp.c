@@ -24,6 +24,7 @@
 #include "util/redact.h"
 #include "amqp_url.h"
 #include "protocol/amqp_json.h"
+#include "protocol/delayed.h"
 #include "util/alloc.h"
 
 /* Channels of the consuming connection. */
@@ -136,6 +137,10 @@ struct amqp_broker {
     struct exchange_decl exchanges[MAX_EXCHANGES];
     int nexchanges;
     int prefetch;
+    /* The broker refused global QoS once (540): per-consumer from then on. */
+    int qos_refused;
+    /* Native delayed delivery declared on this connection (BROKER_CAP_DELAYED). */
+    int delayed_live;
 
     /* delivery being assembled */
     struct broker_msg *cur;
@@ -165,6 +170,7 @@ static int check_status(struct amqp_broker *b, int rc, const char *what);
 static void on_prepare(uv_prepare_t *p);
 static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q);
 static void rmq_free(struct amqp_broker *b);
+static int is_task_queue(const struct broker_queue *q);
 
 static char *bytes_dup(amqp_bytes_t b)
 {
@@ -346,6 +352,23 @@ static void fail_all_confirms(struct amqp_broker *b)
 
 /* ------------------------------------------------------------ connecting */
 
+/* The arguments a task queue is declared with: none, or x-queue-type quorum
+ * (what Celery's task_default_queue_type = "quorum" declares). entry is the
+ * table's storage. */
+static amqp_table_t task_queue_args(const struct amqp_broker *b,
+                                    amqp_table_entry_t *entry)
+{
+    amqp_table_t t = amqp_empty_table;
+    if (!b->cfg.quorum)
+        return t;
+    entry->key = amqp_cstring_bytes("x-queue-type");
+    entry->value.kind = AMQP_FIELD_KIND_UTF8;
+    entry->value.value.bytes = amqp_cstring_bytes("quorum");
+    t.num_entries = 1;
+    t.entries = entry;
+    return t;
+}
+
 /* Declares a custom queue (pidbox, add_consumer) with its arguments. With
  * wait = 0 the methods go out without waiting (run time, never blocks); a
  * refusal then closes the channel and the reconnect declares again. */
@@ -358,7 +381,11 @@ static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, i
     const int ch = CONSUMER_CHANNEL(q);
     int rc = 0;
 
+    amqp_table_entry_t qt;
+
     init_amqp_pool(&pool, 1024);
+    if (is_task_queue(q))
+        args = task_queue_args(b, &qt);
     if (q->arguments && (rc = amqp_json_to_table(q->arguments, &pool, &args, err))) {
         empty_amqp_pool(&pool);
         return rc;
@@ -423,6 +450,7 @@ static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_er
 {
     amqp_rpc_reply_t r;
     struct cr_err e2;
+    amqp_table_entry_t qt;
 
     /* What Celery declares: a durable direct exchange named like the queue, a
      * durable queue, and a binding with the queue name as routing key. */
@@ -439,7 +467,8 @@ static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_er
         if (reopen_channel(b, err))
             return err->code;
     }
-    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 0, 1, 0, 0, amqp_empty_table);
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 0, 1, 0, 0,
+                       task_queue_args(b, &qt));
     r = amqp_get_rpc_reply(b->cons.conn);
     if (reply_error(r, "queue.declare", &e2)) {
         if (e2.code != CR_EPEER)
@@ -499,6 +528,137 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
         return cr_err_set(err, CR_EBROKER, "cannot bind dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
     return 0;
+}
+
+/* ------------------------------------------------- native delayed delivery */
+
+/* One level's queue, declared as kombu declares it for Celery 5.5+ (a quorum
+ * queue by default: broker_native_delayed_delivery_queue_type), so that a
+ * Celery worker and celeriac declare the same thing. */
+static int declare_delayed_level(struct amqp_broker *b, int level, struct cr_err *err)
+{
+    char name[40], next[40], key[64];
+    amqp_pool_t pool;
+    amqp_table_t args = amqp_empty_table;
+    cJSON *a = cJSON_CreateObject();
+    int rc;
+
+    delayed_level_name(level, name, sizeof(name));
+    if (level > 0)
+        delayed_level_name(level - 1, next, sizeof(next));
+    else
+        snprintf(next, sizeof(next), "%s", DELAYED_DELIVERY_EXCHANGE);
+    delayed_level_binding(level, 1, key, sizeof(key));
+    if (!a || !cJSON_AddStringToObject(a, "x-queue-type", "quorum") ||
+        !cJSON_AddStringToObject(a, "x-overflow", "reject-publish") ||
+        !cJSON_AddNumberToObject(a, "x-message-ttl", (double)(UINT64_C(1000) << level)) ||
+        !cJSON_AddStringToObject(a, "x-dead-letter-exchange", next) ||
+        !cJSON_AddStringToObject(a, "x-dead-letter-strategy", "at-least-once")) {
+        cJSON_Delete(a);
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    }
+    init_amqp_pool(&pool, 1024);
+    rc = amqp_json_to_table(a, &pool, &args, err);
+    cJSON_Delete(a);
+    if (rc)
+        goto out;
+    amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(name), cstr("topic"), 0, 1, 0, 0,
+                          amqp_empty_table);
+    if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.declare", err)))
+        goto out;
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(name), 0, 1, 0, 0, args);
+    if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err)))
+        goto out;
+    amqp_queue_bind(b->cons.conn, CHANNEL, cstr(name), cstr(name), cstr(key),
+                    amqp_empty_table);
+    rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", err);
+out:
+    empty_amqp_pool(&pool);
+    return rc;
+}
+
+static int exchange_bind(struct amqp_broker *b, const char *dest, const char *src,
+                         const char *key, struct cr_err *err)
+{
+    amqp_exchange_bind(b->cons.conn, CHANNEL, cstr(dest), cstr(src), cstr(key),
+                       amqp_empty_table);
+    return reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.bind", err);
+}
+
+/* The chain celery_delayed_27 .. celery_delayed_0 -> celery_delayed_delivery
+ * (see protocol/delayed.h), then a "#.<queue>" binding of every task
+ * consumer to celery_delayed_delivery. Start-up and reconnect only
+ * (blocking, like every declaration there). */
+static int declare_delayed(struct amqp_broker *b, struct cr_err *err)
+{
+    char name[40], next[40], key[64];
+    int rc;
+
+    for (int level = DELAYED_MAX_LEVEL; level >= 0; level--)
+        if ((rc = declare_delayed_level(b, level, err)))
+            return rc;
+    for (int level = DELAYED_MAX_LEVEL; level > 0; level--) {
+        delayed_level_name(level, name, sizeof(name));
+        delayed_level_name(level - 1, next, sizeof(next));
+        delayed_level_binding(level, 0, key, sizeof(key));
+        if ((rc = exchange_bind(b, next, name, key, err)))
+            return rc;
+    }
+    amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(DELAYED_DELIVERY_EXCHANGE),
+                          cstr("topic"), 0, 1, 0, 0, amqp_empty_table);
+    if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.declare", err)))
+        return rc;
+    delayed_level_name(0, name, sizeof(name));
+    delayed_level_binding(0, 0, key, sizeof(key));
+    if ((rc = exchange_bind(b, DELAYED_DELIVERY_EXCHANGE, name, key, err)))
+        return rc;
+    for (int i = 0; i < b->nconsumers; i++) {
+        const struct consumer *c = &b->consumers[i];
+        char bkey[300];
+        if (c->q.no_ack || c->q.no_consume)
+            continue;
+        snprintf(bkey, sizeof(bkey), "#.%s", c->q.name);
+        amqp_queue_bind(b->cons.conn, CHANNEL, cstr(c->q.name),
+                        cstr(DELAYED_DELIVERY_EXCHANGE), cstr(bkey), amqp_empty_table);
+        if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int qos_per_consumer(const struct amqp_broker *b)
+{
+    return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused;
+}
+
+/* Whether this connection should carry delayed delivery. */
+static int want_delayed(const struct amqp_broker *b)
+{
+    return b->cfg.delayed_delivery == BROKER_DELAYED_ON ||
+           (b->cfg.delayed_delivery == BROKER_DELAYED_AUTO && qos_per_consumer(b));
+}
+
+/* Declares delayed delivery when wanted. A refusal (a level declared by
+ * someone else with other arguments, an old broker without quorum queues) is
+ * not fatal: one warning, and far etas are held here as before. */
+static int setup_delayed(struct amqp_broker *b, struct cr_err *err)
+{
+    struct cr_err e2;
+    int rc;
+    b->delayed_live = 0;
+    if (!want_delayed(b))
+        return 0;
+    rc = declare_delayed(b, &e2);
+    if (rc == 0) {
+        b->delayed_live = 1;
+        return 0;
+    }
+    if (rc != CR_EPEER)
+        return cr_err_set(err, rc, "cannot declare delayed delivery: %s", e2.msg);
+    LOG(LOG_WARNING,
+        "cannot declare native delayed delivery (%s); eta tasks are held here instead",
+        e2.msg);
+    return reopen_channel(b, err);
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -699,6 +859,21 @@ static uint16_t prefetch_u16(const struct amqp_broker *b)
     return (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch < 0 ? 0 : b->prefetch);
 }
 
+/* 540 NOT_IMPLEMENTED in answer to a basic.consume: RabbitMQ's refusal of a
+ * channel-wide window on a queue that has none (a quorum or stream queue). */
+static int refused_global_qos(amqp_rpc_reply_t r)
+{
+    if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION)
+        return 0;
+    if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
+        return ((amqp_connection_close_t *)r.reply.decoded)->reply_code ==
+               AMQP_NOT_IMPLEMENTED;
+    if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD)
+        return ((amqp_channel_close_t *)r.reply.decoded)->reply_code ==
+               AMQP_NOT_IMPLEMENTED;
+    return 0;
+}
+
 static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 {
     amqp_channel_open(b->cons.conn, CHANNEL);
@@ -716,13 +891,15 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
             return err->code;
     if (declare_dead_letters(b, err))
         return err->code;
+    if (setup_delayed(b, err))
+        return err->code;
     /* global = 1 (a channel-wide limit, as Celery uses with RabbitMQ 3.x):
      * RabbitMQ applies a per-consumer qos only to consumers started after it,
      * while a channel-wide one can be raised live for held eta tasks. With
      * per_consumer_qos each consumer of CHANNEL gets its own window instead,
      * set just before its basic.consume, and no channel-wide limit caps the
      * sum (that cap is what would let one queue crowd out another). */
-    if (!b->cfg.per_consumer_qos) {
+    if (!qos_per_consumer(b)) {
         amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 1);
         if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
             return err->code;
@@ -731,14 +908,18 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
         struct consumer *c = &b->consumers[i];
         if (c->q.no_consume)
             continue;
-        if (b->cfg.per_consumer_qos && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+        if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
             amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 0);
             if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
                 return err->code;
         }
         if (!amqp_basic_consume(b->cons.conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
                                 cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
-            if (!reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.consume", err))
+            amqp_rpc_reply_t r = amqp_get_rpc_reply(b->cons.conn);
+            if (!qos_per_consumer(b) && refused_global_qos(r))
+                return cr_err_set(err, CR_EQOS, "queue '%s' refused global QoS",
+                                  c->q.name);
+            if (!reply_error(r, "basic.consume", err))
                 cr_err_set(err, CR_EBROKER, "basic.consume: failed");
             return err->code;
         }
@@ -765,8 +946,21 @@ static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
     /* The publishing connection first: a delivery may arrive as soon as the
      * consumers start, and its outcome may need a publish. */
     if (link_open(b, &b->pub, &u, &e2) || setup_pub(b, &e2) ||
-        link_open(b, &b->cons, &u, &e2) || setup_cons(b, &e2))
-        goto fail;
+        link_open(b, &b->cons, &u, &e2) || setup_cons(b, &e2)) {
+        if (e2.code != CR_EQOS || b->qos_refused)
+            goto fail;
+        /* A queue the application declared quorum: once, and for good, the
+         * windows become per consumer (and delayed delivery may come in). */
+        b->qos_refused = 1;
+        LOG(LOG_WARNING,
+            "broker refused global QoS (%s: a quorum queue?); reconnecting with "
+            "per-consumer QoS",
+            e2.msg);
+        teardown(b);
+        if (link_open(b, &b->pub, &u, &e2) || setup_pub(b, &e2) ||
+            link_open(b, &b->cons, &u, &e2) || setup_cons(b, &e2))
+            goto fail;
+    }
     /* The calls above blocked: take the time now, not at the loop's last wake. */
     uv_update_time(b->loop);
     if (link_watch(b, &b->pub, &e2) || link_watch(b, &b->cons, &e2))
@@ -1233,6 +1427,8 @@ static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *
     uv_prepare_start(&b->prepare, on_prepare);
     uv_unref((uv_handle_t *)&b->prepare); /* nor the prepare handle */
     b->prefetch = cfg->prefetch_count;
+    if (b->cfg.quorum)
+        b->cfg.per_consumer_qos = 1;
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
@@ -1258,7 +1454,7 @@ static void consumer_release(struct consumer *c)
 static void send_consume(struct amqp_broker *b, struct consumer *c)
 {
     amqp_basic_consume_t req;
-    if (b->cfg.per_consumer_qos && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+    if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
         /* the new consumer's own window (its qos-ok is ignored on arrival) */
         amqp_basic_qos_t qos;
         memset(&qos, 0, sizeof(qos));
@@ -1425,7 +1621,7 @@ static void rmq_set_prefetch(struct amqp_broker *b, int prefetch_count)
      * new count waits for the next consume (see send_consume(), setup_cons()).
      * NEEDSWORK: so held eta tasks count against their queue's window under
      * strict order; parking (--park-after) bounds how long they hold it. */
-    if (!b->up || b->cfg.per_consumer_qos)
+    if (!b->up || qos_per_consumer(b))
         return;
     memset(&req, 0, sizeof(req));
     req.prefetch_count = (uint16_t)prefetch_count;
@@ -1859,11 +2055,21 @@ static void v_free(struct broker *b)
 {
     rmq_free(A(b));
 }
+static unsigned v_live_caps(const struct broker *b)
+{
+    return CA(b)->up && CA(b)->delayed_live ? BROKER_CAP_DELAYED : 0;
+}
+static int v_qos_per_consumer(const struct broker *b)
+{
+    return qos_per_consumer(CA(b));
+}
 
 static const struct broker_vtab amqp_vtab = {
     .name = "amqp",
     .caps =
         BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH | BROKER_CAP_PARK,
+    .live_caps = v_live_caps,
+    .qos_per_consumer = v_qos_per_consumer,
     .connect = v_connect,
     .connected = v_connected,
     .generation = v_generation,

@@ -72,7 +72,12 @@ const char *broker_transport(const struct broker *b)
 
 unsigned broker_delivery_caps(const struct broker *b)
 {
-    return b->vt->caps;
+    return b->vt->caps | (b->vt->live_caps ? b->vt->live_caps(b) : 0);
+}
+
+int broker_qos_per_consumer(const struct broker *b)
+{
+    return b->vt->qos_per_consumer ? b->vt->qos_per_consumer(b) : 0;
 }
 
 int broker_connect(struct broker *b, struct cr_err *err)

@@ -91,12 +91,29 @@ struct broker_config {
      * RabbitMQ fixes such a window when the consumer starts, so a new count
      * applies from the next consume (reconnect, add_consumer) on. */
     int per_consumer_qos;
+    /* AMQP: declare the task queues x-queue-type quorum (Celery's
+     * task_default_queue_type "quorum"). Quorum queues refuse a channel-wide
+     * window, so this implies per_consumer_qos. Whatever is set here, a
+     * broker that refuses global QoS (540 NOT_IMPLEMENTED: a queue declared
+     * quorum by the application) makes the connection open again once with
+     * per-consumer QoS, which then stays for every reconnect. */
+    int quorum;
+    /* AMQP: native delayed delivery (celery_delayed_0..27 and
+     * celery_delayed_delivery, as a Celery 5.5+ worker declares them), with
+     * every consumed task queue bound to celery_delayed_delivery by
+     * "#.<queue>". BROKER_DELAYED_AUTO: only while QoS is per consumer.
+     * While it is declared, deliveries have BROKER_CAP_DELAYED. */
+    int delayed_delivery; /* BROKER_DELAYED_* */
     /* Redis: Celery's broker_transport_options as a JSON object (visibility
      * timeout, priority steps, global_keyprefix, master_name, ...), or NULL.
      * broker_new() refuses an AMQP URL given any. */
     const char *transport_options;
     size_t max_message_bytes; /* Redis: a larger envelope is refused; 0: none */
 };
+
+#define BROKER_DELAYED_OFF 0
+#define BROKER_DELAYED_AUTO 1
+#define BROKER_DELAYED_ON 2
 
 struct broker;
 
@@ -131,7 +148,14 @@ const char *broker_transport(const struct broker *b);
 #define BROKER_CAP_PRIORITY 2u
 #define BROKER_CAP_PREFETCH 4u
 #define BROKER_CAP_PARK 8u
+/* Native delayed delivery is declared on this connection, the consumed task
+ * queues bound to it (AMQP only, see broker_config.delayed_delivery). */
+#define BROKER_CAP_DELAYED 16u
 unsigned broker_delivery_caps(const struct broker *b);
+/* 1 when the task consumers have a window each (per_consumer_qos, quorum, or
+ * the broker refused global QoS), so broker_set_prefetch() cannot raise it
+ * live for held eta tasks; 0 otherwise (Redis: 0). */
+int broker_qos_per_consumer(const struct broker *b);
 
 /* Connects, declares, sets qos and starts consuming. Blocking (bounded by the
  * connect timeout and a 10 s RPC timeout); call at start-up. Returns 0 or an

@@ -11,7 +11,11 @@
 
 struct broker_vtab {
     const char *name; /* broker_transport() */
-    unsigned caps;    /* broker_delivery_caps() */
+    unsigned caps;    /* broker_delivery_caps(), with the ones below */
+    /* Caps that come and go with the connection, or NULL. */
+    unsigned (*live_caps)(const struct broker *b);
+    /* broker_qos_per_consumer(), or NULL (0). */
+    int (*qos_per_consumer)(const struct broker *b);
     int (*connect)(struct broker *b, struct cr_err *err);
     int (*connected)(const struct broker *b);
     int (*wait_subscribed)(struct broker *b,

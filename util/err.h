@@ -22,6 +22,7 @@
     X(ECONTENT, -102, "content type not allowed")                                        \
     X(ETOOBIG, -103, "message too large")                                                \
     X(EBROKER, -200, "broker error")                                                     \
+    X(EQOS, -201, "global qos refused")                                                  \
     X(EBACKEND, -300, "result backend error")                                            \
     X(ELLM, -400, "llm provider error")                                                  \
     X(EPEER, -401, "peer refused")

@@ -60,6 +60,20 @@ static const struct opt opts[] = {
     {"queue-order", 0, "CELERIAC_QUEUE_ORDER", OPTS_STR, OFF(queue_order), "fair", 0, 0,
      "fair (arrival order across -Q queues, as Celery) or strict (an earlier -Q queue "
      "first, with a prefetch window per queue)"},
+    {"queue-type", 0, "CELERIAC_QUEUE_TYPE", OPTS_STR, OFF(queue_type), "classic", 0, 0,
+     "classic or quorum: how -Q queues are declared (Celery's task_default_queue_type); "
+     "quorum consumes with per-consumer QoS"},
+    {"delayed-delivery", 0, "CELERIAC_DELAYED_DELIVERY", OPTS_STR, OFF(delayed_delivery),
+     "auto", 0, 0,
+     "auto, on or off: declare RabbitMQ's native delayed delivery (celery_delayed_*) "
+     "and send far etas through it; auto: when QoS is per consumer (quorum)"},
+    {"delayed-delivery-horizon", 0, "CELERIAC_DELAYED_DELIVERY_HORIZON", OPTS_DOUBLE,
+     OFF(delayed_delivery_horizon), "3", 0, 86400,
+     "seconds: an eta further away goes through delayed delivery, a nearer one is held"},
+    {"delivery-limit", 0, "CELERIAC_DELIVERY_LIMIT", OPTS_INT, OFF(delivery_limit), "20",
+     0, 1000000,
+     "a delivery whose x-delivery-count reaches this minus one is dead-lettered with "
+     "FAILURE DeliveryLimitExceeded (0: off)"},
     {"task-alias", 0, NULL, OPTS_LIST, OFF(aliases), NULL, 0, 0,
      "NAME=TASK: run task NAME as built-in TASK (repeatable)"},
     {"acks-early", 0, "CELERIAC_ACKS_EARLY", OPTS_BOOL, OFF(acks_early), "0", 0, 1,
@@ -250,6 +264,14 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
     if (strcmp(cfg->queue_order, "fair") && strcmp(cfg->queue_order, "strict"))
         return cr_err_set(err, CR_EINVAL, "invalid --queue-order '%s' (fair or strict)",
                           cfg->queue_order);
+    if (strcmp(cfg->queue_type, "classic") && strcmp(cfg->queue_type, "quorum"))
+        return cr_err_set(err, CR_EINVAL, "invalid --queue-type '%s' (classic or quorum)",
+                          cfg->queue_type);
+    if (strcmp(cfg->delayed_delivery, "auto") && strcmp(cfg->delayed_delivery, "on") &&
+        strcmp(cfg->delayed_delivery, "off"))
+        return cr_err_set(err, CR_EINVAL,
+                          "invalid --delayed-delivery '%s' (auto, on or off)",
+                          cfg->delayed_delivery);
     if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9) &&
         !broker_url_is_redis(cfg->broker))
         return cr_err_set(err, CR_EINVAL,

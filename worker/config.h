@@ -35,8 +35,12 @@ struct config {
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
     int prefetch_multiplier;
-    char *queue_order;        /* "fair" or "strict" (see enum engine_queue_order) */
-    struct opts_list aliases; /* NAME=TASK */
+    char *queue_order;      /* "fair" or "strict" (see enum engine_queue_order) */
+    char *queue_type;       /* "classic" or "quorum" */
+    char *delayed_delivery; /* "auto", "on" or "off" */
+    double delayed_delivery_horizon; /* seconds an eta may be held here */
+    int delivery_limit;              /* x-delivery-count bound; 0: none */
+    struct opts_list aliases;        /* NAME=TASK */
     int acks_early;
     int result_expires; /* seconds; 0 = never expire */
     int result_extended;

@@ -824,6 +824,33 @@ static int cmd_hello(struct pidbox *pb, const cJSON *args, cJSON **reply)
 
 /* ================================================================ control */
 
+static void on_revoked_stored(struct backend *bk, int status, int skipped, void *privdata)
+{
+    (void)bk;
+    (void)skipped;
+    if (status)
+        LOG(LOG_WARNING, "revoke: cannot store REVOKED for '%s': %s",
+            privdata ? (const char *)privdata : "?", cr_strerror(status));
+    cr_free(privdata);
+}
+
+/* Celery 5.6: a revoke stores REVOKED at once, so a client waiting on the id
+ * hears of it before any worker receives the task (never over a SUCCESS: the
+ * store's own rule). Only for an id without a job here; a job's own revoke
+ * stores it (or, running, its outcome stands). */
+static void store_unseen_revoked(const struct worker_ctx *w, const char *id)
+{
+    char *meta = engine_revoked_meta(w->engine, id, worker_ctx_now(w));
+    char *copy = meta ? cr_strdup(id) : NULL;
+    if (!meta || !copy) {
+        cr_free(meta);
+        LOG(LOG_WARNING, "revoke: out of memory storing REVOKED for '%s'", id);
+        return;
+    }
+    if (backend_store(w->backend, id, meta, strlen(meta), on_revoked_stored, copy))
+        cr_free(copy);
+}
+
 static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const char *fn,
                      cJSON **reply)
 {
@@ -855,6 +882,8 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
         /* Any signal ends an LLM call the same way: its transfer is aborted
          * (engine_revoke logs it). */
         engine_revoke(w->engine, worker_ctx_now(w), id->valuestring, terminate);
+        if (!j)
+            store_unseen_revoked(w, id->valuestring);
         if (terminate && known && !rc)
             rc = push(terminated, cJSON_CreateString(id->valuestring));
     }

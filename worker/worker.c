@@ -135,7 +135,8 @@ static struct delivery *delivery_of(const struct broker *b, struct broker_msg *m
     _Static_assert(DELIVERY_CAP_CONFIRMS == BROKER_CAP_CONFIRMS &&
                        DELIVERY_CAP_PRIORITY == BROKER_CAP_PRIORITY &&
                        DELIVERY_CAP_PREFETCH == BROKER_CAP_PREFETCH &&
-                       DELIVERY_CAP_PARK == BROKER_CAP_PARK,
+                       DELIVERY_CAP_PARK == BROKER_CAP_PARK &&
+                       DELIVERY_CAP_DELAYED == BROKER_CAP_DELAYED,
                    "broker.h repeats the delivery caps");
     d->caps = broker_delivery_caps(b);
     d->headers = m->headers;
@@ -539,6 +540,8 @@ static void engine_config_of(struct engine_config *ec, const struct config *cfg,
     ec->soft_time_limit = cfg->soft_time_limit;
     ec->dead_letter_exchange = cfg->dead_letter_exchange;
     ec->park_after = cfg->park_after;
+    ec->delayed_horizon_s = cfg->delayed_delivery_horizon;
+    ec->delivery_limit = cfg->delivery_limit;
     ec->shutdown_timeout = cfg->shutdown_timeout;
     ec->llm_model = cfg->llm_model;
     ec->llm_embed_model = cfg->llm_embed_model;
@@ -585,6 +588,11 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->bcfg.nqueues = cfg->queues.n;
     /* strict tiers need a window per queue, or free's prefetch holds premium back */
     w->bcfg.per_consumer_qos = !strcmp(cfg->queue_order, "strict");
+    w->bcfg.quorum = !strcmp(cfg->queue_type, "quorum");
+    w->bcfg.delayed_delivery = !strcmp(cfg->delayed_delivery, "on") ? BROKER_DELAYED_ON
+                               : !strcmp(cfg->delayed_delivery, "off")
+                                   ? BROKER_DELAYED_OFF
+                                   : BROKER_DELAYED_AUTO;
     w->bcfg.prefetch_count =
         engine_prefetch_count(cfg->concurrency, cfg->prefetch_multiplier, 0);
     w->bcfg.heartbeat = cfg->heartbeat;

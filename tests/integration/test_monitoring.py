@@ -560,6 +560,32 @@ def test_statedb_keeps_revoked_ids_across_restarts(env, tmp_path):
     assert "1 revoked task id(s) loaded" in w2.log()
 
 
+def test_revoke_of_an_unseen_id_stores_revoked_at_once(env, tmp_path):
+    # Celery 5.6: REVOKED is in the backend before any worker sees the task,
+    # never over a SUCCESS, and --statedb keeps the id for the task's arrival
+    db = str(tmp_path / "state.db")
+    w = env.worker("--statedb", db)
+    node = node_of(w)
+    done = env.app.send_task("llm.generate", args=["done before"])
+    done.get(timeout=20)
+    tid = str(uuid.uuid4())
+    call(env, node, "revoke", task_id=[tid, done.id])
+    meta = wait_until(lambda: env.meta(tid), 10, what="REVOKED stored at once")
+    assert meta["status"] == "REVOKED"
+    assert meta["result"]["exc_type"] == "TaskRevokedError"
+    assert env.app.AsyncResult(tid).state == "REVOKED"
+    time.sleep(0.5)
+    assert env.meta(done.id)["status"] == "SUCCESS"
+    wait_until(lambda: os.path.exists(db) and tid in open(db).read(), 10, what="state file")
+    w.stop()
+    w2 = env.worker("--statedb", db)
+    r = env.app.send_task("llm.generate", args=["revoked ahead"], task_id=tid)
+    w2.wait_for(r"Discarding revoked task: .*%s" % tid, 10)
+    assert env.meta(tid)["status"] == "REVOKED"
+    assert len(env.fake.stats()) == 1  # only "done before" called the LLM
+    assert r.state == "REVOKED"
+
+
 # ----------------------------------------------------------------- metrics
 
 def test_metrics_endpoint_matches_the_work_done(env):

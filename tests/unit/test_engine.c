@@ -14,6 +14,7 @@
 #include "tests/unit/unit.h"
 #include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
+#include "protocol/delayed.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -510,6 +511,173 @@ START_TEST(test_parking_running_keeps_a_lease)
     /* acked once (by the park), the lease dropped when it is done */
     log_is(&f, "confirm ack1 done store-SUCCESS stored lease-del release1");
     check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* -------------------------------------------------------- delayed delivery */
+
+#define ETA_FIXTURE_US                                                                   \
+    1893553445678901LL /* the eta fixture's 2030-01-02T03:04:05.678901 */
+
+/* An eta past the horizon on a transport with native delayed delivery: a copy
+ * to celery_delayed_27 spelling the whole seconds left, then the ack. */
+START_TEST(test_delayed_far_eta)
+{
+    struct fake f;
+    struct delivery *d;
+    uint64_t s;
+    size_t off;
+    const char *rk;
+    fake_init(&f, NULL);
+    f.cfg.delayed_horizon_s = 3;
+    fake_start(&f);
+    d = generate(&f, "eta");
+    d->caps |= DELIVERY_CAP_DELAYED;
+    cJSON_AddNumberToObject(d->headers, "x-delivery-count", 2);
+    deliver(&f, d);
+    log_is(&f, "publish:celery_delayed_27");
+    rk = f.pubs[0].routing_key;
+    ck_assert_int_eq(delayed_parse_routing_key(rk, strlen(rk), &s, &off), 0);
+    ck_assert_uint_eq(s, (uint64_t)((ETA_FIXTURE_US - FAKE_T0_US) / 1000000));
+    ck_assert_str_eq(rk + off, "celery");
+    /* the count is the original queue's, not the copy's */
+    ck_assert_ptr_null(
+        cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "x-delivery-count"));
+    ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "eta"));
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* Not confirmed: the delivery stays and is held here. */
+START_TEST(test_delayed_nack_holds_it)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.cfg.delayed_horizon_s = 3;
+    fake_start(&f);
+    d = generate(&f, "eta");
+    d->caps |= DELIVERY_CAP_DELAYED;
+    deliver(&f, d);
+    log_is(&f, "publish:celery_delayed_27");
+    confirm(&f, 0, 0);
+    log_is(&f, "nack");
+    f.now.epoch_us = ETA_FIXTURE_US + 1000;
+    engine_on_tick(f.e, f.now);
+    llm_done(&f, 0, LLM_OK, NULL, -1, "later");
+    stored(&f, 0, 0);
+    log_is(&f, "call1 done store-SUCCESS stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* Within the horizon, or without the capability, or from a queue added at run
+ * time (not bound to celery_delayed_delivery): held here. */
+START_TEST(test_delayed_near_or_unbound_eta_is_held)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.cfg.delayed_horizon_s = 3;
+    f.now.epoch_us = ETA_FIXTURE_US - 2500000;
+    fake_start(&f);
+    d = generate(&f, "eta");
+    d->caps |= DELIVERY_CAP_DELAYED;
+    deliver(&f, d);
+    log_is(&f, "");
+    f.now.epoch_us = ETA_FIXTURE_US - 60000000;
+    d = generate(&f, "eta");
+    cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
+                                           cJSON_CreateString("other-id-1"));
+    deliver(&f, d); /* no DELIVERY_CAP_DELAYED */
+    log_is(&f, "");
+    d = generate(&f, "eta");
+    cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
+                                           cJSON_CreateString("other-id-2"));
+    d->caps |= DELIVERY_CAP_DELAYED;
+    d->queue = "added-later";
+    deliver(&f, d);
+    log_is(&f, "");
+    fake_release(&f);
+}
+END_TEST
+
+/* ---------------------------------------------------------- delivery limit */
+
+static const struct {
+    int count, limit, dead;
+} limits[] = {
+    {19, 20, 1}, {25, 20, 1}, {18, 20, 0}, {0, 1, 1}, {3, 4, 1}, {2, 4, 0}, {1000, 0, 0},
+};
+
+START_TEST(test_delivery_limit)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.cfg.delivery_limit = limits[_i].limit;
+    fake_start(&f);
+    d = generate(&f, "send_task_args");
+    cJSON_AddNumberToObject(d->headers, "x-delivery-count", limits[_i].count);
+    deliver(&f, d);
+    if (!limits[_i].dead) {
+        log_is(&f, "call1");
+        fake_release(&f);
+        return;
+    }
+    log_is(&f, "publish:celeriac.dlx");
+    ck_assert_str_eq(
+        cJSON_GetObjectItemCaseSensitive(f.pubs[0].headers, "x-celeriac-reason")
+            ->valuestring,
+        "delivery limit");
+    confirm(&f, 0, 1);
+    ck_assert_ptr_nonnull(strstr(f.metas[0], "\"DeliveryLimitExceeded\""));
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-FAILURE stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_delivery_limit_rule)
+{
+    ck_assert(!engine_delivery_limit_reached(-1, 20)); /* no header */
+    ck_assert(!engine_delivery_limit_reached(18, 20));
+    ck_assert(engine_delivery_limit_reached(19, 20));
+    ck_assert(!engine_delivery_limit_reached(1000000, 0)); /* off */
+    ck_assert(engine_delivery_limit_reached(0, 1));
+}
+END_TEST
+
+START_TEST(test_revoked_meta_of_unseen_id)
+{
+    struct fake f;
+    char *meta;
+    cJSON *m, *res;
+    fake_init(&f, NULL);
+    fake_start(&f);
+    meta = engine_revoked_meta(f.e, "never-seen-1", f.now);
+    ck_assert_ptr_nonnull(meta);
+    m = cJSON_Parse(meta);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(m, "status")->valuestring,
+                     "REVOKED");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(m, "task_id")->valuestring,
+                     "never-seen-1");
+    res = cJSON_GetObjectItemCaseSensitive(m, "result");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(res, "exc_type")->valuestring,
+                     "TaskRevokedError");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(res, "exc_module")->valuestring,
+                     "celery.exceptions");
+    ck_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "date_done")));
+    cJSON_Delete(m);
+    cr_free(meta);
+    /* nothing happened to the engine */
+    log_is(&f, "");
     fake_release(&f);
 }
 END_TEST
@@ -1397,6 +1565,13 @@ Suite *suite(void)
     tcase_add_test(tc, test_redelivery_with_success_stored);
     tcase_add_test(tc, test_redelivery_with_nothing_stored_runs);
     tcase_add_test(tc, test_parking_far_eta);
+    tcase_add_test(tc, test_delayed_far_eta);
+    tcase_add_test(tc, test_delayed_nack_holds_it);
+    tcase_add_test(tc, test_delayed_near_or_unbound_eta_is_held);
+    tcase_add_loop_test(tc, test_delivery_limit, 0,
+                        (int)(sizeof(limits) / sizeof(limits[0])));
+    tcase_add_test(tc, test_delivery_limit_rule);
+    tcase_add_test(tc, test_revoked_meta_of_unseen_id);
     tcase_add_test(tc, test_parking_running_keeps_a_lease);
     tcase_add_test(tc, test_time_limits);
     tcase_add_test(tc, test_cold_shutdown_settles_nothing);

@@ -1,0 +1,162 @@
+"""Issue 17: quorum queues, native delayed delivery and delivery limits, against
+RabbitMQ 3.10 and Debian's Celery 5.2 producer. Celery 5.2 knows no
+task_default_queue_type, so the queues are declared quorum with kombu, and the
+delayed messages a Celery 5.5+ producer sends are made here the way it makes
+them (celery_delayed_27, a routing key spelling the delay in binary)."""
+import json
+import random
+import time
+
+from kombu import Exchange, Queue
+
+from conftest import wait_until
+from test_reliability import amqp_conn, dlq, drain_dead_letters
+
+
+def quorum_queue(name="celery"):
+    return Queue(name, Exchange(name, "direct"), routing_key=name,
+                 queue_arguments={"x-queue-type": "quorum"})
+
+
+def declare_quorum(env, name="celery"):
+    q = quorum_queue(name)
+    env.app.conf.task_queues = [q]
+    with env.app.connection_for_write() as conn:
+        q(conn.default_channel).declare()
+    return q
+
+
+def queue_types(env):
+    out = env.services.ctl("list_queues", "-p", env.vhost, "name", "type").stdout
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def delayed_key(seconds, routing_key):
+    """kombu's calculate_routing_key (Celery 5.5+): 28 binary digits, dotted."""
+    return ".".join(format(seconds, "028b")) + "." + routing_key
+
+
+def calls(env):
+    return [e for e in env.fake.stats() if e["path"].startswith("/v1/")]
+
+
+def test_worker_on_quorum_queues_runs_300_tasks(env):
+    # the worker declares the queue quorum itself; the producer declares the same
+    env.app.conf.task_queues = [quorum_queue()]
+    w = env.worker("--queue-type", "quorum", "-c", "50")
+    assert queue_types(env).get("celery") == "quorum"
+    with env.app.producer_or_acquire() as prod:
+        rs = [env.app.send_task("llm.generate", args=["q%d" % i], producer=prod)
+              for i in range(300)]
+    for r in rs:
+        assert r.get(timeout=60)
+    assert w.proc.poll() is None
+    assert "global QoS" not in w.log()
+    # Celery 5.5+'s topology is there and the queue is bound to it
+    types = queue_types(env)
+    assert all(types.get("celery_delayed_%d" % i) == "quorum" for i in range(28))
+    out = env.services.ctl("list_bindings", "-p", env.vhost, "source_name",
+                           "destination_name", "routing_key").stdout
+    assert any(l.split() == ["celery_delayed_delivery", "celery", "#.celery"]
+               for l in out.splitlines()), out
+
+
+def test_global_qos_refusal_reconnects_once_per_consumer(env):
+    # a worker told nothing, on a queue the application declared quorum
+    declare_quorum(env)
+    w = env.worker()
+    rs = [env.app.send_task("llm.generate", args=["fb%d" % i]) for i in range(20)]
+    for r in rs:
+        assert r.get(timeout=30)
+    assert w.count(r"refused global QoS") == 1, w.log()
+    assert w.proc.poll() is None
+
+
+def test_countdown_tasks_on_quorum_queue_do_not_starve_ready_ones(env, extra=()):
+    declare_quorum(env)
+    w = env.worker("--queue-type", "quorum", "-c", "20", *extra)
+    rnd = random.Random(17)
+    sent = {}
+    with env.app.producer_or_acquire() as prod:
+        for i in range(200):
+            cd = rnd.uniform(5, 8)
+            t = time.time()
+            r = env.app.send_task("llm.generate", args=["cd%d" % i], countdown=cd,
+                                  producer=prod)
+            sent["cd%d" % i] = (r, t + cd)
+    t_now = time.time()
+    now = env.app.send_task("llm.generate", args=["right now"])
+    assert now.get(timeout=10)
+    by_prompt = {e["prompt"]: e["t"] for e in calls(env)}
+    # ~1 s: the 200 ahead of it in the queue are each republished (a quorum
+    # commit on the broker) and acked first; held here they would fill the
+    # window until the first etas (5 s) and more
+    assert by_prompt["right now"] - t_now < 1.5, by_prompt["right now"] - t_now
+    wait_until(lambda: all(env.meta(r.id) for r, _ in sent.values()), 30,
+               interval=0.5, what="200 results")
+    assert all(env.meta(r.id)["status"] == "SUCCESS" for r, _ in sent.values())
+    by_prompt = {e["prompt"]: e["t"] for e in calls(env)}
+    late = []
+    for p, (r, eta) in sent.items():
+        assert by_prompt[p] >= eta - 0.05, (p, by_prompt[p] - eta)   # never early
+        late.append(by_prompt[p] - eta)
+    assert max(late) < 3.0, max(late)
+    # the far ones went through the broker, not held here
+    assert w.count(r"sent through delayed delivery") == 200, w.count("sent through")
+    assert w.proc.poll() is None
+
+
+def test_celery_55_delayed_message_is_delivered_on_time(env):
+    declare_quorum(env)
+    env.worker("--queue-type", "quorum")
+    # what a Celery 5.5+ producer sends for countdown=4 on a quorum queue: the
+    # eta header, published to celery_delayed_27 with the delay spelled out
+    t0 = time.time()
+    r = env.app.send_task("llm.generate", args=["from 5.5"], countdown=4,
+                          exchange=Exchange("celery_delayed_27", type="topic"),
+                          routing_key=delayed_key(4, "celery"))
+    assert r.get(timeout=20)
+    t = {e["prompt"]: e["t"] for e in calls(env)}["from 5.5"]
+    assert 4.0 - 0.05 <= t - t0 < 7.0, t - t0
+
+
+def test_poison_header_past_the_limit_is_dead_lettered(env):
+    declare_quorum(env)
+    env.worker("--queue-type", "quorum")
+    r = env.app.send_task("llm.generate", args=["poison"], headers={"x-delivery-count": 25})
+    dl = drain_dead_letters(env, match=lambda m: m.headers.get("id") == r.id)
+    assert dl, "no dead letter"
+    assert dl[0].headers["x-celeriac-reason"] == "delivery limit"
+    meta = wait_until(lambda: env.meta(r.id), 10, what="the FAILURE")
+    assert meta["status"] == "FAILURE"
+    assert meta["result"]["exc_type"] == "DeliveryLimitExceeded"
+    assert not calls(env)
+
+
+def test_poison_redelivered_by_the_broker_is_dead_lettered(env):
+    declare_quorum(env)
+    r = env.app.send_task("llm.generate", args=["requeued"])
+    # the broker counts: three deliveries given back
+    with amqp_conn(env) as c:
+        ch = c.channel()
+        for _ in range(3):
+            m = wait_until(lambda: ch.basic_get("celery", no_ack=False), 10,
+                           what="the message")
+            ch.basic_reject(m.delivery_tag, requeue=True)
+    w = env.worker("--delivery-limit", "4")
+    meta = wait_until(lambda: env.meta(r.id), 20, what="the FAILURE")
+    assert meta["status"] == "FAILURE"
+    assert meta["result"]["exc_type"] == "DeliveryLimitExceeded"
+    assert not calls(env)
+    assert w.count(r"reached its delivery limit") == 1
+    # in celeriac's dead letters with its reason and the broker's count
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 10)
+    out = dlq(env, "list", "--json", "--reason", "delivery limit")
+    assert [json.loads(l)["id"] for l in out.stdout.splitlines()] == [r.id], out.stdout
+    shown = dlq(env, "show", r.id).stdout
+    assert "x-delivery-count" in shown and "DeliveryLimitExceeded" in shown, shown
+    # replayed, it runs: the count stays behind with the dead letter
+    out = dlq(env, "replay", r.id)
+    assert "replayed 1 of" in out.stdout, out.stdout + out.stderr
+    wait_until(lambda: env.meta(r.id)["status"] == "SUCCESS", 20, what="replayed success")
+    assert [c["prompt"] for c in calls(env)] == ["requeued"]
