@@ -47,6 +47,68 @@ char *engine_revoked_meta(const struct engine *e, const char *id, struct engine_
     return meta;
 }
 
+/* Ends a running job's call; it is then settled as REVOKED with its partial
+ * text. 1 when there was something to end. */
+static int terminate_running(struct engine *e, struct job *j)
+{
+    if (engine__fanout_terminate(j))
+        return 1;
+    if (!j->call)
+        return 0;
+    LOG(LOG_INFO, "Terminating %s[%s]", job_name(j), j->tm.id);
+    j->revoked = 1;
+    /* engine_on_llm_done() follows from the loop and sees j->revoked. */
+    e->ops->abort_llm(e->ctx, j, "TaskRevokedError", "terminated");
+    j->call = NULL;
+    return 1;
+}
+
+int engine_revoke_stamps(struct engine *e, struct engine_now now, const cJSON *headers,
+                         int terminate, cJSON *terminated)
+{
+    struct revoked_stamps only;
+    int rc;
+
+    engine__enter(e, now);
+    rc = revoked_stamps_add(&e->revoked_stamps, headers);
+    if (rc == CR_EINVAL || rc == CR_ENOMEM || !terminate)
+        goto out;
+    /* Celery terminates the running requests that carry one of these very
+     * values; the ones not started yet are found when they would start. */
+    revoked_stamps_init(&only);
+    if (revoked_stamps_add(&only, headers) != CR_ENOMEM) {
+        struct job *j, *next;
+        for (j = e->run_head; j; j = next) {
+            const char *name = NULL;
+            const cJSON *v = NULL;
+            next = j->rnext;
+            if (j->state != JOB_RUNNING || !j->nmsgs ||
+                !revoked_stamps_match(&only, engine__headers_of(j, j->msgs[0]), &name,
+                                      &v))
+                continue;
+            if (!terminate_running(e, j))
+                continue;
+            if (terminated && v) {
+                cJSON *list = cJSON_GetObjectItemCaseSensitive(terminated, name);
+                if (!list && (list = cJSON_CreateArray()) &&
+                    !cJSON_AddItemToObject(terminated, name, list)) {
+                    cJSON_Delete(list);
+                    list = NULL;
+                }
+                if (list && !revoked_value_in(list, v)) {
+                    cJSON *copy = cJSON_Duplicate(v, 1);
+                    if (copy && !cJSON_AddItemToArray(list, copy))
+                        cJSON_Delete(copy);
+                }
+            }
+        }
+    }
+    revoked_stamps_release(&only);
+out:
+    engine__leave(e);
+    return rc;
+}
+
 int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate)
 {
     struct job *j;
@@ -66,18 +128,8 @@ int engine_revoke(struct engine *e, struct engine_now now, const char *id, int t
         engine__revoke_job(j, "revoked", NULL);
         break;
     case JOB_RUNNING:
-        if (terminate && engine__fanout_terminate(j)) {
-            rc = 1;
-            break;
-        }
-        if (!terminate || !j->call)
-            break;
-        LOG(LOG_INFO, "Terminating %s[%s]", job_name(j), j->tm.id);
-        j->revoked = 1;
-        /* engine_on_llm_done() follows from the loop and sees j->revoked. */
-        e->ops->abort_llm(e->ctx, j, "TaskRevokedError", "terminated");
-        j->call = NULL;
-        rc = 1;
+        if (terminate)
+            rc = terminate_running(e, j);
         break;
     default:
         /* CHECKING: engine_on_state() sees the revoked id; SETTLING/DONE: too late. */

@@ -172,6 +172,23 @@ static int revoked_now(struct engine *e, const char *id)
     return revoked_set_has(&e->revoked, id, e->now.epoch_us / 1000000);
 }
 
+int engine__job_revoked(struct job *j)
+{
+    const char *name = NULL;
+    const cJSON *v = NULL;
+    if (revoked_now(j->e, j->tm.id))
+        return 1;
+    if (!j->nmsgs || !revoked_stamps_match(&j->e->revoked_stamps,
+                                           engine__headers_of(j, j->msgs[0]), &name, &v))
+        return 0;
+    if (cJSON_IsString(v))
+        LOG(LOG_INFO, "%s[%s] revoked by header: %s=%s", job_name(j), j->tm.id, name,
+            v->valuestring);
+    else
+        LOG(LOG_INFO, "%s[%s] revoked by header: %s", job_name(j), j->tm.id, name);
+    return 1;
+}
+
 /* -------------------------------------------------------------- settling */
 
 /* Acks every delivery of the job and lets it go. */
@@ -416,7 +433,7 @@ static int revoke_if_due(struct job *j)
         engine__revoke_job(j, "expired", NULL);
         return 1;
     }
-    if (revoked_now(j->e, j->tm.id)) {
+    if (engine__job_revoked(j)) {
         engine__revoke_job(j, "revoked", NULL);
         return 1;
     }
@@ -1054,7 +1071,7 @@ static void check_job(struct job *j, const char *st, const char *value, size_t l
         engine__abandon(j);
         return;
     }
-    if (revoked_now(e, j->tm.id)) {
+    if (engine__job_revoked(j)) {
         engine__revoke_job(j, "revoked", NULL);
         return;
     }
@@ -1316,6 +1333,7 @@ struct engine *engine_new(const struct engine_config *cfg, const struct engine_o
     strmap_init(&e->task_limits);
     strmap_init(&e->totals);
     revoked_set_init(&e->revoked, ENGINE_REVOKES_MAX);
+    revoked_stamps_init(&e->revoked_stamps);
     if (engine__sched_init(e)) {
         engine_free(e);
         return NULL;
@@ -1346,6 +1364,7 @@ void engine_free(struct engine *e)
     strmap_each(&e->jobs, unmap_job_cb, NULL);
     strmap_release(&e->jobs);
     revoked_set_release(&e->revoked);
+    revoked_stamps_release(&e->revoked_stamps);
     strmap_each(&e->task_limits, free_value_cb, NULL);
     strmap_release(&e->task_limits);
     strmap_each(&e->totals, free_value_cb, NULL);

@@ -273,6 +273,14 @@ int engine_shutting_down(const struct engine *e);
  * is set and settled as REVOKED with its partial text. Returns 1 when a
  * running task was terminated, else 0. */
 int engine_revoke(struct engine *e, struct engine_now now, const char *id, int terminate);
+/* revoke_by_stamped_headers: remembers headers' values (an object name ->
+ * value or list; see revoked_stamps_add()), so that a job carrying one of
+ * them is settled as REVOKED when it arrives or would start. With terminate,
+ * the running jobs that carry one are aborted now, and each stamp that
+ * matched is added to terminated (an object name -> list; may be NULL).
+ * Returns revoked_stamps_add()'s code. */
+int engine_revoke_stamps(struct engine *e, struct engine_now now, const cJSON *headers,
+                         int terminate, cJSON *terminated);
 int engine_is_revoked(struct engine *e, const char *id, struct engine_now now);
 /* The REVOKED meta (TaskRevokedError "revoked", done now) a revoke stores at
  * once for an id with no job here, as Celery 5.6 workers do for every revoked

@@ -46,9 +46,10 @@ struct engine {
     int stopped; /* ops->stop called */
 
     struct revoked_set revoked;
-    struct strmap task_limits; /* task name -> struct task_limits */
-    struct strmap totals;      /* task name -> unsigned long * (stats "total") */
-    int rescan; /* fanout.c queued items while a schedule ran: schedule again */
+    struct revoked_stamps revoked_stamps; /* revoke_by_stamped_headers */
+    struct strmap task_limits;            /* task name -> struct task_limits */
+    struct strmap totals; /* task name -> unsigned long * (stats "total") */
+    int rescan;           /* fanout.c queued items while a schedule ran: schedule again */
 };
 
 /* A publish whose confirm the engine waits for. */
@@ -120,6 +121,8 @@ char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
 cJSON *engine__dead_letter_headers(struct job *j);
 cJSON *engine__headers_copy(struct job *j, const struct delivery *d);
 const cJSON *engine__headers_of(const struct job *j, const struct delivery *d);
+/* Whether j is revoked by id or by one of its stamps; logs which stamp. */
+int engine__job_revoked(struct job *j);
 void engine__outbound_of(struct outbound *o, const struct delivery *d,
                          const cJSON *headers);
 int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "util/alloc.h"
+#include "util/err.h"
 
 struct revoked_id {
     struct revoked_id *next;
@@ -89,4 +90,128 @@ void revoked_set_each(struct revoked_set *s, int64_t now_s,
     for (struct revoked_id *r = s->head; r; r = r->next)
         if (strmap_get(&s->ids, r->id) == r)
             fn(r->id, r->expires_epoch_s, arg);
+}
+
+/* ------------------------------------------------------- revoked stamps */
+
+void revoked_stamps_init(struct revoked_stamps *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+void revoked_stamps_release(struct revoked_stamps *s)
+{
+    cJSON_Delete(s->names);
+    memset(s, 0, sizeof(*s));
+}
+
+int revoked_value_in(const cJSON *list, const cJSON *v)
+{
+    const cJSON *x;
+    cJSON_ArrayForEach(x, list)
+    {
+        if (cJSON_Compare(x, v, 1))
+            return 1;
+    }
+    return 0;
+}
+
+static int add_value(struct revoked_stamps *s, cJSON *list, const cJSON *v)
+{
+    cJSON *copy;
+    if (revoked_value_in(list, v))
+        return 0;
+    if (s->nvalues >= REVOKED_STAMPS_MAX)
+        return CR_ETOOBIG;
+    copy = cJSON_Duplicate(v, 1);
+    if (!copy || !cJSON_AddItemToArray(list, copy)) {
+        cJSON_Delete(copy);
+        return CR_ENOMEM;
+    }
+    s->nvalues++;
+    return 0;
+}
+
+int revoked_stamps_add(struct revoked_stamps *s, const cJSON *headers)
+{
+    const cJSON *h;
+    int rc = 0;
+
+    if (!cJSON_IsObject(headers))
+        return CR_EINVAL;
+    if (!s->names && !(s->names = cJSON_CreateObject()))
+        return CR_ENOMEM;
+    cJSON_ArrayForEach(h, headers)
+    {
+        cJSON *list = cJSON_GetObjectItemCaseSensitive(s->names, h->string);
+        if (!list) {
+            list = cJSON_CreateArray();
+            if (!list || !cJSON_AddItemToObject(s->names, h->string, list)) {
+                cJSON_Delete(list);
+                return CR_ENOMEM;
+            }
+        }
+        if (cJSON_IsArray(h)) {
+            const cJSON *v;
+            cJSON_ArrayForEach(v, h)
+            {
+                int r = add_value(s, list, v);
+                if (r == CR_ENOMEM)
+                    return r;
+                if (r)
+                    rc = r;
+            }
+        } else {
+            int r = add_value(s, list, h);
+            if (r == CR_ENOMEM)
+                return r;
+            if (r)
+                rc = r;
+        }
+    }
+    return rc;
+}
+
+int revoked_stamps_match(const struct revoked_stamps *s, const cJSON *headers,
+                         const char **name, const cJSON **value)
+{
+    const cJSON *names = cJSON_GetObjectItemCaseSensitive(headers, "stamped_headers");
+    const cJSON *stamps = cJSON_GetObjectItemCaseSensitive(headers, "stamps");
+    const cJSON *n;
+
+    if (!s->nvalues || !cJSON_IsArray(names))
+        return 0;
+    cJSON_ArrayForEach(n, names)
+    {
+        const cJSON *list, *v;
+        if (!cJSON_IsString(n))
+            continue;
+        list = cJSON_GetObjectItemCaseSensitive(s->names, n->valuestring);
+        if (!list)
+            continue;
+        /* The first stamped header with revoked values decides, match or
+         * not, as in Celery. */
+        v = cJSON_GetObjectItemCaseSensitive(stamps, n->valuestring);
+        if (cJSON_IsArray(v)) {
+            const cJSON *x;
+            cJSON_ArrayForEach(x, v)
+            {
+                if (revoked_value_in(list, x)) {
+                    v = x;
+                    goto matched;
+                }
+            }
+            return 0;
+        }
+        if (v && revoked_value_in(list, v))
+            goto matched;
+        return 0;
+    matched:
+        if (name)
+            *name = n->valuestring;
+        if (value)
+            *value = v;
+        return 1;
+    }
+    return 0;
 }

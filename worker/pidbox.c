@@ -26,6 +26,8 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "engine/ratelimit.h"
+#include "engine/revoked.h"
+#include "protocol/pyjson.h"
 
 #define MAILBOX_EXCHANGE "celery.pidbox"
 #define REPLY_EXCHANGE "reply.celery.pidbox"
@@ -908,6 +910,136 @@ static int do_revoke(struct pidbox *pb, const cJSON *args, int terminate, const 
     return rc;
 }
 
+/* revoke_by_stamped_headers's headers as a dict: given as one, or as Celery's
+ * list of "name=value" strings (the value is what lies between the first '='
+ * and the next, as Python's split gives it). New object, or NULL (OOM or a
+ * list item that is not such a string: *bad set). */
+static cJSON *stamp_headers_arg(const cJSON *h, int *bad)
+{
+    const cJSON *it;
+    cJSON *out;
+    *bad = 0;
+    if (cJSON_IsObject(h))
+        return cJSON_Duplicate(h, 1);
+    if (!cJSON_IsArray(h) || !(out = cJSON_CreateObject())) {
+        *bad = cJSON_IsArray(h) ? 0 : 1;
+        return NULL;
+    }
+    cJSON_ArrayForEach(it, h)
+    {
+        const char *eq = cJSON_IsString(it) ? strchr(it->valuestring, '=') : NULL;
+        char name[256], value[1024];
+        size_t nl, vl;
+        if (!eq) {
+            *bad = 1;
+            cJSON_Delete(out);
+            return NULL;
+        }
+        nl = (size_t)(eq - it->valuestring);
+        vl = strcspn(eq + 1, "=");
+        if (nl >= sizeof(name) || vl >= sizeof(value)) {
+            *bad = 1;
+            cJSON_Delete(out);
+            return NULL;
+        }
+        memcpy(name, it->valuestring, nl);
+        name[nl] = '\0';
+        memcpy(value, eq + 1, vl);
+        value[vl] = '\0';
+        cJSON_DeleteItemFromObjectCaseSensitive(out, name); /* a later one wins */
+        if (!cJSON_AddStringToObject(out, name, value)) {
+            cJSON_Delete(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* Python's repr of {name: {values}} as Celery's defaultdict(set) prints it. */
+static int repr_stamp_sets(const cJSON *m, struct buf *b)
+{
+    const cJSON *n, *v;
+    int rc = buf_puts(b, "defaultdict(<class 'set'>, {");
+    cJSON_ArrayForEach(n, m)
+    {
+        cJSON key;
+        memset(&key, 0, sizeof(key));
+        key.type = cJSON_String;
+        key.valuestring = n->string;
+        if (!rc && n != m->child)
+            rc = buf_puts(b, ", ");
+        if (!rc)
+            rc = py_repr(&key, b, 0);
+        if (!rc)
+            rc = buf_puts(b, ": {");
+        cJSON_ArrayForEach(v, n)
+        {
+            if (!rc && v != n->child)
+                rc = buf_puts(b, ", ");
+            if (!rc)
+                rc = py_repr(v, b, 0);
+        }
+        if (!rc)
+            rc = buf_putc(b, '}');
+    }
+    if (!rc)
+        rc = buf_puts(b, "})");
+    return rc;
+}
+
+/* Celery 5.3+: revoke every task stamped with one of these values. Stamps are
+ * kept in memory (bounded), as Celery keeps them; nothing is stored in the
+ * result backend until a stamped task arrives or would start. */
+static int cmd_revoke_by_stamped_headers(struct pidbox *pb, const cJSON *args,
+                                         cJSON **reply)
+{
+    const struct worker_ctx *w = pb->w;
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(args, "headers");
+    cJSON *headers, *terminated = NULL;
+    int terminate = 0, bad, rc;
+    struct buf b, r;
+
+    if (!h)
+        return missing("revoke_by_stamped_headers", "headers", reply);
+    headers = stamp_headers_arg(h, &bad);
+    if (!headers)
+        return bad ? bad_type("revoke_by_stamped_headers", "headers", reply) : CR_ENOMEM;
+    pidbox_arg_bool(args, "terminate", &terminate);
+    if (terminate && !(terminated = cJSON_CreateObject())) {
+        cJSON_Delete(headers);
+        return CR_ENOMEM;
+    }
+    rc = engine_revoke_stamps(w->engine, worker_ctx_now(w), headers, terminate,
+                              terminated);
+    if (rc == CR_ETOOBIG)
+        LOG(LOG_WARNING,
+            "revoke_by_stamped_headers: over %d revoked stamps kept; "
+            "the newest were not added",
+            REVOKED_STAMPS_MAX);
+    buf_init(&b);
+    buf_init(&r);
+    rc = rc == CR_ENOMEM ? rc : py_repr(headers, &r, 0);
+    if (!rc && !terminate)
+        rc = buf_printf(&b, "headers %s flagged as revoked, but not terminated", r.data);
+    else if (!rc && !terminated->child)
+        rc = buf_printf(&b, "headers %s were not terminated", r.data);
+    else if (!rc) {
+        buf_reset(&r);
+        rc = repr_stamp_sets(terminated, &r);
+        if (!rc)
+            rc = buf_printf(&b, "headers %s revoked", r.data);
+    }
+    if (!rc) {
+        LOG(LOG_INFO, "Tasks flagged as revoked by stamp: %s", r.data);
+        rc = ok_reply(b.data, reply);
+    }
+    buf_release(&b);
+    buf_release(&r);
+    cJSON_Delete(headers);
+    cJSON_Delete(terminated);
+    return rc;
+}
+
 static int cmd_revoke(struct pidbox *pb, const cJSON *args, cJSON **reply)
 {
     int terminate = 0;
@@ -1180,6 +1312,7 @@ static const struct command {
     {"objgraph", cmd_unsupported},
     /* control */
     {"revoke", cmd_revoke},
+    {"revoke_by_stamped_headers", cmd_revoke_by_stamped_headers},
     {"terminate", cmd_terminate},
     {"enable_events", cmd_enable_events},
     {"disable_events", cmd_disable_events},

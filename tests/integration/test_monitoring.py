@@ -586,6 +586,50 @@ def test_revoke_of_an_unseen_id_stores_revoked_at_once(env, tmp_path):
     assert r.state == "REVOKED"
 
 
+def test_revoke_by_stamped_headers(env):
+    # Celery 5.3+'s revoke_by_stamped_headers, with its reply shapes: queued
+    # and arriving tasks carrying a revoked stamp are discarded as REVOKED,
+    # others run; with terminate, a running one is ended, and the reply names
+    # the stamps that matched. Stamps go as Celery 5.3+ producers send them,
+    # as the stamped_headers and stamps message headers.
+    w = env.worker("-c", "1", "--prefetch-multiplier", "4")
+    node = node_of(w)
+
+    def stamped(prompt, **stamps):
+        return env.app.send_task("llm.generate", args=[prompt], headers={
+            "stamped_headers": list(stamps), "stamps": stamps})
+
+    env.fake.script(["hold=st;tokens=3"])
+    running = stamped("running", mtask_id="run-1")
+    wait_until(lambda: len(env.fake.stats()) >= 1, 10, what="the first call running")
+    queued = stamped("queued", mtask_id="q-1")
+    other = stamped("other", mtask_id="keep")
+    listed = stamped("listed", batch=["b-0", "b-9"])
+    reply = call(env, node, "revoke_by_stamped_headers",
+                 headers={"mtask_id": ["q-1", "late-1"], "batch": "b-9"})
+    assert reply == {"ok": "headers {'mtask_id': ['q-1', 'late-1'], 'batch': 'b-9'} "
+                           "flagged as revoked, but not terminated"}, reply
+    # a list of "name=value" strings, as Celery also accepts
+    reply = call(env, node, "revoke_by_stamped_headers", headers=["origin=cli"])
+    assert reply == {"ok": "headers {'origin': 'cli'} flagged as revoked, "
+                           "but not terminated"}, reply
+    late = stamped("late", mtask_id="late-1")
+    reply = call(env, node, "revoke_by_stamped_headers", headers={"mtask_id": "run-1"},
+                 terminate=True)
+    assert reply == {"ok": "headers defaultdict(<class 'set'>, {'mtask_id': {'run-1'}}) "
+                           "revoked"}, reply
+    reply = call(env, node, "revoke_by_stamped_headers", headers={"mtask_id": "none"},
+                 terminate=True)
+    assert reply == {"ok": "headers {'mtask_id': 'none'} were not terminated"}, reply
+    for r in (running, queued, listed, late):
+        wait_until(lambda: (env.meta(r.id) or {}).get("status") == "REVOKED", 20,
+                   what="%s REVOKED" % r.id)
+    assert other.get(timeout=20)
+    w.wait_for(r"revoked by header: mtask_id=q-1", 5)
+    prompts = [json.dumps(s["body"]) for s in env.fake.stats()]
+    assert not any(p in " ".join(prompts) for p in ('"queued"', '"listed"', '"late"'))
+
+
 # ----------------------------------------------------------------- metrics
 
 def test_metrics_endpoint_matches_the_work_done(env):
