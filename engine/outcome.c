@@ -155,6 +155,11 @@ char *engine_job_meta(struct job *j, const char *status, const cJSON *result,
         rm.worker = cfg->hostname;
         rm.retries = j->tm.retries;
         rm.queue = j->nmsgs ? j->msgs[0]->routing_key : NULL;
+        if (j->nmsgs) {
+            const cJSON *h = engine__headers_of(j, j->msgs[0]);
+            rm.stamped_headers = cJSON_GetObjectItemCaseSensitive(h, "stamped_headers");
+            rm.stamps = cJSON_GetObjectItemCaseSensitive(h, "stamps");
+        }
     }
     return result_meta_encode(&rm);
 }

@@ -19,6 +19,33 @@ static int put_str_or_null(struct buf *b, const char *s)
     return s ? py_json_string(b, s) : buf_puts(b, "null");
 }
 
+/* Celery's request_meta['stamped_headers'] = ...; request_meta.update(stamps). */
+static int put_stamps(struct buf *b, const struct result_meta *m)
+{
+    static const char *const taken[] = {
+        "status", "result",  "traceback", "children",  "date_done",
+        "name",   "args",    "kwargs",    "worker",    "retries",
+        "queue",  "task_id", "group_id",  "parent_id", "stamped_headers"};
+    const cJSON *s;
+    int rc = put_key(b, "stamped_headers", 0);
+    if (!rc)
+        rc = m->stamped_headers ? py_json_dumps(m->stamped_headers, b)
+                                : buf_puts(b, "null");
+    cJSON_ArrayForEach(s, m->stamps)
+    {
+        size_t i;
+        for (i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+            if (!strcmp(s->string, taken[i]))
+                break;
+        if (rc || i < sizeof(taken) / sizeof(taken[0]))
+            continue;
+        if (!(rc = buf_puts(b, ", ")) && !(rc = py_json_string(b, s->string)) &&
+            !(rc = buf_puts(b, ": ")))
+            rc = py_json_dumps(s, b);
+    }
+    return rc;
+}
+
 char *result_meta_encode(const struct result_meta *m)
 {
     struct buf b;
@@ -63,6 +90,8 @@ char *result_meta_encode(const struct result_meta *m)
             rc = buf_printf(&b, "%d", m->retries);
         if (!rc && !(rc = put_key(&b, "queue", 0)))
             rc = put_str_or_null(&b, m->queue);
+        if (!rc && cJSON_IsObject(m->stamps) && m->stamps->child)
+            rc = put_stamps(&b, m);
     }
     if (!rc && !(rc = put_key(&b, "task_id", 0)))
         rc = put_str_or_null(&b, m->task_id);

@@ -29,11 +29,18 @@ struct result_meta {
     const char *worker;
     int retries;
     const char *queue;
+    /* Celery 5.3+: the message's stamped_headers (any JSON) and stamps (an
+     * object), written after queue when stamps is a non-empty object: then
+     * stamped_headers, and each stamp as a key of its own (a stamp named as
+     * one of the keys above is left out: Celery would overwrite that key). */
+    const cJSON *stamped_headers;
+    const cJSON *stamps;
 };
 
 /* Returns a new JSON text (cr_free) with the keys Celery writes, in Celery's
  * order (status, result, traceback, children, date_done, [group_id, parent_id,]
- * [name, args, kwargs, worker, retries, queue,] task_id), or NULL on OOM. */
+ * [name, args, kwargs, worker, retries, queue, [stamped_headers, stamps...]]
+ * task_id), or NULL on OOM. */
 char *result_meta_encode(const struct result_meta *m);
 
 /* Returns a new exception object {"exc_type", "exc_message": [message],

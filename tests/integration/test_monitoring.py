@@ -630,6 +630,23 @@ def test_revoke_by_stamped_headers(env):
     assert not any(p in " ".join(prompts) for p in ('"queued"', '"listed"', '"late"'))
 
 
+def test_extended_result_carries_stamps(env):
+    # Celery 5.3+ with result_extended: the stamped headers and each stamp in
+    # the meta, after queue and before task_id, through a retry too
+    w = env.worker("--result-extended")
+    env.fake.script(["status=503", "tokens=2"])
+    r = env.app.send_task("llm.generate", args=["stamped"], headers={
+        "stamped_headers": ["mtask_id", "batch"],
+        "stamps": {"mtask_id": "m-1", "batch": ["b1", "b2"]}})
+    assert r.get(timeout=30)
+    raw = env.redis.get("celery-task-meta-" + r.id).decode()
+    meta = json.loads(raw)
+    assert meta["retries"] == 1, meta
+    assert meta["stamped_headers"] == ["mtask_id", "batch"]
+    assert meta["mtask_id"] == "m-1" and meta["batch"] == ["b1", "b2"]
+    assert raw.index('"queue"') < raw.index('"stamped_headers"') < raw.index('"task_id"')
+
+
 # ----------------------------------------------------------------- metrics
 
 def test_metrics_endpoint_matches_the_work_done(env):

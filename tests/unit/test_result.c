@@ -592,6 +592,52 @@ START_TEST(test_meta_extended)
 }
 END_TEST
 
+START_TEST(test_meta_extended_stamps)
+{
+    /* Celery 5.3+: stamped_headers, then each stamp as a key, before task_id;
+     * a stamp named like a key Celery writes is left out; empty stamps add
+     * nothing. */
+    struct ext_inputs in;
+    cJSON *names = parse("[\"m\", \"queue\"]");
+    cJSON *stamps = parse("{\"m\": [\"a\", 1], \"queue\": \"x\", \"b\": null}");
+    cJSON *none = parse("{}");
+    struct result_meta m;
+    char *out;
+    ext_init(&in);
+    m = (struct result_meta){.task_id = "t1",
+                             .status = "SUCCESS",
+                             .result = in.res,
+                             .date_done_us = -1,
+                             .extended = 1,
+                             .name = "n",
+                             .args = in.args,
+                             .kwargs = in.kwargs,
+                             .worker = "w",
+                             .queue = "celery",
+                             .stamped_headers = names,
+                             .stamps = stamps};
+    out = result_meta_encode(&m);
+    ck_assert_ptr_nonnull(strstr(out,
+                                 "\"queue\": \"celery\", \"stamped_headers\": [\"m\", "
+                                 "\"queue\"], \"m\": [\"a\", 1], \"b\": null, "
+                                 "\"task_id\": \"t1\"}"));
+    cr_free(out);
+    m.stamps = none;
+    out = result_meta_encode(&m);
+    ck_assert_ptr_null(strstr(out, "stamped_headers"));
+    cr_free(out);
+    m.stamps = stamps;
+    m.extended = 0;
+    out = result_meta_encode(&m);
+    ck_assert_ptr_null(strstr(out, "stamped_headers"));
+    cr_free(out);
+    cJSON_Delete(names);
+    cJSON_Delete(stamps);
+    cJSON_Delete(none);
+    ext_release(&in);
+}
+END_TEST
+
 START_TEST(test_meta_group_parent)
 {
     cJSON *res = cJSON_CreateString("ok");
@@ -834,6 +880,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_meta_started);
     tcase_add_test(tc, test_meta_revoked);
     tcase_add_test(tc, test_meta_extended);
+    tcase_add_test(tc, test_meta_extended_stamps);
     tcase_add_test(tc, test_meta_group_parent);
     tcase_add_test(tc, test_exc_new);
     tcase_add_test(tc, test_meta_status);
