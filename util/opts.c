@@ -37,34 +37,15 @@ static void list_clear(struct opts_list *l)
 
 /* Appends the comma-separated items of v ("a,b" as in `celery worker -Q a,b`;
  * empty items are skipped). */
-static int list_add(const struct opt *o, struct opts_list *l, const char *v,
-                    struct cr_err *err)
+/* Appends the items of v to l: split at sep ('\0': v whole), empty items
+ * skipped; with trim_cr, a '\r' ending an item is dropped (lines written on
+ * Windows). */
+static int split_add(const struct opt *o, struct opts_list *l, const char *v, char sep,
+                     int trim_cr, struct cr_err *err)
 {
     while (*v) {
-        size_t n = strcspn(v, ",");
-        if (n) {
-            if (l->n >= OPTS_MAX_LIST)
-                return cr_err_set(err, CR_EINVAL, "too many values for --%s", o->name);
-            l->items[l->n] = cr_strndup(v, n);
-            if (!l->items[l->n])
-                return cr_err_set(err, CR_ENOMEM, "out of memory");
-            l->n++;
-        }
-        v += n;
-        if (*v == ',')
-            v++;
-    }
-    return 0;
-}
-
-/* Appends v to an OPTS_LINES list: whole, or (from the environment) split
- * into lines. */
-static int lines_add(const struct opt *o, struct opts_list *l, const char *v, int split,
-                     struct cr_err *err)
-{
-    while (*v) {
-        size_t n = split ? strcspn(v, "\n") : strlen(v), m = n;
-        if (split && m && v[m - 1] == '\r')
+        size_t n = sep ? strcspn(v, (char[]){sep, '\0'}) : strlen(v), m = n;
+        if (trim_cr && m && v[m - 1] == '\r')
             m--;
         if (m) {
             if (l->n >= OPTS_MAX_LIST)
@@ -75,10 +56,24 @@ static int lines_add(const struct opt *o, struct opts_list *l, const char *v, in
             l->n++;
         }
         v += n;
-        if (*v == '\n')
+        if (sep && *v == sep)
             v++;
     }
     return 0;
+}
+
+static int list_add(const struct opt *o, struct opts_list *l, const char *v,
+                    struct cr_err *err)
+{
+    return split_add(o, l, v, ',', 0, err);
+}
+
+/* Appends v to an OPTS_LINES list: whole, or (from the environment) split
+ * into lines. */
+static int lines_add(const struct opt *o, struct opts_list *l, const char *v, int split,
+                     struct cr_err *err)
+{
+    return split_add(o, l, v, split ? '\n' : '\0', split, err);
 }
 
 /* Applies one value. `replace` clears a list first (the default, the
