@@ -900,21 +900,24 @@ static int no_idle_connection(const struct llm_client *c, const char *url)
     return c->nsockets <= c->nactive && !strncmp(url, "http://", 7);
 }
 
-/* Whether a new connection (see no_idle_connection()) is kept for reuse when
- * its call ends. libcurl 7.88 walks its connection cache from the oldest
- * connection on every curl_multi_remove_handle() until it meets the one the
- * call used (close_connect_only() in lib/multi.c), so with thousands of
- * connections kept each finished call walks half of them. Past
- * keep_connections calls in flight, a call that needs a new connection closes
- * it when done (CURLOPT_FORBID_REUSE): a connect per call, which costs the
- * same at any size, against a walk that grows with every connection kept
- * (figures: docs/benchmarks.md). */
-static int keep_connection(const struct llm_client *c)
+/* Whether a call's connection (new or reused) is kept for reuse when the call
+ * ends. libcurl 7.88 walks its connection cache from the oldest connection on
+ * every curl_multi_remove_handle() until it meets the one the call used
+ * (close_connect_only() in lib/multi.c), so with thousands of connections
+ * kept each finished call walks half of them. Past keep_connections calls in
+ * flight, a plain-HTTP call closes its connection when done
+ * (CURLOPT_FORBID_REUSE): a connect per call, which costs the same at any
+ * size, against a walk that grows with every connection kept (figures:
+ * docs/benchmarks.md). Any call, not only one that connected: a reused or
+ * searched-then-new connection kept past the limit grows the set all the same
+ * when calls overlap in waves. HTTPS keeps its connections, for HTTP/2 and
+ * TLS reuse. */
+static int keep_connection(const struct llm_client *c, const char *url)
 {
     /* Calls in flight rather than sockets: libcurl opens a call's socket
      * only on its next turn, so a burst submitted in one go would all see
      * the same socket count. */
-    return c->nactive < (size_t)c->cfg.keep_connections;
+    return strncmp(url, "http://", 7) || c->nactive < (size_t)c->cfg.keep_connections;
 }
 
 struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
@@ -977,8 +980,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETDATA, c);
     fresh = no_idle_connection(c, rq->url);
     curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT, (long)fresh);
-    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE,
-                     (long)(!strncmp(rq->url, "http://", 7) && !keep_connection(c)));
+    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, (long)!keep_connection(c, rq->url));
 
     if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
         goto oom;
