@@ -22,7 +22,12 @@ fake_rc=$?
 tail -n 1 "$dir/fake_llm.log"
 
 cd "$root/tests/integration"
-/usr/bin/python3 -m pytest -p no:cacheprovider -q -ra --durations=10 "$@"
-rc=$?
+# The log is re-read at the end so that what failed is the last thing CI's tail shows.
+/usr/bin/python3 -m pytest -p no:cacheprovider -q -ra --durations=10 "$@" 2>&1 | tee "$dir/pytest.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" -ne 0 ]; then
+    echo "===== integration: what did not pass ====="
+    grep -E '^(FAILED|ERROR) |(passed|failed|error).* in [0-9.]+s' "$dir/pytest.log" | tail -n 40
+fi
 [ $fake_rc -ne 0 ] && { tail -n 30 "$dir/fake_llm.log"; rc=1; }
 exit $rc
