@@ -85,7 +85,7 @@ static int rpc_ok(amqp_connection_state_t c, const char *what)
     return 0;
 }
 
-static amqp_connection_state_t open_conn(const char *url)
+static amqp_connection_state_t open_one(const char *url)
 {
     struct amqp_url u;
     struct cr_err err;
@@ -118,6 +118,26 @@ static amqp_connection_state_t open_conn(const char *url)
         amqp_destroy_connection(c);
         return NULL;
     }
+    return c;
+}
+
+/* A failover list: the first node that answers, in the order given. */
+static amqp_connection_state_t open_conn(const char *url)
+{
+    struct amqp_url_list *l = cr_malloc(sizeof(*l));
+    struct cr_err err;
+    amqp_connection_state_t c = NULL;
+
+    if (!l)
+        return NULL;
+    if (amqp_url_list_parse(url, l, &err)) {
+        fprintf(stderr, "celeriac dlq: %s\n", err.msg);
+        free(l);
+        return NULL;
+    }
+    for (int i = 0; !c && i < l->n; i++)
+        c = open_one(l->url[i]);
+    free(l);
     return c;
 }
 

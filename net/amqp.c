@@ -26,6 +26,7 @@
 #include "protocol/amqp_json.h"
 #include "protocol/delayed.h"
 #include "util/alloc.h"
+#include "util/rand.h"
 
 /* Channels of the consuming connection. */
 #define CHANNEL 1
@@ -130,6 +131,13 @@ struct amqp_broker {
      * the stats channel receives no deliveries. */
     struct ack_batch acks;
     int64_t reconnect_delay_ms;
+    /* The failover list (one URL when not a cluster): urls.url[node] is the
+     * node used now or tried next; a failed attempt or a lost connection
+     * moves on, as kombu's Connection does with its alternates. */
+    struct amqp_url_list urls;
+    int node;
+    enum amqp_failover failover;
+    uint64_t rng;
 
     struct consumer consumers[MAX_CONSUMERS];
     int nconsumers;
@@ -369,6 +377,25 @@ static amqp_table_t task_queue_args(const struct amqp_broker *b,
     return t;
 }
 
+/* A durable queue of ours (dead letters, park queues) on CHANNEL: declared
+ * with args, or, when it exists with other arguments (classic from before a
+ * switch to quorum, or the reverse), used as it is, with one warning. */
+static int declare_queue_or_use(struct amqp_broker *b, const char *name,
+                                amqp_table_t args, struct cr_err *err)
+{
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(name), 0, 1, 0, 0, args);
+    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err) == 0)
+        return 0;
+    if (err->code != CR_EPEER || !strstr(err->msg, "PRECONDITION_FAILED"))
+        return err->code;
+    LOG(LOG_WARNING, "queue '%s' exists with other arguments; using it as it is (%s)",
+        name, err->msg);
+    if (reopen_channel(b, err))
+        return err->code;
+    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(name), 1, 0, 0, 0, amqp_empty_table);
+    return reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err);
+}
+
 /* Declares a custom queue (pidbox, add_consumer) with its arguments. With
  * wait = 0 the methods go out without waiting (run time, never blocks); a
  * refusal then closes the channel and the reconnect declares again. */
@@ -409,10 +436,16 @@ static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, i
         }
     }
     if (wait) {
-        amqp_queue_declare(b->cons.conn, ch, cstr(q->name), 0, q->durable, q->exclusive,
-                           q->auto_delete, args);
-        if ((rc = reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err)))
-            goto out;
+        if (ch == CHANNEL && q->durable && !q->exclusive && !q->auto_delete) {
+            if ((rc = declare_queue_or_use(b, q->name, args, err)))
+                goto out;
+        } else {
+            amqp_queue_declare(b->cons.conn, ch, cstr(q->name), 0, q->durable,
+                               q->exclusive, q->auto_delete, args);
+            if ((rc =
+                     reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err)))
+                goto out;
+        }
         if (q->exchange && *q->exchange) {
             amqp_queue_bind(b->cons.conn, ch, cstr(q->name), cstr(q->exchange),
                             cstr(q->routing_key ? q->routing_key : ""), amqp_empty_table);
@@ -508,6 +541,7 @@ static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q,
 static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
+    amqp_table_entry_t qt;
     if (!b->cfg.dlx)
         return 0;
     amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0,
@@ -517,9 +551,9 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
                           b->cfg.dlx, e2.msg);
     if (!b->cfg.dlq)
         return 0;
-    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), 0, 1, 0, 0,
-                       amqp_empty_table);
-    if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", &e2))
+    /* Quorum with the task queues: a classic queue lives on one node, and
+     * with that node gone no other node lets the worker declare it. */
+    if (declare_queue_or_use(b, b->cfg.dlq, task_queue_args(b, &qt), &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
     amqp_queue_bind(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),
@@ -931,15 +965,21 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 
 static void on_timer(uv_timer_t *t);
 
+/* After a failed attempt or a lost connection: the next node of the list. */
+static void next_node(struct amqp_broker *b)
+{
+    b->node = amqp_failover_next(b->failover, b->urls.n, b->node, cr_xorshift64(&b->rng));
+}
+
 static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
 {
     struct amqp_url u;
     char redacted[512];
     struct cr_err e2;
 
-    redact_url(b->cfg.url, redacted, sizeof(redacted));
+    redact_url(b->urls.url[b->node], redacted, sizeof(redacted));
     teardown(b);
-    if (amqp_url_parse(b->cfg.url, &u, &e2))
+    if (amqp_url_parse(b->urls.url[b->node], &u, &e2))
         return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted,
                           e2.msg);
     snprintf(b->peer, sizeof(b->peer), "%s:%d", u.host, u.port);
@@ -975,12 +1015,17 @@ static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
     } else {
         uv_timer_stop(&b->timer);
     }
-    LOG(LOG_INFO, "Connected to %s", redacted);
+    if (b->urls.n > 1)
+        LOG(LOG_WARNING, "Connected to %s (node %d of %d in the failover list)", redacted,
+            b->node + 1, b->urls.n);
+    else
+        LOG(LOG_INFO, "Connected to %s", redacted);
     if (b->on_conn)
         b->on_conn(&b->base, 1, b->privdata);
     return 0;
 fail:
     teardown(b);
+    next_node(b);
     return cr_err_set(err, e2.code, "cannot connect to broker '%s': %s", redacted,
                       e2.msg);
 }
@@ -1057,6 +1102,7 @@ static void connection_lost(struct amqp_broker *b, const char *why)
         return;
     LOG(LOG_ERROR, "consumer: connection to broker lost: %s; reconnecting", why);
     teardown(b);
+    next_node(b);
     fail_all_confirms(b);
     if (b->on_conn)
         b->on_conn(&b->base, 0, b->privdata);
@@ -1981,9 +2027,19 @@ static void rmq_free(struct amqp_broker *b)
 #define A(b) ((struct amqp_broker *)(b))
 #define CA(b) ((const struct amqp_broker *)(b))
 
+/* At start-up every node of a failover list gets one try, in the strategy's
+ * order, before the worker gives up: a cluster with one node down still
+ * starts. Each failure is said; the last one is returned. */
 static int v_connect(struct broker *b, struct cr_err *err)
 {
-    return rmq_connect(A(b), err);
+    int n = A(b)->urls.n;
+    for (int i = 0;; i++) {
+        if (rmq_connect(A(b), err) == 0)
+            return 0;
+        if (i + 1 >= n)
+            return err->code;
+        LOG(LOG_ERROR, "consumer: %s; trying the next node", err->msg);
+    }
 }
 static int v_connected(const struct broker *b)
 {
@@ -2099,5 +2155,11 @@ struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
         return NULL;
     }
     b->base.vt = &amqp_vtab;
+    if (amqp_url_list_parse(cfg->url, &b->urls, err) ||
+        amqp_failover_parse(cfg->failover_strategy, &b->failover, err)) {
+        rmq_free(b);
+        return NULL;
+    }
+    b->rng = uv_hrtime() ^ ((uint64_t)(uintptr_t)b << 16);
     return &b->base;
 }

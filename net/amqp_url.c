@@ -91,3 +91,58 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     }
     return 0;
 }
+
+int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err *err)
+{
+    struct amqp_url u;
+    struct cr_err e2;
+
+    out->n = 0;
+    for (int i = 1;; i++) {
+        size_t n = strcspn(s, ";");
+        const char *b = s, *e = s + n;
+        while (b < e && (*b == ' ' || *b == '\t'))
+            b++;
+        while (e > b && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if (b == e)
+            return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is empty", i);
+        if (out->n == AMQP_URL_LIST_MAX)
+            return cr_err_set(err, CR_EINVAL, "broker URL list: more than %d URLs",
+                              AMQP_URL_LIST_MAX);
+        if ((size_t)(e - b) >= AMQP_URL_MAX_LEN)
+            return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is too long", i);
+        memcpy(out->url[out->n], b, (size_t)(e - b));
+        out->url[out->n][e - b] = '\0';
+        if (amqp_url_parse(out->url[out->n], &u, &e2))
+            return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d: %s", i, e2.msg);
+        out->n++;
+        if (!s[n])
+            return 0;
+        s += n + 1;
+    }
+}
+
+int amqp_failover_parse(const char *name, enum amqp_failover *out, struct cr_err *err)
+{
+    if (!name || !*name || !strcmp(name, "round-robin") || !strcmp(name, "round_robin")) {
+        *out = AMQP_FAILOVER_ROUND_ROBIN;
+        return 0;
+    }
+    if (!strcmp(name, "shuffle")) {
+        *out = AMQP_FAILOVER_SHUFFLE;
+        return 0;
+    }
+    return cr_err_set(err, CR_EINVAL,
+                      "invalid broker failover strategy '%s' (round-robin or shuffle)",
+                      name);
+}
+
+int amqp_failover_next(enum amqp_failover s, int n, int cur, uint64_t rnd)
+{
+    if (n <= 1)
+        return 0;
+    if (s == AMQP_FAILOVER_SHUFFLE)
+        return (int)((cur + 1 + (int)(rnd % (uint64_t)(n - 1))) % n);
+    return (cur + 1) % n;
+}

@@ -75,7 +75,11 @@ struct broker_props {
 };
 
 struct broker_config {
-    const char *url;     /* amqp://user:pass@host:port/vhost, or redis://... */
+    const char *url; /* amqp://user:pass@host:port/vhost, or redis://...; AMQP
+                      * also takes a failover list "amqp://a;amqp://b" */
+    /* AMQP: Celery's broker_failover_strategy for a URL list, "round-robin"
+     * (NULL: the default) or "shuffle"; broker_new() refuses others. */
+    const char *failover_strategy;
     char *const *queues; /* names to declare and consume */
     int nqueues;
     int prefetch_count;          /* basic.qos; 0 = unlimited */

@@ -125,19 +125,45 @@ size_t redact_str(const struct redact *r, char *s)
     return n;
 }
 
+/* One URL of [url, end): written at out + *o with its password hidden. */
+static void redact_one(const char *url, const char *end, char *out, size_t size,
+                       size_t *o)
+{
+    const char *scheme = memmem(url, (size_t)(end - url), "://", 3);
+    const char *at = NULL, *colon = NULL;
+    int w;
+
+    if (scheme) {
+        at = memchr(scheme + 3, '@', (size_t)(end - scheme - 3));
+        colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
+    }
+    if (*o >= size)
+        return;
+    if (colon)
+        w = snprintf(out + *o, size - *o, "%.*s:**%.*s", (int)(colon - url), url,
+                     (int)(end - at), at);
+    else
+        w = snprintf(out + *o, size - *o, "%.*s", (int)(end - url), url);
+    *o += w > 0 ? (size_t)w : 0;
+}
+
+/* A failover list "amqp://u:p@a;amqp://u:p@b" is redacted URL by URL. */
 void redact_url(const char *url, char *out, size_t size)
 {
-    const char *scheme = strstr(url, "://");
-    const char *at, *colon;
-    if (!scheme) {
-        snprintf(out, size, "%s", url);
+    size_t o = 0;
+
+    if (!size)
         return;
+    out[0] = '\0';
+    for (;;) {
+        const char *end = url + strcspn(url, ";");
+        redact_one(url, end, out, size, &o);
+        if (!*end || o + 1 >= size)
+            break;
+        out[o++] = ';';
+        out[o] = '\0';
+        url = end + 1;
     }
-    at = strchr(scheme + 3, '@');
-    colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
-    if (!colon) {
-        snprintf(out, size, "%s", url);
-        return;
-    }
-    snprintf(out, size, "%.*s:**%s", (int)(colon - url), url, at);
+    if (o >= size)
+        out[size - 1] = '\0';
 }

@@ -54,7 +54,7 @@ size_t redact_str(const struct redact *r, char *s);
 /* Writes url into out (size bytes, truncated and NUL-terminated) with the
  * password of its credentials, the text between the user's ':' and the '@',
  * replaced by "**": "amqp://guest:**@host//". A URL without ':' in its
- * credentials is written as it is. */
+ * credentials is written as it is; each URL of a ';' list is redacted. */
 void redact_url(const char *url, char *out, size_t size);
 
 #endif

@@ -2,10 +2,12 @@
 #include "config.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "llm/llm_client.h"
+#include "net/amqp_url.h"
 #include "net/broker.h"
 #include "net/redis.h"
 #include "net/results.h"
@@ -63,6 +65,10 @@ static const struct opt opts[] = {
     {"queue-type", 0, "CELERIAC_QUEUE_TYPE", OPTS_STR, OFF(queue_type), "classic", 0, 0,
      "classic or quorum: how -Q queues are declared (Celery's task_default_queue_type); "
      "quorum consumes with per-consumer QoS"},
+    {"broker-failover-strategy", 0, "CELERIAC_BROKER_FAILOVER_STRATEGY", OPTS_STR,
+     OFF(broker_failover_strategy), "round-robin", 0, 0,
+     "round-robin or shuffle: the order a broker URL list 'amqp://a;amqp://b' is tried "
+     "in, on connect and on every reconnect (Celery's broker_failover_strategy)"},
     {"delayed-delivery", 0, "CELERIAC_DELAYED_DELIVERY", OPTS_STR, OFF(delayed_delivery),
      "auto", 0, 0,
      "auto, on or off: declare RabbitMQ's native delayed delivery (celery_delayed_*) "
@@ -276,6 +282,15 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         !broker_url_is_redis(cfg->broker))
         return cr_err_set(err, CR_EINVAL,
                           "unsupported broker URL scheme (want amqp:// or redis://)");
+    if (!broker_url_is_redis(cfg->broker)) {
+        struct amqp_url_list *l = cr_malloc(sizeof(*l));
+        enum amqp_failover f;
+        int rc = !l ? cr_err_set(err, CR_ENOMEM, "out of memory")
+                    : amqp_url_list_parse(cfg->broker, l, err);
+        free(l);
+        if (rc || amqp_failover_parse(cfg->broker_failover_strategy, &f, err))
+            return err->code;
+    }
     if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))
         return cr_err_set(err, CR_EINVAL,
                           "--broker-transport-options is for a Redis broker");
@@ -377,9 +392,16 @@ int config_secrets(const struct config *cfg, struct redact *r)
         v += strspn(v, " \t");
         rc = redact_add_str(r, v);
     }
-    if (!rc && cfg->broker)
-        /* redis://secret@host: a Redis URL's user part may be a password */
-        rc = add_url_secrets(r, cfg->broker, broker_url_is_redis(cfg->broker), 0);
+    /* redis://secret@host: a Redis URL's user part may be a password. A
+     * failover list (amqp://a;amqp://b, sentinel://a;sentinel://b) URL by URL. */
+    for (const char *u = cfg->broker; !rc && u && *u;) {
+        size_t n = strcspn(u, ";");
+        char *one = cr_strndup(u, n);
+        rc = one ? add_url_secrets(r, one, broker_url_is_redis(cfg->broker), 0)
+                 : CR_ENOMEM;
+        free(one);
+        u += n + (u[n] == ';');
+    }
     if (!rc && cfg->result_backend)
         rc = add_url_secrets(r, cfg->result_backend, 1, 0);
     if (!rc && cfg->result_backend) {

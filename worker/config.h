@@ -35,9 +35,10 @@ struct config {
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
     int prefetch_multiplier;
-    char *queue_order;      /* "fair" or "strict" (see enum engine_queue_order) */
-    char *queue_type;       /* "classic" or "quorum" */
-    char *delayed_delivery; /* "auto", "on" or "off" */
+    char *queue_order;              /* "fair" or "strict" (see enum engine_queue_order) */
+    char *queue_type;               /* "classic" or "quorum" */
+    char *broker_failover_strategy; /* "round-robin" or "shuffle" */
+    char *delayed_delivery;         /* "auto", "on" or "off" */
     double delayed_delivery_horizon; /* seconds an eta may be held here */
     int delivery_limit;              /* x-delivery-count bound; 0: none */
     struct opts_list aliases;        /* NAME=TASK */

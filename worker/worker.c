@@ -495,7 +495,16 @@ static int declare_park_queues(struct worker *w)
             !cJSON_AddNumberToObject(args, "x-message-ttl",
                                      (double)(int64_t)(w->cfg->park_after * 1000)) ||
             !cJSON_AddStringToObject(args, "x-dead-letter-exchange", "") ||
-            !cJSON_AddStringToObject(args, "x-dead-letter-routing-key", q)) {
+            !cJSON_AddStringToObject(args, "x-dead-letter-routing-key", q) ||
+            /* Quorum like the task queues: a classic park queue would live on
+             * one node, and a cluster that lost it would refuse the worker
+             * everywhere. At-least-once, so the node that dead-letters a parked
+             * message back cannot drop it. */
+            (!strcmp(w->cfg->queue_type, "quorum") &&
+             (!cJSON_AddStringToObject(args, "x-queue-type", "quorum") ||
+              !cJSON_AddStringToObject(args, "x-overflow", "reject-publish") ||
+              !cJSON_AddStringToObject(args, "x-dead-letter-strategy",
+                                       "at-least-once")))) {
             cJSON_Delete(args);
             return CR_ENOMEM;
         }
@@ -584,6 +593,7 @@ static int clients_new(struct worker *w, struct cr_err *err)
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
     w->bcfg.url = cfg->broker;
+    w->bcfg.failover_strategy = cfg->broker_failover_strategy;
     w->bcfg.queues = cfg->queues.items;
     w->bcfg.nqueues = cfg->queues.n;
     /* strict tiers need a window per queue, or free's prefetch holds premium back */

@@ -484,6 +484,11 @@ START_TEST(test_redact_url)
         {"redis://h:6379/0", "redis://h:6379/0"},
         {"amqp://user@h//", "amqp://user@h//"},
         {"not a url", "not a url"},
+        {"amqp://u:p1@a//;amqp://b;amqp://v:p2@c:5673/x",
+         "amqp://u:**@a//;amqp://b;amqp://v:**@c:5673/x"},
+        {"sentinel://:pw@a:26379;sentinel://:pw@b:26379",
+         "sentinel://:**@a:26379;sentinel://:**@b:26379"},
+        {"amqp://a;", "amqp://a;"},
     };
     char out[128];
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
@@ -492,6 +497,11 @@ START_TEST(test_redact_url)
     }
     redact_url("redis://:pw@hostname", out, 8);
     ck_assert_str_eq(out, "redis:/");
+    for (size_t n = 1; n < 40; n++) { /* every cut of a list stays terminated */
+        redact_url("amqp://u:secret@a//;amqp://u:secret@b//", out, n);
+        ck_assert(strlen(out) < n);
+        ck_assert(strstr(out, "secret") == NULL);
+    }
 }
 END_TEST
 
