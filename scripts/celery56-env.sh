@@ -11,7 +11,7 @@
 #   export PYTHONPATH=/tmp/py56
 #   /usr/bin/python3 -c 'import celery, kombu; print(celery.__version__, kombu.__version__)'
 #
-# click, click-didyoumean, click-repl, click-plugins and python-dateutil come
+# tzlocal comes from regebro/tzlocal. click, click-didyoumean, click-repl, click-plugins and python-dateutil come
 # from Debian's packages; billiard runs without its C extension. Not used by
 # `make test`.
 set -euo pipefail
@@ -20,18 +20,19 @@ DEST=${2:-/tmp/py56}
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
 mkdir -p "$DEST"
-# project tag package-directory
+# mirror tag package-directory
 while read -r proj tag pkg; do
     mkdir -p "$SRC/$proj"
-    git --git-dir="$MIRRORS/celery+$proj/repo" archive "$tag" | tar -x -C "$SRC/$proj"
+    git --git-dir="$MIRRORS/$proj/repo" archive "$tag" | tar -x -C "$SRC/$proj"
     rm -rf "${DEST:?}/$pkg"
     cp -r "$SRC/$proj/$pkg" "$DEST/$pkg"
     echo "$proj $tag -> $DEST/$pkg"
 done <<'LIST'
-celery v5.6.3 celery
-kombu v5.6.2 kombu
-py-amqp v5.3.1 amqp
-vine v5.1.0 vine
-billiard v4.2.4 billiard
+celery+celery v5.6.3 celery
+celery+kombu v5.6.2 kombu
+celery+py-amqp v5.3.1 amqp
+celery+vine v5.1.0 vine
+celery+billiard v4.2.4 billiard
+regebro+tzlocal 5.4.4 tzlocal
 LIST
 PYTHONPATH="$DEST" /usr/bin/python3 -c 'import celery, kombu, amqp, vine, billiard; print("celery", celery.__version__, "kombu", kombu.__version__, "amqp", amqp.__version__, "vine", vine.__version__, "billiard", billiard.__version__)'
