@@ -11,7 +11,8 @@
 #   export PYTHONPATH=/tmp/py56
 #   /usr/bin/python3 -c 'import celery, kombu; print(celery.__version__, kombu.__version__)'
 #
-# tzlocal comes from regebro/tzlocal. click, click-didyoumean, click-repl, click-plugins and python-dateutil come
+# tzlocal comes from regebro/tzlocal, redis-py 5.3 from redis/redis-py
+# (Celery 5.6's Redis backend needs a newer one than Debian's 4.3). click, click-didyoumean, click-repl, click-plugins and python-dateutil come
 # from Debian's packages; billiard runs without its C extension. Not used by
 # `make test`.
 set -euo pipefail
@@ -34,5 +35,6 @@ celery+py-amqp v5.3.1 amqp
 celery+vine v5.1.0 vine
 celery+billiard v4.2.4 billiard
 regebro+tzlocal 5.4.4 tzlocal
+redis+redis-py v5.3.1 redis
 LIST
 PYTHONPATH="$DEST" /usr/bin/python3 -c 'import celery, kombu, amqp, vine, billiard; print("celery", celery.__version__, "kombu", kombu.__version__, "amqp", amqp.__version__, "vine", vine.__version__, "billiard", billiard.__version__)'
