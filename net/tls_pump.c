@@ -22,7 +22,14 @@
 struct tls_ctx {
     SSL_CTX *ssl_ctx;
     int check_hostname;
+    /* Made once here, at start-up: each pump binds its socket inside, so no
+     * connect or reconnect makes a directory on the event loop. */
+    char dir[96];
+    _Atomic int refs; /* the owner's, and one per pump made from it */
 };
+
+/* Names the pumps' sockets apart inside their context's directory. */
+static _Atomic unsigned pump_serial;
 
 /* The reason of the first error on OpenSSL's queue, or fallback. */
 static const char *ssl_reason(const char *fallback, char *out, size_t size)
@@ -72,6 +79,7 @@ struct tls_ctx *tls_ctx_new(const struct tls_settings *s, struct cr_err *err)
         return NULL;
     }
     ERR_clear_error();
+    ctx->refs = 1;
     ctx->ssl_ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx->ssl_ctx) {
         cr_err_set(err, CR_ENOMEM, "cannot make a TLS context: %s",
@@ -120,6 +128,19 @@ struct tls_ctx *tls_ctx_new(const struct tls_settings *s, struct cr_err *err)
         }
     }
     ERR_clear_error();
+    if (ok) {
+        const char *tmp = getenv("TMPDIR");
+        /* sun_path holds 108 bytes: a long TMPDIR falls back to /tmp. */
+        if (!tmp || !tmp[0] || strlen(tmp) > 60)
+            tmp = "/tmp";
+        snprintf(ctx->dir, sizeof(ctx->dir), "%s/celeriac-tls-XXXXXX", tmp);
+        if (!mkdtemp(ctx->dir)) {
+            cr_err_set(err, CR_EIO, "cannot make a directory in '%s': %s", tmp,
+                       strerror(errno));
+            ctx->dir[0] = '\0';
+            ok = 0;
+        }
+    }
     if (!ok) {
         tls_ctx_free(ctx);
         return NULL;
@@ -129,8 +150,10 @@ struct tls_ctx *tls_ctx_new(const struct tls_settings *s, struct cr_err *err)
 
 void tls_ctx_free(struct tls_ctx *ctx)
 {
-    if (!ctx)
+    if (!ctx || --ctx->refs > 0)
         return;
+    if (ctx->dir[0])
+        rmdir(ctx->dir);
     SSL_CTX_free(ctx->ssl_ctx);
     cr_free(ctx);
 }
@@ -153,7 +176,7 @@ struct tls_pump {
     int check_hostname;
     char host[256];
     int port;
-    char dir[96];
+    struct tls_ctx *ctx; /* a reference: its directory holds path */
     char path[108];
     enum pump_state state;
     int freeing;
@@ -193,8 +216,8 @@ static void pump_release(struct tls_pump *p)
         return;
     if (p->addrs)
         uv_freeaddrinfo(p->addrs);
-    SSL_free(p->ssl); /* frees both BIOs */
-    SSL_CTX_free(p->ssl_ctx);
+    SSL_free(p->ssl);     /* frees both BIOs */
+    tls_ctx_free(p->ctx); /* after the socket is gone: the directory may go */
     cr_free(p);
 }
 
@@ -219,10 +242,6 @@ static void remove_socket(struct tls_pump *p)
     if (p->path[0]) {
         unlink(p->path);
         p->path[0] = '\0';
-    }
-    if (p->dir[0]) {
-        rmdir(p->dir);
-        p->dir[0] = '\0';
     }
 }
 
@@ -633,11 +652,10 @@ static void on_accept(uv_stream_t *server, int status)
     p->handles++; /* the lookup holds the pump until its callback */
 }
 
-struct tls_pump *tls_pump_new(uv_loop_t *loop, const struct tls_ctx *ctx,
-                              const char *host, int port, struct cr_err *err)
+struct tls_pump *tls_pump_new(uv_loop_t *loop, struct tls_ctx *ctx, const char *host,
+                              int port, struct cr_err *err)
 {
     struct tls_pump *p;
-    const char *tmp = getenv("TMPDIR");
     int rc;
 
     if (strlen(host) >= sizeof(p->host)) {
@@ -651,21 +669,12 @@ struct tls_pump *tls_pump_new(uv_loop_t *loop, const struct tls_ctx *ctx,
     }
     p->loop = loop;
     p->ssl_ctx = ctx->ssl_ctx;
-    SSL_CTX_up_ref(p->ssl_ctx);
+    p->ctx = ctx;
+    ctx->refs++;
     p->check_hostname = ctx->check_hostname;
     snprintf(p->host, sizeof(p->host), "%s", host);
     p->port = port;
-    /* sun_path holds 108 bytes: a long TMPDIR falls back to /tmp. */
-    if (!tmp || !tmp[0] || strlen(tmp) > 60)
-        tmp = "/tmp";
-    snprintf(p->dir, sizeof(p->dir), "%s/celeriac-tls-XXXXXX", tmp);
-    if (!mkdtemp(p->dir)) {
-        cr_err_set(err, CR_EIO, "cannot make a directory in '%s': %s", tmp,
-                   strerror(errno));
-        p->dir[0] = '\0';
-        goto fail;
-    }
-    snprintf(p->path, sizeof(p->path), "%s/s", p->dir);
+    snprintf(p->path, sizeof(p->path), "%s/s%u", ctx->dir, pump_serial++);
     uv_pipe_init(loop, &p->listener, 0);
     p->listener.data = p;
     p->listener_open = 1;

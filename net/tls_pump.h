@@ -55,9 +55,9 @@ struct tls_ctx;
 
 /* Returns a new context, or NULL with err set: CR_EINVAL when a file cannot be
  * loaded or the key does not match the certificate ("cannot load ssl_ca_certs
- * '/x': No such file or directory"), CR_ENOMEM. Strings are not kept. Free
- * with tls_ctx_free(); pumps made from it keep what they need, so it may go
- * first. */
+ * '/x': No such file or directory"), CR_ENOMEM, CR_EIO when the sockets' directory cannot
+ * be made (it is made here, once). Strings are not kept. Free with tls_ctx_free(); pumps
+ * made from it keep what they need, so it may go first. */
 struct tls_ctx *tls_ctx_new(const struct tls_settings *s, struct cr_err *err);
 /* NULL is a no-op. */
 void tls_ctx_free(struct tls_ctx *ctx);
@@ -70,8 +70,8 @@ struct tls_pump;
  * directory or the socket cannot be made). The caller then connects hiredis
  * to tls_pump_path() and frees the pump with tls_pump_free() once hiredis's
  * context has gone (or no later than it frees the context). */
-struct tls_pump *tls_pump_new(uv_loop_t *loop, const struct tls_ctx *ctx,
-                              const char *host, int port, struct cr_err *err);
+struct tls_pump *tls_pump_new(uv_loop_t *loop, struct tls_ctx *ctx, const char *host,
+                              int port, struct cr_err *err);
 
 /* The unix socket to connect to; borrowed until the pump is freed. */
 const char *tls_pump_path(const struct tls_pump *p);
