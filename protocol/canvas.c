@@ -555,6 +555,24 @@ static int publish(struct ctx *c, const char *name, cJSON *args, const cJSON *kw
         if (set_item(out.headers, "timelimit", tl))
             goto oom;
     }
+    /* Stamps, as a Celery 5.3+ producer writes them: a stamped signature's
+     * options list the stamp names in stamped_headers and hold each value
+     * under its name; the message carries both, and replaced_task_nesting. */
+    v = get(opts, "stamped_headers");
+    if (cJSON_IsArray(v)) {
+        cJSON *stamps = cJSON_CreateObject();
+        if (!stamps || set_item(out.headers, "stamps", stamps) ||
+            set_dup(out.headers, "stamped_headers", v))
+            goto oom;
+        for (const cJSON *n = v->child; n; n = n->next) {
+            const cJSON *sv = cJSON_IsString(n) ? get(opts, n->valuestring) : NULL;
+            if (sv && set_dup(stamps, n->valuestring, sv))
+                goto oom;
+        }
+    }
+    v = get(opts, "replaced_task_nesting");
+    if (cJSON_IsNumber(v) && set_dup(out.headers, "replaced_task_nesting", v))
+        goto oom;
     /* headers= is merged over the message's headers (send_task_message's
      * headers2.update(headers)). */
     v = get(opts, "headers");

@@ -517,6 +517,36 @@ START_TEST(test_options)
 }
 END_TEST
 
+/* A stamped follow-up carries its stamps as Celery 5.3+ sends them. */
+START_TEST(test_stamps)
+{
+    struct canvas_plan p;
+    struct cr_err err = {0, ""};
+    const cJSON *st;
+    ck_assert_int_eq(
+        success_of(
+            "{\"callbacks\": [{\"task\": \"a\", \"options\": {\"stamped_headers\": "
+            "[\"tenant\", \"batch\", \"missing\"], \"tenant\": \"acme\", "
+            "\"batch\": [1, 2], \"replaced_task_nesting\": 2}}, "
+            "{\"task\": \"b\"}]}",
+            &p, &err, NULL, 0),
+        0);
+    ck_assert_uint_eq(p.nmsgs, 2);
+    st = item(p.msgs[0].headers, "stamped_headers");
+    ck_assert_int_eq(cJSON_GetArraySize(st), 3);
+    ck_assert_str_eq(cJSON_GetArrayItem(st, 0)->valuestring, "tenant");
+    st = item(p.msgs[0].headers, "stamps");
+    ck_assert_str_eq(item(st, "tenant")->valuestring, "acme");
+    ck_assert_int_eq(cJSON_GetArraySize(item(st, "batch")), 2);
+    ck_assert_ptr_null(item(st, "missing"));
+    ck_assert_int_eq(item(p.msgs[0].headers, "replaced_task_nesting")->valueint, 2);
+    /* an unstamped one has neither */
+    ck_assert_ptr_null(item(p.msgs[1].headers, "stamped_headers"));
+    ck_assert_ptr_null(item(p.msgs[1].headers, "stamps"));
+    canvas_plan_release(&p);
+}
+END_TEST
+
 /* timelimit as the options give it: a float stays a float, 0 stays 0. */
 START_TEST(test_timelimit_as_given)
 {
@@ -957,6 +987,7 @@ Suite *suite(void)
     tcase_add_test(hand, test_plan_limit);
     tcase_add_test(hand, test_routing);
     tcase_add_test(hand, test_options);
+    tcase_add_test(hand, test_stamps);
     tcase_add_test(hand, test_expires_seconds);
     tcase_add_test(hand, test_timelimit_as_given);
     tcase_add_test(hand, test_has_followups);
