@@ -1519,6 +1519,25 @@ static void send_consume(struct amqp_broker *b, struct consumer *c)
     c->active = 1;
 }
 
+/* A queue added at run time (add_consumer) joins the delayed-delivery
+ * topology as the queues of start-up did: "#.<queue>" on
+ * celery_delayed_delivery, sent without waiting on the channel that declared
+ * it, so it is in place before the consume. A refusal closes the channel and
+ * the reconnect binds it again with the others. */
+static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue *q)
+{
+    char bkey[300];
+    amqp_queue_bind_t qb;
+    snprintf(bkey, sizeof(bkey), "#.%s", q->name);
+    memset(&qb, 0, sizeof(qb));
+    qb.queue = cstr(q->name);
+    qb.exchange = cstr(DELAYED_DELIVERY_EXCHANGE);
+    qb.routing_key = cstr(bkey);
+    qb.nowait = 1;
+    qb.arguments = amqp_empty_table;
+    amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(q), AMQP_QUEUE_BIND_METHOD, &qb);
+}
+
 static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q)
 {
     struct consumer *c;
@@ -1548,8 +1567,11 @@ static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q)
     }
     b->nconsumers++;
     if (b->up) {
-        if (declare_consumer(b, &c->q, 0, &err) == 0 && !c->q.no_consume)
+        if (declare_consumer(b, &c->q, 0, &err) == 0 && !c->q.no_consume) {
+            if (b->delayed_live && !c->q.no_ack)
+                bind_delayed_nowait(b, &c->q);
             send_consume(b, c);
+        }
     }
     return 0;
 }

@@ -160,3 +160,25 @@ def test_poison_redelivered_by_the_broker_is_dead_lettered(env):
     assert "replayed 1 of" in out.stdout, out.stdout + out.stderr
     wait_until(lambda: env.meta(r.id)["status"] == "SUCCESS", 20, what="replayed success")
     assert [c["prompt"] for c in calls(env)] == ["requeued"]
+
+
+def test_queue_added_at_run_time_joins_delayed_delivery(env):
+    """add_consumer on a quorum worker binds the new queue to
+    celery_delayed_delivery too, so a delayed message for it arrives."""
+    env.app.conf.task_queues = [quorum_queue()]
+    w = env.worker("--queue-type", "quorum", "-c", "5")
+    replies = env.app.control.add_consumer("extra", reply=True, timeout=10)
+    assert replies and "ok" in list(replies[0].values())[0], replies
+
+    def bound():
+        out = env.services.ctl("list_bindings", "-p", env.vhost, "source_name",
+                               "destination_name", "routing_key").stdout
+        return any(l.split() == ["celery_delayed_delivery", "extra", "#.extra"]
+                   for l in out.splitlines())
+
+    wait_until(bound, timeout=30, interval=0.2, what="extra bound to celery_delayed_delivery")
+    # a Celery 5.5+ producer's countdown=1 for "extra": through the levels, then here
+    r = env.app.send_task("llm.generate", args=["late extra"], exchange="celery_delayed_0",
+                          routing_key=delayed_key(1, "extra"))
+    assert r.get(timeout=60)
+    assert w.proc.poll() is None
