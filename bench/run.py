@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -69,6 +70,9 @@ PY_POOLS = (("prefork", 2), ("solo", 1), ("threads", 8), ("gevent", 100))  # as 
 # (db 1), flushed before every run; kombu's priority-list separator.
 REDIS_BROKER_DB = 2
 KOMBU_SEP = "\x06\x16"
+# The TLS row (issue 18): the cap on the worker's connections to the nginx front.
+# With HTTP/2 at 1,000 streams per connection, 10,000 calls need ten.
+TLS_MAX_CONN = os.environ.get("BENCH_TLS_MAX_CONN", "16")
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -435,7 +439,7 @@ class Bench:
                     ready=r"BENCH-READY")
 
     def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None,
-                  extra=(), quiet=False, broker="amqp"):
+                  extra=(), quiet=False, broker="amqp", llm_base=None):
         """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
 
         Samples the worker's RSS and CPU and the fake's CPU every 100 ms. With
@@ -459,7 +463,7 @@ class Bench:
         busy_before = wait_quiet() if quiet else None
         counter = ResultCounter(self.redis_port)
         url = self.redis_broker if broker == "redis" else None
-        w = (self.celeriac(queue, c, extra, broker=url) if impl == "celeriac" else
+        w = (self.celeriac(queue, c, extra, broker=url, llm_base=llm_base) if impl == "celeriac" else
              self.python(queue, pool, c, broker=url))
         rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
                "model": kwargs.get("model"), "publish_rate": round(pub_rate),
@@ -527,6 +531,9 @@ class Bench:
         rec["complete"] = done >= n
         if w.p.returncode not in (0, -9, -15, None) and impl == "celeriac":
             rec["exit"] = w.p.returncode
+        if impl == "celeriac" and not rec["complete"]:
+            log("  celeriac stopped early (exit %s); its output ends:\n    %s" % (
+                w.p.returncode, "\n    ".join(w.lines[-40:])))
         if broker == "redis":
             self.bredis.cmd("FLUSHDB")
         else:
@@ -1093,6 +1100,110 @@ class Bench:
             "runs": rows}
 
 
+def tls_section(b):
+    """Section 9 (issue 18): the concurrency workload (N_CONC one-second
+    streamed calls at once) through a private nginx that terminates TLS and
+    speaks HTTP/2 in front of the fake, against the same workload over plain
+    HTTP, alternating REPEAT times; then the memory workload's held streams
+    over TLS for the RSS per stream. The TLS handshakes are the connections
+    nginx accepted (its access log: one line per request with the
+    connection's serial number and whether its session was resumed)."""
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from tls_front import TlsFront
+    top = max(CONC_LEVELS)
+    log("9. TLS (issue 18): %d LLM tasks, 1 s each, through nginx (TLS, HTTP/2) "
+        "against plain HTTP" % N_CONC)
+    d = tempfile.mkdtemp(prefix="celeriac-tls.")
+    front = TlsFront(b.fake_port, d).start()
+    started.append(front.p)
+    nginx_pid = lambda: [p for p in tree(front.p.pid) if p != front.p.pid][0]
+    tls_args = ("--llm-ca-file", front.ca_file, "--llm-max-connections", TLS_MAX_CONN)
+    res = {"front": "nginx %s, 1 worker process, http2_max_concurrent_streams %d" % (
+        nginx_version(), front.streams), "rows": []}
+    try:
+        def tls_run(**kw):
+            front.reset()
+            b.svc_pids["nginx"] = nginx_pid()
+            try:
+                r = b.run_tasks("celeriac", "libuv", extra=tls_args, llm_base=front.base_url,
+                                **kw)
+            finally:
+                b.svc_pids.pop("nginx", None)
+            r["tls"] = front.stats()
+            if not r["complete"]:
+                log("  nginx's error log ends:\n    %s" % "\n    ".join(
+                    front.errors().splitlines()[-10:]))
+            r["handshakes"] = r["tls"]["connections"]
+            log("  tls: %d requests (%d over HTTP/2) on %d connections (TLS handshakes), "
+                "%d of them resumed" % (r["tls"]["requests"], r["tls"]["h2_requests"],
+                                        r["tls"]["connections"], r["tls"]["resumed"]))
+            return r
+        for rep in range(REPEAT):
+            plain = b.run_tasks("celeriac", "libuv", top, "llm.generate", ["bench"],
+                                {"model": LLM_1S}, N_CONC, 300, quiet=True)
+            plain["scheme"] = "http"
+            res["rows"].append(plain)
+            tls = tls_run(c=top, task="llm.generate", args=["bench"], kwargs={"model": LLM_1S},
+                          n=N_CONC, bound_s=300, quiet=True)
+            tls["scheme"] = "https"
+            res["rows"].append(tls)
+        # RSS per stream: every stream held open at once (as section 3).
+        q = b.new_queue()
+        w = b.celeriac(q, top, tls_args, llm_base=front.base_url)
+        try:
+            w.wait_ready()
+            time.sleep(1.0)
+            idle = status_kb(w.p.pid, "VmRSS")
+        finally:
+            w.stop()
+        model = "fake/ttft_ms=%d,tokens=32,tps=0" % MEM_HOLD_MS
+        mem = {"idle_kb": idle}
+        for scheme in ("http", "https"):
+            if scheme == "https":
+                r = tls_run(c=top, task="llm.generate", args=["bench"], kwargs={"model": model},
+                            n=top, bound_s=120, hold_for=top)
+            else:
+                r = b.run_tasks("celeriac", "libuv", top, "llm.generate", ["bench"],
+                                {"model": model}, top, 120, hold_for=top)
+            r["idle_kb"] = idle
+            r["per_stream_b"] = round((r["hwm_kb"] - idle) * 1024 / top)
+            r["held_per_stream_b"] = round(((r["held_rss_kb"] or 0) - idle) * 1024 / top)
+            mem[scheme] = r
+            log("  memory %-5s: %d streams held: %d B per stream at peak, %d B held" % (
+                scheme, top, r["per_stream_b"], r["held_per_stream_b"]))
+        res["memory"] = mem
+    finally:
+        front.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    med = lambda rows, k: statistics.median(r[k] for r in rows)
+    plain = [r for r in res["rows"] if r["scheme"] == "http" and r["complete"]]
+    tls = [r for r in res["rows"] if r["scheme"] == "https" and r["complete"]]
+    if plain and tls:
+        s = res["summary"] = {
+            "plain_wall_s": med(plain, "wall_s"), "tls_wall_s": med(tls, "wall_s"),
+            "plain_cpu_ms_per_task": 1000 * med(plain, "cpu_s") / N_CONC,
+            "tls_cpu_ms_per_task": 1000 * med(tls, "cpu_s") / N_CONC,
+            "nginx_cpu_ms_per_task": 1000 * med(tls, "nginx_cpu_s") / N_CONC,
+            "handshakes": med(tls, "handshakes"), "calls": N_CONC,
+            "tls_per_stream_b": res["memory"]["https"]["per_stream_b"],
+            "plain_per_stream_b": res["memory"]["http"]["per_stream_b"]}
+        log("  tls vs plain: wall %.2f s vs %.2f s (%.2fx), worker CPU %.3f vs %.3f ms/task "
+            "(%.2fx; nginx %.3f ms/task), %d TLS handshakes for %d calls, "
+            "RSS %d vs %d B/stream" % (
+                s["tls_wall_s"], s["plain_wall_s"], s["tls_wall_s"] / s["plain_wall_s"],
+                s["tls_cpu_ms_per_task"], s["plain_cpu_ms_per_task"],
+                s["tls_cpu_ms_per_task"] / s["plain_cpu_ms_per_task"],
+                s["nginx_cpu_ms_per_task"], s["handshakes"], N_CONC,
+                s["tls_per_stream_b"], s["plain_per_stream_b"]))
+    b.results["tls"] = res
+
+
+def nginx_version():
+    r = subprocess.run(["/usr/sbin/nginx", "-v"], capture_output=True, text=True)
+    return r.stderr.strip().split("/")[-1]
+
+
 def machine():
     def first(cmd):
         try:
@@ -1128,11 +1239,12 @@ def main():
         b = Bench(svc, out)
         b.results["machine"] = machine()
         only = os.environ.get("BENCH_ONLY",
-                              "limits,dispatch,concurrency,memory,latency,cpu,canvas,redis")
+                              "limits,dispatch,concurrency,memory,latency,cpu,canvas,redis,tls")
         for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
                          ("concurrency", b.concurrency), ("memory", b.memory),
                          ("latency", b.latency), ("cpu", b.cpu_per_token),
-                         ("canvas", b.canvas), ("redis", b.redis_section)):
+                         ("canvas", b.canvas), ("redis", b.redis_section),
+                         ("tls", lambda: tls_section(b))):
             if name in only.split(","):
                 fn()
         b.results["elapsed_s"] = round(time.time() - t0, 1)

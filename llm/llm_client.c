@@ -45,6 +45,10 @@
  * HTTP/2 never allocate it for a body set with CURLOPT_POSTFIELDS under
  * 64 KB (it is sent with the headers), so the option costs nothing there. */
 #define UPLOAD_BUFFER_BYTES 16384L
+/* Calls libcurl runs at once on one HTTP/2 connection (its default is 100),
+ * when the server allows as many: 10,000 streams then take ten connections
+ * and as many TLS handshakes. */
+#define H2_STREAMS_PER_CONNECTION 1000L
 
 struct llm_req {
     struct llm_client *c;
@@ -96,6 +100,7 @@ struct llm_client {
     uv_loop_t *loop;
     struct llm_client_config cfg;
     CURLM *multi;
+    CURLSH *share; /* TLS sessions and DNS answers, for every call */
     uv_timer_t curl_timer;
     uv_timer_t sweep_timer;
     uv_timer_t done_timer;
@@ -978,6 +983,15 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETDATA, c);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETDATA, c);
+    /* HTTPS: HTTP/2 where the server offers it, a new call waiting for a
+     * connection being set up to multiplex on it rather than opening one
+     * of its own, and the TLS session resumed on a new connection. */
+    curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+    curl_easy_setopt(r->easy, CURLOPT_PIPEWAIT, 1L);
+    if (c->share)
+        curl_easy_setopt(r->easy, CURLOPT_SHARE, c->share);
+    if (c->cfg.ca_file && *c->cfg.ca_file)
+        curl_easy_setopt(r->easy, CURLOPT_CAINFO, c->cfg.ca_file);
     fresh = no_idle_connection(c, rq->url);
     curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT, (long)fresh);
     curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, (long)!keep_connection(c, rq->url));
@@ -1056,6 +1070,18 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
     } else {
         curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)MIN_CACHED_CONNECTIONS);
     }
+    /* Many calls per HTTP/2 connection (the server's own limit applies
+     * too), so thousands of streams need a few connections. */
+    curl_multi_setopt(c->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    curl_multi_setopt(c->multi, CURLMOPT_MAX_CONCURRENT_STREAMS,
+                      H2_STREAMS_PER_CONNECTION);
+    /* Without a share each call keeps its own TLS session cache, and a new
+     * connection is a full handshake. Loop thread only: no locks needed. */
+    c->share = curl_share_init();
+    if (c->share) {
+        curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+        curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    }
     uv_timer_init(loop, &c->curl_timer);
     c->curl_timer.data = c;
     uv_timer_init(loop, &c->sweep_timer);
@@ -1094,6 +1120,8 @@ void llm_client_free(struct llm_client *c)
     while (c->npool)
         curl_easy_cleanup(c->pool[--c->npool]);
     curl_multi_cleanup(c->multi);
+    if (c->share)
+        curl_share_cleanup(c->share);
     curl_slist_free_all(c->hdrs[0]);
     curl_slist_free_all(c->hdrs[1]);
     cr_free(c->hdrs_key);

@@ -39,6 +39,9 @@ struct llm_client_config {
      * llm_header_check(), NULL-terminated (borrowed: must outlive the client;
      * NULL: none). Sent on every request after the client's own. */
     const char *const *headers;
+    /* PEM file of the CAs that verify an HTTPS provider, instead of the
+     * system's store (borrowed; NULL or "": the system's). */
+    const char *ca_file;
 };
 
 struct llm_request {

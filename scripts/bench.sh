@@ -7,6 +7,8 @@
 #   BENCH_ONLY=dispatch,latency      a subset: limits dispatch concurrency memory latency cpu canvas
 #                                    redis (dispatch and concurrency over the Redis broker, db 2,
 #                                    beside the AMQP figures, and the bare Redis loop)
+#                                    tls (10,000 one-second calls through a private nginx,
+#                                    TLS and HTTP/2, against plain HTTP; RSS per stream)
 #   BENCH_IMPL=celeriac              skip the Python runs
 #   BENCH_BASELINE=<git rev>         A/B instead: this tree's build/celeriac against the
 #                                    worker built from <rev>, alternating, same run

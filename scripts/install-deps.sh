@@ -20,6 +20,10 @@ command -v npm >/dev/null || PKGS+=(nodejs npm)
 # make bench: Python Celery's gevent pool and HTTP client, and the chart.
 PKGS+=(python3-gevent python3-requests gnuplot-nox)
 
+# The TLS rows of make bench and the HTTP/2 test: a private nginx as the TLS
+# and HTTP/2 front of the fake LLM server (started by them, never as a service).
+PKGS+=(nginx-light openssl)
+
 # playwright-core into tests/browser, once (no browser download: the test
 # uses /usr/bin/chromium).
 npm_deps() {

@@ -103,6 +103,8 @@ static const struct opt opts[] = {
      "extra header 'Name: value' on every LLM request (repeatable; env: one per line; "
      "values never logged)",
      "HEADER"},
+    {"llm-ca-file", 0, "CELERIAC_LLM_CA_FILE", OPTS_STR, OFF(llm_ca_file), "", 0, 0,
+     "PEM file of the CAs trusted for an HTTPS base URL (empty: the system's)", "FILE"},
     {"llm-model", 0, "CELERIAC_MODEL", OPTS_STR, OFF(llm_model), "gpt-4o-mini", 0, 0,
      "default chat model"},
     {"llm-embed-model", 0, "CELERIAC_EMBED_MODEL", OPTS_STR, OFF(llm_embed_model),
