@@ -1118,7 +1118,7 @@ def tls_section(b):
     front = TlsFront(b.fake_port, d).start()
     started.append(front.p)
     nginx_pid = lambda: [p for p in tree(front.p.pid) if p != front.p.pid][0]
-    tls_args = ("--llm-ca-file", front.ca_file, "--llm-max-connections", TLS_MAX_CONN)
+    tls_args = ("--llm-ca-file", front.ca_file, "--llm-http2", "--llm-max-connections", TLS_MAX_CONN)
     res = {"front": "nginx %s, 1 worker process, http2_max_concurrent_streams %d" % (
         nginx_version(), front.streams), "rows": []}
     try:

@@ -986,8 +986,10 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     /* HTTPS: HTTP/2 where the server offers it, a new call waiting for a
      * connection being set up to multiplex on it rather than opening one
      * of its own, and the TLS session resumed on a new connection. */
-    curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
-    curl_easy_setopt(r->easy, CURLOPT_PIPEWAIT, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION,
+                     c->cfg.http2 ? (long)CURL_HTTP_VERSION_2TLS
+                                  : (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(r->easy, CURLOPT_PIPEWAIT, (long)!!c->cfg.http2);
     if (c->share)
         curl_easy_setopt(r->easy, CURLOPT_SHARE, c->share);
     if (c->cfg.ca_file && *c->cfg.ca_file)
@@ -1072,7 +1074,8 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
     }
     /* Many calls per HTTP/2 connection (the server's own limit applies
      * too), so thousands of streams need a few connections. */
-    curl_multi_setopt(c->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    curl_multi_setopt(c->multi, CURLMOPT_PIPELINING,
+                      c->cfg.http2 ? (long)CURLPIPE_MULTIPLEX : (long)CURLPIPE_NOTHING);
     curl_multi_setopt(c->multi, CURLMOPT_MAX_CONCURRENT_STREAMS,
                       H2_STREAMS_PER_CONNECTION);
     /* Without a share each call keeps its own TLS session cache, and a new

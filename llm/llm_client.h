@@ -42,6 +42,12 @@ struct llm_client_config {
     /* PEM file of the CAs that verify an HTTPS provider, instead of the
      * system's store (borrowed; NULL or "": the system's). */
     const char *ca_file;
+    /* 1: HTTP/2 over HTTPS where the server offers it, calls multiplexed on
+     * a few connections (a new call waits for a stream on one being opened).
+     * Off by default: uncapped, with thousands of calls in flight, libcurl
+     * 7.88 opened thousands of HTTP/2 connections and the bench saw heap
+     * corruption in that state; give max_connections with it. */
+    int http2;
 };
 
 struct llm_request {

@@ -51,6 +51,7 @@ struct config {
     char *llm_base_url;
     char *llm_api_key;
     struct opts_list llm_headers; /* "Name: value" extra request headers */
+    int llm_http2;                /* multiplex calls over HTTPS */
     char *llm_ca_file;            /* "": the system's CA store */
     char *llm_model;
     char *llm_embed_model;

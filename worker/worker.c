@@ -581,6 +581,7 @@ static int clients_new(struct worker *w, struct cr_err *err)
     /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
     lc.headers = (const char *const *)cfg->llm_headers.items;
     lc.ca_file = cfg->llm_ca_file;
+    lc.http2 = cfg->llm_http2;
     w->llm = llm_client_new(w->loop, &lc, err);
     if (!w->llm)
         return err->code ? err->code : CR_ENOMEM;

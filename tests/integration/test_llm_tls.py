@@ -27,7 +27,7 @@ def front(fake_llm_server, tmp_path_factory):
 
 def test_calls_multiplex_over_tls(env, front):
     front.reset()
-    env.worker("--llm-ca-file", front.ca_file, "-c", str(N_CALLS),
+    env.worker("--llm-ca-file", front.ca_file, "--llm-http2", "-c", str(N_CALLS),
                env={"OPENAI_BASE_URL": front.base_url})
     prompts = ["over tls %d" % i for i in range(N_CALLS)]
     rs = [env.app.send_task("llm.generate", args=[p], kwargs={"model": "fake/hold=tls"})
