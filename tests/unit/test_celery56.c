@@ -41,29 +41,10 @@ static char *dumps(const cJSON *v)
 static void load(const char *name, struct fixture *fx)
 {
     char path[256];
-    size_t len;
-    char *text;
-    const cJSON *props, *body;
     struct cr_err err = {0, ""};
 
     snprintf(path, sizeof(path), V56 "%s.json", name);
-    text = unit_read_file(path, &len);
-    ck_assert_int_eq(py_json_parse(text, len, &fx->root, NULL), 0);
-    free(text);
-    props = cJSON_GetObjectItemCaseSensitive(fx->root, "properties");
-    body = cJSON_GetObjectItemCaseSensitive(fx->root, "body");
-    ck_assert(cJSON_IsString(body));
-    memset(&fx->raw, 0, sizeof(fx->raw));
-    fx->raw.content_type = str_of(fx->root, "content_type");
-    fx->raw.content_encoding = str_of(fx->root, "content_encoding");
-    fx->raw.headers = cJSON_GetObjectItemCaseSensitive(fx->root, "headers");
-    fx->raw.correlation_id = str_of(props, "correlation_id");
-    fx->raw.reply_to = str_of(props, "reply_to");
-    fx->raw.delivery_mode =
-        cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
-    fx->raw.priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
-    fx->raw.body = body->valuestring;
-    fx->raw.body_len = strlen(body->valuestring);
+    unit_load_message(path, &fx->root, &fx->raw);
     task_msg_init(&fx->m);
     ck_assert_msg(celery_msg_decode(&fx->raw, &fx->m, &err) == 0, "%s: %s", name,
                   err.msg);

@@ -68,28 +68,8 @@ static const char *opt_string(const cJSON *obj, const char *key)
 static void fixture_load(const char *name, struct fixture *fx)
 {
     char path[256];
-    size_t len;
-    char *text;
-    const cJSON *props, *body;
-
     snprintf(path, sizeof(path), FIXTURES "%s.json", name);
-    text = unit_read_file(path, &len);
-    ck_assert_int_eq(py_json_parse(text, len, &fx->root, NULL), 0);
-    free(text);
-    props = cJSON_GetObjectItemCaseSensitive(fx->root, "properties");
-    body = cJSON_GetObjectItemCaseSensitive(fx->root, "body");
-    ck_assert(cJSON_IsString(body));
-    memset(&fx->raw, 0, sizeof(fx->raw));
-    fx->raw.content_type = opt_string(fx->root, "content_type");
-    fx->raw.content_encoding = opt_string(fx->root, "content_encoding");
-    fx->raw.headers = cJSON_GetObjectItemCaseSensitive(fx->root, "headers");
-    fx->raw.correlation_id = opt_string(props, "correlation_id");
-    fx->raw.reply_to = opt_string(props, "reply_to");
-    fx->raw.delivery_mode =
-        cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
-    fx->raw.priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
-    fx->raw.body = body->valuestring;
-    fx->raw.body_len = strlen(body->valuestring);
+    unit_load_message(path, &fx->root, &fx->raw);
 }
 
 static int decode(const struct celery_raw_msg *raw, struct task_msg *m)
