@@ -7,36 +7,7 @@
  *
  * which builds and returns its Suite (suite_create, tcase_create, tcase_add_*,
  * suite_add_tcase, and any tcase_set_timeout). To convert a file that still has its
- * own main(): rename `static const char *opt_str(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-void unit_load_message(const char *path, cJSON **root, struct celery_raw_msg *raw)
-{
-    size_t len;
-    char *text = unit_read_file(path, &len);
-    const cJSON *props, *body;
-
-    ck_assert_int_eq(py_json_parse(text, len, root, NULL), 0);
-    free(text);
-    props = cJSON_GetObjectItemCaseSensitive(*root, "properties");
-    body = cJSON_GetObjectItemCaseSensitive(*root, "body");
-    ck_assert(cJSON_IsString(body));
-    memset(raw, 0, sizeof(*raw));
-    raw->content_type = opt_str(*root, "content_type");
-    raw->content_encoding = opt_str(*root, "content_encoding");
-    raw->headers = cJSON_GetObjectItemCaseSensitive(*root, "headers");
-    raw->correlation_id = opt_str(props, "correlation_id");
-    raw->reply_to = opt_str(props, "reply_to");
-    raw->delivery_mode = cJSON_GetObjectItemCaseSensitive(props,
-"delivery_mode")->valueint; raw->priority = cJSON_GetObjectItemCaseSensitive(props,
-"priority")->valueint; raw->body = body->valuestring; raw->body_len =
-strlen(body->valuestring);
-}
-
-int main(void)` to `Suite *suite(void)`, drop the SRunner and the
+ * own main(): rename `int main(void)` to `Suite *suite(void)`, drop the SRunner and the
  * `failed` variable, and end it with `return s;` where the srunner_create() line was.
  * cr_alloc_init() is called here, before suite(), so a suite need not call it.
  *
@@ -74,7 +45,7 @@ char *unit_read_file(const char *path, size_t *len)
     return data;
 }
 
-static const char *opt_str(const cJSON *obj, const char *key)
+const char *unit_str(const cJSON *obj, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
@@ -92,11 +63,11 @@ void unit_load_message(const char *path, cJSON **root, struct celery_raw_msg *ra
     body = cJSON_GetObjectItemCaseSensitive(*root, "body");
     ck_assert(cJSON_IsString(body));
     memset(raw, 0, sizeof(*raw));
-    raw->content_type = opt_str(*root, "content_type");
-    raw->content_encoding = opt_str(*root, "content_encoding");
+    raw->content_type = unit_str(*root, "content_type");
+    raw->content_encoding = unit_str(*root, "content_encoding");
     raw->headers = cJSON_GetObjectItemCaseSensitive(*root, "headers");
-    raw->correlation_id = opt_str(props, "correlation_id");
-    raw->reply_to = opt_str(props, "reply_to");
+    raw->correlation_id = unit_str(props, "correlation_id");
+    raw->reply_to = unit_str(props, "reply_to");
     raw->delivery_mode =
         cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
     raw->priority = cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;

@@ -24,12 +24,6 @@ struct fixture {
     struct task_msg m;
 };
 
-static const char *str_of(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 static char *dumps(const cJSON *v)
 {
     struct buf b;
@@ -135,11 +129,11 @@ START_TEST(chord_group_id)
     ck_assert_ptr_nonnull(fx.m.embed);
     chord = cJSON_GetObjectItemCaseSensitive(fx.m.embed, "chord");
     ck_assert(cJSON_IsObject(chord));
-    ck_assert_str_eq(str_of(chord, "task"), "proj.tsum");
+    ck_assert_str_eq(unit_str(chord, "task"), "proj.tsum");
     opts = cJSON_GetObjectItemCaseSensitive(chord, "options");
-    ck_assert_str_eq(str_of(opts, "task_id"), "0f0b8c1e-5623-4000-8000-000000005623");
+    ck_assert_str_eq(unit_str(opts, "task_id"), "0f0b8c1e-5623-4000-8000-000000005623");
     /* 5.6 names the header's group in the callback's options */
-    ck_assert_str_eq(str_of(opts, "group_id"), fx.m.group);
+    ck_assert_str_eq(unit_str(opts, "group_id"), fx.m.group);
     unload(&fx);
 }
 END_TEST
@@ -157,8 +151,8 @@ START_TEST(delayed_key)
     expect_json(fx.m.args, "[1, 6]");
     ck_assert(fx.m.eta_us > 0); /* the eta stays in the headers */
     pub = cJSON_GetObjectItemCaseSensitive(fx.root, "published");
-    ck_assert_str_eq(str_of(pub, "exchange"), DELAYED_ENTRY_EXCHANGE);
-    key = str_of(pub, "routing_key");
+    ck_assert_str_eq(unit_str(pub, "exchange"), DELAYED_ENTRY_EXCHANGE);
+    key = unit_str(pub, "routing_key");
     ck_assert_ptr_nonnull(key);
     ck_assert_int_eq(delayed_parse_routing_key(key, strlen(key), &delay, &off), 0);
     ck_assert_uint_eq(delay, 5); /* countdown=5 */

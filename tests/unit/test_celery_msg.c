@@ -59,12 +59,6 @@ struct fixture {
     struct celery_raw_msg raw;
 };
 
-static const char *opt_string(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 static void fixture_load(const char *name, struct fixture *fx)
 {
     char path[256];
@@ -179,16 +173,16 @@ static void check_time(const char *name, const char *text, int64_t us, int64_t w
 static void check_common(const struct fixture *fx, const struct task_msg *m)
 {
     const cJSON *h = fx->raw.headers;
-    const char *root = opt_string(h, "root_id");
+    const char *root = unit_str(h, "root_id");
     ck_assert_ptr_nonnull(m->id);
     ck_assert_ptr_nonnull(m->task);
     ck_assert(cJSON_IsArray(m->args));
     ck_assert(cJSON_IsObject(m->kwargs));
     expect_str(m->root_id, root ? root : m->id);
-    expect_str(m->parent_id, opt_string(h, "parent_id"));
-    expect_str(m->argsrepr, opt_string(h, "argsrepr"));
-    expect_str(m->kwargsrepr, opt_string(h, "kwargsrepr"));
-    expect_str(m->origin, opt_string(h, "origin"));
+    expect_str(m->parent_id, unit_str(h, "parent_id"));
+    expect_str(m->argsrepr, unit_str(h, "argsrepr"));
+    expect_str(m->kwargsrepr, unit_str(h, "kwargsrepr"));
+    expect_str(m->origin, unit_str(h, "origin"));
     expect_str(m->correlation_id, fx->raw.correlation_id);
     expect_str(m->reply_to, fx->raw.reply_to);
     expect_str(m->content_type, "application/json");

@@ -11,6 +11,9 @@
  * Fails the running test when the file cannot be read. */
 char *unit_read_file(const char *path, size_t *len);
 
+/* obj[key] when it is a string, else NULL. */
+const char *unit_str(const cJSON *obj, const char *key);
+
 /* Loads a captured message (tests/fixtures/messages/ form: content_type,
  * content_encoding, headers, properties, body) into *root (the caller
  * cJSON_Delete()s it) and raw, whose strings borrow from *root. */
