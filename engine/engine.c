@@ -578,13 +578,100 @@ static int try_retry(struct job *j, const struct llm_result *res)
     return -1;
 }
 
+static int start_call(struct job *j);
+
+/* A failed call of a job (not a map item): retried when it may be, else
+ * failed. */
+static void handle_llm_failure(struct engine *e, struct job *j,
+                               const struct llm_result *res)
+{
+    j->http_status = res->http_status;
+    if (res->verdict != LLM_RETRYABLE ||
+        (e->cfg->max_retries >= 0 && j->tm.retries >= e->cfg->max_retries) ||
+        try_retry(j, res) != 0) {
+        LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+            res->exc_type, res->message);
+        engine__fail(j, res->exc_type,
+                     !strncmp(res->exc_type, "SoftTimeLimit", 13) ||
+                             !strncmp(res->exc_type, "TimeLimit", 9)
+                         ? "billiard.exceptions"
+                         : ENGINE_EXC_MODULE,
+                     res->message,
+                     res->verdict == LLM_RETRYABLE ? "retries exhausted"
+                                                   : "permanent failure",
+                     1, res);
+    }
+}
+
+/* Whether a chat answer's text is one JSON value (what response_format
+ * json_schema / json_object promise). */
+static int answer_is_json(const struct llm_result *res)
+{
+    cJSON *v =
+        res->text ? chat_json_parse(res->text, res->text_len, 0, "answer", NULL) : NULL;
+    int ok = v != NULL;
+    cJSON_Delete(v);
+    return ok;
+}
+
+/* A retryable failure of a call whose model has another provider: the same
+ * attempt goes on there at once, with the slot, the time limits and the
+ * retry count it had. Text already streamed is void; the progress stream
+ * closes that run (a new attempt epoch follows). Returns 0 when the call
+ * went on (or j was failed starting it), -1 when it is not a case for it. */
+static int fall_back(struct job *j, const struct llm_result *res)
+{
+    struct engine *e = j->e;
+
+    if (res->verdict != LLM_RETRYABLE || !res->fallback_left || j->revoked ||
+        e->shutdown || j->state != JOB_RUNNING || engine__fanout_is_item(j))
+        return -1;
+    j->call = NULL;
+    j->pending--;
+    LOG(LOG_WARNING, "Task %s[%s] %s failed: %s('%s'); trying the next provider",
+        job_name(j), j->tm.id,
+        res->provider && res->provider[0] ? res->provider : "default", res->exc_type,
+        res->message);
+    if (res->text_len) {
+        struct task_event_info info;
+        memset(&info, 0, sizeof(info));
+        info.type = TEV_FALLBACK;
+        info.exc_type = res->exc_type;
+        info.exc_message = res->message;
+        info.llm = res;
+        notify(j, &info);
+    }
+    j->route_step++;
+    start_call(j);
+    return 0;
+}
+
 void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
                         const struct llm_result *res)
 {
     engine__enter(e, now);
+    if (fall_back(j, res) == 0) {
+        engine__leave(e);
+        return;
+    }
     engine__release_slot(j);
     j->call = NULL;
     j->pending--;
+    if (res->verdict == LLM_OK && j->json_answer && !j->revoked && !e->shutdown &&
+        !engine__fanout_is_item(j) && !answer_is_json(res)) {
+        /* Asked for JSON (response_format), the answer is not: the same
+         * request is likely to give the same answer, so it is not retried
+         * unless the task says so. */
+        struct llm_result bad = *res;
+        bad.verdict = j->json_answer == 2 ? LLM_RETRYABLE : LLM_PERMANENT;
+        bad.code = CR_ELLM;
+        bad.exc_type = "ValueError";
+        bad.message = "the answer is not the JSON its response_format asked for";
+        res = &bad;
+        handle_llm_failure(e, j, res);
+        engine__leave(e);
+        return;
+    }
     if (engine__fanout_is_item(j)) {
         engine__fanout_item_done(j, res);
     } else if (e->shutdown == 2) {
@@ -592,8 +679,7 @@ void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
         engine__abandon(j);
     } else if (j->revoked) {
         engine__revoke_job(j, "terminated",
-                           res->chat && res->chat->content.data ? res->chat->content.data
-                                                                : NULL);
+                           res->text && res->text_len ? res->text : NULL);
     } else if (res->verdict == LLM_OK) {
         cJSON *result = tasks_result(j->kind, (struct llm_result *)res);
         if (!result)
@@ -602,22 +688,7 @@ void engine_on_llm_done(struct engine *e, struct engine_now now, struct job *j,
         else
             succeed(j, result, res);
     } else {
-        j->http_status = res->http_status;
-        if (res->verdict != LLM_RETRYABLE ||
-            (e->cfg->max_retries >= 0 && j->tm.retries >= e->cfg->max_retries) ||
-            try_retry(j, res) != 0) {
-            LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j),
-                j->tm.id, res->exc_type, res->message);
-            engine__fail(j, res->exc_type,
-                         !strncmp(res->exc_type, "SoftTimeLimit", 13) ||
-                                 !strncmp(res->exc_type, "TimeLimit", 9)
-                             ? "billiard.exceptions"
-                             : ENGINE_EXC_MODULE,
-                         res->message,
-                         res->verdict == LLM_RETRYABLE ? "retries exhausted"
-                                                       : "permanent failure",
-                         1, res);
-        }
+        handle_llm_failure(e, j, res);
     }
     engine__leave(e);
 }
@@ -941,13 +1012,57 @@ static void run_accumulate(struct job *j)
              "task raised", 1);
 }
 
-void engine__start(struct job *j)
+/* Builds j's LLM call for its current route step and starts it (j holds a
+ * slot). Returns 0: the call is in flight, counted in pending; else j was
+ * failed here, its slot given back (arguments that make no call, a provider
+ * that cannot express the request, out of memory). */
+static int start_call(struct job *j)
 {
     struct engine *e = j->e;
     struct task_call call;
     struct task_error te;
     struct cr_err err;
     int rc;
+
+    memset(&te, 0, sizeof(te));
+    rc = engine_job_args(j);
+    if (rc == 0)
+        rc = tasks_build_call(j->kind, &j->tm, e->cfg->llm_model, e->cfg->llm_embed_model,
+                              &call, &te);
+    if (rc) {
+        engine__release_slot(j);
+        if (rc == CR_ENOMEM)
+            snprintf(te.exc_type, sizeof(te.exc_type), "MemoryError");
+        LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+            te.exc_type, te.message);
+        fail_job(j, te.exc_type, "builtins", te.message, "bad arguments", 1);
+        return rc;
+    }
+    call.route_step = j->route_step;
+    j->json_answer = call.json_answer;
+    j->attempt++;
+    memset(&err, 0, sizeof(err));
+    rc = e->ops->call_llm(e->ctx, j, &call, &err);
+    task_call_release(&call);
+    if (rc) {
+        /* CR_EINVAL: the provider cannot express this request (a bad
+         * deployment name, an operation it lacks); retrying cannot help. */
+        const char *exc = rc == CR_EINVAL ? "ValueError" : "MemoryError";
+        engine__release_slot(j);
+        LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
+            exc, err.msg);
+        fail_job(j, exc, "builtins", err.msg,
+                 rc == CR_EINVAL ? "bad arguments" : "internal", rc == CR_EINVAL);
+        return rc;
+    }
+    engine__drop_args(j);
+    j->pending++;
+    return 0;
+}
+
+void engine__start(struct job *j)
+{
+    struct engine *e = j->e;
 
     if (engine__fanout_is_item(j)) {
         engine__fanout_run_item(j);
@@ -969,31 +1084,7 @@ void engine__start(struct job *j)
         engine__fanout_start(j);
         return;
     }
-    memset(&te, 0, sizeof(te));
-    rc = engine_job_args(j);
-    if (rc == 0)
-        rc = tasks_build_call(j->kind, &j->tm, e->cfg->llm_model, e->cfg->llm_embed_model,
-                              &call, &te);
-    if (rc) {
-        engine__release_slot(j);
-        if (rc == CR_ENOMEM)
-            snprintf(te.exc_type, sizeof(te.exc_type), "MemoryError");
-        LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s')", job_name(j), j->tm.id,
-            te.exc_type, te.message);
-        fail_job(j, te.exc_type, "builtins", te.message, "bad arguments", 1);
-        return;
-    }
-    j->attempt++;
-    memset(&err, 0, sizeof(err));
-    rc = e->ops->call_llm(e->ctx, j, &call, &err);
-    task_call_release(&call);
-    if (rc) {
-        engine__release_slot(j);
-        fail_job(j, "MemoryError", "builtins", err.msg, "internal", 0);
-        return;
-    }
-    engine__drop_args(j);
-    j->pending++;
+    start_call(j);
 }
 
 /* ------------------------------------------------------------- receiving */

@@ -53,7 +53,9 @@ struct job {
     uint64_t t_received; /* loop ms */
     uint64_t t_started;  /* loop ms; 0 until it starts */
     int64_t received_epoch_us;
-    int attempt; /* LLM attempts made by this worker for this delivery */
+    int attempt;     /* LLM attempts made by this worker for this delivery */
+    int route_step;  /* the provider of the model's list asked now (0: the first) */
+    int json_answer; /* task_call.json_answer of the call in flight */
     /* While its LLM call runs, the job drops the args and kwargs trees (see
      * engine_job_args()) and keeps the model they named. */
     int args_dropped;
@@ -104,6 +106,9 @@ enum task_event_type {
     TEV_REVOKED,
     TEV_REJECTED,
     TEV_DEAD_LETTERED, /* a final failure goes to the dead-letter exchange */
+    /* A call that had streamed text failed and starts again on the model's
+     * next provider: the text so far is void (exc_* say why, llm the call). */
+    TEV_FALLBACK,
 };
 
 /* What happened to a job, for events, metrics and progress. Borrowed for the

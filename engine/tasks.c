@@ -133,7 +133,8 @@ static int add_params(cJSON *req, const struct binding *b, const struct task_msg
     {
         cJSON *dup;
         if (is_named(b, kw->string) || !strcmp(kw->string, "stream") ||
-            !strcmp(kw->string, "stream_options") || !strcmp(kw->string, "messages"))
+            !strcmp(kw->string, "stream_options") || !strcmp(kw->string, "messages") ||
+            !strcmp(kw->string, TASKS_RETRY_INVALID_JSON))
             continue;
         dup = cJSON_Duplicate(kw, 1);
         if (!dup)
@@ -219,9 +220,25 @@ static int set_model(cJSON *req, const char *model, struct task_call *out)
     return cJSON_AddStringToObject(req, "model", model) ? 0 : CR_ENOMEM;
 }
 
-static int stream_options(cJSON *req)
+/* What the answer must be: JSON when response_format asks for it (a JSON
+ * schema, or json_object), and whether a failure to parse is retried. */
+static void answer_rule(const struct task_msg *m, struct task_call *out)
+{
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(m->kwargs, "response_format");
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rf, "type"));
+    if (type && (!strcmp(type, "json_schema") || !strcmp(type, "json_object")))
+        out->json_answer = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(
+                               m->kwargs, TASKS_RETRY_INVALID_JSON))
+                               ? 2
+                               : 1;
+}
+
+/* Streams unless the task says stream=False: then one whole answer. */
+static int stream_options(cJSON *req, const struct task_msg *m)
 {
     cJSON *so;
+    if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(m->kwargs, "stream")))
+        return cJSON_AddFalseToObject(req, "stream") ? 0 : CR_ENOMEM;
     if (!cJSON_AddTrueToObject(req, "stream"))
         return CR_ENOMEM;
     so = cJSON_AddObjectToObject(req, "stream_options");
@@ -265,7 +282,7 @@ static int build_generate(const struct task_msg *m, const char *default_model,
     if (!um)
         goto out;
     cJSON_AddItemToArray(msgs, um);
-    if (add_params(req, &b, m) || stream_options(req))
+    if (add_params(req, &b, m) || stream_options(req, m))
         goto out;
     out->op = LLM_OP_CHAT;
     rc = finish_body(req, out);
@@ -311,9 +328,10 @@ static int build_chat(const struct task_msg *m, const char *default_model,
         cJSON_Delete(dup);
         goto oom;
     }
-    if (add_params(req, &b, m) || stream_options(req))
+    if (add_params(req, &b, m) || stream_options(req, m))
         goto oom;
     out->op = LLM_OP_CHAT;
+    answer_rule(m, out);
     return finish_body(req, out);
 oom:
     cJSON_Delete(req);
@@ -399,7 +417,8 @@ void task_call_release(struct task_call *c)
 
 cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
 {
-    const struct openai_stream *s = res->chat;
+    const char *text = res->text ? res->text : "";
+    const char *fin = res->finish_reason ? res->finish_reason : "";
     cJSON *o, *u;
 
     if (kind == TASK_EMBED) {
@@ -408,15 +427,27 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
         return o;
     }
     if (kind == TASK_GENERATE)
-        return cJSON_CreateString(s->content.data ? s->content.data : "");
+        return cJSON_CreateString(text);
     o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    if (!cJSON_AddStringToObject(o, "content", s->content.data ? s->content.data : "") ||
-        !cJSON_AddStringToObject(o, "model", s->model) ||
-        !(s->finish_reason[0]
-              ? cJSON_AddStringToObject(o, "finish_reason", s->finish_reason)
-              : cJSON_AddNullToObject(o, "finish_reason")))
+    if (!cJSON_AddStringToObject(o, "content", text) ||
+        !cJSON_AddStringToObject(o, "model", res->model ? res->model : "") ||
+        !(fin[0] ? cJSON_AddStringToObject(o, "finish_reason", fin)
+                 : cJSON_AddNullToObject(o, "finish_reason")))
+        goto oom;
+    /* As the OpenAI SDK's message.tool_calls: None when there are none. */
+    if (res->reply && res->reply->ntools) {
+        cJSON *calls = chat_reply_tool_calls_json(res->reply);
+        if (!calls || !cJSON_AddItemToObject(o, "tool_calls", calls)) {
+            cJSON_Delete(calls);
+            goto oom;
+        }
+    } else if (!cJSON_AddNullToObject(o, "tool_calls")) {
+        goto oom;
+    }
+    if (!cJSON_AddStringToObject(
+            o, "provider", res->provider && res->provider[0] ? res->provider : "default"))
         goto oom;
     /* Always a dict with the three counts. The provider's own when it sent
      * a usage object ("source": "provider"; a count it left out is null);
@@ -428,10 +459,10 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
     if (!u)
         goto oom;
     {
-        int given =
-            s->prompt_tokens >= 0 || s->completion_tokens >= 0 || s->total_tokens >= 0;
+        int given = res->prompt_tokens >= 0 || res->completion_tokens >= 0 ||
+                    res->total_tokens >= 0;
         const char *names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
-        long vals[3] = {s->prompt_tokens, s->completion_tokens, s->total_tokens};
+        long vals[3] = {res->prompt_tokens, res->completion_tokens, res->total_tokens};
         for (int i = 0; i < 3; i++)
             if (!(vals[i] >= 0 ? cJSON_AddNumberToObject(u, names[i], (double)vals[i])
                                : cJSON_AddNullToObject(u, names[i])))
@@ -439,7 +470,7 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
         if (!cJSON_AddStringToObject(u, "source", given ? "provider" : "worker"))
             goto oom;
         if (!given &&
-            !cJSON_AddNumberToObject(u, "completion_chunks", (double)s->content_chunks))
+            !cJSON_AddNumberToObject(u, "completion_chunks", (double)res->content_chunks))
             goto oom;
     }
     return o;

@@ -58,7 +58,17 @@ struct task_call {
     size_t body_len;
     int embed_list;
     char model[128];
+    /* Which of the model's providers to ask: 0 the first, 1 its first
+     * fallback, ... (the switchboard resolves it; see llm_result.fallback_left). */
+    int route_step;
+    /* 1: the answer must parse as JSON (response_format json_schema or
+     * json_object), else a permanent failure; 2: the same, retried. */
+    int json_answer;
 };
+
+/* The llm.chat keyword argument that makes an answer that is not the JSON
+ * its response_format asked for a retried failure (it is not sent). */
+#define TASKS_RETRY_INVALID_JSON "retry_invalid_json"
 
 /* Binds m's args/kwargs for kind and builds the request JSON. default_model is
  * used when the task gives none (default_embed_model for llm.embed). Returns 0,

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "protocol/ndjson.h"
 #include "protocol/sse.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -76,6 +77,17 @@ struct llm_req {
     struct sse_parser *sse;
     struct openai_stream chat;
     struct buf raw;
+    /* The provider path (llm_request.provider): its answer and, for an
+     * NDJSON body, the line splitter; NULL on the default fast path. */
+    struct llm_stream *ps;
+    struct ndjson_parser *nd;
+    enum llm_framing framing;
+    int is_nd;
+    int fallback_left;
+    const char *provider_name;
+    unsigned long pchunks; /* provider path: frames that carried text */
+    /* Phase timeouts in ms (this call's, or the client's). */
+    uint32_t first_byte_ms, first_token_ms, idle_ms;
 
     uint64_t t_start, t_headers, t_first_token;
     /* Last sign of progress: any byte of a plain body, but only a data event
@@ -301,9 +313,18 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
              * text/plain, and a server may ignore "stream" and answer with
              * one JSON document. So the Content-Type is not read at all. */
             r->is_sse = 0;
-            r->sniff = r->op == LLM_OP_CHAT && r->status < 300;
+            r->is_nd = 0;
+            r->sniff = r->op == LLM_OP_CHAT && r->status < 300 &&
+                       (!r->ps || r->framing == LLM_FRAMING_SSE);
             if (r->sniff)
                 r->raw.max_bytes = MAX_RAW_BODY;
+            else if (r->ps && r->op == LLM_OP_CHAT && r->status < 300) {
+                /* NDJSON lines are split as they come; a JSON document
+                 * (not streamed) waits whole in raw. A non-streamed
+                 * Ollama answer is one line, so either reads it. */
+                r->is_nd = r->framing == LLM_FRAMING_NDJSON;
+                r->raw.max_bytes = MAX_RAW_BODY;
+            }
         }
         return n;
     }
@@ -359,11 +380,18 @@ static int feed_sse(struct llm_req *r, const char *ptr, size_t n, int notify)
         const char *delta = NULL;
         size_t dlen = 0;
         r->t_last_data = uv_now(r->c->loop);
-        if (openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen, &err)) {
+        if (r->ps ? llm_stream_feed(
+                        r->ps,
+                        &(struct llm_frame){ev.type, ev.type_len, ev.data, ev.data_len},
+                        &delta, &dlen, &err)
+                  : openai_stream_feed(&r->chat, ev.data, ev.data_len, &delta, &dlen,
+                                       &err)) {
             r->proto_error = 1;
             set_fail(r, "bad stream chunk: %s", err.msg);
             return -1;
         }
+        if (dlen)
+            r->pchunks++;
         if (dlen) {
             if (!r->t_first_token)
                 r->t_first_token = r->t_last_data;
@@ -382,6 +410,56 @@ static int feed_sse(struct llm_req *r, const char *ptr, size_t n, int notify)
      * parser buffers meanwhile, for the price of an allocation or two per
      * read. */
     sse_parser_trim(r->sse);
+    return 0;
+}
+
+/* Hands one NDJSON line (a provider's frame) on; see feed_nd(). */
+static int feed_line(struct llm_req *r, const char *line, size_t len, int notify)
+{
+    const char *delta = NULL;
+    size_t dlen = 0;
+    struct cr_err err;
+
+    r->t_last_data = uv_now(r->c->loop);
+    if (llm_stream_feed(r->ps, &(struct llm_frame){NULL, 0, line, len}, &delta, &dlen,
+                        &err)) {
+        r->proto_error = 1;
+        set_fail(r, "bad stream line: %s", err.msg);
+        return -1;
+    }
+    if (dlen) {
+        r->pchunks++;
+        if (!r->t_first_token)
+            r->t_first_token = r->t_last_data;
+        if (notify && r->on_delta)
+            r->on_delta(r, delta, dlen, r->privdata);
+        if (r->aborted)
+            return -1;
+    }
+    return 0;
+}
+
+/* Feeds n bytes of a newline-delimited JSON body (Ollama's stream); the
+ * same returns as feed_sse(). */
+static int feed_nd(struct llm_req *r, const char *ptr, size_t n)
+{
+    const char *line;
+    size_t len;
+    int rc;
+
+    if ((rc = ndjson_feed(r->nd, ptr, n)) < 0) {
+        r->proto_error = 1;
+        set_fail(r, "bad ndjson stream: %s", cr_strerror(rc));
+        return -1;
+    }
+    while ((rc = ndjson_next(r->nd, &line, &len)) == 1)
+        if (feed_line(r, line, len, 1))
+            return -1;
+    if (rc < 0) {
+        r->proto_error = 1;
+        set_fail(r, "bad ndjson stream: %s", cr_strerror(rc));
+        return -1;
+    }
     return 0;
 }
 
@@ -411,6 +489,10 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 
     if (r->aborted)
         return 0; /* makes curl stop with CURLE_WRITE_ERROR */
+    if (r->is_nd) {
+        r->t_last_data = uv_now(r->c->loop);
+        return feed_nd(r, ptr, n) ? 0 : n;
+    }
     if (!r->is_sse) {
         r->t_last_data = uv_now(r->c->loop);
         if (buf_append(&r->raw, ptr, n)) {
@@ -448,6 +530,11 @@ static void req_free(struct llm_req *r)
     header_reset(r);
     cr_free(r->body);
     sse_parser_free(r->sse);
+    ndjson_parser_free(r->nd);
+    if (r->ps) {
+        llm_stream_release(r->ps);
+        cr_free(r->ps);
+    }
     openai_stream_release(&r->chat);
     buf_release(&r->raw);
     cr_free(r);
@@ -544,6 +631,105 @@ static int is_blank_body(const struct buf *b)
     return 1;
 }
 
+/* The outcome of a provider-path transfer that ended at the HTTP level
+ * (see finish()): an error body, an embeddings body, or a chat answer
+ * streamed or whole, judged by the provider's own mapping. */
+static void provider_outcome(struct llm_req *r, struct llm_result *res, char *msg,
+                             size_t cap)
+{
+    const struct llm_provider *p = r->ps->provider;
+    const char *body = r->raw.data ? r->raw.data : "";
+    struct chat_reply *rep = &r->ps->reply;
+    struct cr_err err;
+    int bad_body = 0;
+
+    if (r->status < 200 || r->status >= 300) {
+        struct chat_error e;
+        p->error_parse(r->status, body, r->raw.len, &e);
+        res->code = CR_ELLM;
+        res->verdict = llm_classify(0, llm_error_status(&e, r->status), e.code, e.type,
+                                    r->should_retry, 0);
+        res->exc_type = e.kind != CHAT_ERROR_UNKNOWN ? llm_error_exc_type(&e)
+                                                     : exc_for_status(r->status);
+        res->retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
+                                                 clock_epoch_us() / 1000);
+        snprintf(msg, cap, "Error code: %ld - %s", r->status,
+                 e.message[0] ? e.message : "(no message)");
+        add_detail(msg, cap, e.type, e.code, NULL);
+        return;
+    }
+    if (r->op == LLM_OP_EMBED) {
+        res->embedding = p->embed_parse ? p->embed_parse(body, r->raw.len, r->embed_list,
+                                                         &res->embed_tokens, &err)
+                                        : NULL;
+        if (!res->embedding) {
+            res->code = CR_ELLM;
+            res->verdict = p->embed_parse ? LLM_RETRYABLE : LLM_PERMANENT;
+            res->exc_type = "APIError";
+            snprintf(msg, cap, "bad embeddings response: %s",
+                     p->embed_parse ? err.msg : "the provider has no embeddings");
+        }
+        return;
+    }
+    if (r->is_sse) {
+        struct sse_event ev;
+        if (sse_finish(r->sse, &ev) == 1)
+            llm_stream_feed(
+                r->ps, &(struct llm_frame){ev.type, ev.type_len, ev.data, ev.data_len},
+                NULL, NULL, &err);
+    } else if (r->is_nd) {
+        const char *line;
+        size_t len;
+        while (!r->proto_error && ndjson_finish(r->nd, &line, &len) == 1)
+            feed_line(r, line, len, 0);
+        if (r->proto_error) {
+            res->code = CR_ELLM;
+            res->verdict = LLM_RETRYABLE;
+            res->exc_type = "APIError";
+            snprintf(msg, cap, "%s", r->fail_msg ? r->fail_msg : "protocol error");
+            return;
+        }
+    } else if (llm_stream_parse(r->ps, body, r->raw.len, &err)) {
+        /* As on the fast path: a body that is neither the stream asked for
+         * nor a whole answer is bought again by a retry; an empty one is
+         * a cut exchange. */
+        bad_body = !is_blank_body(&r->raw);
+        snprintf(msg, cap, "response is neither a %s stream nor a %s answer: %s", p->name,
+                 p->name, err.msg);
+        res->code = CR_ELLM;
+        res->verdict = bad_body ? LLM_PERMANENT : LLM_RETRYABLE;
+        res->exc_type = bad_body ? "APIResponseValidationError" : "APIError";
+        return;
+    }
+    if (rep->error) {
+        const struct chat_error *e = rep->err;
+        long st = llm_error_status(e, 0);
+        res->code = CR_ELLM;
+        if (st) {
+            res->verdict =
+                llm_classify(0, st, e ? e->code : NULL, e ? e->type : NULL, NULL, 0);
+            res->exc_type = llm_error_exc_type(e);
+        } else {
+            res->verdict = llm_classify(0, r->status, e ? e->code : NULL,
+                                        e ? e->type : NULL, NULL, 1);
+            res->exc_type = "APIError";
+        }
+        res->retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
+                                                 clock_epoch_us() / 1000);
+        snprintf(msg, cap, "error in stream: %s",
+                 e && e->message[0] ? e->message : "(no message)");
+        if (e)
+            add_detail(msg, cap, e->type, e->code, NULL);
+    } else if (!llm_stream_complete(r->ps)) {
+        res->code = CR_ELLM;
+        res->verdict = LLM_RETRYABLE;
+        res->exc_type = "APIError";
+        snprintf(msg, cap,
+                 "%s answer ended without its completion marker after %zu bytes of text",
+                 p->name, rep->content.len);
+    }
+}
+
 /* Works out the outcome of a finished transfer and calls on_done. */
 static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
 {
@@ -556,7 +742,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     res.retry_after_ms = -1;
     res.http_status = r->status;
     res.curl_code = (int)cc;
-    res.chat = &r->chat;
+    res.provider = r->provider_name ? r->provider_name : "";
+    res.fallback_left = r->fallback_left;
     res.elapsed_s = (double)(now - r->t_start) / 1000.0;
     res.ttft_s = r->t_first_token ? (double)(r->t_first_token - r->t_start) / 1000.0 : -1;
     res.embed_tokens = -1;
@@ -582,6 +769,8 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
         res.exc_type =
             cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError" : "APIConnectionError";
         describe_failure(r, cc, msg, sizeof(msg));
+    } else if (r->ps) {
+        provider_outcome(r, &res, msg, sizeof(msg));
     } else if (r->status < 200 || r->status >= 300) {
         struct openai_error oe;
         openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
@@ -661,6 +850,12 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     }
     if (res.code == 0)
         res.verdict = LLM_OK;
+    if (r->op == LLM_OP_CHAT && r->ps) {
+        llm_result_set_reply(&res, &r->ps->reply);
+        res.content_chunks = r->pchunks;
+    } else if (r->op == LLM_OP_CHAT) {
+        llm_result_set_openai(&res, &r->chat);
+    }
     /* Every failure text passes here, whatever its source (error body, stream
      * error, curl, abort), on its way to logs, results and events. */
     redact_str(c->cfg.secrets, msg);
@@ -753,28 +948,28 @@ static void on_sweep(uv_timer_t *t)
         if (r->aborted)
             continue;
         if (!r->headers_done) {
-            if (now - r->t_start > (uint64_t)(c->cfg.first_byte_timeout_s * 1000)) {
+            if (now - r->t_start > r->first_byte_ms) {
                 snprintf(msg, sizeof(msg), "no response within %gs (first-byte timeout)",
-                         c->cfg.first_byte_timeout_s);
+                         r->first_byte_ms / 1000.0);
                 llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
             }
             continue;
         }
-        if ((r->is_sse || r->sniff) && !r->t_first_token) {
+        if ((r->is_sse || r->sniff || r->is_nd) && !r->t_first_token) {
             /* Prefill may legitimately be long and send only pings: until the
              * first token only the first-token timeout applies. */
-            if (now - r->t_headers > (uint64_t)(c->cfg.first_token_timeout_s * 1000)) {
+            if (now - r->t_headers > r->first_token_ms) {
                 snprintf(msg, sizeof(msg), "no token within %gs (first-token timeout)",
-                         c->cfg.first_token_timeout_s);
+                         r->first_token_ms / 1000.0);
                 llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
             }
             continue;
         }
         {
             uint64_t last = r->t_last_data > r->t_headers ? r->t_last_data : r->t_headers;
-            if (now - last > (uint64_t)(c->cfg.idle_timeout_s * 1000)) {
+            if (now - last > r->idle_ms) {
                 snprintf(msg, sizeof(msg), "no data for %gs (idle timeout)",
-                         c->cfg.idle_timeout_s);
+                         r->idle_ms / 1000.0);
                 llm_req_abort(r, CR_ETIMEDOUT, "APITimeoutError", msg);
             }
         }
@@ -925,6 +1120,28 @@ static int keep_connection(const struct llm_client *c, const char *url)
     return strncmp(url, "http://", 7) || c->nactive < (size_t)c->cfg.keep_connections;
 }
 
+/* A phase timeout in ms: this call's when given, else the client's. */
+static uint32_t timeout_ms(double own_s, double client_s)
+{
+    double s = own_s > 0 ? own_s : client_s;
+    if (s <= 0)
+        s = 1e6; /* no limit given: effectively none */
+    return s * 1000 > 4e9 ? 4000000000u : (uint32_t)(s * 1000);
+}
+
+/* A provider call's own header list: its lines, and the empty Expect. */
+static struct curl_slist *request_headers(const struct llm_request *rq)
+{
+    struct curl_slist *list = curl_slist_append(NULL, "Expect:"), *h = list;
+    for (size_t i = 0; h && i < rq->nheaders; i++)
+        h = curl_slist_append(list, rq->headers[i]);
+    if (!h) {
+        curl_slist_free_all(list);
+        return NULL;
+    }
+    return list;
+}
+
 struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
                                   llm_delta_fn *on_delta, llm_done_fn *on_done,
                                   void *privdata, struct cr_err *err)
@@ -943,6 +1160,13 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     r->on_delta = on_delta;
     r->on_done = on_done;
     r->privdata = privdata;
+    r->first_byte_ms = timeout_ms(rq->first_byte_timeout_s, c->cfg.first_byte_timeout_s);
+    r->first_token_ms =
+        timeout_ms(rq->first_token_timeout_s, c->cfg.first_token_timeout_s);
+    r->idle_ms = timeout_ms(rq->idle_timeout_s, c->cfg.idle_timeout_s);
+    r->framing = rq->framing;
+    r->provider_name = rq->provider_name;
+    r->fallback_left = rq->fallback_left;
     openai_stream_init(&r->chat);
     buf_init(&r->raw);
     r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
@@ -953,8 +1177,23 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         r->sse = sse_parser_new(0);
     if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
         goto oom;
-    hdrs = shared_headers(c, rq->op, rq->api_key);
-    if (!hdrs) {
+    if (rq->provider) {
+        r->ps = cr_malloc(sizeof(*r->ps));
+        if (!r->ps)
+            goto oom;
+        if (llm_stream_init(r->ps, rq->provider, rq->op)) {
+            cr_free(r->ps);
+            r->ps = NULL;
+            goto oom;
+        }
+        r->ps->reply.max_content_bytes = MAX_RAW_BODY;
+        if (rq->framing == LLM_FRAMING_NDJSON && !(r->nd = ndjson_parser_new(0)))
+            goto oom;
+        r->headers = request_headers(rq);
+        if (!r->headers)
+            goto oom;
+        hdrs = r->headers;
+    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
         r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
         if (!r->headers)
             goto oom;
@@ -973,7 +1212,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
     curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS,
-                     (long)(c->cfg.connect_timeout_s * 1000));
+                     (long)timeout_ms(rq->connect_timeout_s, c->cfg.connect_timeout_s));
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPIDLE, 60L);
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPINTVL, 60L);
@@ -1018,9 +1257,10 @@ oom:
 
 const char *llm_req_text(const struct llm_req *r, size_t *len)
 {
+    const struct buf *b = r->ps ? &r->ps->reply.content : &r->chat.content;
     if (len)
-        *len = r->chat.content.len;
-    return r->chat.content.data ? r->chat.content.data : "";
+        *len = b->len;
+    return b->data ? b->data : "";
 }
 
 size_t llm_client_active(const struct llm_client *c)

@@ -16,6 +16,7 @@
 
 #include "llm_types.h"
 #include "policy.h"
+#include "provider.h"
 #include "protocol/openai.h"
 #include "util/err.h"
 #include "util/redact.h"
@@ -57,6 +58,23 @@ struct llm_request {
     const char *body;    /* JSON body (copied) */
     size_t body_len;
     int embed_list; /* LLM_OP_EMBED: the input was a list */
+    /* NULL: the default OpenAI-compatible provider, read on a fast path
+     * (openai_stream) with api_key and the client's headers. Else the call
+     * is this provider's (provider.h): the request was built by its build(),
+     * headers are exactly the lines below, a 2xx body is framed as framing
+     * says and mapped into a chat_reply, errors go through its error_parse. */
+    const struct llm_provider *provider;
+    const char *const *headers; /* nheaders "Name: value" lines (copied) */
+    size_t nheaders;
+    enum llm_framing framing;
+    /* Borrowed, must outlive the call: named in the result. */
+    const char *provider_name;
+    int fallback_left; /* passed to the result as it is */
+    /* Phase timeouts for this call, in seconds; <= 0: the client's. */
+    double connect_timeout_s;
+    double first_byte_timeout_s;
+    double first_token_timeout_s;
+    double idle_timeout_s;
 };
 
 struct llm_client;

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "policy.h"
+#include "protocol/chat_reply.h"
 #include "protocol/openai.h"
 
 enum llm_op {
@@ -23,12 +24,54 @@ struct llm_result {
     const char *message;      /* one line, for FAILURE and logs; secrets cut out */
     long http_status;         /* 0 when no response */
     int curl_code;
-    int64_t retry_after_ms;           /* server-given delay, or -1 */
-    const struct openai_stream *chat; /* LLM_OP_CHAT: text, finish, usage */
-    cJSON *embedding;                 /* LLM_OP_EMBED on success; callee may detach it */
+    int64_t retry_after_ms; /* server-given delay, or -1 */
+    /* LLM_OP_CHAT: the answer (so far, on a failure), whichever provider
+     * gave it. Never NULL strings. Counts are -1 when unknown. */
+    const char *text;
+    size_t text_len;
+    const char *model;         /* as the server named it; "" when unknown */
+    const char *finish_reason; /* OpenAI's names; "" when none came */
+    long prompt_tokens, completion_tokens, total_tokens;
+    unsigned long content_chunks; /* frames that carried text */
+    /* The provider path's whole reply (tool calls), or NULL: the default
+     * provider's plain chats are read on a fast path that keeps none. */
+    const struct chat_reply *reply;
+    const char *provider; /* the configured name that answered; "" default */
+    /* The worker has another provider to try for this call after this one
+     * (a fallback), so a retryable failure can move on at once. */
+    int fallback_left;
+    cJSON *embedding; /* LLM_OP_EMBED on success; callee may detach it */
     long embed_tokens;
     double ttft_s; /* time to first token (or first byte), -1 if none */
     double elapsed_s;
 };
+
+/* Fills the answer fields of r from an OpenAI stream (the fast path). */
+static inline void llm_result_set_openai(struct llm_result *r,
+                                         const struct openai_stream *s)
+{
+    r->text = s->content.data ? s->content.data : "";
+    r->text_len = s->content.len;
+    r->model = s->model;
+    r->finish_reason = s->finish_reason;
+    r->prompt_tokens = s->prompt_tokens;
+    r->completion_tokens = s->completion_tokens;
+    r->total_tokens = s->total_tokens;
+    r->content_chunks = s->content_chunks;
+}
+
+/* The same from a provider's reply. */
+static inline void llm_result_set_reply(struct llm_result *r, const struct chat_reply *c)
+{
+    r->text = c->content.data ? c->content.data : "";
+    r->text_len = c->content.len;
+    r->model = c->model;
+    r->finish_reason = c->finish_reason;
+    r->prompt_tokens = c->prompt_tokens;
+    r->completion_tokens = c->completion_tokens;
+    r->total_tokens = c->total_tokens;
+    r->content_chunks = c->frames;
+    r->reply = c;
+}
 
 #endif

@@ -43,6 +43,7 @@ int llm_http_request_header(struct llm_http_request *hr, const char *name,
 /* ---------------------------------------------------------------- routing */
 
 static const struct llm_provider *const builtin[] = {
+    &llm_provider_openai,
     &llm_provider_anthropic,
     &llm_provider_ollama,
     &llm_provider_azure,
@@ -67,7 +68,9 @@ const struct llm_provider *llm_provider_route(const char *model, const char **ba
     *bare = model;
     if (!model)
         return NULL;
-    for (i = 0; i < sizeof(builtin) / sizeof(builtin[0]); i++) {
+    /* Not "openai/": gateways name models that way ("openai/gpt-4o"), and
+     * the default provider is OpenAI-compatible already. */
+    for (i = 1; i < sizeof(builtin) / sizeof(builtin[0]); i++) {
         n = strlen(builtin[i]->name);
         /* "ollama/" alone names no model: left to the default provider,
          * which will say the model does not exist. */

@@ -100,7 +100,7 @@ struct llm_stream {
 
 /* The table a provider module exports. Only the optional members may be NULL. */
 struct llm_provider {
-    const char *name; /* "anthropic", "ollama", "azure" */
+    const char *name; /* "openai", "anthropic", "ollama", "azure" */
 
     /* Fills out (initialized by the caller) for op from req, the task's
      * OpenAI-shaped request (borrowed: messages, model, max_tokens,
@@ -143,6 +143,7 @@ struct llm_provider {
     int (*complete)(const struct llm_stream *s);
 };
 
+extern const struct llm_provider llm_provider_openai;
 extern const struct llm_provider llm_provider_anthropic;
 extern const struct llm_provider llm_provider_ollama;
 extern const struct llm_provider llm_provider_azure;
@@ -183,5 +184,18 @@ const char *llm_error_exc_type(const struct chat_error *e);
  * -> "http://h/v1/x"). query (may be NULL) is appended after "?". Returns a
  * new string, or NULL on OOM. */
 char *llm__join_url(const char *base, const char *path, const char *query);
+
+/* For provider modules whose bodies and streams are OpenAI's (openai,
+ * azure): the mapping into a chat_reply, tool calls included
+ * (provider_openai.c). Members of struct llm_provider. */
+int llm__openai_stream_init(struct llm_stream *s);
+void llm__openai_stream_release(struct llm_stream *s);
+int llm__openai_feed(struct llm_stream *s, const struct llm_frame *f, const char **delta,
+                     size_t *delta_len, struct cr_err *err);
+int llm__openai_parse(struct llm_stream *s, const char *body, size_t len,
+                      struct cr_err *err);
+int llm__openai_complete(const struct llm_stream *s);
+void llm__openai_error_parse(long status, const char *body, size_t len,
+                             struct chat_error *out);
 
 #endif

@@ -105,6 +105,10 @@ static const struct opt opts[] = {
      "HEADER"},
     {"llm-ca-file", 0, "CELERIAC_LLM_CA_FILE", OPTS_STR, OFF(llm_ca_file), "", 0, 0,
      "PEM file of the CAs trusted for an HTTPS base URL (empty: the system's)", "FILE"},
+    {"llm-providers", 0, "CELERIAC_LLM_PROVIDERS", OPTS_STR, OFF(llm_providers), "", 0, 0,
+     "named LLM providers and model routes with fallbacks: a JSON file, or the JSON "
+     "itself (see README, Providers)",
+     "FILE"},
     {"llm-http2", 0, "CELERIAC_LLM_HTTP2", OPTS_BOOL, OFF(llm_http2), "0", 0, 1,
      "HTTP/2 over HTTPS: many calls multiplexed on one connection (give "
      "--llm-max-connections too; see README)"},

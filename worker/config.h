@@ -53,6 +53,7 @@ struct config {
     struct opts_list llm_headers; /* "Name: value" extra request headers */
     int llm_http2;                /* multiplex calls over HTTPS */
     char *llm_ca_file;            /* "": the system's CA store */
+    char *llm_providers;          /* providers document: a file, or inline JSON */
     char *llm_model;
     char *llm_embed_model;
     double llm_connect_timeout;

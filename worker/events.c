@@ -222,9 +222,9 @@ static void fill_llm(const struct job *j, const struct llm_result *llm,
     t->model = events_job_model(j);
     t->prompt_tokens = -1;
     t->completion_tokens = -1;
-    if (llm->chat) {
-        t->prompt_tokens = llm->chat->prompt_tokens;
-        t->completion_tokens = llm->chat->completion_tokens;
+    if (llm->text) {
+        t->prompt_tokens = llm->prompt_tokens;
+        t->completion_tokens = llm->completion_tokens;
     } else if (llm->embed_tokens >= 0) {
         t->prompt_tokens = llm->embed_tokens;
         t->completion_tokens = 0;
@@ -251,7 +251,8 @@ void events_on_task(struct events *ev, struct job *j, const struct task_event_in
     struct buf body, args, kwargs, result, exc, tb;
     int rc = 0;
 
-    if (!ev || !ev->enabled || !j->tm.id)
+    /* A fallback is no event of Celery's: the task goes on. */
+    if (!ev || !ev->enabled || !j->tm.id || info->type == TEV_FALLBACK)
         return;
     memset(&t, 0, sizeof(t));
     t.uuid = j->tm.id;

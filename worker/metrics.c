@@ -151,11 +151,11 @@ static void count_llm(struct metrics *m, struct job *j, const struct llm_result 
         prom_observe(m->llm_duration, model, llm->elapsed_s);
     if (llm->ttft_s >= 0)
         prom_observe(m->llm_ttft, model, llm->ttft_s);
-    if (llm->chat) {
-        if (llm->chat->prompt_tokens > 0)
-            prom_add(m->tokens_in, model, (double)llm->chat->prompt_tokens);
-        if (llm->chat->completion_tokens > 0)
-            prom_add(m->tokens_out, model, (double)llm->chat->completion_tokens);
+    if (llm->text) {
+        if (llm->prompt_tokens > 0)
+            prom_add(m->tokens_in, model, (double)llm->prompt_tokens);
+        if (llm->completion_tokens > 0)
+            prom_add(m->tokens_out, model, (double)llm->completion_tokens);
     } else if (llm->embed_tokens > 0) {
         prom_add(m->tokens_in, model, (double)llm->embed_tokens);
     }
@@ -205,6 +205,8 @@ void metrics_on_task(struct metrics *m, struct job *j, const struct task_event_i
         count_final(m, j, "REJECTED");
         break;
     case TEV_DEAD_LETTERED: /* metrics_on_dead_letter() counts it */
+        break;
+    case TEV_FALLBACK: /* the call is counted below, the task at its end */
         break;
     }
     if (info->llm)

@@ -503,8 +503,8 @@ static void close_attempt(struct progress *p, struct ptask *t, const char *state
     int k = 0;
 
     buf_init(&res);
-    if (info->llm && info->llm->chat && info->llm->chat->completion_tokens > 0)
-        tokens = info->llm->chat->completion_tokens;
+    if (info->llm && info->llm->text && info->llm->completion_tokens > 0)
+        tokens = info->llm->completion_tokens;
     if (info->type == TEV_REVOKED) {
         snprintf(err, sizeof(err), "TaskRevokedError: %s",
                  info->terminated ? "terminated"
@@ -545,7 +545,9 @@ void progress_on_task(struct progress *p, struct job *j,
     if (!p || !j->tm.id || !has_progress(j))
         return;
     t = j->ptask;
-    state = final_state(info->type);
+    /* A fallback after text closes this run as a retry would: the next
+     * provider's text is a new run, so readers see a new attempt. */
+    state = info->type == TEV_FALLBACK ? (t ? "RETRY" : NULL) : final_state(info->type);
     if (!state)
         return;
     if (!p->pol.stream) {

@@ -9,6 +9,7 @@
  * docs/internals/worker.md for the way of one task. */
 #include "worker.h"
 
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include "engine/engine.h"
 #include "events.h"
 #include "llm/llm_client.h"
+#include "llm/registry.h"
 #include "metrics.h"
 #include "net/broker.h"
 #include "net/results.h"
@@ -44,7 +46,8 @@ struct worker {
     struct broker *broker;
     struct backend *backend;
     struct llm_client *llm;
-    struct redact secrets; /* config_secrets(): cut out of provider messages */
+    struct redact secrets;         /* config_secrets(): cut out of provider messages */
+    struct llm_registry providers; /* named providers and model routes */
     char *chat_url;
     char *embed_url;
     struct broker_config bcfg;
@@ -341,11 +344,87 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     engine_on_llm_done(j->e, now_of(worker_of(j)), j, res);
 }
 
+/* Whether a call must leave the default provider's fast path: it names
+ * another model than the task's, or it may get tool calls back (the fast
+ * path keeps none). */
+static int needs_provider_path(const struct task_call *c, const struct llm_resolved *rs)
+{
+    return strcmp(rs->model, c->model) != 0 ||
+           (c->op == LLM_OP_CHAT && memmem(c->body, c->body_len, "\"tools\"", 7));
+}
+
+/* Builds a provider's request from the task's OpenAI-shaped body and
+ * submits it. */
+static int call_provider(struct worker *w, struct job *j, const struct task_call *c,
+                         const struct llm_resolved *rs, struct cr_err *err)
+{
+    struct llm_provider_config dcfg;
+    const struct llm_provider_config *pcfg;
+    const struct llm_provider *impl;
+    struct llm_http_request hr;
+    struct llm_request rq;
+    cJSON *req;
+    int rc;
+
+    if (rs->named) {
+        impl = rs->named->impl;
+        pcfg = &rs->named->cfg;
+    } else {
+        /* The default provider, through the general path. */
+        memset(&dcfg, 0, sizeof(dcfg));
+        dcfg.base_url = w->cfg->llm_base_url;
+        dcfg.api_key = w->cfg->llm_api_key;
+        dcfg.headers = (const char *const *)w->cfg->llm_headers.items;
+        impl = &llm_provider_openai;
+        pcfg = &dcfg;
+    }
+    req = cJSON_ParseWithLength(c->body, c->body_len);
+    if (!req)
+        return cr_err_set(err, CR_ENOMEM, "cannot read the request back");
+    llm_http_request_init(&hr);
+    rc = impl->build(pcfg, c->op, req, rs->model, &hr, err);
+    cJSON_Delete(req);
+    if (rc) {
+        llm_http_request_release(&hr);
+        if (rc == CR_EINVAL)
+            return cr_err_set(err, CR_EINVAL, "provider %s: %s", rs->name, err->msg);
+        return rc;
+    }
+    memset(&rq, 0, sizeof(rq));
+    rq.op = c->op;
+    rq.url = hr.url;
+    rq.body = hr.body;
+    rq.body_len = hr.body_len;
+    rq.embed_list = c->embed_list;
+    rq.provider = impl;
+    rq.headers = (const char *const *)hr.headers;
+    rq.nheaders = hr.nheaders;
+    rq.framing = hr.framing;
+    rq.provider_name = rs->name; /* the registry's, or a literal */
+    rq.fallback_left = rs->more;
+    if (rs->named) {
+        rq.connect_timeout_s = rs->named->connect_s;
+        rq.first_byte_timeout_s = rs->named->first_byte_s;
+        rq.first_token_timeout_s = rs->named->first_token_s;
+        rq.idle_timeout_s = rs->named->idle_s;
+    }
+    j->call = llm_client_submit(w->llm, &rq, on_llm_delta, on_llm_done, j, err);
+    llm_http_request_release(&hr);
+    return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
+}
+
 static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
                        struct cr_err *err)
 {
     struct worker *w = ctx;
     struct llm_request rq;
+    struct llm_resolved rs;
+
+    if (llm_registry_resolve(&w->providers, c->model, c->route_step, &rs))
+        return cr_err_set(err, CR_EINVAL, "model %.64s has no provider number %d",
+                          c->model, c->route_step + 1);
+    if (rs.named || needs_provider_path(c, &rs))
+        return call_provider(w, j, c, &rs, err);
     memset(&rq, 0, sizeof(rq));
     rq.op = c->op;
     rq.url = c->op == LLM_OP_EMBED ? w->embed_url : w->chat_url;
@@ -353,6 +432,7 @@ static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
     rq.body = c->body;
     rq.body_len = c->body_len;
     rq.embed_list = c->embed_list;
+    rq.fallback_left = rs.more;
     j->call = llm_client_submit(w->llm, &rq, on_llm_delta, on_llm_done, j, err);
     return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
 }
@@ -560,6 +640,66 @@ static void engine_config_of(struct engine_config *ec, const struct config *cfg,
     ec->new_uuid = new_uuid;
 }
 
+static const char *env_of(const char *name)
+{
+    return getenv(name);
+}
+
+/* Loads the named providers (the SDK variables, then --llm-providers) and
+ * adds their keys and header values to the redaction set. Start-up only:
+ * reading the file blocks. */
+static int providers_load(struct worker *w, struct cr_err *err)
+{
+    const char *src = w->cfg->llm_providers;
+    struct buf doc;
+    int rc;
+
+    llm_registry_init(&w->providers);
+    if ((rc = llm_registry_from_env(&w->providers, env_of, err)))
+        return rc;
+    buf_init(&doc);
+    if (src && src[0] == '{') {
+        rc = buf_puts(&doc, src);
+    } else if (src && src[0]) {
+        FILE *f = fopen(src, "rb");
+        char chunk[4096];
+        size_t n;
+        if (!f)
+            return cr_err_set(err, CR_EINVAL, "cannot open --llm-providers file %s: %s",
+                              src, strerror(errno));
+        while (!rc && (n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+            rc = doc.len + n > (1u << 20) ? CR_ETOOBIG : buf_append(&doc, chunk, n);
+        fclose(f);
+        if (rc) {
+            buf_release(&doc);
+            return cr_err_set(err, CR_EINVAL, "--llm-providers file %s: %s", src,
+                              rc == CR_ETOOBIG ? "over 1 MiB" : cr_strerror(rc));
+        }
+    }
+    if (!rc && doc.len)
+        rc = llm_registry_parse(&w->providers, doc.data, doc.len, env_of, err);
+    else if (rc)
+        cr_err_set(err, rc, "out of memory");
+    buf_release(&doc);
+    if (rc)
+        return rc;
+    for (int i = 0; i < w->providers.nproviders; i++) {
+        const struct llm_named *p = &w->providers.providers[i];
+        if (p->api_key && (rc = redact_add_str(&w->secrets, p->api_key)))
+            return cr_err_set(err, rc, "out of memory");
+        for (int k = 0; p->headers[k]; k++) {
+            const char *v = strchr(p->headers[k], ':');
+            v = v ? v + 1 : "";
+            v += strspn(v, " \t");
+            if ((rc = redact_add_str(&w->secrets, v)))
+                return cr_err_set(err, rc, "out of memory");
+        }
+        LOG(LOG_INFO, "LLM provider %s: %s API%s%s", p->name, p->impl->name,
+            p->api_key_env ? ", key from $" : "", p->api_key_env ? p->api_key_env : "");
+    }
+    return 0;
+}
+
 static int clients_new(struct worker *w, struct cr_err *err)
 {
     const struct config *cfg = w->cfg;
@@ -577,6 +717,8 @@ static int clients_new(struct worker *w, struct cr_err *err)
     if ((rc = config_secrets(cfg, &w->secrets)) != 0)
         return cr_err_set(err, rc, "cannot keep the configured secrets: %s",
                           cr_strerror(rc));
+    if ((rc = providers_load(w, err)) != 0)
+        return rc;
     lc.secrets = &w->secrets;
     /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
     lc.headers = (const char *const *)cfg->llm_headers.items;
@@ -669,6 +811,7 @@ fail:
     cr_free(w->chat_url);
     cr_free(w->embed_url);
     redact_release(&w->secrets);
+    llm_registry_release(&w->providers);
     cr_free(w);
     return NULL;
 }
@@ -779,5 +922,6 @@ void worker_free(struct worker *w)
     cr_free(w->chat_url);
     cr_free(w->embed_url);
     redact_release(&w->secrets);
+    llm_registry_release(&w->providers);
     cr_free(w);
 }

@@ -430,7 +430,7 @@ void fake_llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
     r.message = exc ? "it went wrong" : "";
     r.http_status = v == LLM_OK ? 200 : 429;
     r.retry_after_ms = retry_after_ms;
-    r.chat = &s;
+    llm_result_set_openai(&r, &s);
     engine_on_llm_done(f->e, f->now, j, &r);
     openai_stream_release(&s);
 }

@@ -1,0 +1,438 @@
+/* registry.c -- named providers and model routes (see registry.h). */
+#include "registry.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+
+#include "llm_client.h"
+#include "util/alloc.h"
+
+void llm_registry_init(struct llm_registry *r)
+{
+    memset(r, 0, sizeof(*r));
+}
+
+static void named_release(struct llm_named *p)
+{
+    cr_free(p->base_url);
+    cr_free(p->api_key);
+    cr_free(p->api_version);
+    cr_free(p->deployment);
+    cr_free(p->api_key_env);
+    for (int i = 0; p->headers[i]; i++)
+        cr_free(p->headers[i]);
+    memset(p, 0, sizeof(*p));
+}
+
+void llm_registry_release(struct llm_registry *r)
+{
+    for (int i = 0; i < r->nproviders; i++)
+        named_release(&r->providers[i]);
+    for (int i = 0; i < r->nmodels; i++) {
+        cr_free(r->models[i].pattern);
+        for (int k = 0; k < r->models[i].ntargets; k++)
+            cr_free(r->models[i].targets[k].model);
+    }
+    llm_registry_init(r);
+}
+
+int llm_registry_find(const struct llm_registry *r, const char *name, size_t n)
+{
+    for (int i = 0; i < r->nproviders; i++)
+        if (strlen(r->providers[i].name) == n && !memcmp(r->providers[i].name, name, n))
+            return i;
+    return -1;
+}
+
+/* Names are what a model prefix can hold: [a-z0-9_-], 1 to 31 of them. */
+static int valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 31)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
+            return 0;
+    return 1;
+}
+
+/* Points the provider's config at its own strings. */
+static void named_link(struct llm_named *p)
+{
+    p->cfg.base_url = p->base_url;
+    p->cfg.api_key = p->api_key;
+    p->cfg.api_version = p->api_version;
+    p->cfg.deployment = p->deployment;
+    p->cfg.headers = (const char *const *)p->headers;
+}
+
+/* A slot for name: the existing one (emptied), or a new one. NULL when full. */
+static struct llm_named *slot_for(struct llm_registry *r, const char *name)
+{
+    int i = llm_registry_find(r, name, strlen(name));
+    struct llm_named *p;
+
+    if (i >= 0) {
+        named_release(&r->providers[i]);
+        p = &r->providers[i];
+    } else {
+        if (r->nproviders >= LLM_REGISTRY_MAX_PROVIDERS)
+            return NULL;
+        p = &r->providers[r->nproviders++];
+        memset(p, 0, sizeof(*p));
+    }
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    return p;
+}
+
+static int dup_opt(char **dst, const char *s)
+{
+    if (!s || !s[0])
+        return 0;
+    *dst = cr_strdup(s);
+    return *dst ? 0 : CR_ENOMEM;
+}
+
+/* ------------------------------------------------------------ environment */
+
+/* A new provider of this name and type, or NULL when the name exists
+ * already (*rc 0) or there is no room (*rc CR_EINVAL). */
+static struct llm_named *env_slot(struct llm_registry *r, const char *name,
+                                  const struct llm_provider *impl, int *rc)
+{
+    struct llm_named *p;
+
+    *rc = 0;
+    if (llm_registry_find(r, name, strlen(name)) >= 0)
+        return NULL;
+    if (!(p = slot_for(r, name))) {
+        *rc = CR_EINVAL;
+        return NULL;
+    }
+    p->impl = impl;
+    return p;
+}
+
+int llm_registry_from_env(struct llm_registry *r, llm_getenv_fn *env, struct cr_err *err)
+{
+    const char *v;
+    struct llm_named *p;
+    int rc = 0;
+
+    if ((env("ANTHROPIC_API_KEY") || env("ANTHROPIC_BASE_URL")) &&
+        (p = env_slot(r, "anthropic", &llm_provider_anthropic, &rc))) {
+        if (dup_opt(&p->api_key, env("ANTHROPIC_API_KEY")) ||
+            dup_opt(&p->base_url, env("ANTHROPIC_BASE_URL")) ||
+            dup_opt(&p->api_key_env, "ANTHROPIC_API_KEY"))
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        named_link(p);
+    }
+    if (!rc && (v = env("OLLAMA_HOST")) && v[0] &&
+        (p = env_slot(r, "ollama", &llm_provider_ollama, &rc))) {
+        /* OLLAMA_HOST may be "host:port" without a scheme, as ollama's own
+         * client takes it. */
+        char *u = cr_malloc(strlen(v) + 8);
+        if (!u)
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        sprintf(u, "%s%s", strstr(v, "://") ? "" : "http://", v);
+        p->base_url = u;
+        named_link(p);
+    }
+    if (!rc && (v = env("AZURE_OPENAI_ENDPOINT")) && v[0] &&
+        (p = env_slot(r, "azure", &llm_provider_azure, &rc))) {
+        if (dup_opt(&p->base_url, v) ||
+            dup_opt(&p->api_key, env("AZURE_OPENAI_API_KEY")) ||
+            dup_opt(&p->api_version, env("OPENAI_API_VERSION")) ||
+            dup_opt(&p->api_key_env, "AZURE_OPENAI_API_KEY"))
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        named_link(p);
+    }
+    if (rc)
+        return cr_err_set(err, rc, "more than %d llm providers",
+                          LLM_REGISTRY_MAX_PROVIDERS);
+    return 0;
+}
+
+/* --------------------------------------------------------------- document */
+
+static const char *str_of(const cJSON *o, const char *k)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+static int parse_timeouts(struct llm_named *p, const cJSON *t, struct cr_err *err)
+{
+    const cJSON *k;
+    if (!cJSON_IsObject(t))
+        return cr_err_set(err, CR_EINVAL, "llm provider '%s': timeouts must be an object",
+                          p->name);
+    cJSON_ArrayForEach(k, t)
+    {
+        double *dst = !strcmp(k->string, "connect")       ? &p->connect_s
+                      : !strcmp(k->string, "first_byte")  ? &p->first_byte_s
+                      : !strcmp(k->string, "first_token") ? &p->first_token_s
+                      : !strcmp(k->string, "idle")        ? &p->idle_s
+                                                          : NULL;
+        if (!dst)
+            return cr_err_set(err, CR_EINVAL,
+                              "llm provider '%s': unknown timeout '%.40s' (connect, "
+                              "first_byte, first_token, idle)",
+                              p->name, k->string);
+        if (!cJSON_IsNumber(k) || k->valuedouble <= 0 || k->valuedouble > 86400)
+            return cr_err_set(err, CR_EINVAL,
+                              "llm provider '%s': timeout '%s' must be seconds in (0, "
+                              "86400]",
+                              p->name, k->string);
+        *dst = k->valuedouble;
+    }
+    return 0;
+}
+
+static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn *env,
+                          struct cr_err *err)
+{
+    static const char *const keys[] = {"type",        "base_url",   "api_key_env",
+                                       "api_version", "deployment", "headers",
+                                       "max_tokens",  "timeouts",   NULL};
+    const char *name = o->string, *type;
+    const struct llm_provider *impl;
+    struct llm_named *p;
+    const cJSON *k, *h;
+    int nh = 0;
+
+    if (!valid_name(name) || !strcmp(name, "default"))
+        return cr_err_set(err, CR_EINVAL,
+                          "llm provider name '%.40s' must be 1-31 of [a-z0-9_-], not "
+                          "'default'",
+                          name);
+    if (!cJSON_IsObject(o))
+        return cr_err_set(err, CR_EINVAL, "llm provider '%s' must be an object", name);
+    cJSON_ArrayForEach(k, o)
+    {
+        int known = 0;
+        for (int i = 0; keys[i]; i++)
+            known |= !strcmp(k->string, keys[i]);
+        if (!known)
+            return cr_err_set(err, CR_EINVAL, "llm provider '%s': unknown key '%.40s'",
+                              name, k->string);
+        if (strcmp(k->string, "headers") && strcmp(k->string, "max_tokens") &&
+            strcmp(k->string, "timeouts") && !cJSON_IsString(k))
+            return cr_err_set(err, CR_EINVAL, "llm provider '%s': '%s' must be a string",
+                              name, k->string);
+    }
+    type = str_of(o, "type");
+    impl = type ? llm_provider_find(type) : NULL;
+    if (!impl)
+        return cr_err_set(err, CR_EINVAL,
+                          "llm provider '%s': type must be openai, anthropic, ollama or "
+                          "azure",
+                          name);
+    if (!str_of(o, "base_url") && impl != &llm_provider_anthropic)
+        return cr_err_set(err, CR_EINVAL, "llm provider '%s' needs a base_url", name);
+    if (!(p = slot_for(r, name)))
+        return cr_err_set(err, CR_EINVAL, "more than %d llm providers",
+                          LLM_REGISTRY_MAX_PROVIDERS);
+    p->impl = impl;
+    if (dup_opt(&p->base_url, str_of(o, "base_url")) ||
+        dup_opt(&p->api_version, str_of(o, "api_version")) ||
+        dup_opt(&p->deployment, str_of(o, "deployment")) ||
+        dup_opt(&p->api_key_env, str_of(o, "api_key_env")))
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    if (p->api_key_env) {
+        const char *key = env(p->api_key_env);
+        if (!key || !key[0])
+            return cr_err_set(
+                err, CR_EINVAL,
+                "llm provider '%s': the variable %.64s named by api_key_env "
+                "is not set",
+                name, p->api_key_env);
+        if (dup_opt(&p->api_key, key))
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "max_tokens"))) {
+        if (!cJSON_IsNumber(k) || k->valuedouble < 1 || k->valuedouble > 1e7)
+            return cr_err_set(err, CR_EINVAL,
+                              "llm provider '%s': max_tokens must be a positive integer",
+                              name);
+        p->cfg.default_max_tokens = (long)k->valuedouble;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "timeouts")) &&
+        parse_timeouts(p, k, err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "headers"))) {
+        if (!cJSON_IsArray(k))
+            return cr_err_set(
+                err, CR_EINVAL,
+                "llm provider '%s': headers must be a list of 'Name: value'", name);
+        cJSON_ArrayForEach(h, k)
+        {
+            if (nh >= LLM_REGISTRY_MAX_HEADERS)
+                return cr_err_set(err, CR_EINVAL, "llm provider '%s': over %d headers",
+                                  name, LLM_REGISTRY_MAX_HEADERS);
+            if (!cJSON_IsString(h))
+                return cr_err_set(err, CR_EINVAL,
+                                  "llm provider '%s': each header must be a string",
+                                  name);
+            if (llm_header_check(h->valuestring, err))
+                return cr_err_set(err, CR_EINVAL, "llm provider '%s': %s", name,
+                                  err->msg);
+            if (!(p->headers[nh++] = cr_strdup(h->valuestring)))
+                return cr_err_set(err, CR_ENOMEM, "out of memory");
+        }
+    }
+    named_link(p);
+    return 0;
+}
+
+/* "name/model" or "name" -> a target. */
+static int parse_target(struct llm_registry *r, const char *route, const cJSON *t,
+                        struct llm_target *out, struct cr_err *err)
+{
+    const char *s = cJSON_GetStringValue(t), *slash;
+    size_t n;
+
+    if (!s || !s[0])
+        return cr_err_set(err, CR_EINVAL,
+                          "llm model '%.64s': each target must be 'provider' or "
+                          "'provider/model'",
+                          route);
+    slash = strchr(s, '/');
+    n = slash ? (size_t)(slash - s) : strlen(s);
+    if (n == 7 && !memcmp(s, "default", 7))
+        out->provider = -1;
+    else if ((out->provider = llm_registry_find(r, s, n)) < 0)
+        return cr_err_set(err, CR_EINVAL, "llm model '%.64s': no provider named '%.*s'",
+                          route, (int)(n > 40 ? 40 : n), s);
+    if (slash && slash[1] && !(out->model = cr_strdup(slash + 1)))
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    return 0;
+}
+
+static int parse_models(struct llm_registry *r, const cJSON *models, struct cr_err *err)
+{
+    const cJSON *m, *t;
+
+    if (!cJSON_IsObject(models))
+        return cr_err_set(err, CR_EINVAL, "llm providers: 'models' must be an object");
+    cJSON_ArrayForEach(m, models)
+    {
+        struct llm_model_route *mr;
+        const char *star = strchr(m->string, '*');
+
+        if (!m->string[0] || (star && star[1]))
+            return cr_err_set(err, CR_EINVAL,
+                              "llm model '%.64s': a pattern may only end in '*'",
+                              m->string);
+        if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) < 1 ||
+            cJSON_GetArraySize(m) > LLM_REGISTRY_MAX_TARGETS)
+            return cr_err_set(err, CR_EINVAL,
+                              "llm model '%.64s' must map to a list of 1 to %d targets",
+                              m->string, LLM_REGISTRY_MAX_TARGETS);
+        if (r->nmodels >= LLM_REGISTRY_MAX_MODELS)
+            return cr_err_set(err, CR_EINVAL, "more than %d llm models",
+                              LLM_REGISTRY_MAX_MODELS);
+        mr = &r->models[r->nmodels++];
+        memset(mr, 0, sizeof(*mr));
+        if (!(mr->pattern = cr_strdup(m->string)))
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        cJSON_ArrayForEach(t, m)
+        {
+            if (parse_target(r, m->string, t, &mr->targets[mr->ntargets], err))
+                return err->code;
+            mr->ntargets++;
+        }
+    }
+    return 0;
+}
+
+int llm_registry_parse(struct llm_registry *r, const char *doc, size_t len,
+                       llm_getenv_fn *env, struct cr_err *err)
+{
+    cJSON *root = cJSON_ParseWithLength(doc, len);
+    const cJSON *k, *p;
+    int rc = 0;
+
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return cr_err_set(err, CR_EINVAL, "llm providers: not a JSON object");
+    }
+    cJSON_ArrayForEach(k, root)
+    {
+        if (strcmp(k->string, "providers") && strcmp(k->string, "models")) {
+            rc = cr_err_set(err, CR_EINVAL,
+                            "llm providers: unknown key '%.40s' (providers, models)",
+                            k->string);
+            goto out;
+        }
+    }
+    p = cJSON_GetObjectItemCaseSensitive(root, "providers");
+    if (p && !cJSON_IsObject(p)) {
+        rc = cr_err_set(err, CR_EINVAL, "llm providers: 'providers' must be an object");
+        goto out;
+    }
+    cJSON_ArrayForEach(k, p)
+    {
+        if ((rc = parse_provider(r, k, env, err)))
+            goto out;
+    }
+    /* After every provider: a target may name one defined later in the file. */
+    if ((k = cJSON_GetObjectItemCaseSensitive(root, "models")))
+        rc = parse_models(r, k, err);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* -------------------------------------------------------------- resolving */
+
+static const struct llm_model_route *route_of(const struct llm_registry *r,
+                                              const char *model)
+{
+    const struct llm_model_route *best = NULL;
+    size_t best_n = 0;
+
+    for (int i = 0; i < r->nmodels; i++) {
+        const char *pat = r->models[i].pattern;
+        size_t n = strlen(pat);
+        if (pat[n - 1] != '*') {
+            if (!strcmp(pat, model))
+                return &r->models[i];
+        } else if (!strncmp(pat, model, n - 1) && (!best || n - 1 > best_n)) {
+            best = &r->models[i];
+            best_n = n - 1;
+        }
+    }
+    return best;
+}
+
+int llm_registry_resolve(const struct llm_registry *r, const char *model, int step,
+                         struct llm_resolved *out)
+{
+    const struct llm_model_route *mr = route_of(r, model);
+    const char *slash = strchr(model, '/');
+    int pi = slash ? llm_registry_find(r, model, (size_t)(slash - model)) : -1;
+    /* "name/rest" with name a provider: rest is the model that name knows. */
+    const char *bare = pi >= 0 && slash[1] ? slash + 1 : model;
+
+    memset(out, 0, sizeof(*out));
+    if (mr) {
+        const struct llm_target *t;
+        if (step < 0 || step >= mr->ntargets)
+            return -1;
+        t = &mr->targets[step];
+        out->named = t->provider >= 0 ? &r->providers[t->provider] : NULL;
+        out->model = t->model ? t->model : bare;
+        out->more = step + 1 < mr->ntargets;
+    } else if (step != 0) {
+        return -1;
+    } else if (pi >= 0 && slash[1]) {
+        out->named = &r->providers[pi];
+        out->model = bare;
+    } else {
+        out->model = model;
+    }
+    out->name = out->named ? out->named->name : "default";
+    return 0;
+}
