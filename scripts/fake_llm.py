@@ -41,6 +41,7 @@ TEXT RULE (what the completion says)
   the concatenation of the "text" of its {"type":"text"} parts); completions ->
   "prompt" if a string, else its first element (non-strings JSON-encoded compactly).
   reply=echo : text = "echo: " + P[:200] (code points); tokens = re.findall(r"[^ ]+ *", text)
+  reply=json : text = json.dumps({"echo": P[:200]}), split into tokens the same way
                (the tokens knob is ignored).
   reply=lorem (default): N = tokens knob, S = seed knob (string, default "0"),
       KS = sha256(utf8(P)+b"\\0"+utf8(S)+b"\\0"+b"0") || sha256(..+b"1") || ...   (digests)
@@ -67,7 +68,7 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
                     scaled; a released name holds nothing more; /__reset releases all)
   tps               tokens/s after the first (0 = as fast as possible: one write)
   jitter            +/- percent random variation of each inter-chunk gap (seeded)
-  tokens, seed, reply(lorem|echo), unicode(0|1), json_ascii(0|1: \\uXXXX escapes)
+  tokens, seed, reply(lorem|echo|json), unicode(0|1), json_ascii(0|1: \\uXXXX escapes)
   chunk_tokens      tokens per content chunk (default 1)
   write_bytes       n or "random" (sizes 1..16): split the body into n-byte writes, each
                     its own HTTP chunk (raw writes when not chunked); write_gap_ms
@@ -199,7 +200,7 @@ KNOBS = {
     "latency_ms": (float, 0.0), "header_delay_ms": (float, 0.0),
     "accept_delay_ms": (float, 0.0), "ttft_ms": (float, 0.0), "tps": (float, 0.0),
     "jitter": (float, 0.0), "tokens": (int, 16), "seed": (str, "0"),
-    "reply": (("lorem", "echo"), "lorem"), "unicode": (bool, 0), "json_ascii": (bool, 0),
+    "reply": (("lorem", "echo", "json"), "lorem"), "unicode": (bool, 0), "json_ascii": (bool, 0),
     "chunk_tokens": (int, 1), "write_bytes": ("wb", "0"), "write_gap_ms": (float, 0.0),
     "split_utf8": (bool, 0), "eol": (("lf", "crlf", "cr", "mixed"), "lf"),
     "ping_ms": (float, 0.0), "ping_text": (str, "ping"), "event_lines": (bool, 0),
@@ -307,6 +308,8 @@ def keystream(data, n):
 def gen_tokens(prompt, reply, ntok, seed, uni):
     if reply == "echo":
         return tuple(re.findall(r"[^ ]+ *", "echo: " + prompt[:200]))
+    if reply == "json":
+        return tuple(re.findall(r"[^ ]+ *", json.dumps({"echo": prompt[:200]})))
     if ntok <= 0:
         return ()
     ks = keystream(prompt.encode("utf-8", "surrogatepass") + b"\0" + seed.encode("utf-8"), ntok)
