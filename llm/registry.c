@@ -133,10 +133,11 @@ int llm_registry_from_env(struct llm_registry *r, llm_getenv_fn *env, struct cr_
         (p = env_slot(r, "ollama", &llm_provider_ollama, &rc))) {
         /* OLLAMA_HOST may be "host:port" without a scheme, as ollama's own
          * client takes it. */
-        char *u = cr_malloc(strlen(v) + 8);
+        size_t n = strlen(v) + 8;
+        char *u = cr_malloc(n);
         if (!u)
             return cr_err_set(err, CR_ENOMEM, "out of memory");
-        sprintf(u, "%s%s", strstr(v, "://") ? "" : "http://", v);
+        snprintf(u, n, "%s%s", strstr(v, "://") ? "" : "http://", v);
         p->base_url = u;
         named_link(p);
     }
@@ -275,9 +276,11 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
                 return cr_err_set(err, CR_EINVAL,
                                   "llm provider '%s': each header must be a string",
                                   name);
-            if (llm_header_check(h->valuestring, err))
-                return cr_err_set(err, CR_EINVAL, "llm provider '%s': %s", name,
-                                  err->msg);
+            if (llm_header_check(h->valuestring, err)) {
+                char why[sizeof(err->msg)];
+                snprintf(why, sizeof(why), "%s", err->msg);
+                return cr_err_set(err, CR_EINVAL, "llm provider '%s': %s", name, why);
+            }
             if (!(p->headers[nh++] = cr_strdup(h->valuestring)))
                 return cr_err_set(err, CR_ENOMEM, "out of memory");
         }

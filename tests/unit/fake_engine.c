@@ -176,6 +176,7 @@ static int f_call(void *ctx, struct job *j, const struct task_call *c, struct cr
     j->call = j;
     f->bodies[f->ncalls] = strndup(c->body, c->body_len);
     f->call_ids[f->ncalls] = j->tm.id ? strdup(j->tm.id) : NULL;
+    f->steps[f->ncalls] = c->route_step;
     f->calls[f->ncalls++] = j;
     fake_note(f, "call", num_of(f, j));
     return 0;
@@ -430,6 +431,8 @@ void fake_llm_done(struct fake *f, int i, enum llm_verdict v, const char *exc,
     r.message = exc ? "it went wrong" : "";
     r.http_status = v == LLM_OK ? 200 : 429;
     r.retry_after_ms = retry_after_ms;
+    r.fallback_left = f->fallback_left;
+    r.provider = "p";
     llm_result_set_openai(&r, &s);
     engine_on_llm_done(f->e, f->now, j, &r);
     openai_stream_release(&s);

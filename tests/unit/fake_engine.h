@@ -70,14 +70,15 @@ struct fake {
     struct engine *e; /* fake_start() */
 
     /* flags */
-    int connected;    /* delivery_live() answers it (1) */
-    int log_numbers;  /* "ack1" (1) or "ack" (0): the delivery's number in the log */
-    int log_releases; /* "release1" in the log (1) */
-    int no_reads;     /* read_state() fails the test: every delivery is a first one */
-    int fail_store;   /* store() and store_for() refuse with CR_ENOMEM */
-    int fail_publish; /* publish() refuses with this code (0: takes it) */
-    int fail_call;    /* call_llm() refuses with CR_ENOMEM */
-    int fail_chord;   /* chord() refuses with this code (0: takes it) */
+    int connected;     /* delivery_live() answers it (1) */
+    int log_numbers;   /* "ack1" (1) or "ack" (0): the delivery's number in the log */
+    int log_releases;  /* "release1" in the log (1) */
+    int no_reads;      /* read_state() fails the test: every delivery is a first one */
+    int fail_store;    /* store() and store_for() refuse with CR_ENOMEM */
+    int fail_publish;  /* publish() refuses with this code (0: takes it) */
+    int fail_call;     /* call_llm() refuses with CR_ENOMEM */
+    int fail_chord;    /* chord() refuses with this code (0: takes it) */
+    int fallback_left; /* fake_llm_done() results say another provider follows */
     /* hooks */
     fake_notify_fn *on_notify;
 
@@ -86,7 +87,7 @@ struct fake {
     int ndeliveries;
     int acks[FAKE_MAXOPS], rejects[FAKE_MAXOPS], releases[FAKE_MAXOPS]; /* by n */
     int acked, rejected, released;                                      /* in all */
-    int notes[TEV_DEAD_LETTERED + 1];                                   /* by type */
+    int notes[TEV_FALLBACK + 1];                                        /* by type */
     int prefetch;
     int stopped, cold;
     char last_abort[64]; /* exc_type of the last abort_llm() */
@@ -103,6 +104,7 @@ struct fake {
     char *bodies[FAKE_MAXOPS];   /* each call's request body */
     char *call_ids[FAKE_MAXOPS]; /* each call's task id (NULL: a map's item) */
     int aborted[FAKE_MAXOPS];    /* abort_llm() came for the call */
+    int steps[FAKE_MAXOPS];      /* each call's route_step */
     int ncalls;
     struct job *reads[FAKE_MAXOPS];
     int nreads;

@@ -191,6 +191,61 @@ START_TEST(test_ignore_result_acks_without_store)
 }
 END_TEST
 
+START_TEST(test_fallback_moves_on_at_once)
+{
+    struct fake f;
+    char st[32];
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    log_is(&f, "call1");
+    /* retryable, another provider follows, no text yet: the next one is
+     * asked at once, with no retry published and no progress run closed */
+    f.fallback_left = 1;
+    llm_done(&f, 0, LLM_RETRYABLE, "OverloadedError", -1, NULL);
+    log_is(&f, "done call1");
+    ck_assert_int_eq(f.steps[1], 1);
+    ck_assert_int_eq(f.notes[TEV_FALLBACK], 0);
+    ck_assert_int_eq(f.notes[TEV_RETRIED], 0);
+    /* text had come: the run is closed as void before the next provider */
+    llm_done(&f, 1, LLM_RETRYABLE, "APIError", -1, "half an answ");
+    log_is(&f, "done call1");
+    ck_assert_int_eq(f.steps[2], 2);
+    ck_assert_int_eq(f.notes[TEV_FALLBACK], 1);
+    f.fallback_left = 0;
+    llm_done(&f, 2, LLM_OK, NULL, -1, "whole answer");
+    log_is(&f, "done store-SUCCESS");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "SUCCESS");
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_fallback_not_for_permanent_or_last)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.cfg.dead_letter_exchange = NULL;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    f.fallback_left = 1;
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call1 done store-FAILURE");
+    stored(&f, 0, 0);
+    fake_release(&f);
+    /* the last provider's retryable failure is a retry as before */
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "OverloadedError", -1, NULL);
+    log_is(&f, "call1 done publish:celery");
+    ck_assert_int_eq(f.notes[TEV_RETRIED], 1);
+    fake_release(&f);
+}
+END_TEST
+
 START_TEST(test_retry_with_retry_after)
 {
     struct fake f;
@@ -1550,6 +1605,8 @@ Suite *suite(void)
     tcase_add_test(tc, test_success_llm);
     tcase_add_test(tc, test_ignore_result_acks_without_store);
     tcase_add_test(tc, test_retry_with_retry_after);
+    tcase_add_test(tc, test_fallback_moves_on_at_once);
+    tcase_add_test(tc, test_fallback_not_for_permanent_or_last);
     tcase_add_test(tc, test_retry_not_confirmed_leaves_it_unacked);
     tcase_add_test(tc, test_retry_broker_away_leaves_it_unacked);
     tcase_add_test(tc, test_exhausted_retries);

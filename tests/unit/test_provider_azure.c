@@ -1,6 +1,7 @@
 /* test_provider_azure.c -- Azure OpenAI: deployment URLs, api-version, the
  * api-key header, OpenAI streams with Azure's content-filter chunks, tool-call
- * fragments, errors. */
+ * fragments, errors. The OpenAI-compatible table shares the mapping; its
+ * request building is tested here too. */
 #include <check.h>
 #include <string.h>
 
@@ -111,6 +112,47 @@ END_TEST
 
 static const long steps[] = {0, 1, 3, 17, -1};
 #define NSTEPS ((int)(sizeof(steps) / sizeof(steps[0])))
+
+START_TEST(test_build_openai)
+{
+    static const char *const extra[] = {"X-Gateway: g", NULL};
+    struct llm_provider_config cfg = {
+        .base_url = "http://gw:8080/v1", .api_key = "sk-1", .headers = extra};
+    cJSON *req = json("{\"model\":\"smart\",\"stream\":true,\"messages\":[]}");
+    struct llm_http_request hr;
+    struct cr_err err = {0};
+
+    llm_http_request_init(&hr);
+    ck_assert_int_eq(
+        llm_provider_openai.build(&cfg, LLM_OP_CHAT, req, "gpt-4o", &hr, &err), 0);
+    ck_assert_str_eq(hr.url, "http://gw:8080/v1/chat/completions");
+    /* the routed model replaces the task's name, in place */
+    ck_assert_str_eq(hr.body, "{\"model\":\"gpt-4o\",\"stream\":true,\"messages\":[]}");
+    ck_assert_int_eq(hr.framing, LLM_FRAMING_SSE);
+    ck_assert_str_eq(hr.headers[hr.auth_header], "Authorization: Bearer sk-1");
+    ck_assert_str_eq(hr.headers[hr.nheaders - 1], "X-Gateway: g");
+    llm_http_request_release(&hr);
+    cfg.api_key = NULL;
+    ck_assert_int_eq(llm_provider_openai.build(&cfg, LLM_OP_EMBED, req, NULL, &hr, &err),
+                     0);
+    ck_assert_str_eq(hr.url, "http://gw:8080/v1/embeddings");
+    ck_assert_int_eq(hr.auth_header, -1);
+    ck_assert_int_eq(hr.framing, LLM_FRAMING_JSON);
+    llm_http_request_release(&hr);
+    cfg.base_url = NULL;
+    ck_assert_int_eq(llm_provider_openai.build(&cfg, LLM_OP_CHAT, req, NULL, &hr, &err),
+                     CR_EINVAL);
+    llm_http_request_release(&hr);
+    cJSON_Delete(req);
+    /* the default provider's prefix is never routed: gateways use it */
+    {
+        const char *bare;
+        ck_assert_ptr_null(llm_provider_route("openai/gpt-4o", &bare));
+        ck_assert_str_eq(bare, "openai/gpt-4o");
+        ck_assert_ptr_eq(llm_provider_find("openai"), &llm_provider_openai);
+    }
+}
+END_TEST
 
 START_TEST(test_stream)
 {
@@ -272,6 +314,7 @@ Suite *suite(void)
     TCase *tc = tcase_create("azure");
 
     tcase_add_test(tc, test_build);
+    tcase_add_test(tc, test_build_openai);
     tcase_add_loop_test(tc, test_stream, 0, NSTEPS);
     tcase_add_loop_test(tc, test_stream_tools, 0, NSTEPS);
     tcase_add_test(tc, test_stream_errors);

@@ -1,0 +1,211 @@
+/* test_registry.c -- the providers document and model resolution
+ * (llm/registry.c): every key, every refusal, the resolution order and the
+ * environment's providers, with a fake environment. */
+#include <check.h>
+#include <string.h>
+
+#include "tests/unit/unit.h"
+#include "llm/registry.h"
+
+static const char *fake_env(const char *name)
+{
+    static const char *const vars[][2] = {
+        {"K1", "secret-one"},
+        {"ANTHROPIC_API_KEY", "sk-ant-env"},
+        {"OLLAMA_HOST", "127.0.0.1:11434"},
+        {NULL, NULL},
+    };
+    for (int i = 0; vars[i][0]; i++)
+        if (!strcmp(vars[i][0], name))
+            return vars[i][1];
+    return NULL;
+}
+
+static const char *no_env(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+
+static const char *DOC =
+    "{\"providers\": {"
+    " \"claude\": {\"type\": \"anthropic\", \"api_key_env\": \"K1\", \"max_tokens\": 99,"
+    "   \"headers\": [\"anthropic-beta: x\"], \"timeouts\": {\"first_token\": 5}},"
+    " \"local\": {\"type\": \"ollama\", \"base_url\": \"http://h:11434\"},"
+    " \"az\": {\"type\": \"azure\", \"base_url\": \"https://r.openai.azure.com\","
+    "   \"deployment\": \"dep\", \"api_version\": \"2024-10-21\"}},"
+    " \"models\": {\"smart\": [\"claude/claude-x\", \"local\", \"default/gpt-4o\"],"
+    "   \"llama*\": [\"local\"], \"llama3-big*\": [\"az\"]}}";
+
+static void load(struct llm_registry *r, const char *doc, llm_getenv_fn *env)
+{
+    struct cr_err err;
+    llm_registry_init(r);
+    memset(&err, 0, sizeof(err));
+    ck_assert_msg(llm_registry_parse(r, doc, strlen(doc), env, &err) == 0, "%s", err.msg);
+}
+
+static void resolve_is(const struct llm_registry *r, const char *model, int step,
+                       const char *name, const char *sent, int more)
+{
+    struct llm_resolved rs;
+    ck_assert_int_eq(llm_registry_resolve(r, model, step, &rs), 0);
+    ck_assert_str_eq(rs.name, name);
+    ck_assert_str_eq(rs.model, sent);
+    ck_assert_int_eq(rs.more, more);
+    ck_assert(!strcmp(name, "default") ? rs.named == NULL : rs.named != NULL);
+}
+
+START_TEST(test_document)
+{
+    struct llm_registry r;
+    const struct llm_named *c;
+    load(&r, DOC, fake_env);
+    ck_assert_int_eq(r.nproviders, 3);
+    c = &r.providers[llm_registry_find(&r, "claude", 6)];
+    ck_assert_ptr_eq(c->impl, &llm_provider_anthropic);
+    ck_assert_str_eq(c->cfg.api_key, "secret-one");
+    ck_assert_ptr_null(c->cfg.base_url); /* its default */
+    ck_assert_int_eq(c->cfg.default_max_tokens, 99);
+    ck_assert_str_eq(c->cfg.headers[0], "anthropic-beta: x");
+    ck_assert_ptr_null(c->cfg.headers[1]);
+    ck_assert(c->first_token_s == 5 && c->idle_s == 0);
+    c = &r.providers[llm_registry_find(&r, "az", 2)];
+    ck_assert_str_eq(c->cfg.deployment, "dep");
+    ck_assert_str_eq(c->cfg.api_version, "2024-10-21");
+    ck_assert_ptr_null(c->cfg.api_key);
+    llm_registry_release(&r);
+}
+END_TEST
+
+START_TEST(test_resolution_order)
+{
+    struct llm_registry r;
+    struct llm_resolved rs;
+    load(&r, DOC, fake_env);
+    /* a listed model: its targets in order, then none */
+    resolve_is(&r, "smart", 0, "claude", "claude-x", 1);
+    resolve_is(&r, "smart", 1, "local", "smart", 1);
+    resolve_is(&r, "smart", 2, "default", "gpt-4o", 0);
+    ck_assert_int_eq(llm_registry_resolve(&r, "smart", 3, &rs), -1);
+    /* the longest pattern wins */
+    resolve_is(&r, "llama3", 0, "local", "llama3", 0);
+    resolve_is(&r, "llama3-big-70b", 0, "az", "llama3-big-70b", 0);
+    /* a configured prefix; an unknown one stays whole on the default */
+    resolve_is(&r, "local/qwen", 0, "local", "qwen", 0);
+    resolve_is(&r, "anthropic/claude-y", 0, "default", "anthropic/claude-y", 0);
+    resolve_is(&r, "openai/gpt-4o", 0, "default", "openai/gpt-4o", 0);
+    resolve_is(&r, "local/", 0, "default", "local/", 0);
+    resolve_is(&r, "gpt-4o-mini", 0, "default", "gpt-4o-mini", 0);
+    ck_assert_int_eq(llm_registry_resolve(&r, "gpt-4o-mini", 1, &rs), -1);
+    llm_registry_release(&r);
+}
+END_TEST
+
+START_TEST(test_environment)
+{
+    struct llm_registry r;
+    struct cr_err err;
+    const struct llm_named *p;
+    llm_registry_init(&r);
+    ck_assert_int_eq(llm_registry_from_env(&r, fake_env, &err), 0);
+    ck_assert_int_eq(r.nproviders, 2);
+    p = &r.providers[llm_registry_find(&r, "anthropic", 9)];
+    ck_assert_str_eq(p->cfg.api_key, "sk-ant-env");
+    p = &r.providers[llm_registry_find(&r, "ollama", 6)];
+    ck_assert_str_eq(p->cfg.base_url, "http://127.0.0.1:11434");
+    resolve_is(&r, "anthropic/claude-z", 0, "anthropic", "claude-z", 0);
+    /* a document's provider of the same name replaces it */
+    ck_assert_int_eq(llm_registry_parse(&r,
+                                        "{\"providers\":{\"ollama\":{\"type\":\"ollama\","
+                                        "\"base_url\":\"http://other:1\"}}}",
+                                        70, fake_env, &err),
+                     0);
+    ck_assert_int_eq(r.nproviders, 2);
+    p = &r.providers[llm_registry_find(&r, "ollama", 6)];
+    ck_assert_str_eq(p->cfg.base_url, "http://other:1");
+    llm_registry_release(&r);
+    llm_registry_init(&r);
+    ck_assert_int_eq(llm_registry_from_env(&r, no_env, &err), 0);
+    ck_assert_int_eq(r.nproviders, 0);
+    llm_registry_release(&r);
+}
+END_TEST
+
+START_TEST(test_refusals)
+{
+    static const struct {
+        const char *doc, *want;
+    } bad[] = {
+        {"[]", "not a JSON object"},
+        {"{\"provider\": {}}", "unknown key 'provider'"},
+        {"{\"providers\": []}", "'providers' must be an object"},
+        {"{\"providers\": {\"x\": {\"type\": \"gpt\"}}}", "type must be openai"},
+        {"{\"providers\": {\"x\": {\"type\": \"ollama\"}}}", "needs a base_url"},
+        {"{\"providers\": {\"default\": {\"type\": \"openai\", \"base_url\": \"u\"}}}",
+         "not 'default'"},
+        {"{\"providers\": {\"Bad Name\": {\"type\": \"anthropic\"}}}", "must be 1-31"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"api_key\": \"k\"}}}",
+         "unknown key 'api_key'"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"api_key_env\": \"NOPE\"}}}",
+         "NOPE named by api_key_env is not set"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"headers\": [\"a b: c\"]}}}",
+         "invalid --llm-header name"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"headers\": \"h: v\"}}}",
+         "headers must be a list"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"timeouts\": {\"all\": "
+         "1}}}}",
+         "unknown timeout 'all'"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"timeouts\": {\"idle\": "
+         "0}}}}",
+         "must be seconds"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"max_tokens\": 0}}}",
+         "max_tokens must be"},
+        {"{\"providers\": {\"x\": {\"type\": 5}}}", "'type' must be a string"},
+        {"{\"models\": {\"m\": [\"nobody/x\"]}}", "no provider named 'nobody'"},
+        {"{\"models\": {\"m\": []}}", "list of 1 to 8 targets"},
+        {"{\"models\": {\"a*b\": [\"default\"]}}", "may only end in '*'"},
+        {"{\"models\": {\"m\": [7]}}", "each target must be"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct llm_registry r;
+        struct cr_err err;
+        memset(&err, 0, sizeof(err));
+        llm_registry_init(&r);
+        ck_assert_int_eq(
+            llm_registry_parse(&r, bad[i].doc, strlen(bad[i].doc), fake_env, &err),
+            CR_EINVAL);
+        ck_assert_msg(strstr(err.msg, bad[i].want), "%s: got '%s'", bad[i].doc, err.msg);
+        ck_assert_ptr_null(strstr(err.msg, "secret-one"));
+        llm_registry_release(&r);
+    }
+}
+END_TEST
+
+/* Every prefix of the document: refused or taken, never a crash or a leak. */
+START_TEST(test_every_cut)
+{
+    size_t n = strlen(DOC);
+    for (size_t k = 0; k <= n; k++) {
+        struct llm_registry r;
+        struct cr_err err;
+        llm_registry_init(&r);
+        int rc = llm_registry_parse(&r, DOC, k, fake_env, &err);
+        ck_assert(k == n ? rc == 0 : rc == CR_EINVAL);
+        llm_registry_release(&r);
+    }
+}
+END_TEST
+
+Suite *suite(void)
+{
+    Suite *s = suite_create("registry");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_document);
+    tcase_add_test(tc, test_resolution_order);
+    tcase_add_test(tc, test_environment);
+    tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_every_cut);
+    suite_add_tcase(s, tc);
+    return s;
+}
