@@ -180,3 +180,25 @@ class SentinelCluster:
             except redis.RedisError:
                 return None
         return wait_until(switched, timeout, interval=0.1, what="the failover")
+
+    def wait_writable(self, timeout=60):
+        """With min_replicas_to_write, waits until the current master takes
+        writes. A promoted replica refuses them (NOREPLICAS) until a sentinel
+        has made the old master its replica (the sentinels send INFO to a
+        replica every 10 s, and reconfigure one only once it has said it is a
+        master for 8 s) and that one has synced: about 11 s after a failover
+        here, longer on a loaded host. This is
+        Redis's time, not the worker's: tests wait for it first, then bound the
+        worker's own progress."""
+        if not self.min_replicas_to_write:
+            return
+
+        def good():
+            try:
+                info = self.master_client().info("replication")
+            except redis.RedisError:
+                return False
+            return info.get("role") == "master" and \
+                info.get("min_slaves_good_slaves", 0) >= self.min_replicas_to_write
+        wait_until(good, timeout, interval=0.2,
+                   what="the master to take writes again (a replica in sync)")
