@@ -70,8 +70,12 @@ class SentinelCluster:
             f.write("port %d\nbind 127.0.0.1\ndir %s\nsave \"\"\nappendonly no\n"
                     "protected-mode no\n%s" % (port, d, extra))
             if self.min_replicas_to_write:
+                # With no delay before a full sync's transfer (Redis waits 5 s
+                # for more replicas to join it by default, and there is only
+                # one), the demoted master is a good replica again 5 s sooner
+                # after a failover, and the new master takes writes again.
                 f.write("min-replicas-to-write %d\nmin-replicas-max-lag 2\n"
-                        % self.min_replicas_to_write)
+                        "repl-diskless-sync-delay 0\n" % self.min_replicas_to_write)
         return _Proc(name, conf, [], os.path.join(d, "log"))
 
     def _sentinel(self, i, port):
