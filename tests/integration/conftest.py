@@ -389,6 +389,28 @@ def wait_until(pred, timeout=30, interval=0.05, what="condition"):
     raise AssertionError("timed out waiting for " + what)
 
 
+def wait_progress(count, total, stall=15, cap=120, interval=0.2, what="condition"):
+    """Waits until count() reaches total, for as long as it keeps growing: fails
+    when it has not grown for `stall` seconds, or after `cap` seconds in all.
+    For work whose length depends on the machine's load (a loaded CI host can
+    take twice as long as an idle one), where one fixed bound either fails
+    while work is still moving or waits long after it stopped. Returns the
+    last count."""
+    start = last_change = time.time()
+    best = count()
+    while best < total:
+        now = time.time()
+        if now - last_change > stall or now - start > cap:
+            raise AssertionError("timed out waiting for %s: %d of %d after %.0f s, "
+                                 "none more in the last %.0f s"
+                                 % (what, best, total, now - start, now - last_change))
+        time.sleep(interval)
+        n = count()
+        if n > best:
+            best, last_change = n, time.time()
+    return best
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -70,8 +70,12 @@ class SentinelCluster:
             f.write("port %d\nbind 127.0.0.1\ndir %s\nsave \"\"\nappendonly no\n"
                     "protected-mode no\n%s" % (port, d, extra))
             if self.min_replicas_to_write:
+                # With no delay before a full sync's transfer (Redis waits 5 s
+                # for more replicas to join it by default, and there is only
+                # one), the demoted master is a good replica again 5 s sooner
+                # after a failover, and the new master takes writes again.
                 f.write("min-replicas-to-write %d\nmin-replicas-max-lag 2\n"
-                        % self.min_replicas_to_write)
+                        "repl-diskless-sync-delay 0\n" % self.min_replicas_to_write)
         return _Proc(name, conf, [], os.path.join(d, "log"))
 
     def _sentinel(self, i, port):
@@ -180,3 +184,25 @@ class SentinelCluster:
             except redis.RedisError:
                 return None
         return wait_until(switched, timeout, interval=0.1, what="the failover")
+
+    def wait_writable(self, timeout=60):
+        """With min_replicas_to_write, waits until the current master takes
+        writes. A promoted replica refuses them (NOREPLICAS) until a sentinel
+        has made the old master its replica (the sentinels send INFO to a
+        replica every 10 s, and reconfigure one only once it has said it is a
+        master for 8 s) and that one has synced: about 11 s after a failover
+        here, longer on a loaded host. This is
+        Redis's time, not the worker's: tests wait for it first, then bound the
+        worker's own progress."""
+        if not self.min_replicas_to_write:
+            return
+
+        def good():
+            try:
+                info = self.master_client().info("replication")
+            except redis.RedisError:
+                return False
+            return info.get("role") == "master" and \
+                info.get("min_slaves_good_slaves", 0) >= self.min_replicas_to_write
+        wait_until(good, timeout, interval=0.2,
+                   what="the master to take writes again (a replica in sync)")

@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from conftest import BIN, free_port, wait_until
+from conftest import BIN, free_port, wait_progress, wait_until
 from sentinel_util import SentinelCluster
 
 
@@ -87,17 +87,21 @@ def _failover_run(env, cluster, n):
     assert len(old_client.keys("celery-task-meta-*")) < n
     w.wait_for(r"Connected to redis://%s:%d/%d" % (new[0], new[1], env.db), timeout=30)
     new_client = cluster.master_client(env.db)
-
-    def stored():
-        keys = ["celery-task-meta-" + r.id for r in results]
-        return all(new_client.mget(keys))
+    # The new master refuses every write until the old one is its replica
+    # (NOREPLICAS): about 11 s that the worker spends retrying. From then on
+    # the worker has to keep storing, however slow the host.
+    cluster.wait_writable()
+    keys = ["celery-task-meta-" + r.id for r in results]
     try:
-        wait_until(stored, 40, interval=0.2, what="every result on the new master")
+        wait_progress(lambda: sum(1 for v in new_client.mget(keys) if v), n,
+                      what="every result on the new master")
     except AssertionError:
         missing = [i for i, r in enumerate(results)
                    if not new_client.get("celery-task-meta-" + r.id)]
+        repl = new_client.info("replication")
         print("MISSING", len(missing), missing[:20], "depth",
-              env.services.queue_depth(env.vhost, "celery"))
+              env.services.queue_depth(env.vhost, "celery"), "new master:",
+              {k: repl.get(k) for k in ("role", "connected_slaves", "min_slaves_good_slaves")})
         raise
     for i, r in enumerate(results):
         meta = json.loads(new_client.get("celery-task-meta-" + r.id))
@@ -209,11 +213,10 @@ def test_broker_over_sentinel_failover_during_1000_tasks(env, tmp_path):
         new_client = cluster.master_client(env.db)
         # The failover fell while tasks were still being consumed.
         assert len(new_client.keys("celery-task-meta-*")) < n
-
-        def stored():
-            keys = ["celery-task-meta-" + r.id for r in results]
-            return all(new_client.mget(keys))
-        wait_until(stored, 60, interval=0.2, what="every result on the new master")
+        cluster.wait_writable()  # see _failover_run()
+        keys = ["celery-task-meta-" + r.id for r in results]
+        wait_progress(lambda: sum(1 for v in new_client.mget(keys) if v), n,
+                      what="every result on the new master")
         for r in results:
             meta = json.loads(new_client.get("celery-task-meta-" + r.id))
             assert meta["status"] == "SUCCESS", meta
