@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from datetime import datetime, timedelta, timezone
 
+import celery
 import pytest
 
 from conftest import BIN, PY, free_port, wait_until
@@ -628,6 +629,49 @@ def test_revoke_by_stamped_headers(env):
     w.wait_for(r"revoked by header: mtask_id=q-1", 5)
     prompts = [json.dumps(s["body"]) for s in env.fake.stats()]
     assert not any(p in " ".join(prompts) for p in ('"queued"', '"listed"', '"late"'))
+
+
+def test_revoke_by_stamped_headers_from_the_client_api(env):
+    # app.control.revoke_by_stamped_headers as a Celery 5.3+ client calls it,
+    # on tasks it stamped itself with Signature.stamp(): the client reads
+    # each reply's "ok" (a set there would be task ids to revoke as well), so
+    # a reply of any other shape is an exception in the caller. Without
+    # reply=True it returns None, and the stamps still take effect.
+    if not hasattr(env.app.control, "revoke_by_stamped_headers"):
+        pytest.skip("Celery %s's client has no revoke_by_stamped_headers (5.3+)"
+                    % celery.__version__)
+    w = env.worker("-c", "1", "--prefetch-multiplier", "4")
+    node = node_of(w)
+
+    def stamped(prompt, **stamps):
+        sig = env.app.signature("llm.generate", args=[prompt])
+        sig.stamp(**stamps)
+        return sig.apply_async()
+
+    def revoke(headers, **kw):
+        return env.app.control.revoke_by_stamped_headers(
+            headers, destination=[node], reply=True, timeout=5, **kw)
+
+    env.fake.script(["hold=cs;tokens=3"])
+    running = stamped("running", mtask_id="run-2")
+    wait_until(lambda: len(env.fake.stats()) >= 1, 10, what="the first call running")
+    queued = stamped("queued", mtask_id="q-2")
+    other = stamped("other", mtask_id="kept")
+    assert revoke({"mtask_id": ["q-2"]}) == [{node: {
+        "ok": "headers {'mtask_id': ['q-2']} flagged as revoked, but not terminated"}}]
+    assert env.app.control.revoke_by_stamped_headers({"mtask_id": "late-2"},
+                                                     destination=[node]) is None
+    assert call(env, node, "ping") == {"ok": "pong"}  # the one before is handled
+    late = stamped("late", mtask_id="late-2")
+    assert revoke({"mtask_id": "run-2"}, terminate=True) == [{node: {
+        "ok": "headers defaultdict(<class 'set'>, {'mtask_id': {'run-2'}}) revoked"}}]
+    for r in (running, queued, late):
+        wait_until(lambda: (env.meta(r.id) or {}).get("status") == "REVOKED", 20,
+                   what="%s REVOKED" % r.id)
+        assert r.state == "REVOKED"
+    assert other.get(timeout=20)
+    prompts = " ".join(json.dumps(s["body"]) for s in env.fake.stats())
+    assert '"queued"' not in prompts and '"late"' not in prompts
 
 
 def test_extended_result_carries_stamps(env):
