@@ -388,6 +388,11 @@ struct rb {
     /* acks not yet sent (tags owned) */
     char **acks;
     size_t nacks, capacks;
+    /* Redis refused the last batch (a demoted master's READONLY, NOREPLICAS
+     * while its replica is away, LOADING): not sent again before this. */
+    uint64_t acks_hold_until;
+    int ack_refused;     /* refusals in a row: the log says the first */
+    int records_pending; /* a record was refused: sent again on the tick */
 
     /* our restores waiting for the command connection */
     struct rjob *waiting;
@@ -409,6 +414,7 @@ static int ack_push(struct rb *b, const char *tag);
 static void job_start(struct rjob *j);
 static struct rjob *job_new(struct rb *b, const char *tag, char side);
 static void job_free(struct rjob *j);
+static void send_pending_records(struct rb *b);
 
 static uint64_t now_ms(const struct rb *b)
 {
@@ -850,8 +856,10 @@ static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
                 cr_free(h->env);
                 h->env = NULL;
             } else {
-                /* sent again once the connection is back */
+                /* sent again on the next tick, or once the connection is
+                 * back */
                 h->rec = REC_PENDING;
+                b->records_pending = 1;
                 if (!status)
                     LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
                         r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
@@ -1420,20 +1428,29 @@ static void maybe_pop(struct rb *b)
 static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
 {
     struct args *tags = arg;
-    if (status == 0 && !exec_ok(status, r))
-        LOG(LOG_WARNING, "broker: ack refused: %s",
-            r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-    if (status == CR_EBACKEND) {
-        /* Unknown whether Redis had them: sent again (removing twice is
-         * harmless). */
-        for (int i = 0; i < tags->n; i++) {
-            char *t = cr_strdup(tags->store.data + tags->off[i]);
-            if (t && b->nacks < b->capacks)
-                b->acks[b->nacks++] = t;
-            else
-                cr_free(t);
-        }
+    int refused = status == 0 && !exec_ok(status, r);
+    if (refused) {
+        /* A dropped ack leaves its record behind for good (restored and run
+         * again one visibility timeout later), so it is kept and sent again
+         * a tick later, to the new master when this one was demoted. */
+        if (b->ack_refused++ == 0)
+            LOG(LOG_WARNING, "broker: ack refused: %s; sent again until it is taken",
+                r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+        b->acks_hold_until = now_ms(b) + TICK_MS;
+    } else if (status == 0) {
+        if (b->ack_refused > 1)
+            LOG(LOG_INFO, "broker: acks taken again after %d refusals", b->ack_refused);
+        b->ack_refused = 0;
     }
+    /* CR_EBACKEND: unknown whether Redis had them; removing twice is
+     * harmless. (CR_ECANCELED: the broker is being freed.) */
+    if (refused || status == CR_EBACKEND)
+        for (int i = 0; i < tags->n; i++)
+            if (ack_push(b, tags->store.data + tags->off[i]))
+                LOG(LOG_ERROR,
+                    "broker: out of memory keeping an ack of %s; it comes back after "
+                    "the visibility timeout",
+                    tags->store.data + tags->off[i]);
     args_release(tags);
     cr_free(tags);
 }
@@ -1459,6 +1476,8 @@ static int ack_push(struct rb *b, const char *tag)
 /* One MULTI ZREM unacked_index T... / HDEL unacked T... / EXEC per batch. */
 static void flush_acks(struct rb *b)
 {
+    if (b->nacks && b->acks_hold_until && now_ms(b) < b->acks_hold_until)
+        return;
     while (b->nacks && redis_conn_up(b->cmd)) {
         size_t n = b->nacks < BATCH_MAX ? b->nacks : BATCH_MAX;
         struct args c[2], *tags = cr_calloc(1, sizeof(*tags));
@@ -2044,6 +2063,8 @@ static void on_tick(uv_timer_t *t)
         b->restore_due = now + RESTORE_EVERY_MS;
         restore_visible(b);
     }
+    if (b->records_pending)
+        send_pending_records(b);
     maybe_pop(b);
 }
 
@@ -2401,15 +2422,22 @@ static void tell_owner(struct rb *b)
         b->on_conn(&b->base, up, b->privdata);
 }
 
+static void send_pending_records(struct rb *b)
+{
+    b->records_pending = 0;
+    for (struct held *h = b->held_head; h; h = h->next)
+        if (h->rec == REC_PENDING)
+            send_record(b, h);
+}
+
 static void on_cmd_up(struct rb *b)
 {
     for (int i = 0; i < b->ncons; i++)
         send_binding(b, &b->cons[i].q, "SADD");
     send_dlq_binding(b);
     /* Records not written yet go before the acks that may remove them. */
-    for (struct held *h = b->held_head; h; h = h->next)
-        if (h->rec == REC_PENDING)
-            send_record(b, h);
+    send_pending_records(b);
+    b->acks_hold_until = 0; /* perhaps a new master: no need to wait */
     flush_acks(b);
     refresh_leases(b);
     b->lease_due = now_ms(b) + b->lease_ms;

@@ -306,6 +306,33 @@ def test_connections_dropped_mid_task(env):
     assert len([s for s in env.fake.stats() if "across a drop" in json.dumps(s["body"])]) == 1
 
 
+def test_ack_refused_by_redis_is_sent_again(env):
+    """Redis refuses writes when the ack is due (NOREPLICAS: what a master
+    with min-replicas-to-write says while its replica is away, as in a
+    failover): the worker keeps the ack and sends it again until Redis takes
+    it, so no record is left behind to be restored and run a second time.
+    (ignore_result: no result write, so the ack is the first write after the
+    call.)"""
+    app = rapp(env)
+    env.fake.script(["latency_ms=1500;tokens=3"])
+    w = rworker(env)
+    r = app.send_task("llm.generate", args=["ack refused"], ignore_result=True)
+    wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
+    env.redis.config_set("min-replicas-to-write", "1")
+    try:
+        w.wait_for(r"Task llm.generate\[%s\] succeeded" % r.id, 20)
+        w.wait_for(r"broker: ack refused", 10)
+        time.sleep(1)
+        assert env.redis.hlen("unacked") == 1
+    finally:
+        env.redis.config_set("min-replicas-to-write", "0")
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="the ack taken once Redis writes again")
+    assert w.count(r"broker: ack refused") == 1  # said once, however many tries
+    r2 = app.send_task("llm.generate", args=["after the refusal"])
+    assert r2.get(timeout=20) == env.fake.expected_text("after the refusal")
+
+
 def push_burst(env, n, prompt="burst %d"):
     """n task envelopes on 'celery', as a Python producer leaves them; their
     task ids in order."""
