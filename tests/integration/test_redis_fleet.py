@@ -336,11 +336,12 @@ def test_long_task_is_not_run_twice_and_a_dead_workers_task_comes_back(env, flee
     time.sleep(VT + 1)  # its delivery is now older than the visibility timeout
     py = fleet.python(vt=VT, concurrency=4)
     for _ in range(2):
-        # no destination: the client waits out its timeout, and scans for
-        # stale entries on its first empty poll (with -d it would stop at
-        # the one reply and never scan)
+        # no destination: the client waits out its timeout (with -d it would
+        # stop at the one reply and never scan); the second client is sure
+        # to scan for stale entries (see scan())
         out = ping(fleet)
         assert out.returncode == 0 and out.stdout.count("pong") == 2, out.stdout + out.stderr
+        scan(fleet)
         time.sleep(1)
     if SUBSTITUTE:
         # A Python worker refreshes no lease: its long task is restored and
@@ -366,7 +367,7 @@ def test_long_task_is_not_run_twice_and_a_dead_workers_task_comes_back(env, flee
     killed = time.time()
     assert env.broker_redis.hexists("unacked", _tag_of(env, lost.id))
     time.sleep(max(0.0, killed + VT + 1 - time.time()))
-    ping(fleet)  # no worker answers; its scan is what counts
+    scan(fleet)  # no worker answers; its scan is what counts
     assert env.queue_depth("celery") == 1 and not env.broker_redis.hlen("unacked"), \
         "the inspect client did not restore the dead worker's task"
     py = fleet.python("py2", vt=VT, concurrency=4)
@@ -380,6 +381,15 @@ def test_long_task_is_not_run_twice_and_a_dead_workers_task_comes_back(env, flee
 def ping(fleet):
     """`celery inspect ping` with the short visibility timeout, to all."""
     return fleet.cli("inspect", "ping", "-t", "1", vt=VT)
+
+
+def scan(fleet):
+    """An inspect client that is sure to run kombu's restore scan. kombu scans
+    only when a poll times out with nothing read; the reply queue's BRPOP
+    (sent with a 1 s timeout) answering nil first ends the read with no scan.
+    With -t 1 the two race, and the scan is skipped now and then; a timeout
+    shorter than the BRPOP's lets the poll time out first, every time."""
+    return fleet.cli("inspect", "ping", "-t", "0.5", vt=VT)
 
 
 def _tag_of(env, task_id):
