@@ -166,6 +166,11 @@ struct rb;
  * flight at a time; older ones are left to the visibility timeout). */
 #define LOST_MAX 8
 
+/* A job_end() status: Redis refused a step for now (LOADING after a
+ * restart, READONLY, NOREPLICAS...: redis_refusal_passes()); the job waits
+ * and starts over a tick later, with the connection still up. */
+#define JOB_AGAIN 1
+
 /* ------------------------------------------------------------ commands */
 
 /* One command's registration; freed after its reply. fn gets CR_ECANCELED
@@ -375,6 +380,7 @@ struct rb {
      * rather than after the visibility timeout. */
     char lost_scores[LOST_MAX][32];
     int nlost;
+    uint64_t again_due;       /* refused jobs or scans go again then (0: none) */
     long reserved;            /* the prefetch room they were given */
     int pop_cold;             /* the last call found the queues empty: BRPOP next */
     int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
@@ -485,6 +491,12 @@ static int send_multi(struct rb *b, op_fn *fn, void *arg, struct args *cmds, int
 static int is_error(const redisReply *r)
 {
     return !r || r->type == REDIS_REPLY_ERROR;
+}
+
+/* An error reply that says "not now" rather than "never". */
+static int refused_for_now(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && redis_refusal_passes(r->str);
 }
 
 /* An EXEC reply whose every command succeeded. */
@@ -1161,10 +1173,33 @@ struct batch_arg {
     char score[32];
 };
 
+static void remember_lost(struct rb *b, const char *score)
+{
+    if (b->nlost == LOST_MAX) {
+        memmove(b->lost_scores[0], b->lost_scores[1],
+                sizeof(b->lost_scores[0]) * (LOST_MAX - 1));
+        b->nlost--;
+    }
+    snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s", score);
+}
+
 static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
 {
+    char *score = arg;
     int n = 0;
-    (void)arg;
+    if (status == CR_EBACKEND || (!status && refused_for_now(r))) {
+        /* Not looked at (the connection went, or Redis is still loading
+         * after a restart): looked at again, or the messages stay for the
+         * visibility timeout. */
+        if (!b->freeing) {
+            remember_lost(b, score);
+            if (!status)
+                b->again_due = now_ms(b) + TICK_MS;
+        }
+        cr_free(score);
+        return;
+    }
+    cr_free(score);
     if (status || r->type != REDIS_REPLY_ARRAY)
         return;
     for (size_t i = 0; i < r->elements; i++) {
@@ -1193,13 +1228,17 @@ static void recover_lost(struct rb *b)
 {
     while (b->nlost > 0 && redis_conn_up(b->cmd) && !b->freeing) {
         const char *s = b->lost_scores[b->nlost - 1];
+        char *arg = cr_strdup(s);
         struct args a;
+        if (!arg)
+            return;
         args_init(&a);
         args_s(&a, "ZRANGEBYSCORE");
         args_s(&a, b->k_index);
         args_s(&a, s);
         args_s(&a, s);
-        if (send_op(b, b->cmd, on_lost_scan, NULL, &a)) {
+        if (send_op(b, b->cmd, on_lost_scan, arg, &a)) {
+            cr_free(arg);
             args_release(&a);
             return;
         }
@@ -1224,13 +1263,7 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
      * Cancelled (broker_free): left to the visibility timeout. */
     if (status) {
         if (status != CR_ECANCELED && !b->freeing) {
-            if (b->nlost == LOST_MAX) {
-                memmove(b->lost_scores[0], b->lost_scores[1],
-                        sizeof(b->lost_scores[0]) * (LOST_MAX - 1));
-                b->nlost--;
-            }
-            snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s",
-                     ba->score);
+            remember_lost(b, ba->score);
             recover_lost(b);
         }
         cr_free(ba);
@@ -1596,9 +1629,11 @@ static void job_end(struct rjob *j, int status)
     struct rb *b = j->b;
     int round = j->round;
     b->njobs--;
-    if (status == CR_EBACKEND && !round && !b->freeing) {
+    if ((status == CR_EBACKEND || status == JOB_AGAIN) && !round && !b->freeing) {
         j->next = b->waiting;
         b->waiting = j;
+        if (status == JOB_AGAIN)
+            b->again_due = now_ms(b) + TICK_MS;
         return;
     }
     job_free(j);
@@ -1609,6 +1644,10 @@ static void job_end(struct rjob *j, int status)
 static void on_job_pushed(struct rb *b, int status, redisReply *r, void *arg)
 {
     struct rjob *j = arg;
+    if (!status && refused_for_now(r)) {
+        job_end(j, JOB_AGAIN);
+        return;
+    }
     if (!status && is_error(r))
         LOG(LOG_ERROR, "broker: cannot put message %s back: %s", j->tag, r->str);
     else if (!status && r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !j->env)
@@ -1724,7 +1763,7 @@ static void on_job_members(struct rb *b, int status, redisReply *r, void *arg)
     int topic;
     (void)b;
     if (status || r->type != REDIS_REPLY_ARRAY) {
-        job_end(j, status ? status : CR_EBROKER);
+        job_end(j, status ? status : refused_for_now(r) ? JOB_AGAIN : CR_EBROKER);
         return;
     }
     type = exchange_type(b, j->exchange);
@@ -1761,6 +1800,10 @@ static void on_job_value(struct rb *b, int status, redisReply *r, void *arg)
     struct cr_err err;
     if (status) {
         job_end(j, status);
+        return;
+    }
+    if (refused_for_now(r)) {
+        job_end(j, JOB_AGAIN);
         return;
     }
     if (r->type != REDIS_REPLY_STRING) {
@@ -2065,6 +2108,11 @@ static void on_tick(uv_timer_t *t)
     }
     if (b->records_pending)
         send_pending_records(b);
+    if (b->again_due && now >= b->again_due) {
+        b->again_due = 0;
+        start_waiting(b);
+        recover_lost(b);
+    }
     maybe_pop(b);
 }
 

@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 
+import redis
 from celery import Celery
 
 from conftest import wait_until
@@ -331,6 +332,64 @@ def test_ack_refused_by_redis_is_sent_again(env):
     assert w.count(r"broker: ack refused") == 1  # said once, however many tries
     r2 = app.send_task("llm.generate", args=["after the refusal"])
     assert r2.get(timeout=20) == env.fake.expected_text("after the refusal")
+
+
+def _quiet(fn):
+    """fn(), or False while Redis is still loading."""
+    try:
+        return fn()
+    except redis.exceptions.BusyLoadingError:
+        return False
+
+
+def _loading(r):
+    try:
+        r.ping()
+    except redis.exceptions.BusyLoadingError:
+        return True
+    except redis.exceptions.ConnectionError:
+        pass
+    return False
+
+
+def test_restart_that_loads_a_while_loses_nothing(env, tmp_path):
+    """Redis killed mid-run and restarted with a large dataset to load: for a
+    second or more it takes connections and answers every command with
+    LOADING. What the worker does meanwhile -- the acks of the tasks it went
+    on running (ignore_result: no result write holds them back), records,
+    giving back what a lost pop took -- is refused, and must be done again
+    once Redis has loaded, not dropped: every task runs, and nothing is left
+    in unacked or the queue."""
+    from test_redis_fleet import OwnRedis, prompt_calls
+    n = 60
+    own = OwnRedis(tmp_path)
+    try:
+        own.ballast(15, 400000)
+        br = own.client(1)
+        w = env.worker("-b", own.url(1), "--result-backend", own.url(2), "-c", "10")
+        app = Celery("rl", broker=own.url(1), backend=own.url(2))
+        env.fake.script(["latency_ms=300;tokens=3"] * (n * 3))
+        for i in range(n):
+            app.send_task("llm.generate", args=["rl-%d" % i], ignore_result=True)
+        wait_until(lambda: len(prompt_calls(env.fake, "rl-")) >= n // 4, 60,
+                   what="a quarter of the calls")
+        own.kill9()
+        own.start(wait=False)
+        wait_until(lambda: _loading(br), 10, interval=0.05, what="Redis loading")
+        wait_until(lambda: len(prompt_calls(env.fake, "rl-")) == n, 90, interval=0.3,
+                   what="every task called")
+        sep = "\x06\x16"
+        wait_until(lambda: _quiet(lambda: not br.hlen("unacked") and
+                                  not br.zcard("unacked_index") and
+                                  sum(br.llen(k) for k in ["celery"] + [
+                                      "celery%s%d" % (sep, p) for p in (3, 6, 9)]) == 0),
+                   30, what="queue and unacked empty")
+        assert w.count(r"broker: ack refused: .*LOADING") == 1 or \
+            w.count(r"broker: ack refused") == 1, w.log()
+        assert w.proc.poll() is None
+        app.close()
+    finally:
+        own.close()
 
 
 def push_burst(env, n, prompt="burst %d"):

@@ -462,14 +462,25 @@ class OwnRedis:
         self.port = free_port()
         self.start()
 
-    def start(self):
+    def start(self, wait=True):
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir),
-             "--logfile", str(self.dir / "redis.log")],
+             "--logfile", str(self.dir / "redis.log"), "--enable-debug-command", "local"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = redis.Redis(host="127.0.0.1", port=self.port)
-        wait_until(lambda: _pings(r), 20, what="own redis up")
+        if wait:
+            r = redis.Redis(host="127.0.0.1", port=self.port)
+            wait_until(lambda: _pings(r), 60, what="own redis up")
+
+    def ballast(self, db, keys):
+        """keys of ballast in db, written to the append-only file, so that a
+        restart spends a while loading (Redis says LOADING meanwhile)."""
+        r = self.client(db)
+        r.execute_command("DEBUG", "POPULATE", keys, "ballast", 100)
+        r.bgrewriteaof()
+        wait_until(lambda: not r.info("persistence")["aof_rewrite_in_progress"] and
+                   not r.info("persistence")["aof_rewrite_scheduled"], 60,
+                   what="the append-only file rewritten")
 
     def kill9(self):
         self.proc.kill()
