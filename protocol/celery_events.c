@@ -118,6 +118,8 @@ static void put_llm(struct ob *b, const struct cev_task *t)
         return;
     if (t->model)
         put_str(b, "model", t->model);
+    if (t->provider)
+        put_str(b, "provider", t->provider);
     if (t->prompt_tokens >= 0)
         put_int(b, "prompt_tokens", (double)t->prompt_tokens);
     else

@@ -75,6 +75,7 @@ struct cev_task {
     /* SUCCEEDED, FAILED (and RETRIED) when an LLM call ended the task */
     int has_llm;
     const char *model;        /* omitted when NULL */
+    const char *provider;     /* the one that answered; omitted when NULL */
     long prompt_tokens;       /* < 0 writes null */
     long completion_tokens;   /* < 0 writes null */
     double ttft;              /* seconds; < 0 writes null */

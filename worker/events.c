@@ -220,6 +220,8 @@ static void fill_llm(const struct job *j, const struct llm_result *llm,
 {
     t->has_llm = 1;
     t->model = events_job_model(j);
+    /* Named as in the task's result: "default" for the worker's own. */
+    t->provider = llm->provider && llm->provider[0] ? llm->provider : "default";
     t->prompt_tokens = -1;
     t->completion_tokens = -1;
     if (llm->text) {

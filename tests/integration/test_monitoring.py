@@ -204,6 +204,7 @@ def test_events_worker_online_and_every_task_event(env, events):
     assert suc["model"] == "m-ok" and suc["completion_tokens"] == 16
     assert suc["prompt_tokens"] >= 1 and suc["ttft"] >= 0 and suc["runtime"] > 0
     assert 0 < suc["tokens_per_second"] < 2000  # paced at 200/s by the fake
+    assert suc["provider"] == "default"  # as the result names the worker's own
 
     fail = events.wait("task-failed", bad.id)[0]
     assert fail["exception"].startswith("BadRequestError(")
@@ -242,6 +243,25 @@ def test_events_worker_online_and_every_task_event(env, events):
     w.stop()
     events.wait("worker-offline")
     assert not events.worker(node).alive
+
+
+def test_events_name_the_provider_that_answered(env, events):
+    """A model with a fallback list: the first provider fails before any
+    text, the second answers; task-succeeded says which one did, as the
+    result does, and the fallback itself is no event of Celery's."""
+    doc = {"providers": {"first": {"type": "openai", "base_url": env.fake.base + "/v1"},
+                         "second": {"type": "openai", "base_url": env.fake.base + "/v1"}},
+           "models": {"m-fb": ["first/m-fb", "second/m-fb"]}}
+    env.worker("-E", "--llm-providers", json.dumps(doc))
+    events.wait("worker-online")
+    env.fake.script(["status=503", "tokens=3"])
+    r = env.app.send_task("llm.generate", args=["who answered"], kwargs={"model": "m-fb"})
+    assert r.get(timeout=20) == env.fake.expected_text("who answered", tokens=3)
+    suc = events.wait("task-succeeded", r.id)[0]
+    assert suc["provider"] == "second" and suc["model"] == "m-fb"
+    assert [e["type"] for e in events.events if e.get("uuid") == r.id] == \
+        ["task-received", "task-started", "task-succeeded"]
+    assert len(env.fake.stats()) == 2
 
 
 def test_heartbeats_keep_flowing_during_a_long_generation(env, events):

@@ -38,7 +38,8 @@ static const struct task_vec {
     {CEV_TASK_SUCCEEDED, 1,
      "{\"hostname\": \"celery@h\", \"utcoffset\": 0, \"pid\": 42, \"clock\": 7, "
      "\"uuid\": \"id1\", \"result\": \"'text'\", \"runtime\": 1.5, \"model\": \"m1\", "
-     "\"prompt_tokens\": 12, \"completion_tokens\": 16, \"ttft\": 0.25, "
+     "\"provider\": \"p1\", \"prompt_tokens\": 12, \"completion_tokens\": 16, \"ttft\": "
+     "0.25, "
      "\"tokens_per_second\": 12.8, \"timestamp\": 1700000000.25, "
      "\"type\": \"task-succeeded\"}"},
     {CEV_TASK_SUCCEEDED, 0,
@@ -48,8 +49,9 @@ static const struct task_vec {
     {CEV_TASK_FAILED, 1,
      "{\"hostname\": \"celery@h\", \"utcoffset\": 0, \"pid\": 42, \"clock\": 7, "
      "\"uuid\": \"id1\", \"exception\": \"ValueError('bad')\", \"traceback\": \"tb\", "
-     "\"model\": \"m1\", \"prompt_tokens\": 12, \"completion_tokens\": 16, "
-     "\"ttft\": 0.25, \"tokens_per_second\": 12.8, \"timestamp\": 1700000000.25, "
+     "\"model\": \"m1\", \"provider\": \"p1\", \"prompt_tokens\": 12, "
+     "\"completion_tokens\": 16, \"ttft\": 0.25, \"tokens_per_second\": 12.8, "
+     "\"timestamp\": 1700000000.25, "
      "\"type\": \"task-failed\"}"},
     {CEV_TASK_RETRIED, 0,
      "{\"hostname\": \"celery@h\", \"utcoffset\": 0, \"pid\": 42, \"clock\": 7, "
@@ -82,6 +84,7 @@ static void fill(struct cev_task *t, int llm)
     if (llm) {
         t->has_llm = 1;
         t->model = "m1";
+        t->provider = "p1";
         t->prompt_tokens = 12;
         t->completion_tokens = 16;
         t->ttft = 0.25;
@@ -122,6 +125,7 @@ START_TEST(test_llm_unknowns_are_null)
                                  "\"prompt_tokens\": null, \"completion_tokens\": "
                                  "null, \"ttft\": null, \"tokens_per_second\": null"));
     ck_assert_ptr_null(strstr(b.data, "\"model\""));
+    ck_assert_ptr_null(strstr(b.data, "\"provider\""));
     buf_release(&b);
 }
 END_TEST
