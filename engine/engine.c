@@ -624,8 +624,10 @@ static int fall_back(struct job *j, const struct llm_result *res)
     struct engine *e = j->e;
 
     if (res->verdict != LLM_RETRYABLE || !res->fallback_left || j->revoked ||
-        e->shutdown || j->state != JOB_RUNNING || engine__fanout_is_item(j))
+        e->shutdown || j->state != JOB_RUNNING)
         return -1;
+    if (engine__fanout_is_item(j))
+        return engine__fanout_fall_back(j, res);
     j->call = NULL;
     j->pending--;
     LOG(LOG_WARNING, "Task %s[%s] %s failed: %s('%s'); trying the next provider",

@@ -93,6 +93,11 @@ int engine__job_live(const struct job *j);
 void engine__fanout_start(struct job *j);
 int engine__fanout_is_item(const struct job *j);
 void engine__fanout_run_item(struct job *j);
+/* The item's call once more, on the next provider of its model (a
+ * fallback, res its retryable failure): same slot, same retry count.
+ * Returns -1, touching nothing, when the item is no longer needed (its
+ * failure is then handled as done), else 0. */
+int engine__fanout_fall_back(struct job *j, const struct llm_result *res);
 void engine__fanout_item_done(struct job *j, const struct llm_result *res);
 int engine__fanout_terminate(struct job *j);
 void engine__fanout_tick(struct engine *e);

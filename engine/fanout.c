@@ -24,8 +24,11 @@
  * dropped, the running ones aborted, none is started; the items before k still
  * run, since one of them may fail first.
  *
- * A retryable item error (429, 5xx, a lost connection) retries that item in
- * place, after the worker's backoff (or the server's Retry-After), up to
+ * A retryable item error on a model with another provider left moves that
+ * item's call to the next one at once, as a task's call would (no retry
+ * counted). Otherwise a retryable item error (429, 5xx, a lost connection)
+ * retries that item in place, after the worker's backoff (or the server's Retry-After),
+ * up to
  * --max-retries for that item. Retrying the whole map would pay again for
  * every item already done; in place, no successful item is paid for twice. Once
  * an item is out of retries its error fails the map, with no retry of the map.
@@ -433,14 +436,12 @@ static int parent_lost(const struct job *p)
 }
 
 /* A queued item got a slot (called from engine__start(), inside a schedule). */
+static void item_call(struct job *c);
+
 void engine__fanout_run_item(struct job *c)
 {
     struct fanout *f = c->fan;
     struct engine *e = c->e;
-    struct task_call call;
-    struct task_error te;
-    struct cr_err err;
-    int rc;
 
     if (!f->stop && parent_lost(f->parent)) {
         LOG(LOG_WARNING,
@@ -456,10 +457,42 @@ void engine__fanout_run_item(struct job *c)
     }
     engine__run_push(e, c);
     c->t_started = e->now.loop_ms;
+    item_call(c);
+}
+
+int engine__fanout_fall_back(struct job *c, const struct llm_result *res)
+{
+    struct fanout *f = c->fan;
+    if (f->stop || c->fan_index > f->fail_index)
+        return -1;
+    /* An item has no id, events or progress stream of its own: the line
+     * names its map. */
+    LOG(LOG_WARNING, "Task %s[%s] item %d: %s failed: %s('%s'); trying the next provider",
+        job_name(f->parent), parent_id(f), c->fan_index,
+        res->provider && res->provider[0] ? res->provider : "default", res->exc_type,
+        res->message);
+    c->call = NULL;
+    c->pending--;
+    c->route_step++;
+    item_call(c);
+    return 0;
+}
+
+/* The item's LLM call, on the provider its route_step names. */
+static void item_call(struct job *c)
+{
+    struct fanout *f = c->fan;
+    struct engine *e = c->e;
+    struct task_call call;
+    struct task_error te;
+    struct cr_err err;
+    int rc;
+
     memset(&te, 0, sizeof(te));
     rc = tasks_build_call(c->kind, &c->tm, e->cfg->llm_model, e->cfg->llm_embed_model,
                           &call, &te);
     if (rc == 0) {
+        call.route_step = c->route_step;
         memset(&err, 0, sizeof(err));
         rc = e->ops->call_llm(e->ctx, c, &call, &err);
         task_call_release(&call);
@@ -513,6 +546,7 @@ void engine__fanout_item_done(struct job *c, const struct llm_result *res)
         LOG(LOG_INFO, "Task %s[%s] item %d retry in %.3fs: %s('%s')", job_name(f->parent),
             parent_id(f), idx, (double)delay / 1000.0, res->exc_type, res->message);
         c->tm.retries++;
+        c->route_step = 0; /* a retry starts again from the model's first target */
         c->tm.eta_us = e->now.epoch_us + delay * 1000;
         job_set_state(c, JOB_ETA);
         c->prev = NULL;

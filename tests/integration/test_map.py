@@ -124,3 +124,23 @@ def test_revoke_terminate_aborts_the_running_items(env):
     # the worker is idle again: a task after it runs
     assert env.app.send_task("llm.generate", args=["after"]).get(timeout=20) == \
         env.fake.expected_text("after")
+
+
+def test_map_item_falls_back_to_the_next_provider(env):
+    """Items use the worker's model; routed to two providers, an item whose
+    first provider fails before any text is asked of the second at once (no
+    retry, no backoff), and the map's list has every item's answer."""
+    import json
+    doc = {"providers": {"first": {"type": "openai", "base_url": env.fake.base + "/v1"},
+                         "second": {"type": "openai", "base_url": env.fake.base + "/v1"}},
+           "models": {"m-fb": ["first/m-fb", "second/m-fb"]}}
+    w = env.worker("-c", "1", "--llm-model", "m-fb", "--llm-providers", json.dumps(doc),
+                   "--retry-backoff", "30")
+    env.fake.script(["tokens=3", "status=503", "tokens=3"])
+    prompts = ["one", "two"]
+    r = xmap(env.app.signature("llm.generate"), prompts, app=env.app).apply_async()
+    assert r.get(timeout=20) == [env.fake.expected_text(p, tokens=3) for p in prompts]
+    assert [s["prompt"] for s in env.fake.stats()] == ["one", "two", "two"]
+    assert w.count(r"item 1: first failed: .*trying the next provider") == 1
+    assert w.count(r"item 1 retry in") == 0
+

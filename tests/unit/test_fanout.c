@@ -574,6 +574,48 @@ START_TEST(test_retryable_item_retries_alone)
 }
 END_TEST
 
+START_TEST(test_item_falls_back_to_the_next_provider)
+{
+    struct fake f;
+    fake_init(&f, 2);
+    fake_start(&f);
+    deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\"]");
+    log_is(&f, "call call");
+    ok(&f, 0, "A");
+    /* item 1's provider is overloaded, another follows: asked at once, no
+     * backoff, no retry counted */
+    f.fallback_left = 1;
+    llm_done(&f, 1, LLM_RETRYABLE, "OverloadedError", -1, NULL);
+    log_is(&f, "done done call");
+    ck_assert_int_eq(f.steps[2], 1);
+    ck_assert_ptr_nonnull(strstr(f.bodies[2], "\"content\":\"b\""));
+    /* the last target fails too: the item retries in place, from the first */
+    f.fallback_left = 0;
+    llm_done(&f, 2, LLM_RETRYABLE, "APIConnectionError", -1, NULL);
+    log_is(&f, "done");
+    tick(&f, 1100);
+    log_is(&f, "call");
+    ck_assert_int_eq(f.steps[3], 0);
+    ok(&f, 3, "B");
+    log_is(&f, "done store-SUCCESS");
+    result_is(&f, 0, "[\"A\",\"B\"]");
+    ck_assert_int_eq(f.notes[TEV_FALLBACK], 0); /* an item has no progress run */
+    stored(&f, 0);
+    fake_release(&f);
+
+    /* a permanent failure does not fall back: it fails the map */
+    fake_init(&f, 1);
+    fake_start(&f);
+    deliver_map(&f, "celery.map", "llm.generate", "[\"a\"]");
+    f.fallback_left = 1;
+    llm_done(&f, 0, LLM_PERMANENT, "AuthenticationError", -1, NULL);
+    log_is(&f, "call done store-FAILURE");
+    failure_is(&f, 0, "AuthenticationError", NULL);
+    stored(&f, 0);
+    fake_release(&f);
+}
+END_TEST
+
 static void count_job(struct job *j, void *arg)
 {
     ck_assert_ptr_nonnull(j->tm.id);
@@ -714,6 +756,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_revoke_terminate_aborts_items);
     tcase_add_test(tc, test_time_limit_aborts_items);
     tcase_add_test(tc, test_retryable_item_retries_alone);
+    tcase_add_test(tc, test_item_falls_back_to_the_next_provider);
     tcase_add_test(tc, test_inspect_shows_the_map_only);
     tcase_add_test(tc, test_warm_shutdown_finishes_the_map);
     tcase_add_test(tc, test_cold_stop_mid_map_leaves_it_unacked);
