@@ -189,6 +189,14 @@ char *llm__join_url(const char *base, const char *path, const char *query);
  * azure): the mapping into a chat_reply, tool calls included
  * (provider_openai.c). Members of struct llm_provider. */
 int llm__openai_stream_init(struct llm_stream *s);
+/* The rest of an OpenAI-shaped request once its URL is set: body (taken,
+ * freed here, NULL meaning out of memory) printed as out's body, streamed
+ * when it asks to be (chats), and the headers: JSON, the key as
+ * key_header (key_prefix before it, "" for none) when cfg has one, SSE's
+ * Accept for a stream, then cfg's own. */
+int llm__openai_finish(const struct llm_provider_config *cfg, enum llm_op op, cJSON *body,
+                       const char *key_header, const char *key_prefix,
+                       struct llm_http_request *out, struct cr_err *err);
 void llm__openai_stream_release(struct llm_stream *s);
 int llm__openai_feed(struct llm_stream *s, const struct llm_frame *f, const char **delta,
                      size_t *delta_len, struct cr_err *err);

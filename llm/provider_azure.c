@@ -47,7 +47,6 @@ static int build(const struct llm_provider_config *cfg, enum llm_op op, const cJ
                  const char *model, struct llm_http_request *out, struct cr_err *err)
 {
     const char *dep = cfg->deployment, *ver = cfg->api_version;
-    const char *const *h;
     struct buf path, query;
     cJSON *body;
     int rc;
@@ -84,30 +83,9 @@ static int build(const struct llm_provider_config *cfg, enum llm_op op, const cJ
     /* The deployment picks the model: "model" is not needed, and a routing
      * prefix must not reach the service. */
     body = cJSON_Duplicate(req, 1);
-    if (!body)
-        return cr_err_set(err, CR_ENOMEM, "cannot build request");
-    cJSON_DeleteItemFromObjectCaseSensitive(body, "model");
-    out->body = cJSON_PrintUnformatted(body);
-    cJSON_Delete(body);
-    if (!out->body)
-        return cr_err_set(err, CR_ENOMEM, "cannot build request");
-    out->body_len = strlen(out->body);
-    out->stream = op == LLM_OP_CHAT &&
-                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "stream"));
-    out->framing = out->stream ? LLM_FRAMING_SSE : LLM_FRAMING_JSON;
-
-    rc = llm_http_request_header(out, "Content-Type", "application/json");
-    if (!rc && cfg->api_key && cfg->api_key[0]) {
-        out->auth_header = (int)out->nheaders;
-        rc = llm_http_request_header(out, "api-key", cfg->api_key);
-    }
-    if (!rc && out->stream)
-        rc = llm_http_request_header(out, "Accept", "text/event-stream");
-    for (h = cfg->headers; !rc && h && *h; h++)
-        rc = llm_http_request_header(out, *h, NULL);
-    if (rc)
-        return cr_err_set(err, rc, "cannot build request headers: %s", cr_strerror(rc));
-    return 0;
+    if (body)
+        cJSON_DeleteItemFromObjectCaseSensitive(body, "model");
+    return llm__openai_finish(cfg, op, body, "api-key", "", out, err);
 }
 
 const struct llm_provider llm_provider_azure = {

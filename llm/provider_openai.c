@@ -19,9 +19,7 @@
 static int build(const struct llm_provider_config *cfg, enum llm_op op, const cJSON *req,
                  const char *model, struct llm_http_request *out, struct cr_err *err)
 {
-    const char *const *h;
     cJSON *body;
-    int rc;
 
     if (!cJSON_IsObject(req))
         return cr_err_set(err, CR_EINVAL, "request is not a json object");
@@ -33,31 +31,40 @@ static int build(const struct llm_provider_config *cfg, enum llm_op op, const cJ
         return cr_err_set(err, CR_ENOMEM, "cannot build url");
     /* The name to send: the routing prefix is not the server's. */
     body = cJSON_Duplicate(req, 1);
-    if (!body ||
-        (model && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(body, "model")) &&
-         !cJSON_ReplaceItemInObjectCaseSensitive(body, "model",
-                                                 cJSON_CreateString(model)))) {
+    if (body && model && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(body, "model")) &&
+        !cJSON_ReplaceItemInObjectCaseSensitive(body, "model",
+                                                cJSON_CreateString(model))) {
         cJSON_Delete(body);
-        return cr_err_set(err, CR_ENOMEM, "cannot build request");
+        body = NULL;
     }
-    out->body = cJSON_PrintUnformatted(body);
+    return llm__openai_finish(cfg, op, body, "Authorization", "Bearer ", out, err);
+}
+
+int llm__openai_finish(const struct llm_provider_config *cfg, enum llm_op op, cJSON *body,
+                       const char *key_header, const char *key_prefix,
+                       struct llm_http_request *out, struct cr_err *err)
+{
+    const char *const *h;
+    int rc;
+
+    out->body = body ? cJSON_PrintUnformatted(body) : NULL;
+    out->stream = op == LLM_OP_CHAT &&
+                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(body, "stream"));
     cJSON_Delete(body);
     if (!out->body)
         return cr_err_set(err, CR_ENOMEM, "cannot build request");
     out->body_len = strlen(out->body);
-    out->stream = op == LLM_OP_CHAT &&
-                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "stream"));
     out->framing = out->stream ? LLM_FRAMING_SSE : LLM_FRAMING_JSON;
 
     rc = llm_http_request_header(out, "Content-Type", "application/json");
     if (!rc && cfg->api_key && cfg->api_key[0]) {
-        struct buf bearer;
-        buf_init(&bearer);
+        struct buf key;
+        buf_init(&key);
         out->auth_header = (int)out->nheaders;
-        rc = buf_printf(&bearer, "Bearer %s", cfg->api_key);
+        rc = buf_printf(&key, "%s%s", key_prefix, cfg->api_key);
         if (!rc)
-            rc = llm_http_request_header(out, "Authorization", bearer.data);
-        buf_release(&bearer);
+            rc = llm_http_request_header(out, key_header, key.data);
+        buf_release(&key);
     }
     if (!rc && out->stream)
         rc = llm_http_request_header(out, "Accept", "text/event-stream");
