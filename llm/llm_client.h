@@ -51,6 +51,20 @@ struct llm_client_config {
     int http2;
 };
 
+struct llm_req;
+
+/* A cap on one provider's calls in flight (over HTTP/1.1, one connection
+ * each): a call past it waits in the gate's queue, in order, and starts
+ * when one of them ends; its timeouts count from then. Zero it, set cap
+ * (<= 0: no cap); it must outlive every call that names it. The rest is
+ * the client's. */
+struct llm_gate {
+    long cap;
+    long inflight;
+    size_t waiting;
+    struct llm_req *head, *tail;
+};
+
 struct llm_request {
     enum llm_op op;
     const char *url;     /* full endpoint URL (copied) */
@@ -70,6 +84,7 @@ struct llm_request {
     /* Borrowed, must outlive the call: named in the result. */
     const char *provider_name;
     int fallback_left; /* passed to the result as it is */
+    struct llm_gate *gate; /* NULL: no cap of its own */
     /* Phase timeouts for this call, in seconds; <= 0: the client's. */
     double connect_timeout_s;
     double first_byte_timeout_s;
