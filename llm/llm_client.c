@@ -91,9 +91,7 @@ struct llm_req {
     /* Its provider's cap on calls in flight (NULL: none); while waiting
      * for room the call is in the gate's queue, not yet in the multi. */
     struct llm_gate *gate;
-    struct llm_req *gnext, *gprev;
-    int waiting;  /* in the gate's queue */
-    int in_gate;  /* counted in gate->inflight */
+    struct llm_gate_node gnode; /* its place in the gate (data: the call) */
     int plain_http;
 
     uint64_t t_start, t_headers, t_first_token;
@@ -145,8 +143,7 @@ struct llm_client {
 /* ------------------------------------------------------------ curl glue */
 
 static void check_multi_info(struct llm_client *c);
-static void gate_unqueue(struct llm_client *c, struct llm_req *r);
-static void gate_release(struct llm_client *c, struct llm_gate *g);
+static void gate_leave(struct llm_client *c, struct llm_req *r);
 
 /* Events taken from the private epoll set per loop turn, at most: the rest
  * stay ready (level-triggered) for the next turn, so broker, Redis and timers
@@ -533,12 +530,7 @@ static void easy_put(struct llm_client *c, CURL *e)
 
 static void req_free(struct llm_req *r)
 {
-    if (r->waiting)
-        gate_unqueue(r->c, r);
-    if (r->in_gate) {
-        r->in_gate = 0;
-        gate_release(r->c, r->gate);
-    }
+    gate_leave(r->c, r); /* its place, in the queue or in flight */
     easy_put(r->c, r->easy);
     curl_slist_free_all(r->headers);
     cr_free(r->fail_msg);
@@ -938,7 +930,10 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char
     struct llm_client *c = r->c;
     if (r->aborted)
         return;
-    gate_unqueue(c, r); /* a queued call must not start once aborted */
+    /* A queued call must not start once aborted. One in flight keeps its
+     * place until its transfer is out (req_free()). */
+    if (r->gnode.state == LLM_GATE_WAITING)
+        gate_leave(c, r);
     mark_aborted(r, code, exc_type, message);
     /* libcurl forbids removing a handle from inside its callbacks, so inside
      * one we only mark the request (its write callback then fails the
@@ -962,8 +957,8 @@ static void on_sweep(uv_timer_t *t)
 
     for (r = c->active; r; r = next) {
         next = r->next;
-        if (r->aborted || r->waiting)
-            continue;
+        if (r->aborted || r->gnode.state == LLM_GATE_WAITING)
+            continue; /* a queued call's timeouts start with its transfer */
         if (!r->headers_done) {
             if (now - r->t_start > r->first_byte_ms) {
                 snprintf(msg, sizeof(msg), "no response within %gs (first-byte timeout)",
@@ -1077,9 +1072,10 @@ int llm_header_check(const char *line, struct cr_err *err)
  * follows the most calls ever in flight instead, unless a cap was set. */
 static void track_peak(struct llm_client *c)
 {
-    if (c->nactive <= c->peak_active)
+    size_t running = c->nactive - c->nwaiting; /* queued calls hold no connection */
+    if (running <= c->peak_active)
         return;
-    c->peak_active = c->nactive;
+    c->peak_active = running;
     if (c->cfg.max_connections <= 0 && c->peak_active > MIN_CACHED_CONNECTIONS)
         curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)c->peak_active);
 }
@@ -1148,43 +1144,35 @@ static int start_transfer(struct llm_client *c, struct llm_req *r)
     if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
         return -1;
     r->t_start = uv_now(c->loop);
-    if (r->gate) {
-        r->gate->inflight++;
-        r->in_gate = 1;
-    }
     return 0;
 }
 
-/* Takes r out of its gate's queue. */
-static void gate_unqueue(struct llm_client *c, struct llm_req *r)
+/* r leaves its gate, if it has one: out of the queue (cancelled before it
+ * started), or its place in flight handed to the calls queued behind it, in
+ * order. It starts transfers, which libcurl forbids inside its callbacks, so
+ * it is called from req_free() (never inside one), and from llm_req_abort()
+ * only for a call still queued: a queue is non-empty only while its gate is
+ * full, and a queued call leaving makes no room, so nothing starts then. A
+ * call that cannot start (out of memory) ends with its on_done from the loop. */
+static void gate_leave(struct llm_client *c, struct llm_req *r)
 {
     struct llm_gate *g = r->gate;
-    if (!r->waiting)
-        return;
-    if (r->gprev)
-        r->gprev->gnext = r->gnext;
-    else
-        g->head = r->gnext;
-    if (r->gnext)
-        r->gnext->gprev = r->gprev;
-    else
-        g->tail = r->gprev;
-    r->gprev = r->gnext = NULL;
-    r->waiting = 0;
-    g->waiting--;
-    c->nwaiting--;
-}
+    struct llm_gate_node *n;
 
-/* One of g's calls ended: the next queued one starts. A call that cannot
- * start (out of memory) ends with its on_done from the loop. */
-static void gate_release(struct llm_client *c, struct llm_gate *g)
-{
-    g->inflight--;
-    while (!c->closing && g->head && g->inflight < g->cap) {
-        struct llm_req *r = g->head;
-        gate_unqueue(c, r);
-        if (start_transfer(c, r) != 0)
-            llm_req_abort(r, CR_ENOMEM, "APIError", "out of memory starting the call");
+    if (!g)
+        return;
+    if (r->gnode.state == LLM_GATE_WAITING)
+        c->nwaiting--;
+    llm_gate_leave(g, &r->gnode);
+    if (c->closing)
+        return; /* llm_client_free() ends every call, the queued ones too */
+    while ((n = llm_gate_next(g))) {
+        struct llm_req *q = n->data;
+        c->nwaiting--;
+        if (start_transfer(c, q)) {
+            llm_gate_leave(g, n);
+            llm_req_abort(q, CR_ENOMEM, "APIError", "out of memory starting the call");
+        }
     }
 }
 
@@ -1301,16 +1289,9 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         curl_easy_setopt(r->easy, CURLOPT_CAINFO, c->cfg.ca_file);
     r->plain_http = !strncmp(rq->url, "http://", 7);
     r->gate = rq->gate && rq->gate->cap > 0 ? rq->gate : NULL;
-    if (r->gate && r->gate->inflight >= r->gate->cap) {
+    r->gnode.data = r;
+    if (r->gate && !llm_gate_enter(r->gate, &r->gnode)) {
         /* No room: queued, started when one of the provider's calls ends. */
-        r->waiting = 1;
-        r->gprev = r->gate->tail;
-        if (r->gate->tail)
-            r->gate->tail->gnext = r;
-        else
-            r->gate->head = r;
-        r->gate->tail = r;
-        r->gate->waiting++;
         c->nwaiting++;
         r->t_start = uv_now(c->loop);
     } else if (start_transfer(c, r)) {

@@ -14,6 +14,7 @@
 #include <uv.h>
 #include <cjson/cJSON.h>
 
+#include "gate.h"
 #include "llm_types.h"
 #include "policy.h"
 #include "provider.h"
@@ -51,20 +52,6 @@ struct llm_client_config {
     int http2;
 };
 
-struct llm_req;
-
-/* A cap on one provider's calls in flight (over HTTP/1.1, one connection
- * each): a call past it waits in the gate's queue, in order, and starts
- * when one of them ends; its timeouts count from then. Zero it, set cap
- * (<= 0: no cap); it must outlive every call that names it. The rest is
- * the client's. */
-struct llm_gate {
-    long cap;
-    long inflight;
-    size_t waiting;
-    struct llm_req *head, *tail;
-};
-
 struct llm_request {
     enum llm_op op;
     const char *url;     /* full endpoint URL (copied) */
@@ -84,7 +71,11 @@ struct llm_request {
     /* Borrowed, must outlive the call: named in the result. */
     const char *provider_name;
     int fallback_left; /* passed to the result as it is */
-    struct llm_gate *gate; /* NULL: no cap of its own */
+    /* Its provider's cap on calls in flight (borrowed: must outlive every
+     * call that names it; NULL or cap <= 0: none). A call past the cap waits
+     * in the gate's queue, in order, not yet sent; its phase timeouts count
+     * from when it starts, and an abort takes it out of the queue. */
+    struct llm_gate *gate;
     /* Phase timeouts for this call, in seconds; <= 0: the client's. */
     double connect_timeout_s;
     double first_byte_timeout_s;
