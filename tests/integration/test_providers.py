@@ -3,6 +3,7 @@ OpenAI end to end through a Celery client, named in a providers document; fallba
 from a failing provider to a healthy one before and after the first token; tool calls
 and JSON-schema answers. Every call is counted at the fake LLM."""
 import json
+import signal
 import time
 
 import pytest
@@ -300,3 +301,31 @@ def test_max_connections_waiting_call_cancelled_leaves_no_stuck_slot(env):
     assert [c["prompt"] for c in calls(env)] == ["holds the slot", "after one",
                                                  "after two"]
     assert env.fake.concurrency()["peak"] == 1
+
+
+def test_max_connections_cold_shutdown_with_calls_waiting(env):
+    """A cold stop with calls in flight and waiting behind the cap: the worker
+    ends them all and exits cleanly (no sanitizer report), the waiting ones were
+    never sent, and the tasks run again on the next worker."""
+    w = env.worker(*FAST, "-c", "4", "--llm-providers", capped_doc(env.fake, 1))
+    env.fake.script(["hold=cold;tokens=2"])
+    rs = [chat(env, "cold %d" % i, "capped/llama3") for i in range(3)]
+    wait_until(lambda: len(calls(env)) == 1, 20, what="the first call at the fake")
+    for r in rs:
+        wait_until(lambda: w.count(r"\[%s\] received" % r.id), 10, what="all received")
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)  # the second one: cold
+    assert w.wait(timeout=30) == 1
+    assert "Cold shutdown" in w.log()
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+    assert len(calls(env)) == 1
+    env.fake.release("cold")
+    wait_until(lambda: env.fake.concurrency()["inflight"] == 0, 10, what="held call done")
+    env.fake.reset()
+    env.fake.script(["tokens=2"] * 3)
+    env.worker(*FAST, "-c", "4", "--llm-providers", capped_doc(env.fake, 1))
+    for i, r in enumerate(rs):
+        assert r.get(timeout=30)["content"] == env.fake.expected_text("cold %d" % i, 2)
+    assert len(calls(env)) == 3 and env.fake.concurrency()["peak"] == 1
