@@ -254,6 +254,14 @@ def capped_doc(fake, cap):
         "capped": {"type": "ollama", "base_url": fake.base, "max_connections": cap}}})
 
 
+def stopped_cleanly(w):
+    """A warm stop exits 0 with no sanitizer report (CELERIAC_BIN may be an ASan
+    build, whose leak check runs at exit)."""
+    w.stop()
+    assert w.proc.returncode == 0, w.log()[-2000:]
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+
+
 def test_max_connections_caps_calls_in_flight(env):
     """max_connections=2 with 8 tasks at once: never more than 2 calls at the fake,
     the others wait their turn in the worker and all 8 succeed."""
@@ -269,6 +277,7 @@ def test_max_connections_caps_calls_in_flight(env):
     assert len(cs) == 8 and all(c["status"] == 200 for c in cs)
     # the cap was reached, never passed
     assert env.fake.concurrency()["peak"] == 2
+    stopped_cleanly(w)
 
 
 def test_max_connections_waiting_call_cancelled_leaves_no_stuck_slot(env):
@@ -301,6 +310,7 @@ def test_max_connections_waiting_call_cancelled_leaves_no_stuck_slot(env):
     assert [c["prompt"] for c in calls(env)] == ["holds the slot", "after one",
                                                  "after two"]
     assert env.fake.concurrency()["peak"] == 1
+    stopped_cleanly(w)
 
 
 def test_max_connections_cold_shutdown_with_calls_waiting(env):
@@ -317,7 +327,7 @@ def test_max_connections_cold_shutdown_with_calls_waiting(env):
     w.signal(signal.SIGTERM)
     time.sleep(0.3)
     w.signal(signal.SIGTERM)  # the second one: cold
-    assert w.wait(timeout=30) == 1
+    assert w.wait(timeout=30) == 1, w.log()[-2000:]
     assert "Cold shutdown" in w.log()
     assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
     assert len(calls(env)) == 1
