@@ -88,6 +88,11 @@ struct llm_req {
     unsigned long pchunks; /* provider path: frames that carried text */
     /* Phase timeouts in ms (this call's, or the client's). */
     uint32_t first_byte_ms, first_token_ms, idle_ms;
+    /* Its provider's cap on calls in flight (NULL: none); while waiting
+     * for room the call is in the gate's queue, not yet in the multi. */
+    struct llm_gate *gate;
+    struct llm_gate_node gnode; /* its place in the gate (data: the call) */
+    int plain_http;
 
     uint64_t t_start, t_headers, t_first_token;
     /* Last sign of progress: any byte of a plain body, but only a data event
@@ -120,6 +125,7 @@ struct llm_client {
     uv_poll_t epoll; /* the loop watches that epoll set, as one descriptor */
     struct llm_req *active;
     size_t nactive;
+    size_t nwaiting; /* of nactive, calls queued behind a gate */
     struct llm_req *done_head;
     int in_curl; /* inside a curl callback: aborts are deferred */
     int closing;
@@ -137,6 +143,7 @@ struct llm_client {
 /* ------------------------------------------------------------ curl glue */
 
 static void check_multi_info(struct llm_client *c);
+static void gate_leave(struct llm_client *c, struct llm_req *r);
 
 /* Events taken from the private epoll set per loop turn, at most: the rest
  * stay ready (level-triggered) for the next turn, so broker, Redis and timers
@@ -523,6 +530,7 @@ static void easy_put(struct llm_client *c, CURL *e)
 
 static void req_free(struct llm_req *r)
 {
+    gate_leave(r->c, r); /* its place, in the queue or in flight */
     easy_put(r->c, r->easy);
     curl_slist_free_all(r->headers);
     cr_free(r->fail_msg);
@@ -922,6 +930,10 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char
     struct llm_client *c = r->c;
     if (r->aborted)
         return;
+    /* A queued call must not start once aborted. One in flight keeps its
+     * place until its transfer is out (req_free()). */
+    if (r->gnode.state == LLM_GATE_WAITING)
+        gate_leave(c, r);
     mark_aborted(r, code, exc_type, message);
     /* libcurl forbids removing a handle from inside its callbacks, so inside
      * one we only mark the request (its write callback then fails the
@@ -945,8 +957,8 @@ static void on_sweep(uv_timer_t *t)
 
     for (r = c->active; r; r = next) {
         next = r->next;
-        if (r->aborted)
-            continue;
+        if (r->aborted || r->gnode.state == LLM_GATE_WAITING)
+            continue; /* a queued call's timeouts start with its transfer */
         if (!r->headers_done) {
             if (now - r->t_start > r->first_byte_ms) {
                 snprintf(msg, sizeof(msg), "no response within %gs (first-byte timeout)",
@@ -1060,9 +1072,10 @@ int llm_header_check(const char *line, struct cr_err *err)
  * follows the most calls ever in flight instead, unless a cap was set. */
 static void track_peak(struct llm_client *c)
 {
-    if (c->nactive <= c->peak_active)
+    size_t running = c->nactive - c->nwaiting; /* queued calls hold no connection */
+    if (running <= c->peak_active)
         return;
-    c->peak_active = c->nactive;
+    c->peak_active = running;
     if (c->cfg.max_connections <= 0 && c->peak_active > MIN_CACHED_CONNECTIONS)
         curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)c->peak_active);
 }
@@ -1095,9 +1108,9 @@ static int on_close_socket(void *clientp, curl_socket_t fd)
  * connection to the host), which is O(calls in flight) per call, a large share
  * of the worker's CPU with thousands of streams. Over HTTPS the
  * search stays, as HTTP/2 can multiplex calls on a busy connection. */
-static int no_idle_connection(const struct llm_client *c, const char *url)
+static int no_idle_connection(const struct llm_client *c, int plain_http)
 {
-    return c->nsockets <= c->nactive && !strncmp(url, "http://", 7);
+    return c->nsockets <= c->nactive - c->nwaiting && plain_http;
 }
 
 /* Whether a call's connection (new or reused) is kept for reuse when the call
@@ -1112,12 +1125,55 @@ static int no_idle_connection(const struct llm_client *c, const char *url)
  * searched-then-new connection kept past the limit grows the set all the same
  * when calls overlap in waves. HTTPS keeps its connections, for HTTP/2 and
  * TLS reuse. */
-static int keep_connection(const struct llm_client *c, const char *url)
+static int keep_connection(const struct llm_client *c, int plain_http)
 {
     /* Calls in flight rather than sockets: libcurl opens a call's socket
      * only on its next turn, so a burst submitted in one go would all see
      * the same socket count. */
-    return strncmp(url, "http://", 7) || c->nactive < (size_t)c->cfg.keep_connections;
+    return !plain_http || c->nactive - c->nwaiting < (size_t)c->cfg.keep_connections;
+}
+
+/* Adds r's transfer to the multi handle: from submit, or when its gate
+ * lets it go. Returns 0 or -1 (out of memory). */
+static int start_transfer(struct llm_client *c, struct llm_req *r)
+{
+    curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT,
+                     (long)no_idle_connection(c, r->plain_http));
+    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE,
+                     (long)!keep_connection(c, r->plain_http));
+    if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
+        return -1;
+    r->t_start = uv_now(c->loop);
+    return 0;
+}
+
+/* r leaves its gate, if it has one: out of the queue (cancelled before it
+ * started), or its place in flight handed to the calls queued behind it, in
+ * order. It starts transfers, which libcurl forbids inside its callbacks, so
+ * it is called from req_free() (never inside one), and from llm_req_abort()
+ * only for a call still queued: a queue is non-empty only while its gate is
+ * full, and a queued call leaving makes no room, so nothing starts then. A
+ * call that cannot start (out of memory) ends with its on_done from the loop. */
+static void gate_leave(struct llm_client *c, struct llm_req *r)
+{
+    struct llm_gate *g = r->gate;
+    struct llm_gate_node *n;
+
+    if (!g)
+        return;
+    if (r->gnode.state == LLM_GATE_WAITING)
+        c->nwaiting--;
+    llm_gate_leave(g, &r->gnode);
+    if (c->closing)
+        return; /* llm_client_free() ends every call, the queued ones too */
+    while ((n = llm_gate_next(g))) {
+        struct llm_req *q = n->data;
+        c->nwaiting--;
+        if (start_transfer(c, q)) {
+            llm_gate_leave(g, n);
+            llm_req_abort(q, CR_ENOMEM, "APIError", "out of memory starting the call");
+        }
+    }
 }
 
 /* A phase timeout in ms: this call's when given, else the client's. */
@@ -1148,8 +1204,6 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
 {
     struct llm_req *r = cr_calloc(1, sizeof(*r));
     struct curl_slist *hdrs;
-    int fresh;
-
     if (!r) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
@@ -1233,13 +1287,16 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         curl_easy_setopt(r->easy, CURLOPT_SHARE, c->share);
     if (c->cfg.ca_file && *c->cfg.ca_file)
         curl_easy_setopt(r->easy, CURLOPT_CAINFO, c->cfg.ca_file);
-    fresh = no_idle_connection(c, rq->url);
-    curl_easy_setopt(r->easy, CURLOPT_FRESH_CONNECT, (long)fresh);
-    curl_easy_setopt(r->easy, CURLOPT_FORBID_REUSE, (long)!keep_connection(c, rq->url));
-
-    if (curl_multi_add_handle(c->multi, r->easy) != CURLM_OK)
+    r->plain_http = !strncmp(rq->url, "http://", 7);
+    r->gate = rq->gate && rq->gate->cap > 0 ? rq->gate : NULL;
+    r->gnode.data = r;
+    if (r->gate && !llm_gate_enter(r->gate, &r->gnode)) {
+        /* No room: queued, started when one of the provider's calls ends. */
+        c->nwaiting++;
+        r->t_start = uv_now(c->loop);
+    } else if (start_transfer(c, r)) {
         goto oom;
-    r->t_start = uv_now(c->loop);
+    }
     r->next = c->active;
     if (c->active)
         c->active->prev = r;

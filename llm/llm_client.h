@@ -14,6 +14,7 @@
 #include <uv.h>
 #include <cjson/cJSON.h>
 
+#include "gate.h"
 #include "llm_types.h"
 #include "policy.h"
 #include "provider.h"
@@ -70,6 +71,11 @@ struct llm_request {
     /* Borrowed, must outlive the call: named in the result. */
     const char *provider_name;
     int fallback_left; /* passed to the result as it is */
+    /* Its provider's cap on calls in flight (borrowed: must outlive every
+     * call that names it; NULL or cap <= 0: none). A call past the cap waits
+     * in the gate's queue, in order, not yet sent; its phase timeouts count
+     * from when it starts, and an abort takes it out of the queue. */
+    struct llm_gate *gate;
     /* Phase timeouts for this call, in seconds; <= 0: the client's. */
     double connect_timeout_s;
     double first_byte_timeout_s;

@@ -194,9 +194,9 @@ static int parse_timeouts(struct llm_named *p, const cJSON *t, struct cr_err *er
 static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn *env,
                           struct cr_err *err)
 {
-    static const char *const keys[] = {"type",        "base_url",   "api_key_env",
-                                       "api_version", "deployment", "headers",
-                                       "max_tokens",  "timeouts",   NULL};
+    static const char *const keys[] = {
+        "type",    "base_url",   "api_key_env", "api_version",     "deployment",
+        "headers", "max_tokens", "timeouts",    "max_connections", NULL};
     const char *name = o->string, *type;
     const struct llm_provider *impl;
     struct llm_named *p;
@@ -219,7 +219,8 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
             return cr_err_set(err, CR_EINVAL, "llm provider '%s': unknown key '%.40s'",
                               name, k->string);
         if (strcmp(k->string, "headers") && strcmp(k->string, "max_tokens") &&
-            strcmp(k->string, "timeouts") && !cJSON_IsString(k))
+            strcmp(k->string, "timeouts") && strcmp(k->string, "max_connections") &&
+            !cJSON_IsString(k))
             return cr_err_set(err, CR_EINVAL, "llm provider '%s': '%s' must be a string",
                               name, k->string);
     }
@@ -258,6 +259,18 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
                               "llm provider '%s': max_tokens must be a positive integer",
                               name);
         p->cfg.default_max_tokens = (long)k->valuedouble;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "max_connections"))) {
+        /* A whole number: 2.5 calls in flight means nothing, and a cut
+         * fraction would hide a typo. */
+        if (!cJSON_IsNumber(k) || k->valuedouble < 0 ||
+            k->valuedouble > LLM_REGISTRY_MAX_CONNECTIONS ||
+            k->valuedouble != (double)(long)k->valuedouble)
+            return cr_err_set(err, CR_EINVAL,
+                              "llm provider '%s': max_connections must be an integer "
+                              "in [0, %d] (0: no cap of its own)",
+                              name, LLM_REGISTRY_MAX_CONNECTIONS);
+        p->max_connections = (long)k->valuedouble;
     }
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "timeouts")) &&
         parse_timeouts(p, k, err))

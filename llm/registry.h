@@ -13,7 +13,9 @@
  * A provider has a "type" (openai, anthropic, ollama, azure) and optionally
  * base_url, api_key_env (the name of the variable holding its key: keys are
  * never written in the file), api_version, deployment (azure), headers
- * ("Name: value" lines), max_tokens (anthropic's required default) and
+ * ("Name: value" lines), max_tokens (anthropic's required default),
+ * max_connections (its calls in flight at most, the rest waiting in order;
+ * 0 or absent: only the worker's --llm-max-connections) and
  * timeouts {connect, first_byte, first_token, idle} in seconds. Unknown keys
  * are errors. "default" is the worker's own OpenAI-compatible provider
  * (--llm-base-url, --llm-api-key, --llm-header) and cannot be redefined.
@@ -42,6 +44,7 @@
 #define LLM_REGISTRY_MAX_MODELS 256
 #define LLM_REGISTRY_MAX_TARGETS 8 /* a model's provider and its fallbacks */
 #define LLM_REGISTRY_MAX_HEADERS 16
+#define LLM_REGISTRY_MAX_CONNECTIONS 100000 /* a provider's max_connections */
 
 /* One named provider. Everything is owned by the registry. */
 struct llm_named {
@@ -52,6 +55,7 @@ struct llm_named {
     char *api_key_env;                           /* the variable's name, for messages */
     char *headers[LLM_REGISTRY_MAX_HEADERS + 1]; /* NULL-terminated */
     double connect_s, first_byte_s, first_token_s, idle_s; /* 0: the worker's */
+    long max_connections; /* calls in flight at once; 0: no cap of its own */
 };
 
 struct llm_target {

@@ -26,6 +26,10 @@ ENDPOINTS
   GET  /__expected?prompt=P[&tokens=N&seed=S&unicode=0|1&reply=lorem|echo]
                               -> {"text": .., "tokens": [..]}
   POST /__release             {"name": NAME}: lets the requests held by hold=NAME go on
+  GET  /__concurrency         {"inflight": N, "peak": N}: API requests being served now,
+                              and the most at once since the last /__reset (which sets
+                              peak to those still in flight); a request counts from its
+                              headers read to its response's last byte written
   Control paths (/__*) are not recorded in the stats.
 
 SCENARIO SELECTION (first match wins; the winner is merged over the defaults)
@@ -666,6 +670,7 @@ class Server:
         self.cli_rpm = args.rpm
         self.cli_tpm = args.tpm
         self.conn_seq = 0
+        self.inflight = 0  # API requests being served (a reset leaves it alone)
         self.reset()
 
     def reset(self):
@@ -677,6 +682,7 @@ class Server:
         self.tpm = self.cli_tpm
         self.stats = []
         self.seq = 0
+        self.peak = getattr(self, "inflight", 0)
         self.scripts = {}
         self.rl_q = deque()  # (loop time, tokens)
         self.rl_tokens = 0
@@ -709,6 +715,8 @@ class Server:
                  "knobs": {}, "status": None, "bytes_sent": 0, "tokens_sent": 0,
                  "text": None, "tokens": None, "text_sent": "", "ended": "in_progress"}
         self.stats.append(entry)
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
         try:
             await self.api(conn, req, entry, p)
             if entry["ended"] == "in_progress":
@@ -732,6 +740,7 @@ class Server:
             conn.keep = False
             raise
         finally:
+            self.inflight -= 1
             entry["t_end"] = time.time()
             if VERBOSE:
                 log(entry["seq"], req.method, req.path, entry["scenario_src"],
@@ -750,6 +759,8 @@ class Server:
             for e in rows:
                 e["text_sent"] = "".join(e["tokens"][:e["tokens_sent"]]) if e["tokens"] else ""
             return await conn.simple(200, None, raw=jdump(rows, True).encode())
+        if p == "/__concurrency" and m == "GET":
+            return await conn.simple(200, {"inflight": self.inflight, "peak": self.peak})
         if p == "/__reset" and m == "POST":
             self.reset()
             return await conn.simple(200, {"ok": True})

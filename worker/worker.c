@@ -48,6 +48,9 @@ struct worker {
     struct llm_client *llm;
     struct redact secrets;         /* config_secrets(): cut out of provider messages */
     struct llm_registry providers; /* named providers and model routes */
+    /* One per named provider (parallel to providers.providers), its
+     * max_connections as the cap; freed after the LLM client. */
+    struct llm_gate *gates;
     char *chat_url;
     char *embed_url;
     struct broker_config bcfg;
@@ -403,6 +406,7 @@ static int call_provider(struct worker *w, struct job *j, const struct task_call
     rq.provider_name = rs->name; /* the registry's, or a literal */
     rq.fallback_left = rs->more;
     if (rs->named) {
+        rq.gate = &w->gates[rs->named - w->providers.providers];
         rq.connect_timeout_s = rs->named->connect_s;
         rq.first_byte_timeout_s = rs->named->first_byte_s;
         rq.first_token_timeout_s = rs->named->first_token_s;
@@ -696,7 +700,16 @@ static int providers_load(struct worker *w, struct cr_err *err)
         }
         LOG(LOG_INFO, "LLM provider %s: %s API%s%s", p->name, p->impl->name,
             p->api_key_env ? ", key from $" : "", p->api_key_env ? p->api_key_env : "");
+        if (p->max_connections > 0)
+            LOG(LOG_INFO, "LLM provider %s: at most %ld calls in flight", p->name,
+                p->max_connections);
     }
+    /* One more than needed: never a zero-sized allocation. */
+    w->gates = cr_calloc((size_t)w->providers.nproviders + 1, sizeof(*w->gates));
+    if (!w->gates)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    for (int i = 0; i < w->providers.nproviders; i++)
+        llm_gate_init(&w->gates[i], w->providers.providers[i].max_connections);
     return 0;
 }
 
@@ -811,6 +824,7 @@ fail:
     cr_free(w->chat_url);
     cr_free(w->embed_url);
     redact_release(&w->secrets);
+    cr_free(w->gates);
     llm_registry_release(&w->providers);
     cr_free(w);
     return NULL;
@@ -922,6 +936,8 @@ void worker_free(struct worker *w)
     cr_free(w->chat_url);
     cr_free(w->embed_url);
     redact_release(&w->secrets);
+    /* After llm_client_free(): every call that named a gate has ended. */
+    cr_free(w->gates);
     llm_registry_release(&w->providers);
     cr_free(w);
 }

@@ -135,6 +135,11 @@ class FakeLLM:
     def script(self, scenarios, model="*", replace=True):
         self._req("POST", "/__script", {"model": model, "scenarios": scenarios, "replace": replace})
 
+    def concurrency(self):
+        """{"inflight": N, "peak": N}: API requests being served, and the most at once
+        since the last reset."""
+        return self._req("GET", "/__concurrency")
+
     def release(self, name):
         """Lets the calls held by the scenario knob hold=<name> answer."""
         self._req("POST", "/__release", {"name": name})

@@ -1004,6 +1004,32 @@ def t_hold(port, srv):
     eq("release without a name", post(port, "/__release", {}).status, 400)
 
 
+def t_concurrency(port, srv):
+    post(port, "/__reset", {})
+    eq("concurrency after reset", call(port, "GET", "/__concurrency").json,
+       {"inflight": 0, "peak": 0})
+    cs = []
+    for i in range(3):
+        c = Client(port)
+        c.send("POST", "/v1/chat/completions", chat_body(stream=False),
+               {"X-Fake-Scenario": "hold=cc;tokens=2"})
+        cs.append(c)
+    end = time.time() + 5
+    while call(port, "GET", "/__concurrency").json["inflight"] < 3:
+        check("three held requests in flight", time.time() < end)
+        time.sleep(0.02)
+    eq("three in flight", call(port, "GET", "/__concurrency").json,
+       {"inflight": 3, "peak": 3})
+    post(port, "/__reset", {})  # releases them; peak restarts from those still in
+    for c in cs:
+        eq("held answer", c.read_response().status, 200)
+        c.close()
+    r = chat(port, "tokens=2", stream=False)
+    eq("one more", r.status, 200)
+    cc = call(port, "GET", "/__concurrency").json
+    eq("none in flight, peak kept", (cc["inflight"], 1 <= cc["peak"] <= 3), (0, True))
+
+
 def t_framing(port, srv):
     r = chat(port, "framing=close", stream=False)
     check("close non-stream", r.framing == "close" and r.end == "close" and
@@ -1223,7 +1249,8 @@ def bench(n=1000, tps=0):
 # ---------------------------------------------------------------- main --------------
 TESTS = [t_basic, t_nonstream_chat, t_expected, t_stream_default, t_usage, t_echo_unicode,
          t_chunking, t_eol, t_sse_extras, t_quirks, t_finish_done, t_tools_reasoning, t_errors,
-         t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_framing,
+         t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_concurrency,
+         t_framing,
          t_completions, t_embeddings, t_selection, t_stats]
 
 

@@ -3,6 +3,8 @@ OpenAI end to end through a Celery client, named in a providers document; fallba
 from a failing provider to a healthy one before and after the first token; tool calls
 and JSON-schema answers. Every call is counted at the fake LLM."""
 import json
+import signal
+import time
 
 import pytest
 
@@ -243,3 +245,97 @@ def test_json_schema_answer(env):
     assert json.loads(out["content"]) == {"echo": "again"}
     cs = calls(env)
     assert len(cs) == 2 and "retry_invalid_json" not in json.dumps(cs[1].get("body", {}))
+
+
+# -------------------------------------------------------- connection caps
+
+def capped_doc(fake, cap):
+    return json.dumps({"providers": {
+        "capped": {"type": "ollama", "base_url": fake.base, "max_connections": cap}}})
+
+
+def stopped_cleanly(w):
+    """A warm stop exits 0 with no sanitizer report (CELERIAC_BIN may be an ASan
+    build, whose leak check runs at exit)."""
+    w.stop()
+    assert w.proc.returncode == 0, w.log()[-2000:]
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+
+
+def test_max_connections_caps_calls_in_flight(env):
+    """max_connections=2 with 8 tasks at once: never more than 2 calls at the fake,
+    the others wait their turn in the worker and all 8 succeed."""
+    w = env.worker(*FAST, "-c", "8", "--llm-providers", capped_doc(env.fake, 2))
+    assert w.count("LLM provider capped: at most 2 calls in flight") == 1
+    env.fake.script(["latency_ms=400;tokens=3"] * 8)
+    rs = [chat(env, "capped %d" % i, "capped/llama3") for i in range(8)]
+    outs = [r.get(timeout=60) for r in rs]
+    for i, out in enumerate(outs):
+        assert out["content"] == env.fake.expected_text("capped %d" % i, 3)
+        assert out["provider"] == "capped"
+    cs = calls(env)
+    assert len(cs) == 8 and all(c["status"] == 200 for c in cs)
+    # the cap was reached, never passed
+    assert env.fake.concurrency()["peak"] == 2
+    stopped_cleanly(w)
+
+
+def test_max_connections_waiting_call_cancelled_leaves_no_stuck_slot(env):
+    """With one slot held, a call waiting for it is ended by its time limit and then
+    one by a revoke: neither reaches the provider, and once the slot frees, later
+    calls still run."""
+    from celery.exceptions import TimeLimitExceeded, TaskRevokedError
+    w = env.worker(*FAST, "-c", "4", "--llm-providers", capped_doc(env.fake, 1))
+    env.fake.script(["hold=first;tokens=2", "tokens=2", "tokens=2"])
+    first = chat(env, "holds the slot", "capped/llama3")
+    wait_until(lambda: len(calls(env)) == 1, 20, what="the first call at the fake")
+    limited = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "late"}]],
+                                kwargs={"model": "capped/llama3"}, time_limit=1)
+    with pytest.raises(TimeLimitExceeded):
+        limited.get(timeout=20)
+    revoked = chat(env, "revoked while waiting", "capped/llama3")
+    wait_until(lambda: w.count(r"\[%s\] received" % revoked.id), 10,
+               what="the task to revoke received")
+    time.sleep(0.3)  # started: its call waits for the slot
+    revoked.revoke(terminate=True)
+    with pytest.raises(TaskRevokedError):
+        revoked.get(timeout=20)
+    assert len(calls(env)) == 1  # neither waiting call was sent
+    env.fake.release("first")
+    assert first.get(timeout=20)["content"] == env.fake.expected_text("holds the slot", 2)
+    # the slot is free again: two more, one after the other
+    for p in ("after one", "after two"):
+        out = chat(env, p, "capped/llama3").get(timeout=20)
+        assert out["content"] == env.fake.expected_text(p, 2)
+    assert [c["prompt"] for c in calls(env)] == ["holds the slot", "after one",
+                                                 "after two"]
+    assert env.fake.concurrency()["peak"] == 1
+    stopped_cleanly(w)
+
+
+def test_max_connections_cold_shutdown_with_calls_waiting(env):
+    """A cold stop with calls in flight and waiting behind the cap: the worker
+    ends them all and exits cleanly (no sanitizer report), the waiting ones were
+    never sent, and the tasks run again on the next worker."""
+    w = env.worker(*FAST, "-c", "4", "--llm-providers", capped_doc(env.fake, 1))
+    env.fake.script(["hold=cold;tokens=2"])
+    rs = [chat(env, "cold %d" % i, "capped/llama3") for i in range(3)]
+    wait_until(lambda: len(calls(env)) == 1, 20, what="the first call at the fake")
+    for r in rs:
+        wait_until(lambda: w.count(r"\[%s\] received" % r.id), 10, what="all received")
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)  # the second one: cold
+    assert w.wait(timeout=30) == 1, w.log()[-2000:]
+    assert "Cold shutdown" in w.log()
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+    assert len(calls(env)) == 1
+    env.fake.release("cold")
+    wait_until(lambda: env.fake.concurrency()["inflight"] == 0, 10, what="held call done")
+    env.fake.reset()
+    env.fake.script(["tokens=2"] * 3)
+    env.worker(*FAST, "-c", "4", "--llm-providers", capped_doc(env.fake, 1))
+    for i, r in enumerate(rs):
+        assert r.get(timeout=30)["content"] == env.fake.expected_text("cold %d" % i, 2)
+    assert len(calls(env)) == 3 and env.fake.concurrency()["peak"] == 1

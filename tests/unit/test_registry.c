@@ -2,6 +2,7 @@
  * (llm/registry.c): every key, every refusal, the resolution order and the
  * environment's providers, with a fake environment. */
 #include <check.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "tests/unit/unit.h"
@@ -31,7 +32,8 @@ static const char *DOC =
     "{\"providers\": {"
     " \"claude\": {\"type\": \"anthropic\", \"api_key_env\": \"K1\", \"max_tokens\": 99,"
     "   \"headers\": [\"anthropic-beta: x\"], \"timeouts\": {\"first_token\": 5}},"
-    " \"local\": {\"type\": \"ollama\", \"base_url\": \"http://h:11434\"},"
+    " \"local\": {\"type\": \"ollama\", \"base_url\": \"http://h:11434\","
+    "   \"max_connections\": 2},"
     " \"az\": {\"type\": \"azure\", \"base_url\": \"https://r.openai.azure.com\","
     "   \"deployment\": \"dep\", \"api_version\": \"2024-10-21\"}},"
     " \"models\": {\"smart\": [\"claude/claude-x\", \"local\", \"default/gpt-4o\"],"
@@ -70,6 +72,9 @@ START_TEST(test_document)
     ck_assert_str_eq(c->cfg.headers[0], "anthropic-beta: x");
     ck_assert_ptr_null(c->cfg.headers[1]);
     ck_assert(c->first_token_s == 5 && c->idle_s == 0);
+    ck_assert_int_eq(c->max_connections, 0); /* absent: no cap of its own */
+    c = &r.providers[llm_registry_find(&r, "local", 5)];
+    ck_assert_int_eq(c->max_connections, 2);
     c = &r.providers[llm_registry_find(&r, "az", 2)];
     ck_assert_str_eq(c->cfg.deployment, "dep");
     ck_assert_str_eq(c->cfg.api_version, "2024-10-21");
@@ -129,6 +134,45 @@ START_TEST(test_environment)
     ck_assert_int_eq(llm_registry_from_env(&r, no_env, &err), 0);
     ck_assert_int_eq(r.nproviders, 0);
     llm_registry_release(&r);
+}
+END_TEST
+
+/* max_connections: a whole number from 0 (no cap of its own) to the bound. */
+START_TEST(test_max_connections)
+{
+    static const struct {
+        const char *value;
+        long want;
+    } good[] = {{"0", 0}, {"1", 1}, {"64", 64}, {"100000", 100000}, {"3.0", 3}};
+    static const char *const bad[] = {"-1",    "2.5",  "100001", "1e9",
+                                      "\"2\"", "true", "null",   "[2]"};
+    char doc[256];
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct llm_registry r;
+        snprintf(doc, sizeof(doc),
+                 "{\"providers\": {\"x\": {\"type\": \"anthropic\", "
+                 "\"max_connections\": %s}}}",
+                 good[i].value);
+        load(&r, doc, fake_env);
+        ck_assert_int_eq(r.providers[0].max_connections, good[i].want);
+        llm_registry_release(&r);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct llm_registry r;
+        struct cr_err err;
+        memset(&err, 0, sizeof(err));
+        llm_registry_init(&r);
+        snprintf(doc, sizeof(doc),
+                 "{\"providers\": {\"x\": {\"type\": \"anthropic\", "
+                 "\"max_connections\": %s}}}",
+                 bad[i]);
+        ck_assert_int_eq(llm_registry_parse(&r, doc, strlen(doc), fake_env, &err),
+                         CR_EINVAL);
+        ck_assert_msg(strstr(err.msg, "llm provider 'x': max_connections must be an "
+                                      "integer in [0, 100000]"),
+                      "%s: got '%s'", bad[i], err.msg);
+        llm_registry_release(&r);
+    }
 }
 END_TEST
 
@@ -204,6 +248,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_document);
     tcase_add_test(tc, test_resolution_order);
     tcase_add_test(tc, test_environment);
+    tcase_add_test(tc, test_max_connections);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_every_cut);
     suite_add_tcase(s, tc);
