@@ -369,6 +369,21 @@ static void set_fail(struct llm_req *r, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A text delta read from the stream (SSE event or NDJSON line): counted,
+ * the first token's time taken, handed to on_delta when notify. Returns -1
+ * when on_delta aborted the request, else 0. */
+static int hand_delta(struct llm_req *r, const char *delta, size_t dlen, int notify)
+{
+    if (!dlen)
+        return 0;
+    r->pchunks++;
+    if (!r->t_first_token)
+        r->t_first_token = r->t_last_data;
+    if (notify && r->on_delta)
+        r->on_delta(r, delta, dlen, r->privdata);
+    return r->aborted ? -1 : 0;
+}
+
 /* Feeds n bytes of an event stream; notify: hand text deltas to on_delta.
  * Returns 0, or -1 when the stream failed (proto_error) or the request was
  * aborted from on_delta. */
@@ -397,16 +412,8 @@ static int feed_sse(struct llm_req *r, const char *ptr, size_t n, int notify)
             set_fail(r, "bad stream chunk: %s", err.msg);
             return -1;
         }
-        if (dlen)
-            r->pchunks++;
-        if (dlen) {
-            if (!r->t_first_token)
-                r->t_first_token = r->t_last_data;
-            if (notify && r->on_delta)
-                r->on_delta(r, delta, dlen, r->privdata);
-            if (r->aborted)
-                return -1;
-        }
+        if (hand_delta(r, delta, dlen, notify))
+            return -1;
     }
     if (rc < 0) {
         r->proto_error = 1;
@@ -434,16 +441,7 @@ static int feed_line(struct llm_req *r, const char *line, size_t len, int notify
         set_fail(r, "bad stream line: %s", err.msg);
         return -1;
     }
-    if (dlen) {
-        r->pchunks++;
-        if (!r->t_first_token)
-            r->t_first_token = r->t_last_data;
-        if (notify && r->on_delta)
-            r->on_delta(r, delta, dlen, r->privdata);
-        if (r->aborted)
-            return -1;
-    }
-    return 0;
+    return hand_delta(r, delta, dlen, notify);
 }
 
 /* Feeds n bytes of a newline-delimited JSON body (Ollama's stream); the
