@@ -38,13 +38,15 @@
  * takes more reads. The buffer is held by every idle stream, so its size is
  * most of an idle stream's memory (docs/benchmarks.md, bench/idle_streams.c). */
 #define RECV_BUFFER_BYTES 1024L
-/* libcurl 7.88 copies an HTTPS/1.1 request into an upload buffer of this size
- * (64 KB by default), allocated on the first send and kept until the transfer
- * ends (Curl_buffer_send() in lib/http.c, freed in multi_done()): a streaming
- * call would hold it for its whole life. 16 KB is the floor curl allows
- * (UPLOADBUFFER_MIN); a bigger body goes out in more sends. Plain HTTP and
- * HTTP/2 never allocate it for a body set with CURLOPT_POSTFIELDS under
- * 64 KB (it is sent with the headers), so the option costs nothing there. */
+/* libcurl 7.88 sends a request through an upload buffer of this size (64 KB
+ * by default), allocated on the first send and kept until the transfer ends
+ * (Curl_get_upload_buffer() in lib/transfer.c, freed in multi_done()): an
+ * HTTPS/1.1 request is copied into it whole (Curl_buffer_send() in
+ * lib/http.c), and an HTTP/2 body always goes out through it, in DATA frames
+ * after the headers. Plain HTTP/1.1 sends a body under 64 KB with the
+ * headers and never allocates it. 16 KB is the floor curl allows
+ * (UPLOADBUFFER_MIN); a bigger body goes out in more sends. Once the body
+ * is out, on_progress() has curl free the buffer: see there. */
 #define UPLOAD_BUFFER_BYTES 16384L
 /* Calls libcurl runs at once on one HTTP/2 connection (its default is 100),
  * when the server allows as many: 10,000 streams then take ten connections
@@ -288,6 +290,28 @@ static void release_body(struct llm_req *r)
         cr_free(r->body);
         r->body = NULL;
     }
+}
+
+/* Called by libcurl after each round of work on the transfer. Once the whole
+ * body is sent, setting CURLOPT_UPLOAD_BUFFERSIZE again makes libcurl free
+ * the upload buffer (setopt.c: "force a realloc next opportunity"), which a
+ * stream would otherwise hold, 16 KB of heap, until it ends. The same turn's
+ * next call then reuses the chunk, so the heap does not grow with the calls
+ * in flight. Nothing points into the buffer by then: the last send returned
+ * whole (a partial one leaves the count below the total), and should libcurl
+ * send the request again (a retry on a new connection) it allocates a new
+ * buffer. The callback then turns itself off (CURLOPT_NOPROGRESS). */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    struct llm_req *r = ud;
+    (void)dltotal;
+    (void)dlnow;
+    if (ultotal > 0 && ulnow >= ultotal) {
+        curl_easy_setopt(r->easy, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+        curl_easy_setopt(r->easy, CURLOPT_NOPROGRESS, 1L);
+    }
+    return 0;
 }
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
@@ -1218,6 +1242,9 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPINTVL, 60L);
     curl_easy_setopt(r->easy, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
     curl_easy_setopt(r->easy, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFODATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETDATA, c);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
