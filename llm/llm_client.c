@@ -532,12 +532,21 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 }
 
 /* Keeps a finished easy handle for the next request, or frees it. It must be
- * out of the multi handle already. */
+ * out of the multi handle already.
+ *
+ * Never with HTTP/2 on: libcurl 7.88.1 (nghttp2 1.52) corrupts its heap when
+ * a handle that ran a multiplexed stream is reset and added again while its
+ * connection lives on. A bare libcurl client (thousands of streams at once
+ * on a few connections, handles reused after curl_easy_reset()) fails in its
+ * second round: "corrupted double-linked list", or nghttp2's assertion in
+ * find_stream_on_goaway_func(); with a new handle per call it ran clean. The
+ * worker saw the same as calls failing with "Received HTTP/0.9" (another
+ * stream's bytes) and then a crash (docs/benchmarks.md, issue 18). */
 static void easy_put(struct llm_client *c, CURL *e)
 {
     if (!e)
         return;
-    if (c->npool < EASY_POOL_MAX && !c->closing) {
+    if (c->npool < EASY_POOL_MAX && !c->closing && !c->cfg.http2) {
         curl_easy_reset(e);
         c->pool[c->npool++] = e;
         return;
