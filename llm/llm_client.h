@@ -44,11 +44,10 @@ struct llm_client_config {
      * system's store (borrowed; NULL or "": the system's). */
     const char *ca_file;
     /* 1: HTTP/2 over HTTPS where the server offers it, calls multiplexed on
-     * a few connections (a new call waits for a stream on one being opened).
-     * Off by default. With it every call takes a new easy handle, as libcurl
-     * 7.88 corrupts its heap when a handle that ran an HTTP/2 stream is
-     * reused; uncapped, it also opens a connection per call of a burst:
-     * give max_connections with it. */
+     * a few connections (a new call waits for a stream on one being opened;
+     * without max_connections, 16 per host at most). Off by default: with
+     * it every call takes a new easy handle, as libcurl 7.88 corrupts its
+     * heap when a handle that ran an HTTP/2 stream is reused. */
     int http2;
 };
 
