@@ -22,6 +22,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/clock.h"
+#include "util/log.h"
 
 #define SWEEP_MS 100
 #define MAX_RAW_BODY (64u << 20) /* a non-streamed body (embeddings) */
@@ -38,18 +39,26 @@
  * takes more reads. The buffer is held by every idle stream, so its size is
  * most of an idle stream's memory (docs/benchmarks.md, bench/idle_streams.c). */
 #define RECV_BUFFER_BYTES 1024L
-/* libcurl 7.88 copies an HTTPS/1.1 request into an upload buffer of this size
- * (64 KB by default), allocated on the first send and kept until the transfer
- * ends (Curl_buffer_send() in lib/http.c, freed in multi_done()): a streaming
- * call would hold it for its whole life. 16 KB is the floor curl allows
- * (UPLOADBUFFER_MIN); a bigger body goes out in more sends. Plain HTTP and
- * HTTP/2 never allocate it for a body set with CURLOPT_POSTFIELDS under
- * 64 KB (it is sent with the headers), so the option costs nothing there. */
+/* libcurl 7.88 sends a request through an upload buffer of this size (64 KB
+ * by default), allocated on the first send and kept until the transfer ends
+ * (Curl_get_upload_buffer() in lib/transfer.c, freed in multi_done()): an
+ * HTTPS/1.1 request is copied into it whole (Curl_buffer_send() in
+ * lib/http.c), and an HTTP/2 body always goes out through it, in DATA frames
+ * after the headers. Plain HTTP/1.1 sends a body under 64 KB with the
+ * headers and never allocates it. 16 KB is the floor curl allows
+ * (UPLOADBUFFER_MIN); a bigger body goes out in more sends. Once the body
+ * is out, on_progress() has curl free the buffer: see there. */
 #define UPLOAD_BUFFER_BYTES 16384L
 /* Calls libcurl runs at once on one HTTP/2 connection (its default is 100),
  * when the server allows as many: 10,000 streams then take ten connections
  * and as many TLS handshakes. */
 #define H2_STREAMS_PER_CONNECTION 1000L
+/* Connections per provider host with HTTP/2 on and no cap given: 16,000
+ * streams at 1,000 each. Uncapped, libcurl 7.88 gives a burst of calls added
+ * before the first connection is up a connection each (369 to 3,878 for
+ * 10,000 calls in the bench, and a bare client took 51 s for 10,000
+ * one-second calls); with this cap 4.5 s. */
+#define H2_HOST_CONNECTIONS 16L
 
 struct llm_req {
     struct llm_client *c;
@@ -297,6 +306,28 @@ static void release_body(struct llm_req *r)
     }
 }
 
+/* Called by libcurl after each round of work on the transfer. Once the whole
+ * body is sent, setting CURLOPT_UPLOAD_BUFFERSIZE again makes libcurl free
+ * the upload buffer (setopt.c: "force a realloc next opportunity"), which a
+ * stream would otherwise hold, 16 KB of heap, until it ends. The same turn's
+ * next call then reuses the chunk, so the heap does not grow with the calls
+ * in flight. Nothing points into the buffer by then: the last send returned
+ * whole (a partial one leaves the count below the total), and should libcurl
+ * send the request again (a retry on a new connection) it allocates a new
+ * buffer. The callback then turns itself off (CURLOPT_NOPROGRESS). */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    struct llm_req *r = ud;
+    (void)dltotal;
+    (void)dlnow;
+    if (ultotal > 0 && ulnow >= ultotal) {
+        curl_easy_setopt(r->easy, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+        curl_easy_setopt(r->easy, CURLOPT_NOPROGRESS, 1L);
+    }
+    return 0;
+}
+
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
 {
     struct llm_req *r = ud;
@@ -513,12 +544,21 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 }
 
 /* Keeps a finished easy handle for the next request, or frees it. It must be
- * out of the multi handle already. */
+ * out of the multi handle already.
+ *
+ * Never with HTTP/2 on: libcurl 7.88.1 (nghttp2 1.52) corrupts its heap when
+ * a handle that ran a multiplexed stream is reset and added again while its
+ * connection lives on. A bare libcurl client (thousands of streams at once
+ * on a few connections, handles reused after curl_easy_reset()) fails in its
+ * second round: "corrupted double-linked list", or nghttp2's assertion in
+ * find_stream_on_goaway_func(); with a new handle per call it ran clean. The
+ * worker saw the same as calls failing with "Received HTTP/0.9" (another
+ * stream's bytes) and then a crash (docs/benchmarks.md, issue 18). */
 static void easy_put(struct llm_client *c, CURL *e)
 {
     if (!e)
         return;
-    if (c->npool < EASY_POOL_MAX && !c->closing) {
+    if (c->npool < EASY_POOL_MAX && !c->closing && !c->cfg.http2) {
         curl_easy_reset(e);
         c->pool[c->npool++] = e;
         return;
@@ -1270,6 +1310,9 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPINTVL, 60L);
     curl_easy_setopt(r->easy, CURLOPT_BUFFERSIZE, RECV_BUFFER_BYTES);
     curl_easy_setopt(r->easy, CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUFFER_BYTES);
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFODATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
     curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETDATA, c);
     curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
@@ -1373,6 +1416,13 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
                       c->cfg.http2 ? (long)CURLPIPE_MULTIPLEX : (long)CURLPIPE_NOTHING);
     curl_multi_setopt(c->multi, CURLMOPT_MAX_CONCURRENT_STREAMS,
                       H2_STREAMS_PER_CONNECTION);
+    if (c->cfg.http2 && cfg->max_connections <= 0) {
+        curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, H2_HOST_CONNECTIONS);
+        log_write(LOG_INFO,
+                  "llm: HTTP/2 without a connection cap: at most %ld connections per "
+                  "provider host (--llm-max-connections sets a cap of its own)",
+                  H2_HOST_CONNECTIONS);
+    }
     /* Without a share each call keeps its own TLS session cache, and a new
      * connection is a full handshake. Loop thread only: no locks needed. */
     c->share = curl_share_init();

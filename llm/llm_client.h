@@ -45,10 +45,10 @@ struct llm_client_config {
      * system's store (borrowed; NULL or "": the system's). */
     const char *ca_file;
     /* 1: HTTP/2 over HTTPS where the server offers it, calls multiplexed on
-     * a few connections (a new call waits for a stream on one being opened).
-     * Off by default: uncapped, with thousands of calls in flight, libcurl
-     * 7.88 opened thousands of HTTP/2 connections and the bench saw heap
-     * corruption in that state; give max_connections with it. */
+     * a few connections (a new call waits for a stream on one being opened;
+     * without max_connections, 16 per host at most). Off by default: with
+     * it every call takes a new easy handle, as libcurl 7.88 corrupts its
+     * heap when a handle that ran an HTTP/2 stream is reused. */
     int http2;
 };
 

@@ -110,8 +110,8 @@ static const struct opt opts[] = {
      "itself (see README, Providers)",
      "FILE"},
     {"llm-http2", 0, "CELERIAC_LLM_HTTP2", OPTS_BOOL, OFF(llm_http2), "0", 0, 1,
-     "HTTP/2 over HTTPS: many calls multiplexed on one connection (give "
-     "--llm-max-connections too; see README)"},
+     "HTTP/2 over HTTPS: many calls multiplexed on one connection (16 connections "
+     "per host unless --llm-max-connections; see README)"},
     {"llm-model", 0, "CELERIAC_MODEL", OPTS_STR, OFF(llm_model), "gpt-4o-mini", 0, 0,
      "default chat model"},
     {"llm-embed-model", 0, "CELERIAC_EMBED_MODEL", OPTS_STR, OFF(llm_embed_model),
