@@ -166,6 +166,15 @@ struct rb;
  * flight at a time; older ones are left to the visibility timeout). */
 #define LOST_MAX 8
 
+/* Acks Redis confirmed, kept this long (at most RECENT_MAX of them) to be
+ * sent again after a reconnect: Redis replicates and fsyncs after it
+ * answers, so a failover (a replica promoted before the last writes reached
+ * it) or a crash under appendfsync everysec can lose confirmed acks, which
+ * would leave their records to be restored and run again. Removing twice is
+ * harmless; a tag we hold again (popped anew) is left alone. */
+#define RECENT_MAX 4096
+#define RECENT_REPLAY_MS 10000
+
 /* A job_end() status: Redis refused a step for now (LOADING after a
  * restart, READONLY, NOREPLICAS...: redis_refusal_passes()); the job waits
  * and starts over a tick later, with the connection still up. */
@@ -399,6 +408,10 @@ struct rb {
     uint64_t acks_hold_until;
     int ack_refused;     /* refusals in a row: the log says the first */
     int records_pending; /* a record was refused: sent again on the tick */
+    /* acks Redis confirmed lately (tags owned), a ring: see RECENT_MAX */
+    char *recent[RECENT_MAX];
+    uint64_t recent_at[RECENT_MAX];
+    int recent_next, nrecent;
 
     /* our restores waiting for the command connection */
     struct rjob *waiting;
@@ -1458,6 +1471,49 @@ static void maybe_pop(struct rb *b)
 
 /* ------------------------------------------------------------ acks */
 
+static void recent_add(struct rb *b, const char *tag)
+{
+    char *t = cr_strdup(tag);
+    if (!t)
+        return; /* only a second chance is lost */
+    cr_free(b->recent[b->recent_next]);
+    b->recent[b->recent_next] = t;
+    b->recent_at[b->recent_next] = now_ms(b);
+    b->recent_next = (b->recent_next + 1) % RECENT_MAX;
+    if (b->nrecent < RECENT_MAX)
+        b->nrecent++;
+}
+
+static void recent_clear(struct rb *b)
+{
+    for (int i = 0; i < RECENT_MAX; i++) {
+        cr_free(b->recent[i]);
+        b->recent[i] = NULL;
+    }
+    b->nrecent = b->recent_next = 0;
+}
+
+/* After a reconnect: the acks confirmed in the last RECENT_REPLAY_MS go
+ * again, newest first, to whichever server now answers. */
+static void replay_recent_acks(struct rb *b)
+{
+    uint64_t now = now_ms(b);
+    int n = 0;
+    for (int i = 0; i < b->nrecent; i++) {
+        int k = (b->recent_next + RECENT_MAX - 1 - i) % RECENT_MAX;
+        if (now - b->recent_at[k] > RECENT_REPLAY_MS)
+            break;
+        if (!strmap_get(&b->held, b->recent[k]) && ack_push(b, b->recent[k]) == 0)
+            n++;
+    }
+    recent_clear(b);
+    if (n)
+        LOG(LOG_INFO,
+            "broker: sending again %d ack(s) of the last %d s, which the server lost "
+            "may not have passed on",
+            n, RECENT_REPLAY_MS / 1000);
+}
+
 static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
 {
     struct args *tags = arg;
@@ -1474,6 +1530,8 @@ static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
         if (b->ack_refused > 1)
             LOG(LOG_INFO, "broker: acks taken again after %d refusals", b->ack_refused);
         b->ack_refused = 0;
+        for (int i = 0; i < tags->n; i++)
+            recent_add(b, tags->store.data + tags->off[i]);
     }
     /* CR_EBACKEND: unknown whether Redis had them; removing twice is
      * harmless. (CR_ECANCELED: the broker is being freed.) */
@@ -2486,6 +2544,7 @@ static void on_cmd_up(struct rb *b)
     /* Records not written yet go before the acks that may remove them. */
     send_pending_records(b);
     b->acks_hold_until = 0; /* perhaps a new master: no need to wait */
+    replay_recent_acks(b);
     flush_acks(b);
     refresh_leases(b);
     b->lease_due = now_ms(b) + b->lease_ms;
@@ -2667,6 +2726,7 @@ static void on_closed(uv_handle_t *h)
     buf_release(&b->pop_store);
     strmap_release(&b->held);
     cr_free(b->acks);
+    recent_clear(b);
     cr_free(b);
 }
 

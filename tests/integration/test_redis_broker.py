@@ -289,8 +289,13 @@ def test_connections_dropped_mid_task(env):
     task's record survives, its ack goes once the worker is back, the mailbox
     is subscribed again, and nothing runs twice."""
     app = rapp(env)
-    env.fake.script(["latency_ms=2500;tokens=3"])
+    env.fake.script(["tokens=3", "latency_ms=2500;tokens=3"])
     w = rworker(env)
+    # acked just before the drop: its ack is sent again after the reconnect
+    # (a server that crashed or failed over may have lost it)
+    first = app.send_task("llm.generate", args=["before the drop"])
+    assert first.get(timeout=20) == env.fake.expected_text("before the drop", tokens=3)
+    wait_until(lambda: env.redis.hlen("unacked") == 0, 10, what="the first acked")
     r = app.send_task("llm.generate", args=["across a drop"])
     wait_until(lambda: env.redis.hlen("unacked") == 1, 10, what="running")
     time.sleep(0.5)
@@ -300,11 +305,13 @@ def test_connections_dropped_mid_task(env):
     wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
                10, what="acked after the reconnect")
     w.wait_for(r"connection to .* lost", 5)
+    assert w.count(r"broker: sending again 1 ack\(s\) of the last 10 s") == 1
     replies = wait_until(lambda: py_inspect(env, "ping", timeout=1), 15, what="ping after")
     assert any(v == {"ok": "pong"} for v in replies.values())
     r2 = app.send_task("llm.generate", args=["after the drop"])
     assert r2.get(timeout=20) == env.fake.expected_text("after the drop")
     assert len([s for s in env.fake.stats() if "across a drop" in json.dumps(s["body"])]) == 1
+    assert len([s for s in env.fake.stats() if "before the drop" in json.dumps(s["body"])]) == 1
 
 
 def test_ack_refused_by_redis_is_sent_again(env):

@@ -179,6 +179,26 @@ def test_start_up_errors(env, backend, options, says):
     assert says in p.stdout + p.stderr, p.stdout + p.stderr
 
 
+def _leftovers(broker, qkeys, w):
+    """What is left on the new master, and what the worker said of it."""
+    out = []
+    ids = set()
+    for k in qkeys:
+        for raw in broker.lrange(k, 0, -1):
+            tid = json.loads(raw)["headers"]["id"]
+            ids.add(tid)
+            out.append("queued in %r: %s" % (k, tid))
+    for tag, raw in broker.hgetall("unacked").items():
+        tid = json.loads(raw)[0]["headers"]["id"]
+        ids.add(tid)
+        out.append("unacked %s (score %s): %s" % (tag.decode(), broker.zscore(
+            "unacked_index", tag), tid))
+    for tid in sorted(ids)[:5]:
+        out += ["  " + l for l in w.lines if tid in l]
+    out += [l for l in w.lines if "broker:" in l or "result backend" in l][-40:]
+    return "left on the new master:\n" + "\n".join(out)
+
+
 @pytest.mark.slow
 def test_broker_over_sentinel_failover_during_1000_tasks(env, tmp_path):
     """Broker and result backend both on one Sentinel-managed master (dbs of
@@ -221,10 +241,13 @@ def test_broker_over_sentinel_failover_during_1000_tasks(env, tmp_path):
             meta = json.loads(new_client.get("celery-task-meta-" + r.id))
             assert meta["status"] == "SUCCESS", meta
         broker = cluster.master_client(broker_db)
-        wait_until(lambda: sum(broker.llen(k) for k in
-                               ("celery", "celery\x06\x163", "celery\x06\x166",
-                                "celery\x06\x169")) == 0 and broker.hlen("unacked") == 0,
-                   30, what="every task taken and acked on the new master")
+        qkeys = ("celery", "celery\x06\x163", "celery\x06\x166", "celery\x06\x169")
+        try:
+            wait_until(lambda: sum(broker.llen(k) for k in qkeys) == 0 and
+                       broker.hlen("unacked") == 0,
+                       30, what="every task taken and acked on the new master")
+        except AssertionError:
+            raise AssertionError(_leftovers(broker, qkeys, w))
         # All three broker connections were moved by the sentinels' word.
         for conn in ("consumer", "commands", "pub/sub"):
             assert w.count(r"broker: %s connection .* lost: sentinel: master 'mymaster' "
