@@ -38,6 +38,10 @@
  * flow never hold back a revoke or an inspect while the worker is busy. */
 #define CONTROL_CHANNEL 3
 #define CONSUMER_CHANNEL(q) ((q)->no_ack ? CONTROL_CHANNEL : CHANNEL)
+/* Our own durable queues (dead letters, park queues) are declared at set-up
+ * once the consumers run (see setup_cons), on a channel that no consumer
+ * uses: the one of the depth polls, which begin only after set-up. */
+#define OWN_CHANNEL STATS_CHANNEL
 /* The publishing connection's one channel, in confirm mode. */
 #define PUB_CHANNEL 1
 #define RPC_TIMEOUT_S 10
@@ -261,12 +265,17 @@ static void login_error(amqp_rpc_reply_t r, int sys_errno, char *out, size_t siz
 
 /* After a channel-level error (406, 404) rabbitmq-c has not answered the close;
  * answer it and open the channel again so connecting can go on. */
-static int reopen_channel(struct amqp_broker *b, struct cr_err *err)
+static int reopen_channel_on(struct amqp_broker *b, int ch, struct cr_err *err)
 {
     amqp_channel_close_ok_t ok = {0};
-    amqp_send_method(b->cons.conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
-    amqp_channel_open(b->cons.conn, CHANNEL);
+    amqp_send_method(b->cons.conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    amqp_channel_open(b->cons.conn, ch);
     return reply_error(amqp_get_rpc_reply(b->cons.conn), "cannot reopen channel", err);
+}
+
+static int reopen_channel(struct amqp_broker *b, struct cr_err *err)
+{
+    return reopen_channel_on(b, CHANNEL, err);
 }
 
 /* -------------------------------------------------------------- confirms */
@@ -360,14 +369,13 @@ static void fail_all_confirms(struct amqp_broker *b)
 
 /* ------------------------------------------------------------ connecting */
 
-/* The arguments a task queue is declared with: none, or x-queue-type quorum
- * (what Celery's task_default_queue_type = "quorum" declares). entry is the
- * table's storage. */
-static amqp_table_t task_queue_args(const struct amqp_broker *b,
-                                    amqp_table_entry_t *entry)
+/* The arguments a queue is declared with: none, or x-queue-type quorum (what
+ * Celery's task_default_queue_type = "quorum" declares) when quorum is set.
+ * entry is the table's storage. */
+static amqp_table_t queue_type_args(int quorum, amqp_table_entry_t *entry)
 {
     amqp_table_t t = amqp_empty_table;
-    if (!b->cfg.quorum)
+    if (!quorum)
         return t;
     entry->key = amqp_cstring_bytes("x-queue-type");
     entry->value.kind = AMQP_FIELD_KIND_UTF8;
@@ -377,22 +385,47 @@ static amqp_table_t task_queue_args(const struct amqp_broker *b,
     return t;
 }
 
-/* A durable queue of ours (dead letters, park queues) on CHANNEL: declared
- * with args, or, when it exists with other arguments (classic from before a
- * switch to quorum, or the reverse), used as it is, with one warning. */
-static int declare_queue_or_use(struct amqp_broker *b, const char *name,
+/* Whether our own durable queues (dead letters, park queues) are declared
+ * quorum: when the task queues are, by configuration or as the broker's
+ * refusal of global QoS showed (a classic queue lives on one node, and with
+ * that node gone no other node lets the worker declare it). */
+static int own_quorum(const struct amqp_broker *b)
+{
+    return b->cfg.quorum || b->qos_refused;
+}
+
+/* A copy of args (NULL: none) with what makes a queue of ours quorum, or NULL
+ * when out of memory. At-least-once dead-lettering, so the node that
+ * dead-letters a parked message back cannot drop it (it needs reject-publish). */
+static cJSON *quorum_args(const cJSON *args)
+{
+    cJSON *a = args ? cJSON_Duplicate(args, 1) : cJSON_CreateObject();
+    if (!a || !cJSON_AddStringToObject(a, "x-queue-type", "quorum") ||
+        !cJSON_AddStringToObject(a, "x-overflow", "reject-publish") ||
+        !cJSON_AddStringToObject(a, "x-dead-letter-strategy", "at-least-once")) {
+        cJSON_Delete(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* A durable queue on channel ch (CHANNEL, or OWN_CHANNEL for our own
+ * queues): declared with args, or, when it exists with other arguments
+ * (classic from before a switch to quorum, or the reverse), used as it is,
+ * with one warning. */
+static int declare_queue_or_use(struct amqp_broker *b, int ch, const char *name,
                                 amqp_table_t args, struct cr_err *err)
 {
-    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(name), 0, 1, 0, 0, args);
+    amqp_queue_declare(b->cons.conn, ch, cstr(name), 0, 1, 0, 0, args);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err) == 0)
         return 0;
     if (err->code != CR_EPEER || !strstr(err->msg, "PRECONDITION_FAILED"))
         return err->code;
     LOG(LOG_WARNING, "queue '%s' exists with other arguments; using it as it is (%s)",
         name, err->msg);
-    if (reopen_channel(b, err))
+    if (reopen_channel_on(b, ch, err))
         return err->code;
-    amqp_queue_declare(b->cons.conn, CHANNEL, cstr(name), 1, 0, 0, 0, amqp_empty_table);
+    amqp_queue_declare(b->cons.conn, ch, cstr(name), 1, 0, 0, 0, amqp_empty_table);
     return reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.declare", err);
 }
 
@@ -404,16 +437,24 @@ static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, i
 {
     amqp_pool_t pool;
     amqp_table_t args = amqp_empty_table;
-    /* on the channel that consumes it, so the consume never overtakes it */
-    const int ch = CONSUMER_CHANNEL(q);
+    /* On the channel that consumes it, so the consume never overtakes it.
+     * Our own queues are declared at set-up after the consumers start, and a
+     * refused declaration closes its channel: never the consumers' one. */
+    const int ch = wait && q->follow_quorum ? OWN_CHANNEL : CONSUMER_CHANNEL(q);
     int rc = 0;
 
     amqp_table_entry_t qt;
+    cJSON *own = NULL;
+    const cJSON *json = q->arguments;
 
+    if (q->follow_quorum && own_quorum(b) && !(json = own = quorum_args(q->arguments)))
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
     init_amqp_pool(&pool, 1024);
     if (is_task_queue(q))
-        args = task_queue_args(b, &qt);
-    if (q->arguments && (rc = amqp_json_to_table(q->arguments, &pool, &args, err))) {
+        args = queue_type_args(b->cfg.quorum, &qt);
+    rc = json ? amqp_json_to_table(json, &pool, &args, err) : 0;
+    cJSON_Delete(own);
+    if (rc) {
         empty_amqp_pool(&pool);
         return rc;
     }
@@ -436,8 +477,9 @@ static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, i
         }
     }
     if (wait) {
-        if (ch == CHANNEL && q->durable && !q->exclusive && !q->auto_delete) {
-            if ((rc = declare_queue_or_use(b, q->name, args, err)))
+        if ((ch == CHANNEL || ch == OWN_CHANNEL) && q->durable && !q->exclusive &&
+            !q->auto_delete) {
+            if ((rc = declare_queue_or_use(b, ch, q->name, args, err)))
                 goto out;
         } else {
             amqp_queue_declare(b->cons.conn, ch, cstr(q->name), 0, q->durable,
@@ -501,7 +543,7 @@ static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_er
             return err->code;
     }
     amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 0, 1, 0, 0,
-                       task_queue_args(b, &qt));
+                       queue_type_args(b->cfg.quorum, &qt));
     r = amqp_get_rpc_reply(b->cons.conn);
     if (reply_error(r, "queue.declare", &e2)) {
         if (e2.code != CR_EPEER)
@@ -544,20 +586,19 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
     amqp_table_entry_t qt;
     if (!b->cfg.dlx)
         return 0;
-    amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0,
-                          0, amqp_empty_table);
+    amqp_exchange_declare(b->cons.conn, OWN_CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0,
+                          1, 0, 0, amqp_empty_table);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "exchange.declare", &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter exchange '%s': %s",
                           b->cfg.dlx, e2.msg);
     if (!b->cfg.dlq)
         return 0;
-    /* Quorum with the task queues: a classic queue lives on one node, and
-     * with that node gone no other node lets the worker declare it. */
-    if (declare_queue_or_use(b, b->cfg.dlq, task_queue_args(b, &qt), &e2))
+    if (declare_queue_or_use(b, OWN_CHANNEL, b->cfg.dlq,
+                             queue_type_args(own_quorum(b), &qt), &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
-    amqp_queue_bind(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),
-                    amqp_empty_table);
+    amqp_queue_bind(b->cons.conn, OWN_CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx),
+                    cstr("#"), amqp_empty_table);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "queue.bind", &e2))
         return cr_err_set(err, CR_EBROKER, "cannot bind dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
@@ -921,10 +962,9 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
         return err->code;
     for (int i = 0; i < b->nconsumers; i++)
-        if (declare_consumer(b, &b->consumers[i].q, 1, err))
+        if (!b->consumers[i].q.follow_quorum &&
+            declare_consumer(b, &b->consumers[i].q, 1, err))
             return err->code;
-    if (declare_dead_letters(b, err))
-        return err->code;
     if (setup_delayed(b, err))
         return err->code;
     /* global = 1 (a channel-wide limit, as Celery uses with RabbitMQ 3.x):
@@ -959,6 +999,16 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
         }
         c->active = 1;
     }
+    /* Our own queues last: only a consume tells whether the broker refuses
+     * global QoS (the task queues are quorum), and that decides their type.
+     * Declared first, they would be classic for good. Nothing is dead-lettered
+     * or parked before set-up returns. */
+    for (int i = 0; i < b->nconsumers; i++)
+        if (b->consumers[i].q.follow_quorum &&
+            declare_consumer(b, &b->consumers[i].q, 1, err))
+            return err->code;
+    if (declare_dead_letters(b, err))
+        return err->code;
     b->consuming = 1;
     return 0;
 }

@@ -241,6 +241,11 @@ struct broker_queue {
     const cJSON *arguments; /* queue arguments (x-expires, ...), or NULL */
     int no_ack;
     int no_consume; /* declare (and redeclare on reconnect) but never consume */
+    /* AMQP: one of the worker's own durable queues (a park queue). Declared
+     * quorum, with reject-publish overflow and at-least-once dead-lettering,
+     * whenever the task queues are quorum: by configuration (quorum above) or
+     * as the broker's refusal of global QoS showed. Redis: ignored. */
+    int follow_quorum;
 };
 
 /* Fills q with what Celery declares for a task queue by name: a durable

@@ -579,16 +579,7 @@ static int declare_park_queues(struct worker *w)
             !cJSON_AddNumberToObject(args, "x-message-ttl",
                                      (double)(int64_t)(w->cfg->park_after * 1000)) ||
             !cJSON_AddStringToObject(args, "x-dead-letter-exchange", "") ||
-            !cJSON_AddStringToObject(args, "x-dead-letter-routing-key", q) ||
-            /* Quorum like the task queues: a classic park queue would live on
-             * one node, and a cluster that lost it would refuse the worker
-             * everywhere. At-least-once, so the node that dead-letters a parked
-             * message back cannot drop it. */
-            (!strcmp(w->cfg->queue_type, "quorum") &&
-             (!cJSON_AddStringToObject(args, "x-queue-type", "quorum") ||
-              !cJSON_AddStringToObject(args, "x-overflow", "reject-publish") ||
-              !cJSON_AddStringToObject(args, "x-dead-letter-strategy",
-                                       "at-least-once")))) {
+            !cJSON_AddStringToObject(args, "x-dead-letter-routing-key", q)) {
             cJSON_Delete(args);
             return CR_ENOMEM;
         }
@@ -597,6 +588,9 @@ static int declare_park_queues(struct worker *w)
         bq.durable = 1;
         bq.arguments = args;
         bq.no_consume = 1;
+        /* Quorum like the task queues: a classic park queue would live on one
+         * node, and a cluster that lost it would refuse the worker everywhere. */
+        bq.follow_quorum = 1;
         rc = broker_add_consumer(w->broker, &bq);
         cJSON_Delete(args);
         if (rc)

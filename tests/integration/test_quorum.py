@@ -70,6 +70,12 @@ def test_global_qos_refusal_reconnects_once_per_consumer(env):
         assert r.get(timeout=30)
     assert w.count(r"refused global QoS") == 1, w.log()
     assert w.proc.poll() is None
+    # the worker's own queues follow the task queue's type: classic, they
+    # would die with their node and keep the worker off the whole cluster
+    types = queue_types(env)
+    assert types.get("celeriac.dead") == "quorum", types
+    assert types.get("celeriac.park.celery") == "quorum", types
+    assert "exists with other arguments" not in w.log()
 
 
 def test_countdown_tasks_on_quorum_queue_do_not_starve_ready_ones(env, extra=()):
