@@ -25,6 +25,7 @@
 #include "amqp_url.h"
 #include "protocol/amqp_json.h"
 #include "protocol/delayed.h"
+#include "protocol/rmq_caps.h"
 #include "util/alloc.h"
 #include "util/rand.h"
 
@@ -151,6 +152,9 @@ struct amqp_broker {
     int prefetch;
     /* The broker refused global QoS once (540): per-consumer from then on. */
     int qos_refused;
+    /* The node connected to announces a version that denies global QoS by
+     * default (rmq_caps.h): per-consumer on this connection. Said once. */
+    int qos_denied, qos_denied_said;
     /* Native delayed delivery declared on this connection (BROKER_CAP_DELAYED). */
     int delayed_live;
 
@@ -703,7 +707,36 @@ static int declare_delayed(struct amqp_broker *b, struct cr_err *err)
 
 static int qos_per_consumer(const struct amqp_broker *b)
 {
-    return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused;
+    return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || b->qos_denied;
+}
+
+/* Reads the version the node announced in connection.start. A RabbitMQ that
+ * denies global QoS takes a global basic.qos without a word and applies it per
+ * consumer, so the live raise for held eta tasks would do nothing there:
+ * per-consumer windows and delayed delivery (auto) instead, as on quorum. */
+static void read_server_version(struct amqp_broker *b)
+{
+    const amqp_table_t *props = amqp_get_server_properties(b->cons.conn);
+    b->qos_denied = 0;
+    for (int i = 0; props && i < props->num_entries; i++) {
+        const amqp_table_entry_t *e = &props->entries[i];
+        if (e->key.len != 7 || memcmp(e->key.bytes, "version", 7) ||
+            (e->value.kind != AMQP_FIELD_KIND_UTF8 &&
+             e->value.kind != AMQP_FIELD_KIND_BYTES))
+            continue;
+        b->qos_denied =
+            rmq_global_qos_denied(e->value.value.bytes.bytes, e->value.value.bytes.len);
+        if (b->qos_denied && !b->qos_denied_said && !b->cfg.per_consumer_qos &&
+            !b->cfg.quorum && !b->qos_refused) {
+            b->qos_denied_said = 1;
+            LOG(LOG_WARNING,
+                "broker is RabbitMQ %.*s, which denies global QoS by default; consuming "
+                "with per-consumer QoS",
+                (int)(e->value.value.bytes.len > 40 ? 40 : e->value.value.bytes.len),
+                (const char *)e->value.value.bytes.bytes);
+        }
+        return;
+    }
 }
 
 /* Whether this connection should carry delayed delivery. */
@@ -951,6 +984,7 @@ static int refused_global_qos(amqp_rpc_reply_t r)
 
 static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 {
+    read_server_version(b);
     amqp_channel_open(b->cons.conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
         return err->code;

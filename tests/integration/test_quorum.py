@@ -4,7 +4,9 @@ task_default_queue_type, so the queues are declared quorum with kombu, and the
 delayed messages a Celery 5.5+ producer sends are made here the way it makes
 them (celery_delayed_27, a routing key spelling the delay in binary)."""
 import json
+import os
 import random
+import subprocess
 import time
 
 from kombu import Exchange, Queue
@@ -188,3 +190,42 @@ def test_queue_added_at_run_time_joins_delayed_delivery(env):
                           routing_key=delayed_key(1, "extra"))
     assert r.get(timeout=60)
     assert w.proc.poll() is None
+
+
+def test_rabbitmq_43_gets_per_consumer_windows_and_delayed_delivery(env, services):
+    """RabbitMQ 4.3 denies global QoS by default and then takes a global
+    basic.qos as a per-consumer one, without a word (seen on 4.0.5 with the
+    feature denied), so the live window raise for held eta tasks would do
+    nothing. A private 3.10 node announcing 4.3.0 stands in for it: the worker
+    must go per consumer and send its far etas through delayed delivery."""
+    import shutil
+    import uuid
+    from test_cluster import Node
+    base = os.path.join(services.dir, "v43-" + uuid.uuid4().hex[:6])
+    os.makedirs(base)
+    node = Node(base, uuid.uuid4().hex[:6], 1)
+    node.env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = \
+        '-rabbit server_properties [{version,"4.3.0"}]'
+    if shutil.which("chown"):
+        subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", base], check=False)
+    try:
+        node.start()
+        wait_until(lambda: node.ctl("ping", check=False, timeout=60).returncode == 0,
+                   timeout=120, interval=0.5, what="the 4.3 stand-in to answer")
+        node.ctl("await_startup", "--timeout", "180", timeout=200)
+        app = env.make_app(broker_url=node.url())
+        w = env.worker("-b", node.url(), "-c", "4")
+        assert w.count(r"RabbitMQ 4\.3\.0, which denies global QoS") == 1, w.log()
+        with app.producer_or_acquire() as prod:
+            later = [app.send_task("llm.generate", args=["v43-%d" % i], countdown=5,
+                                   producer=prod) for i in range(20)]
+        now = app.send_task("llm.generate", args=["v43 now"])
+        assert now.get(timeout=10)
+        for r in later:
+            assert r.get(timeout=30)
+        assert w.count(r"sent through delayed delivery") == 20, w.log()
+        assert "global QoS (" not in w.log()     # no 540 was needed
+        assert w.proc.poll() is None
+        app.close()
+    finally:
+        node.stop()
