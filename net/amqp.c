@@ -14,6 +14,7 @@
 #include <amqp_tcp_socket.h>
 #include <ctype.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,6 +378,26 @@ static amqp_table_t task_queue_args(const struct amqp_broker *b,
     return t;
 }
 
+/* The dead-letter queue's arguments: none, or quorum with a delivery limit no
+ * one reaches. `celeriac dlq list` and `show` read it with basic.get and give
+ * every dead letter back, and a quorum queue counts each of those as a
+ * delivery: with RabbitMQ 4's default limit (20) the 21st listing would make
+ * the broker drop them all. (-1, 4.x's "no limit", is a limit of 0 on 3.10.)
+ * entries is the table's storage. */
+static amqp_table_t dead_letter_queue_args(const struct amqp_broker *b,
+                                           amqp_table_entry_t entries[2])
+{
+    amqp_table_t t = task_queue_args(b, &entries[0]);
+    if (!t.num_entries)
+        return t;
+    entries[1].key = amqp_cstring_bytes("x-delivery-limit");
+    entries[1].value.kind = AMQP_FIELD_KIND_I32;
+    entries[1].value.value.i32 = INT32_MAX;
+    t.num_entries = 2;
+    t.entries = entries;
+    return t;
+}
+
 /* A durable queue of ours (dead letters, park queues) on CHANNEL: declared
  * with args, or, when it exists with other arguments (classic from before a
  * switch to quorum, or the reverse), used as it is, with one warning. */
@@ -541,7 +562,7 @@ static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q,
 static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
-    amqp_table_entry_t qt;
+    amqp_table_entry_t qt[2];
     if (!b->cfg.dlx)
         return 0;
     amqp_exchange_declare(b->cons.conn, CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0, 1, 0,
@@ -553,7 +574,7 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
         return 0;
     /* Quorum with the task queues: a classic queue lives on one node, and
      * with that node gone no other node lets the worker declare it. */
-    if (declare_queue_or_use(b, b->cfg.dlq, task_queue_args(b, &qt), &e2))
+    if (declare_queue_or_use(b, b->cfg.dlq, dead_letter_queue_args(b, qt), &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
     amqp_queue_bind(b->cons.conn, CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx), cstr("#"),

@@ -162,6 +162,20 @@ def test_poison_redelivered_by_the_broker_is_dead_lettered(env):
     assert [c["prompt"] for c in calls(env)] == ["requeued"]
 
 
+def test_dead_letters_survive_many_listings(env):
+    """`dlq list` gives every dead letter back to a quorum queue, which counts
+    it as a delivery: RabbitMQ 4's default limit would drop them all at the
+    21st listing."""
+    declare_quorum(env)
+    env.worker("--queue-type", "quorum")
+    r = env.app.send_task("llm.generate", args=["listed"], headers={"x-delivery-count": 25})
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 20)
+    for i in range(25):
+        out = dlq(env, "list", "--json")
+        assert [json.loads(l)["id"] for l in out.stdout.splitlines()] == [r.id], (i, out)
+    assert r.id in dlq(env, "show", r.id).stdout
+
+
 def test_queue_added_at_run_time_joins_delayed_delivery(env):
     """add_consumer on a quorum worker binds the new queue to
     celery_delayed_delivery too, so a delayed message for it arrives."""
