@@ -14,6 +14,7 @@
 #include <amqp_tcp_socket.h>
 #include <ctype.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +414,26 @@ static cJSON *quorum_args(const cJSON *args)
     return a;
 }
 
+/* The dead-letter queue's arguments: none, or quorum with a delivery limit no
+ * one reaches. `celeriac dlq list` and `show` read it with basic.get and give
+ * every dead letter back, and a quorum queue counts each of those as a
+ * delivery: with RabbitMQ 4's default limit (20) the 21st listing would make
+ * the broker drop them all. (-1, 4.x's "no limit", is a limit of 0 on 3.10.)
+ * entries is the table's storage. */
+static amqp_table_t dead_letter_queue_args(const struct amqp_broker *b,
+                                           amqp_table_entry_t entries[2])
+{
+    amqp_table_t t = queue_type_args(own_quorum(b), &entries[0]);
+    if (!t.num_entries)
+        return t;
+    entries[1].key = amqp_cstring_bytes("x-delivery-limit");
+    entries[1].value.kind = AMQP_FIELD_KIND_I32;
+    entries[1].value.value.i32 = INT32_MAX;
+    t.num_entries = 2;
+    t.entries = entries;
+    return t;
+}
+
 /* A durable queue on channel ch (CHANNEL, or OWN_CHANNEL for our own
  * queues): declared with args, or, when it exists with other arguments
  * (classic from before a switch to quorum, or the reverse), used as it is,
@@ -587,7 +608,7 @@ static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q,
 static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
-    amqp_table_entry_t qt;
+    amqp_table_entry_t qt[2];
     if (!b->cfg.dlx)
         return 0;
     amqp_exchange_declare(b->cons.conn, OWN_CHANNEL, cstr(b->cfg.dlx), cstr("topic"), 0,
@@ -597,8 +618,8 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
                           b->cfg.dlx, e2.msg);
     if (!b->cfg.dlq)
         return 0;
-    if (declare_queue_or_use(b, OWN_CHANNEL, b->cfg.dlq,
-                             queue_type_args(own_quorum(b), &qt), &e2))
+    if (declare_queue_or_use(b, OWN_CHANNEL, b->cfg.dlq, dead_letter_queue_args(b, qt),
+                             &e2))
         return cr_err_set(err, CR_EBROKER, "cannot declare dead-letter queue '%s': %s",
                           b->cfg.dlq, e2.msg);
     amqp_queue_bind(b->cons.conn, OWN_CHANNEL, cstr(b->cfg.dlq), cstr(b->cfg.dlx),

@@ -9,6 +9,7 @@ import random
 import subprocess
 import time
 
+import amqp
 from kombu import Exchange, Queue
 
 from conftest import wait_until
@@ -168,6 +169,74 @@ def test_poison_redelivered_by_the_broker_is_dead_lettered(env):
     assert "replayed 1 of" in out.stdout, out.stdout + out.stderr
     wait_until(lambda: env.meta(r.id)["status"] == "SUCCESS", 20, what="replayed success")
     assert [c["prompt"] for c in calls(env)] == ["requeued"]
+
+
+def broker_major(env):
+    with amqp_conn(env) as c:
+        return int(c.server_properties["version"].split(".")[0])
+
+
+def give_back(env, queue, times):
+    """Returns the queue's head to it `times` times, half by basic.reject with
+    requeue, half by closing the channel unacked: both count a delivery."""
+    with amqp_conn(env) as c:
+        for i in range(times):
+            ch = c.channel()
+            m = wait_until(lambda: ch.basic_get(queue, no_ack=False), 10, what="the message")
+            if i % 2:
+                ch.basic_reject(m.delivery_tag, requeue=True)
+            ch.close()
+
+
+def test_poison_at_the_default_limit_is_dead_lettered_before_the_broker_drops_it(env):
+    declare_quorum(env)
+    # what the worker's default --delivery-limit (20) is for: RabbitMQ 4 drops a
+    # quorum queue's message once it has been delivered 21 times; 3.10 has no
+    # default limit and keeps it
+    with amqp_conn(env) as c:
+        ch = c.channel()
+        ch.queue_declare("probe", durable=True, auto_delete=False,
+                         arguments={"x-queue-type": "quorum"})
+        ch.basic_publish(amqp.Message(b"probe", delivery_mode=2), exchange="",
+                         routing_key="probe")
+    give_back(env, "probe", 21)
+    with amqp_conn(env) as c:
+        ch = c.channel()
+        deadline = time.time() + 2
+        m = None
+        while m is None and time.time() < deadline:
+            m = ch.basic_get("probe", no_ack=True)
+        kept = m is not None
+    assert kept == (broker_major(env) < 4), kept
+    # a task the broker has delivered 19 times, never settled
+    r = env.app.send_task("llm.generate", args=["given back 19 times"])
+    give_back(env, "celery", 19)
+    w = env.worker("--queue-type", "quorum")
+    meta = wait_until(lambda: env.meta(r.id), 20, what="the FAILURE")
+    assert meta["status"] == "FAILURE"
+    assert meta["result"]["exc_type"] == "DeliveryLimitExceeded"
+    assert not calls(env)
+    assert w.count(r"reached its delivery limit") == 1, w.log()
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 10)
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 10)
+    shown = dlq(env, "show", r.id).stdout
+    # (its x-delivery-count is the dead-letter queue's own count once read: 3.10
+    # sets it on every delivery, 4.x on each redelivery)
+    assert "delivered 19 times before" in shown, shown
+
+
+def test_dead_letters_survive_many_listings(env):
+    """`dlq list` gives every dead letter back to a quorum queue, which counts
+    it as a delivery: RabbitMQ 4's default limit would drop them all at the
+    21st listing."""
+    declare_quorum(env)
+    env.worker("--queue-type", "quorum")
+    r = env.app.send_task("llm.generate", args=["listed"], headers={"x-delivery-count": 25})
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celeriac.dead") == 1, 20)
+    for i in range(25):
+        out = dlq(env, "list", "--json")
+        assert [json.loads(l)["id"] for l in out.stdout.splitlines()] == [r.id], (i, out)
+    assert r.id in dlq(env, "show", r.id).stdout
 
 
 def test_queue_added_at_run_time_joins_delayed_delivery(env):
