@@ -399,9 +399,10 @@ static int own_quorum(const struct amqp_broker *b)
     return b->cfg.quorum || b->qos_refused;
 }
 
-/* A copy of args (NULL: none) with what makes a queue of ours quorum, or NULL
- * when out of memory. At-least-once dead-lettering, so the node that
- * dead-letters a parked message back cannot drop it (it needs reject-publish). */
+/* A copy of args (NULL: none) with what makes a queue of ours quorum (park
+ * queues, the delay levels), or NULL when out of memory. At-least-once
+ * dead-lettering, so the node that dead-letters a message on cannot drop it
+ * (it needs reject-publish). */
 static cJSON *quorum_args(const cJSON *args)
 {
     cJSON *a = args ? cJSON_Duplicate(args, 1) : cJSON_CreateObject();
@@ -640,7 +641,7 @@ static int declare_delayed_level(struct amqp_broker *b, int level, struct cr_err
     char name[40], next[40], key[64];
     amqp_pool_t pool;
     amqp_table_t args = amqp_empty_table;
-    cJSON *a = cJSON_CreateObject();
+    cJSON *a = quorum_args(NULL);
     int rc;
 
     delayed_level_name(level, name, sizeof(name));
@@ -649,11 +650,9 @@ static int declare_delayed_level(struct amqp_broker *b, int level, struct cr_err
     else
         snprintf(next, sizeof(next), "%s", DELAYED_DELIVERY_EXCHANGE);
     delayed_level_binding(level, 1, key, sizeof(key));
-    if (!a || !cJSON_AddStringToObject(a, "x-queue-type", "quorum") ||
-        !cJSON_AddStringToObject(a, "x-overflow", "reject-publish") ||
+    if (!a ||
         !cJSON_AddNumberToObject(a, "x-message-ttl", (double)(UINT64_C(1000) << level)) ||
-        !cJSON_AddStringToObject(a, "x-dead-letter-exchange", next) ||
-        !cJSON_AddStringToObject(a, "x-dead-letter-strategy", "at-least-once")) {
+        !cJSON_AddStringToObject(a, "x-dead-letter-exchange", next)) {
         cJSON_Delete(a);
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     }
