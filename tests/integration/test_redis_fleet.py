@@ -288,6 +288,9 @@ def test_python_worker_restores_what_a_killed_celeriac_held(env, fleet):
     ids = [r.id for r in rs]
     wait_until(lambda: sum(1 for m in metas(env.redis, ids).values() if m) >= n // 4, 60,
                what="a quarter of the results")
+    # The quarter is seen just after a wave of 20 calls ends together; kill
+    # half a call later, while the next wave streams.
+    time.sleep(0.15)
     c.kill9()
     killed = time.time()
     done_before = {t: m for t, m in metas(env.redis, ids).items() if m}
@@ -296,6 +299,10 @@ def test_python_worker_restores_what_a_killed_celeriac_held(env, fleet):
     held = env.broker_redis.hlen("unacked")
     assert held > 0, "nothing held at the kill"
     assert env.broker_redis.zcard("unacked_index") == held
+    # Late acks, as in Celery: the ack follows the stored result, so a kill
+    # between the two leaves a finished task in `unacked`, and the Python
+    # worker runs it again. Only those may run twice.
+    in_window = _held_ids(env.broker_redis) & set(done_before)
     # A Python worker scans for stale entries when it starts: start it once
     # every held entry is older than the visibility timeout.
     time.sleep(max(0.0, killed + VT + 1 - time.time()))
@@ -313,14 +320,16 @@ def test_python_worker_restores_what_a_killed_celeriac_held(env, fleet):
         assert ms[tid]["result"] == env.fake.expected_text("k9-%d" % i, tokens=3)
     calls = prompt_calls(env.fake, "k9-")
     for i, tid in enumerate(ids):
-        if tid in done_before:
-            # one final result: a task whose result was stored never ran again
-            assert calls["k9-%d" % i] == 1, "k9-%d ran again after its result" % i
+        if tid in in_window:
+            assert calls["k9-%d" % i] in (1, 2), (i, calls["k9-%d" % i])
+        elif tid in done_before:
+            # one final result: a task whose ack landed never ran again
+            assert calls["k9-%d" % i] == 1, "k9-%d ran again after its ack" % i
             assert ms[tid]["date_done"] == done_before[tid]["date_done"]
         else:
             assert calls.get("k9-%d" % i, 0) >= 1
-    print("\nheld at the kill: %d; restored by the Python worker and run: %d"
-          % (held, n - len(done_before)))
+    print("\nheld at the kill: %d (%d of them stored, not yet acked); restored by the "
+          "Python worker and run: %d" % (held, len(in_window), n - len(done_before)))
     wait_until(lambda: drained(env), 20, what="queue and unacked empty")
 
 
