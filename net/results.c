@@ -4,6 +4,7 @@
 
 #include <cJSON.h>
 #include <hiredis/hiredis.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,26 @@ static struct backend_script chord_part_script = BACKEND_SCRIPT(
 
 enum op_kind { OP_STORE, OP_GET, OP_RAW };
 
+/* Results Redis confirmed lately, kept (RECENT_MAX of them, RECENT_BYTES_MAX
+ * in all, for RECENT_REPLAY_MS) to be written again after a reconnect. What
+ * Redis acknowledged may still be lost: replication is asynchronous, so a
+ * master that a failover (Sentinel, or a DNS name that moves) leaves behind
+ * drops what it took after its replica's last sync. The broker sends its
+ * acks of the same span again too (net/redis_broker.c, RECENT_MAX), and an
+ * ack that reached the new master without its result would lose the task;
+ * writing the results again first closes that. Writing one twice is
+ * harmless: the store script never overwrites a SUCCESS. */
+#define RECENT_MAX 4096
+#define RECENT_BYTES_MAX ((size_t)8 << 20)
+#define RECENT_REPLAY_MS 10000
+
+struct recent {
+    char *key;
+    char *value;
+    size_t value_len;
+    uint64_t at; /* when first confirmed, loop time */
+};
+
 struct op {
     struct op *next;
     struct backend *bk;
@@ -77,7 +98,8 @@ struct op {
     char *key;
     char *value; /* OP_STORE */
     size_t value_len;
-    backend_store_fn *store_cb;
+    backend_store_fn *store_cb; /* NULL: a store written again (replay_recent()) */
+    uint64_t recent_at;         /* such a store's first confirmation */
     backend_get_fn *get_cb;
     backend_reply_fn *raw_cb;
     backend_done_fn *done_cb;      /* OP_RAW of a chord command */
@@ -106,6 +128,12 @@ struct backend {
     struct op *wait_head, *wait_tail; /* not yet sent */
     size_t waiting;
     unsigned long refusing; /* error replies since the last answer that was not */
+    uv_loop_t *loop;
+    int ever_up; /* the first connect has nothing to write again */
+    /* a ring, oldest at recent_head: see RECENT_MAX */
+    struct recent recent[RECENT_MAX];
+    int recent_head, nrecent;
+    size_t recent_bytes;
 };
 
 static void send_op(struct backend *bk, struct op *op);
@@ -119,6 +147,92 @@ static void op_free(struct op *op)
 }
 
 static void on_retry(uv_timer_t *t);
+
+/* ------------------------------------------------------ recent results */
+
+static void recent_drop_oldest(struct backend *bk)
+{
+    struct recent *r = &bk->recent[bk->recent_head];
+    bk->recent_bytes -= (r->key ? strlen(r->key) : 0) + r->value_len;
+    cr_free(r->key);
+    cr_free(r->value);
+    memset(r, 0, sizeof(*r));
+    bk->recent_head = (bk->recent_head + 1) % RECENT_MAX;
+    bk->nrecent--;
+}
+
+/* Takes a confirmed store's key and value into the ring (op keeps neither). */
+static void recent_keep(struct backend *bk, struct op *op, uint64_t at)
+{
+    uint64_t now = uv_now(bk->loop);
+    size_t bytes = strlen(op->key) + op->value_len;
+    struct recent *r;
+
+    while (bk->nrecent && now - bk->recent[bk->recent_head].at > RECENT_REPLAY_MS)
+        recent_drop_oldest(bk);
+    if (now - at > RECENT_REPLAY_MS || bytes > RECENT_BYTES_MAX)
+        return;
+    while (bk->nrecent &&
+           (bk->nrecent == RECENT_MAX || bk->recent_bytes + bytes > RECENT_BYTES_MAX))
+        recent_drop_oldest(bk);
+    r = &bk->recent[(bk->recent_head + bk->nrecent) % RECENT_MAX];
+    r->key = op->key;
+    r->value = op->value;
+    r->value_len = op->value_len;
+    r->at = at;
+    op->key = op->value = NULL;
+    bk->nrecent++;
+    bk->recent_bytes += bytes;
+}
+
+/* After a reconnect: the results of the last RECENT_REPLAY_MS go again, in
+ * the order first written and ahead of whatever waits, to whichever server
+ * now answers. They come back to the ring once confirmed, under their first
+ * time, so a second failover soon after writes them again too. */
+static void replay_recent(struct backend *bk)
+{
+    uint64_t now = uv_now(bk->loop);
+    struct op *head = NULL, *last = NULL;
+    size_t n = 0;
+
+    while (bk->nrecent) {
+        struct recent *r = &bk->recent[bk->recent_head];
+        struct op *op = now - r->at > RECENT_REPLAY_MS ? NULL : cr_calloc(1, sizeof(*op));
+        if (!op) {
+            recent_drop_oldest(bk);
+            continue;
+        }
+        op->bk = bk;
+        op->req.data = op;
+        op->kind = OP_STORE;
+        op->script = &store_script;
+        op->key = r->key;
+        op->value = r->value;
+        op->value_len = r->value_len;
+        op->recent_at = r->at;
+        bk->recent_bytes -= strlen(r->key) + r->value_len;
+        r->key = r->value = NULL;
+        r->value_len = 0;
+        recent_drop_oldest(bk);
+        if (last)
+            last->next = op;
+        else
+            head = op;
+        last = op;
+        n++;
+    }
+    if (!n)
+        return;
+    last->next = bk->wait_head;
+    if (!bk->wait_head)
+        bk->wait_tail = last;
+    bk->wait_head = head;
+    bk->waiting += n;
+    LOG(LOG_INFO,
+        "result backend: writing again %zu result(s) of the last %d s, which the "
+        "server lost may not have passed on",
+        n, RECENT_REPLAY_MS / 1000);
+}
 
 /* Queues op to be sent later. Disconnected, the reconnect sends the queue;
  * connected (Redis refused it, hiredis could not take it, or others wait
@@ -189,6 +303,9 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
     switch (ev) {
     case REDIS_CONN_UP:
         LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
+        if (bk->ever_up)
+            replay_recent(bk);
+        bk->ever_up = 1;
         send_waiting(bk);
         break;
     case REDIS_CONN_FAILED:
@@ -267,7 +384,10 @@ static void finish_op(struct op *op, int status, const redisReply *reply)
             op->raw_cb(op->bk, status, (const struct redisReply *)reply, op->privdata);
     } else if (op->kind == OP_STORE) {
         int skipped = reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0;
-        op->store_cb(op->bk, status, skipped, op->privdata);
+        if (status == 0)
+            recent_keep(op->bk, op, op->store_cb ? uv_now(op->bk->loop) : op->recent_at);
+        if (op->store_cb)
+            op->store_cb(op->bk, status, skipped, op->privdata);
     } else if (reply && reply->type == REDIS_REPLY_STRING) {
         op->get_cb(op->bk, status, reply->str, (size_t)reply->len, op->privdata);
     } else {
@@ -786,6 +906,7 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
     }
     uv_timer_init(loop, &bk->retry);
     bk->retry.data = bk;
+    bk->loop = loop;
     return bk;
 }
 
@@ -838,5 +959,7 @@ void backend_free(struct backend *bk)
     redis_conn_free(bk->conn);
     while ((op = wait_pop(bk)))
         finish_op(op, CR_ECANCELED, NULL);
+    while (bk->nrecent)
+        recent_drop_oldest(bk);
     uv_close((uv_handle_t *)&bk->retry, on_retry_closed);
 }

@@ -82,8 +82,10 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
 
 /* Stores the meta JSON of task_id. Takes json (cr_malloc'd, len bytes, NUL-
  * terminated) in every case, so a burst of results holds one copy of each
- * until Redis answers. cb is called exactly once, never from inside this
- * call. Returns 0, or CR_ENOMEM (cb never called). */
+ * until Redis answers; a stored one is kept 10 s more (4,096 and 8 MiB at
+ * most) and written again after a reconnect, in case the server that took it
+ * lost it (see RECENT_MAX in results.c). cb is called exactly once, never
+ * from inside this call. Returns 0, or CR_ENOMEM (cb never called). */
 int backend_store(struct backend *bk, const char *task_id, char *json, size_t len,
                   backend_store_fn *cb, void *privdata);
 

@@ -1,6 +1,7 @@
 """Issue 13: Redis faults a worker must notice and say once -- a silent
 partition (packets dropped, sockets left open) under load and on an idle
 connection, and credentials Redis refuses at start-up and after it."""
+import json
 import os
 import subprocess
 import time
@@ -172,3 +173,43 @@ def test_gateway_subscriber_finds_a_silent_partition(env, proxy):
         assert msgs[-1]["type"] == "result" and msgs[-1]["state"] == "SUCCESS", msgs[-1]
     finally:
         assert gw.stop() == 0, "\n".join(gw.lines[-30:])
+
+
+def test_results_a_server_lost_are_written_again(env, tmp_path):
+    """What Redis acknowledged can still be lost: replication is asynchronous,
+    so the master a failover leaves behind takes with it what its replica had
+    not synced, and the worker has acked those tasks. Shown here with a result
+    backend restarted empty (no persistence), as such a promoted replica
+    would be: once reconnected, the worker writes again the results it had
+    confirmed in the last 10 s, and no task is left without its result."""
+    port = free_port()
+
+    def start():
+        return subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    proc = start()
+    store = redis.Redis(host="127.0.0.1", port=port, db=3)
+    try:
+        wait_until(lambda: _pings(store), 20, interval=0.1, what="the test's redis")
+        w = env.worker("--result-backend", "redis://127.0.0.1:%d/3" % port)
+        rs = [env.app.send_task("llm.generate", args=["kept-%d" % i]) for i in range(20)]
+        keys = ["celery-task-meta-" + r.id for r in rs]
+        wait_until(lambda: all(store.mget(keys)), 30, what="20 results")
+        proc.kill()
+        proc.wait()
+        proc = start()
+        wait_until(lambda: _pings(store), 20, interval=0.1, what="the test's redis again")
+        w.wait_for(r"result backend: writing again \d+ result\(s\) of the last 10 s", timeout=30)
+        wait_until(lambda: all(store.mget(keys)), 30, what="the 20 results written again")
+        for i, v in enumerate(store.mget(keys)):
+            m = json.loads(v)
+            assert m["status"] == "SUCCESS", m
+            assert m["result"] == env.fake.expected_text("kept-%d" % i), m
+        # written again, not run again
+        calls = [e.get("prompt") for e in env.fake.stats()]
+        assert all(calls.count("kept-%d" % i) == 1 for i in range(20)), calls
+    finally:
+        proc.kill()
+        proc.wait(timeout=20)
