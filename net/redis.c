@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "net/tls_pump.h"
@@ -404,6 +405,9 @@ struct redis_uv {
     int polled; /* what the poll handle watches */
 };
 
+/* hiredis reads per readable event, at most (16 KB each: 512 KB). */
+#define READS_PER_EVENT 32
+
 static void on_poll(uv_poll_t *h, int status, int events)
 {
     struct redis_uv *r = h->data;
@@ -417,8 +421,21 @@ static void on_poll(uv_poll_t *h, int status, int events)
             redisAsyncHandleWrite(r->ac);
         return;
     }
-    if (r->ac && (events & UV_READABLE))
+    if (r->ac && (events & UV_READABLE)) {
+        /* hiredis reads 16 KB a call. A pop reply of a few hundred envelopes
+         * is several times that, and one read per loop turn would stretch it
+         * over as many turns, each as long as the busiest other work (a
+         * batch of finished LLM calls): the intake stalled for most of a
+         * second that way. So read on while the kernel holds more, up to a
+         * bound that still gives the rest of the loop its turn. */
         redisAsyncHandleRead(r->ac);
+        for (int i = 1; r->ac && i < READS_PER_EVENT; i++) {
+            int pending = 0;
+            if (ioctl(r->ac->c.fd, FIONREAD, &pending) != 0 || pending <= 0)
+                break;
+            redisAsyncHandleRead(r->ac);
+        }
+    }
     /* The read may have freed the context (disconnect): check again. */
     if (r->ac && (events & UV_WRITABLE))
         redisAsyncHandleWrite(r->ac);
