@@ -154,10 +154,16 @@ struct llm_client {
 static void check_multi_info(struct llm_client *c);
 static void gate_leave(struct llm_client *c, struct llm_req *r);
 
-/* Events taken from the private epoll set per loop turn, at most: the rest
- * stay ready (level-triggered) for the next turn, so broker, Redis and timers
- * get their turn between batches. */
+/* Events taken from the private epoll set per loop turn, at most, and the
+ * time spent on them: the rest stay ready (level-triggered) for the next
+ * turn, so broker, Redis and timers get their turn between batches. The time
+ * bound matters when events are dear: 4,096 finished calls (results, acks,
+ * events) took 100-250 ms, and a Redis broker's pops, sent between turns,
+ * waited that long each (docs/benchmarks.md). The clock is read once per
+ * SOCKET_EVENTS_PER_WAIT events. */
 #define SOCKET_EVENTS_PER_TURN 4096
+#define SOCKET_NS_PER_TURN (10 * 1000 * 1000)
+#define SOCKET_EVENTS_PER_WAIT 64
 
 /* libcurl's sockets live in an epoll set of the client's own, which the loop
  * watches as one descriptor (still on the loop's thread, never blocking: the
@@ -175,13 +181,14 @@ static void gate_leave(struct llm_client *c, struct llm_req *r);
 static void on_sockets_ready(uv_poll_t *p, int status, int events)
 {
     struct llm_client *c = p->data;
-    struct epoll_event ev[256];
+    struct epoll_event ev[SOCKET_EVENTS_PER_WAIT];
+    uint64_t t0 = uv_hrtime();
     int n, taken = 0;
     (void)status;
     (void)events;
 
     do {
-        n = epoll_wait(c->epfd, ev, (int)(sizeof(ev) / sizeof(ev[0])), 0);
+        n = epoll_wait(c->epfd, ev, SOCKET_EVENTS_PER_WAIT, 0);
         for (int i = 0; i < n; i++) {
             int flags = 0, running;
             if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
@@ -194,7 +201,8 @@ static void on_sockets_ready(uv_poll_t *p, int status, int events)
             check_multi_info(c);
         }
         taken += n > 0 ? n : 0;
-    } while (n == (int)(sizeof(ev) / sizeof(ev[0])) && taken < SOCKET_EVENTS_PER_TURN);
+    } while (n == SOCKET_EVENTS_PER_WAIT && taken < SOCKET_EVENTS_PER_TURN &&
+             uv_hrtime() - t0 < SOCKET_NS_PER_TURN);
 }
 
 /* The pointer curl keeps per socket (socketp) only says "in the set". */
