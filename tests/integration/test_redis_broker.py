@@ -482,6 +482,36 @@ def test_prefetch_bounds_the_batch(env):
     assert env.redis.hlen("unacked") == 0
 
 
+def test_heavy_envelopes_cut_a_pop_call_by_bytes_not_by_a_dry_queue(env):
+    """A pop script call returns about 1 MB of envelopes at most: 24 messages
+    of 300 KB each take several calls, each cut by its byte bound and marked
+    so. The worker keeps calling the script; it waits on a BRPOP only once the
+    queue is dry (a call read as "the queue ran dry" would send one BRPOP per
+    cut call). Every message is held with its record, runs once, and nothing
+    is left behind."""
+    app = rapp(env)
+    n = 24
+    env.fake.script(["hold=heavy;tokens=2"] * n)
+    pad = "x" * (300 * 1024)
+    ids = push_burst(env, n, prompt="heavy %d " + pad)
+    env.redis.config_resetstat()
+    rworker(env, "-c", str(n))
+    wait_until(lambda: env.redis.hlen("unacked") == n, 20, what="all %d held" % n)
+    stats = env.redis.info("commandstats")
+    calls = sum(v.get("calls", 0) for k, v in stats.items()
+                if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    brpops = stats.get("cmdstat_brpop", {}).get("calls", 0)
+    assert calls >= 7, "each call should stop near 1 MB: %d script calls for %d" % (calls, n)
+    assert brpops <= 2, "%d BRPOPs: cut calls were taken for a dry queue" % brpops
+    env.fake.release("heavy")
+    wait_until(lambda: all(env.meta(t) and env.meta(t)["status"] == "SUCCESS" for t in ids),
+               60, what="all %d ran" % n)
+    wait_until(lambda: env.redis.hlen("unacked") == 0 and env.redis.zcard("unacked_index") == 0,
+               10, what="all acked")
+    runs = [s for s in env.fake.stats() if "heavy " in json.dumps(s["body"])]
+    assert len(runs) == n
+
+
 def test_script_flushed_and_odd_routing_keys(env):
     """The pop script's record of a routing key JSON must escape is still one
     Python reads back the same; a SCRIPT FLUSH meanwhile (NOSCRIPT) only makes
