@@ -525,26 +525,53 @@ def redis_section(rb, res, L, verdicts):
         if ok:
             fig[broker] = {"wall": med([r["wall_s"] for r in ok]),
                            "rss": med([r["_per_stream_b"] for r in ok]),
+                           "peak": med([r.get("hwm_kb") or r["peak_rss_kb"] for r in ok]),
                            "cpu": med([r["_cpu_task_us"] for r in ok])}
     L.append("")
     L.append("Idle RSS (ready, nothing to do, -c %d): AMQP %s, Redis %s." % (
         c, *["%.1f MB" % (rb[k] / 1024) if rb.get(k) else "-"
              for k in ("idle_kb_amqp", "idle_kb_redis")]))
     L.append("")
+    held = {r["broker"]: r for r in rb.get("held", []) if r.get("held_per_stream_b")}
+    if held:
+        L.append("Every stream open at once (the fake holds each call before its first token; "
+                 "RSS once all %d were open, less idle): %s." % (
+                     c, ", ".join("%s %.1f KB per stream (peak RSS %.1f MB)" % (
+                         b.upper() if b == "amqp" else b.capitalize(),
+                         held[b]["held_per_stream_b"] / 1024,
+                         (held[b].get("hwm_kb") or held[b]["peak_rss_kb"]) / 1024)
+                         for b in ("amqp", "redis") if b in held)))
+        L.append("")
     for broker in fig:
         fig[broker]["open"] = med([r.get("fake_max_open", 0) for r in conc
                                    if r["broker"] == broker and r["complete"]])
-    for key, what, unit in (("wall", "wall time", "%.2f s"), ("rss", "RSS per stream", "%.0f B"),
+    # RSS per stream is judged with every stream open at once over both
+    # brokers (the held runs) when they ran: in the one-second workload the
+    # divisor, the most streams open at once, follows the pace of the intake
+    # (all 10,000 tasks are held either way), so a broker whose intake overlaps
+    # the first completions looks heavier per stream with the same peak RSS.
+    if "amqp" in held and "redis" in held:
+        for b in ("amqp", "redis"):
+            fig.setdefault(b, {})["held"] = held[b]["held_per_stream_b"]
+    rss_key = "held" if "amqp" in held and "redis" in held else "rss"
+    for key, what, unit in (("wall", "wall time", "%.2f s"), (rss_key, "RSS per stream", "%.0f B"),
                             ("cpu", "worker CPU per task", "%.0f us")):
         name = "Redis broker: concurrency %s within 10%% of AMQP" % what
-        if "amqp" in fig and "redis" in fig:
+        if all(key in fig.get(b, {}) for b in ("amqp", "redis")):
             q = fig["redis"][key] / fig["amqp"][key] if fig["amqp"][key] else float("inf")
             note = ""
-            if key == "rss" and fig["redis"]["open"] < 0.9 * fig["amqp"]["open"]:
+            if key == "held":
+                note = (", all %d streams open at once; in the one-second workload peak RSS "
+                        "%.1f vs %.1f MB and (peak - idle) / most open %.0f vs %.0f B" % (
+                            c, fig["redis"].get("peak", 0) / 1024,
+                            fig["amqp"].get("peak", 0) / 1024,
+                            fig["redis"].get("rss", 0), fig["amqp"].get("rss", 0)))
+            elif key == "rss" and fig["redis"]["open"] < 0.9 * fig["amqp"]["open"]:
                 note = "; over Redis only %.0f streams were open at once, against %.0f" % (
                     fig["redis"]["open"], fig["amqp"]["open"])
-            verdicts.append((name, "%.2fx (%s vs %s, medians%s)" % (
-                q, unit % fig["redis"][key], unit % fig["amqp"][key], note), q <= 1.10))
+            verdicts.append((name, "%.2fx (%s vs %s, %s%s)" % (
+                q, unit % fig["redis"][key], unit % fig["amqp"][key],
+                "one run each" if key == "held" else "medians", note), q <= 1.10))
         else:
             verdicts.append((name, "missing", False))
 

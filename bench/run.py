@@ -835,7 +835,25 @@ class Bench:
             r["ideal_s"] = N_CONC * LLM_1S_S / r["c"]
             r.setdefault("broker", "amqp")
         res["concurrency"] = rows
-        for r in [r for rs in res["dispatch"].values() for r in rs] + rows:
+        # RSS per stream with every stream open at once, as section 3 measures
+        # it: the fake holds each call MEM_HOLD_MS before its first token, so
+        # both brokers hold the same streams whatever the pace of their intake
+        # (in the one-second workload the number open at once depends on it).
+        model = "fake/ttft_ms=%d,tokens=32,tps=0" % MEM_HOLD_MS
+        held = []
+        for broker in ("amqp", "redis"):
+            r = celeriac_redis(self.run_tasks, "celeriac", "libuv", top, "llm.generate",
+                               ["bench"], {"model": model}, top, 120, hold_for=top,
+                               broker=broker)
+            if not r:
+                continue
+            r["broker"] = broker
+            idle = res.get("idle_kb_" + broker)
+            if r.get("held_rss_kb") and idle:
+                r["held_per_stream_b"] = round((r["held_rss_kb"] - idle) * 1024 / top)
+            held.append(r)
+        res["held"] = held
+        for r in [r for rs in res["dispatch"].values() for r in rs] + rows + held:
             r.pop("timeline", None)  # 100 ms samples: the other sections keep theirs
 
     # ------------------------------------------------------------ canvas
