@@ -401,12 +401,22 @@ int redis_url_parse(struct redis_url *out, const char *url, const char *what,
 struct redis_uv {
     redisAsyncContext *ac; /* NULL once hiredis has let go */
     uv_poll_t poll;
-    int events; /* what hiredis wants watched */
-    int polled; /* what the poll handle watches */
+    int events;  /* what hiredis wants watched */
+    int polled;  /* what the poll handle watches */
+    int read_on; /* see redis_conn_read_on() */
 };
 
-/* hiredis reads per readable event, at most (16 KB each: 512 KB). */
+/* hiredis reads per readable event with read_on, at most (16 KB each:
+ * 512 KB). */
 #define READS_PER_EVENT 32
+
+/* A reply begun but not yet whole in hiredis's reader: bytes left unparsed,
+ * or an array with elements still to come. */
+static int reply_partial(const redisAsyncContext *ac)
+{
+    const redisReader *rd = ac->c.reader;
+    return rd && (rd->ridx >= 0 || rd->pos < rd->len);
+}
 
 static void on_poll(uv_poll_t *h, int status, int events)
 {
@@ -422,14 +432,11 @@ static void on_poll(uv_poll_t *h, int status, int events)
         return;
     }
     if (r->ac && (events & UV_READABLE)) {
-        /* hiredis reads 16 KB a call. A pop reply of a few hundred envelopes
-         * is several times that, and one read per loop turn would stretch it
-         * over as many turns, each as long as the busiest other work (a
-         * batch of finished LLM calls): the intake stalled for most of a
-         * second that way. So read on while the kernel holds more, up to a
-         * bound that still gives the rest of the loop its turn. */
+        /* hiredis reads 16 KB a call; with read_on a begun reply is read on
+         * while the kernel holds more (redis_conn_read_on()). */
         redisAsyncHandleRead(r->ac);
-        for (int i = 1; r->ac && i < READS_PER_EVENT; i++) {
+        for (int i = 1;
+             r->ac && r->read_on && i < READS_PER_EVENT && reply_partial(r->ac); i++) {
             int pending = 0;
             if (ioctl(r->ac->c.fd, FIONREAD, &pending) != 0 || pending <= 0)
                 break;
@@ -520,6 +527,14 @@ int redis_uv_attach(redisAsyncContext *ac, uv_loop_t *loop)
     return REDIS_OK;
 }
 
+/* The glue of an attached context (NULL once hiredis has let go). */
+static void uv_read_on(redisAsyncContext *ac, int on)
+{
+    struct redis_uv *r = ac->ev.data;
+    if (r)
+        r->read_on = on;
+}
+
 /* ------------------------------------------------------------ connection */
 
 #define CONNECT_TIMEOUT_MS 5000
@@ -538,6 +553,7 @@ struct redis_conn {
     const char *const *probe_argv;
     int (*handshake_passes)(const char *error);
     int say_refusals;
+    int read_on; /* redis_conn_read_on(), kept across reconnects */
     redis_conn_event_fn *on_event;
     void *privdata;
 
@@ -924,6 +940,7 @@ static void connect_server(struct redis_conn *c)
         connect_failed(c, "cannot attach to loop", 0);
         return;
     }
+    uv_read_on(ac, c->read_on);
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     c->ac = ac;
@@ -1316,6 +1333,13 @@ struct tls_ctx *redis_tls_ctx_new(const struct redis_url_tls *t, struct cr_err *
 static uint64_t seconds_to_ms(double s)
 {
     return s > 0 ? (uint64_t)(s * 1000 + 0.5) : 0;
+}
+
+void redis_conn_read_on(struct redis_conn *c, int on)
+{
+    c->read_on = on;
+    if (c->ac)
+        uv_read_on(c->ac, on);
 }
 
 struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_config *cfg,

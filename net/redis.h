@@ -246,6 +246,18 @@ struct redis_req {
 struct redis_conn *redis_conn_new(uv_loop_t *loop, const struct redis_conn_config *cfg,
                                   struct cr_err *err);
 
+/* on: once a reply has begun, read on while the kernel holds more, up to
+ * 512 KB per readable event, instead of hiredis's one 16 KB read per loop
+ * turn. For a connection whose replies are large and wanted whole at once: a
+ * Redis broker's pop replies of a few hundred envelopes came in over as many
+ * turns as they had 16 KB pieces, each turn as long as the busiest other work
+ * (a batch of finished LLM calls), and the intake stalled for most of a
+ * second. Not for every connection, nor always: where small replies stream
+ * in, or where a quick turnover rewards interleaving a reply's messages with
+ * the rest of the loop's work, reading on cost up to half the dispatch rate
+ * (docs/benchmarks.md). Kept across reconnects; 0 at first. */
+void redis_conn_read_on(struct redis_conn *c, int on);
+
 /* Runs the loop until up or timeout_ms passes. For start-up only. Returns 0,
  * CR_EPEER at once when Redis refused the handshake, or CR_ETIMEDOUT; the
  * reason is redis_conn_last_error(). */

@@ -66,17 +66,24 @@
 #define FREE_WAIT_MS 3000
 /* A BRPOP answered with an error waits this long before the next one. */
 #define POP_PAUSE_MS 1000
-/* Messages per pop script call, at most (within the prefetch room), the
- * bytes of envelopes one call returns, at most (past the first envelope), and
+/* Messages per pop script call, at most (within the prefetch room), and
  * calls in flight at once, so that Redis pops the next batches while we take
- * in the last. A wide window fills as fast as RabbitMQ fills it, in a few
- * loop turns: with 64 and two calls, a turn long with finished calls took in
- * 128 messages and 10,000 one-second calls took 1.2x AMQP's time
- * (docs/benchmarks.md). The byte bound keeps what is in flight near 4 MB
- * whatever the envelopes weigh. */
-#define POP_BATCH_MAX 256
+ * in the last; more of both, and each reply read whole (redis_conn_read_on()),
+ * while the window has POP_WIDE_ROOM free or more. A wide window then fills
+ * in a few loop turns, as RabbitMQ fills it: with 64, two calls and 16 KB read
+ * per turn, a turn long with finished calls took in a few dozen messages, and
+ * 10,000 one-second calls took 1.2x AMQP's time. A narrow window turns over
+ * quickly, and there small calls whose replies come in a piece a turn,
+ * interleaved with the result writes on the same Redis, keep Redis and the
+ * worker busy at once: the wide settings cost it a third of its dispatch rate
+ * (docs/benchmarks.md). The byte bound of a call's envelopes (past its first)
+ * keeps what is in flight near 4 MB whatever they weigh. */
+#define POP_BATCH 64
+#define POP_CALLS 2
+#define POP_WIDE_ROOM 1024
+#define POP_WIDE_BATCH 256
+#define POP_WIDE_CALLS 4
 #define POP_BATCH_BYTES (1024 * 1024)
-#define POP_CALLS_MAX 4
 /* Script failures in a row after which we keep to BRPOP alone for a while:
  * a server without scripting, or one that refuses it. */
 #define POP_SCRIPT_TRIES 10
@@ -175,7 +182,7 @@ static const char pop_lua[] =
 
 struct rb;
 
-/* Pop script calls whose lost replies are remembered, at most (POP_CALLS_MAX
+/* Pop script calls whose lost replies are remembered, at most (POP_WIDE_CALLS
  * are in flight at a time; older ones are left to the visibility timeout). */
 #define LOST_MAX 8
 
@@ -1440,8 +1447,12 @@ static void maybe_pop(struct rb *b)
         for (int i = 0; i < b->ncycle; i++)
             if (find_cons(b, b->cycle[i]))
                 qs[n++] = b->cycle[i];
-        while (n && b->calls_out < POP_CALLS_MAX && can_consume(b)) {
-            long max = room(b) < POP_BATCH_MAX ? room(b) : POP_BATCH_MAX;
+        int wide = room(b) >= POP_WIDE_ROOM;
+        long cap = wide ? POP_WIDE_BATCH : POP_BATCH;
+        redis_conn_read_on(b->pop, wide);
+        while (n && b->calls_out < (wide ? POP_WIDE_CALLS : POP_CALLS) &&
+               can_consume(b)) {
+            long max = room(b) < cap ? room(b) : cap;
             if (send_batch(b, qs, n, max))
                 break;
         }

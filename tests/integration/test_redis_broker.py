@@ -413,14 +413,16 @@ def push_burst(env, n, prompt="burst %d"):
 
 def test_burst_consumed_in_batches_every_record_present(env):
     """500 messages queued before the worker: popped by the pop script a batch
-    at a time, each one recorded byte for byte as kombu writes it while it is
-    held, every one run exactly once, nothing left behind."""
+    at a time (a wide window: 1,500, so large batches, several calls in flight
+    and each reply read whole), each one recorded byte for byte as kombu
+    writes it while it is held, every one run exactly once, nothing left
+    behind."""
     app = rapp(env)
     env.fake.script(["hold=burst;tokens=2"] * 500)
     ids = push_burst(env, 500)
     raw = {json.loads(e)["properties"]["delivery_tag"]: e.decode()
            for e in env.redis.lrange("celery", 0, -1)}
-    rworker(env, "-c", "50", "--prefetch-multiplier", "20")
+    rworker(env, "-c", "50", "--prefetch-multiplier", "30")
     wait_until(lambda: env.redis.hlen("unacked") == 500, 20, what="all 500 held")
     assert env.redis.llen("celery") == 0
     assert env.redis.zcard("unacked_index") == 500
@@ -487,7 +489,8 @@ def test_heavy_envelopes_cut_a_pop_call_by_bytes_not_by_a_dry_queue(env):
     of 300 KB each take several calls, each cut by its byte bound and marked
     so. The worker keeps calling the script; it waits on a BRPOP only once the
     queue is dry (a call read as "the queue ran dry" would send one BRPOP per
-    cut call). Every message is held with its record, runs once, and nothing
+    cut call). The window is wide (1,200), so the replies, near 1 MB each, are
+    read whole. Every message is held with its record, runs once, and nothing
     is left behind."""
     app = rapp(env)
     n = 24
@@ -495,7 +498,7 @@ def test_heavy_envelopes_cut_a_pop_call_by_bytes_not_by_a_dry_queue(env):
     pad = "x" * (300 * 1024)
     ids = push_burst(env, n, prompt="heavy %d " + pad)
     env.redis.config_resetstat()
-    rworker(env, "-c", str(n))
+    rworker(env, "-c", str(n), "--prefetch-multiplier", "50")
     wait_until(lambda: env.redis.hlen("unacked") == n, 20, what="all %d held" % n)
     stats = env.redis.info("commandstats")
     calls = sum(v.get("calls", 0) for k, v in stats.items()
