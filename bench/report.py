@@ -550,30 +550,31 @@ def redis_section(rb, res, L, verdicts):
     # divisor, the most streams open at once, follows the pace of the intake
     # (all 10,000 tasks are held either way), so a broker whose intake overlaps
     # the first completions looks heavier per stream with the same peak RSS.
-    if "amqp" in held and "redis" in held:
-        for b in ("amqp", "redis"):
-            fig.setdefault(b, {})["held"] = held[b]["held_per_stream_b"]
-    rss_key = "held" if "amqp" in held and "redis" in held else "rss"
-    for key, what, unit in (("wall", "wall time", "%.2f s"), (rss_key, "RSS per stream", "%.0f B"),
+    by_held = "amqp" in held and "redis" in held
+    for key, what, unit in (("wall", "wall time", "%.2f s"), ("rss", "RSS per stream", "%.0f B"),
                             ("cpu", "worker CPU per task", "%.0f us")):
         name = "Redis broker: concurrency %s within 10%% of AMQP" % what
-        if all(key in fig.get(b, {}) for b in ("amqp", "redis")):
-            q = fig["redis"][key] / fig["amqp"][key] if fig["amqp"][key] else float("inf")
-            note = ""
-            if key == "held":
-                note = (", all %d streams open at once; in the one-second workload peak RSS "
-                        "%.1f vs %.1f MB and (peak - idle) / most open %.0f vs %.0f B" % (
-                            c, fig["redis"].get("peak", 0) / 1024,
-                            fig["amqp"].get("peak", 0) / 1024,
-                            fig["redis"].get("rss", 0), fig["amqp"].get("rss", 0)))
-            elif key == "rss" and fig["redis"]["open"] < 0.9 * fig["amqp"]["open"]:
-                note = "; over Redis only %.0f streams were open at once, against %.0f" % (
-                    fig["redis"]["open"], fig["amqp"]["open"])
-            verdicts.append((name, "%.2fx (%s vs %s, %s%s)" % (
-                q, unit % fig["redis"][key], unit % fig["amqp"][key],
-                "one run each" if key == "held" else "medians", note), q <= 1.10))
+        if key == "rss" and by_held:
+            a, r = held["amqp"]["held_per_stream_b"], held["redis"]["held_per_stream_b"]
+        elif "amqp" in fig and "redis" in fig:
+            a, r = fig["amqp"][key], fig["redis"][key]
         else:
             verdicts.append((name, "missing", False))
+            continue
+        q = r / a if a else float("inf")
+        how, note = "medians", ""
+        if key == "rss" and by_held:
+            how = "one run each"
+            if "amqp" in fig and "redis" in fig:
+                note = (", all %d streams open at once; in the one-second workload peak RSS "
+                        "%.1f vs %.1f MB and (peak - idle) / most open %.0f vs %.0f B" % (
+                            c, fig["redis"]["peak"] / 1024, fig["amqp"]["peak"] / 1024,
+                            fig["redis"]["rss"], fig["amqp"]["rss"]))
+        elif key == "rss" and fig["redis"]["open"] < 0.9 * fig["amqp"]["open"]:
+            note = "; over Redis only %.0f streams were open at once, against %.0f" % (
+                fig["redis"]["open"], fig["amqp"]["open"])
+        verdicts.append((name, "%.2fx (%s vs %s, %s%s)" % (q, unit % r, unit % a, how, note),
+                         q <= 1.10))
 
 
 def chart(res, out):
