@@ -1484,6 +1484,10 @@ struct pidbox *pidbox_new(const struct worker_ctx *w)
     q.exchange_type = "fanout";
     q.exchange_durable = 0;
     q.routing_key = "";
+    /* Exclusive, as Celery 5.7's kombu declares it: RabbitMQ 4.3 refuses a
+     * transient queue that is not exclusive, and a mailbox is one
+     * connection's anyway. */
+    q.exclusive = 1;
     q.auto_delete = 1;
     q.arguments = args;
     q.no_ack = 1;

@@ -868,13 +868,16 @@ int worker_start(struct worker *w, struct cr_err *err)
     banner(w);
     if (backend_wait_connected(w->backend, w->loop, 10000, err))
         return err->code;
+    /* The mailbox before the connection, so that it is declared at set-up
+     * with the task queues, where an exclusive queue still held by our own
+     * earlier connection (405) is answered (see net/amqp.c). */
+    w->pidbox = pidbox_new(&w->ctx);
     if (broker_connect(w->broker, err))
         return err->code;
     now = now_of(w);
     w->ctx.started_ms = now.loop_ms;
     w->ctx.started_epoch_us = now.epoch_us;
     w->events = w->ctx.events = events_new(&w->ctx);
-    w->pidbox = pidbox_new(&w->ctx);
     w->progress = progress_new(&w->ctx);
     w->metrics = metrics_new(&w->ctx, err);
     if (!w->metrics && err->code)
