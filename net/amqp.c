@@ -44,6 +44,9 @@
  * once the consumers run (see setup_cons), on a channel that no consumer
  * uses: the one of the depth polls, which begin only after set-up. */
 #define OWN_CHANNEL STATS_CHANNEL
+/* The global-QoS probe at set-up (probe_global_qos): its deliveries are
+ * dropped on arrival, whenever rabbitmq-c hands them over. */
+#define PROBE_CHANNEL 4
 /* The publishing connection's one channel, in confirm mode. */
 #define PUB_CHANNEL 1
 #define RPC_TIMEOUT_S 10
@@ -79,7 +82,21 @@ struct consumer {
     struct broker_queue q; /* owned copies of every string and the arguments */
     char *tag;             /* our consumer tag, stable across reconnects */
     int active;            /* basic.consume sent on this connection */
+    /* An exclusive queue whose name another connection still holds (405
+     * RESOURCE_LOCKED: our own from before a kill -9 or a partition, until
+     * the broker drops it) is consumed under this name on this connection
+     * instead; NULL otherwise. Owned. */
+    char *alias;
+    /* Its queue exists with other arguments than ours and was used as it is:
+     * declared again only passively (consume_again). */
+    int as_is;
 };
+
+/* The queue a consumer declares and consumes on this connection. */
+static const char *consumer_queue(const struct consumer *c)
+{
+    return c->alias ? c->alias : c->q.name;
+}
 
 struct exchange_decl {
     char *name;
@@ -153,9 +170,13 @@ struct amqp_broker {
     int prefetch;
     /* The broker refused global QoS once (540): per-consumer from then on. */
     int qos_refused;
-    /* The node connected to announces a version that denies global QoS by
-     * default (rmq_caps.h): per-consumer on this connection. Said once. */
+    /* The node connected to took a global basic.qos as a per-consumer one
+     * when probed at set-up (probe_global_qos): per-consumer on this
+     * connection. Said once. */
     int qos_denied, qos_denied_said;
+    /* Set by a declaration that found its queue with other arguments and used
+     * it as it is; read into consumer.as_is right after. */
+    int declared_as_is;
     /* Native delayed delivery declared on this connection (BROKER_CAP_DELAYED). */
     int delayed_live;
 
@@ -449,6 +470,7 @@ static int declare_queue_or_use(struct amqp_broker *b, int ch, const char *name,
         return err->code;
     LOG(LOG_WARNING, "queue '%s' exists with other arguments; using it as it is (%s)",
         name, err->msg);
+    b->declared_as_is = 1;
     if (reopen_channel_on(b, ch, err))
         return err->code;
     amqp_queue_declare(b->cons.conn, ch, cstr(name), 1, 0, 0, 0, amqp_empty_table);
@@ -577,6 +599,7 @@ static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_er
                               e2.msg);
         /* Declared by the application with other arguments (x-max-priority,
          * x-queue-type...): a passive declare checks that it exists. */
+        b->declared_as_is = 1;
         if (reopen_channel(b, err))
             return err->code;
         amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 1, 0, 0, 0, amqp_empty_table);
@@ -730,32 +753,122 @@ static int qos_per_consumer(const struct amqp_broker *b)
     return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || b->qos_denied;
 }
 
-/* Reads the version the node announced in connection.start. A RabbitMQ that
- * denies global QoS takes a global basic.qos without a word and applies it per
- * consumer, so the live raise for held eta tasks would do nothing there:
- * per-consumer windows and delayed delivery (auto) instead, as on quorum. */
-static void read_server_version(struct amqp_broker *b)
+/* Whether the node connected to may deny global QoS, by the version it
+ * announced in connection.start: RabbitMQ 3.x never does, and is not asked. */
+static int qos_deniable(const struct amqp_broker *b)
 {
     const amqp_table_t *props = amqp_get_server_properties(b->cons.conn);
-    b->qos_denied = 0;
     for (int i = 0; props && i < props->num_entries; i++) {
         const amqp_table_entry_t *e = &props->entries[i];
-        if (e->key.len != 7 || memcmp(e->key.bytes, "version", 7) ||
-            (e->value.kind != AMQP_FIELD_KIND_UTF8 &&
-             e->value.kind != AMQP_FIELD_KIND_BYTES))
+        if (e->key.len == 7 && !memcmp(e->key.bytes, "version", 7) &&
+            (e->value.kind == AMQP_FIELD_KIND_UTF8 ||
+             e->value.kind == AMQP_FIELD_KIND_BYTES))
+            return rmq_global_qos_deniable(e->value.value.bytes.bytes,
+                                           e->value.value.bytes.len);
+    }
+    return rmq_global_qos_deniable(NULL, 0);
+}
+
+/* Asks the broker whether it honours a channel-wide window. A broker that
+ * denies global QoS (RabbitMQ 4.3 by default, or any 4.x or managed broker
+ * configured so) takes basic.qos global=true without a word and applies it
+ * to each consumer, so only its effect can tell: two messages in a private
+ * queue, a global window of one, two consumers. Honoured, the second consumer
+ * gets nothing while the first holds its message; taken per consumer, it gets
+ * the second message at once. The queue's ready count, asked after both
+ * consumes on the same channel, says which: the queue hands a new consumer
+ * what it can before it answers anything asked after the consume. Returns 1
+ * (denied), 0 (honoured) or an error; the probe channel is closed again and
+ * its deliveries are dropped by on_frame. Set-up only (blocking). */
+static int probe_global_qos(struct amqp_broker *b, struct cr_err *err)
+{
+    amqp_connection_state_t c = b->cons.conn;
+    amqp_queue_declare_ok_t *ok;
+    amqp_bytes_t q;
+    char name[128];
+    uint32_t ready;
+    int acked = 0;
+
+    amqp_channel_open(c, PROBE_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(c), "probe channel.open", err))
+        return err->code;
+    /* exclusive: the one transient kind RabbitMQ 4.3 still declares */
+    ok = amqp_queue_declare(c, PROBE_CHANNEL, amqp_empty_bytes, 0, 0, 1, 1,
+                            amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(c), "probe queue.declare", err))
+        return err->code;
+    snprintf(name, sizeof(name), "%.*s", (int)ok->queue.len, (char *)ok->queue.bytes);
+    q = amqp_cstring_bytes(name);
+    /* Confirmed, so both are in the queue before the consumes. */
+    amqp_confirm_select(c, PROBE_CHANNEL);
+    if (reply_error(amqp_get_rpc_reply(c), "probe confirm.select", err))
+        return err->code;
+    for (int i = 0; i < 2; i++)
+        if (amqp_basic_publish(c, PROBE_CHANNEL, amqp_empty_bytes, q, 0, 0, NULL,
+                               amqp_cstring_bytes("probe")) != AMQP_STATUS_OK)
+            return cr_err_set(err, CR_EBROKER, "probe publish failed");
+    while (acked < 2) {
+        amqp_frame_t f;
+        if (amqp_simple_wait_frame(c, &f) != AMQP_STATUS_OK)
+            return cr_err_set(err, CR_EBROKER, "probe: no confirm");
+        if (f.frame_type != AMQP_FRAME_METHOD || f.channel != PROBE_CHANNEL)
             continue;
-        b->qos_denied =
-            rmq_global_qos_denied(e->value.value.bytes.bytes, e->value.value.bytes.len);
-        if (b->qos_denied && !b->qos_denied_said && !b->cfg.per_consumer_qos &&
-            !b->cfg.quorum && !b->qos_refused) {
-            b->qos_denied_said = 1;
-            LOG(LOG_WARNING,
-                "broker is RabbitMQ %.*s, which denies global QoS by default; consuming "
-                "with per-consumer QoS",
-                (int)(e->value.value.bytes.len > 40 ? 40 : e->value.value.bytes.len),
-                (const char *)e->value.value.bytes.bytes);
+        if (f.payload.method.id == AMQP_BASIC_ACK_METHOD) {
+            amqp_basic_ack_t *a = f.payload.method.decoded;
+            acked = a->multiple ? (int)a->delivery_tag : acked + 1;
+        } else {
+            return cr_err_set(err, CR_EBROKER, "probe: publish not confirmed");
         }
+    }
+    amqp_basic_qos(c, PROBE_CHANNEL, 0, 1, 1);
+    if (reply_error(amqp_get_rpc_reply(c), "probe basic.qos", err))
+        return err->code;
+    for (int i = 0; i < 2; i++) {
+        amqp_basic_consume(c, PROBE_CHANNEL, q, amqp_cstring_bytes(i ? "p2" : "p1"), 0, 0,
+                           0, amqp_empty_table);
+        if (reply_error(amqp_get_rpc_reply(c), "probe basic.consume", err))
+            return err->code;
+    }
+    ok = amqp_queue_declare(c, PROBE_CHANNEL, q, 1, 0, 1, 1, amqp_empty_table);
+    if (reply_error(amqp_get_rpc_reply(c), "probe queue.declare", err))
+        return err->code;
+    ready = ok->message_count;
+    /* Closing the channel gives both messages back and, with its consumers
+     * gone, deletes the auto-delete queue. */
+    amqp_channel_close(c, PROBE_CHANNEL, AMQP_REPLY_SUCCESS);
+    if (reply_error(amqp_get_rpc_reply(c), "probe channel.close", err))
+        return err->code;
+    return ready == 0;
+}
+
+/* Per-consumer windows on this connection when the broker takes a global one
+ * per consumer: the live raise for held eta tasks would do nothing there, so
+ * per-consumer windows and delayed delivery (auto) instead, as on quorum. A
+ * probe that fails says nothing and keeps what works on RabbitMQ 3.x (a
+ * quorum queue's 540 still switches). */
+static void decide_qos(struct amqp_broker *b)
+{
+    struct cr_err e;
+    int rc;
+
+    b->qos_denied = 0;
+    if (b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || !qos_deniable(b))
         return;
+    rc = probe_global_qos(b, &e);
+    if (rc < 0) {
+        if (e.code == CR_EPEER) {
+            amqp_channel_close_ok_t ok = {0};
+            amqp_send_method(b->cons.conn, PROBE_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
+        }
+        LOG(LOG_WARNING, "cannot tell whether the broker honours global QoS (%s)", e.msg);
+        return;
+    }
+    b->qos_denied = rc;
+    if (b->qos_denied && !b->qos_denied_said) {
+        b->qos_denied_said = 1;
+        LOG(LOG_WARNING, "broker applies global QoS per consumer (denied, as RabbitMQ "
+                         "4.3 does by default); consuming with per-consumer QoS");
     }
 }
 
@@ -1002,9 +1115,54 @@ static int refused_global_qos(amqp_rpc_reply_t r)
     return 0;
 }
 
+/* 405 RESOURCE_LOCKED: an exclusive queue of that name belongs to another
+ * connection. */
+static int resource_locked(const struct cr_err *e)
+{
+    return e->code == CR_EPEER && strstr(e->msg, "closed: 405 ") != NULL;
+}
+
+/* A consumer's queue, declared at set-up. An exclusive one (the mailbox) may
+ * still belong to a connection the broker has not yet dropped: ours from
+ * before a kill -9, a crash or a partition, kept until its heartbeats are
+ * missed. Waiting for it would leave the worker deaf to remote control for
+ * up to two heartbeat intervals, so the queue is declared under a name of
+ * this connection's instead: the mailbox exchange is a fanout, and every
+ * queue bound to it gets every command. The next connection tries the
+ * proper name again. */
+static int declare_at_setup(struct amqp_broker *b, struct consumer *c, struct cr_err *err)
+{
+    struct broker_queue q = c->q;
+    char alias[300];
+
+    cr_free(c->alias);
+    c->alias = NULL;
+    b->declared_as_is = 0;
+    if (declare_consumer(b, &c->q, 1, err) == 0) {
+        c->as_is = b->declared_as_is;
+        return 0;
+    }
+    if (!c->q.exclusive || !resource_locked(err))
+        return err->code;
+    snprintf(alias, sizeof(alias), "%s.%08x", c->q.name,
+             (unsigned)cr_xorshift64(&b->rng));
+    LOG(LOG_WARNING,
+        "queue '%s' is still held by an earlier connection; consuming it as '%s' on "
+        "this one",
+        c->q.name, alias);
+    if (reopen_channel_on(b, CONSUMER_CHANNEL(&c->q), err))
+        return err->code;
+    q.name = alias;
+    if (declare_consumer(b, &q, 1, err))
+        return err->code;
+    if (!(c->alias = cr_strdup(alias)))
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 {
-    read_server_version(b);
+    decide_qos(b);
     amqp_channel_open(b->cons.conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
         return err->code;
@@ -1017,7 +1175,7 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
         return err->code;
     for (int i = 0; i < b->nconsumers; i++)
         if (!b->consumers[i].q.follow_quorum &&
-            declare_consumer(b, &b->consumers[i].q, 1, err))
+            declare_at_setup(b, &b->consumers[i], err))
             return err->code;
     if (setup_delayed(b, err))
         return err->code;
@@ -1041,8 +1199,9 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
             if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
                 return err->code;
         }
-        if (!amqp_basic_consume(b->cons.conn, CONSUMER_CHANNEL(&c->q), cstr(c->q.name),
-                                cstr(c->tag), 0, c->q.no_ack, 0, amqp_empty_table)) {
+        if (!amqp_basic_consume(b->cons.conn, CONSUMER_CHANNEL(&c->q),
+                                cstr(consumer_queue(c)), cstr(c->tag), 0, c->q.no_ack, 0,
+                                amqp_empty_table)) {
             amqp_rpc_reply_t r = amqp_get_rpc_reply(b->cons.conn);
             if (!qos_per_consumer(b) && refused_global_qos(r))
                 return cr_err_set(err, CR_EQOS, "queue '%s' refused global QoS",
@@ -1398,6 +1557,60 @@ static void on_pub_frame(struct amqp_broker *b, amqp_frame_t *f)
     }
 }
 
+static void send_consume(struct amqp_broker *b, struct consumer *c);
+static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue *q);
+
+/* The broker cancelled one of our consumers (consumer_cancel_notify): its
+ * queue was deleted, or, on RabbitMQ 4.3, a delivery outlived the quorum
+ * queue's consumer timeout (the broker then gives the timed-out delivery
+ * back and waits for our cancel-ok before the consumer is gone). Either way
+ * the connection and every other consumer are fine: answer, declare the queue
+ * again as at set-up (a deleted one comes back, an existing one is left as it
+ * is) and consume again under the same tag, all without waiting. A refusal
+ * closes the channel, and the reconnect declares everything again, as before.
+ * Deliveries already held stay held and are acked as usual. */
+static void consume_again(struct amqp_broker *b, amqp_channel_t ch,
+                          const amqp_basic_cancel_t *m)
+{
+    struct consumer *c = NULL;
+    struct broker_queue q;
+    struct cr_err err;
+
+    if (!m->nowait) {
+        amqp_basic_cancel_ok_t ok;
+        ok.consumer_tag = m->consumer_tag;
+        amqp_send_method(b->cons.conn, ch, AMQP_BASIC_CANCEL_OK_METHOD, &ok);
+    }
+    for (int i = 0; i < b->nconsumers; i++) {
+        const char *tag = b->consumers[i].tag;
+        if (strlen(tag) == m->consumer_tag.len &&
+            !memcmp(tag, m->consumer_tag.bytes, m->consumer_tag.len))
+            c = &b->consumers[i];
+    }
+    if (!c || !c->active)
+        return; /* cancelled by us meanwhile (cancel_consumer) */
+    LOG(LOG_WARNING, "broker cancelled the consumer of queue '%s'; consuming it again",
+        consumer_queue(c));
+    c->active = 0;
+    q = c->q;
+    q.name = consumer_queue(c);
+    if (c->as_is) {
+        amqp_queue_declare_t qd;
+        memset(&qd, 0, sizeof(qd));
+        qd.queue = cstr(q.name);
+        qd.passive = 1;
+        qd.nowait = 1;
+        qd.arguments = amqp_empty_table;
+        amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(&q), AMQP_QUEUE_DECLARE_METHOD,
+                         &qd);
+    } else if (declare_consumer(b, &q, 0, &err)) {
+        return;
+    }
+    if (b->delayed_live && !q.no_ack)
+        bind_delayed_nowait(b, &q);
+    send_consume(b, c);
+}
+
 static void on_method(struct amqp_broker *b, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
@@ -1405,7 +1618,7 @@ static void on_method(struct amqp_broker *b, amqp_frame_t *f)
         start_delivery(b, f->channel, f->payload.method.decoded);
         break;
     case AMQP_BASIC_CANCEL_METHOD:
-        connection_lost(b, "the broker cancelled a consumer (queue deleted?)");
+        consume_again(b, f->channel, f->payload.method.decoded);
         break;
     case AMQP_BASIC_CANCEL_OK_METHOD:
         break;
@@ -1454,6 +1667,8 @@ static void on_stats_frame(struct amqp_broker *b, amqp_frame_t *f)
 
 static void on_frame(struct amqp_broker *b, amqp_frame_t *f)
 {
+    if (f->channel == PROBE_CHANNEL)
+        return; /* what the set-up probe was sent, given back when it closed */
     if (f->channel == STATS_CHANNEL) {
         on_stats_frame(b, f);
         return;
@@ -1598,6 +1813,7 @@ static void consumer_release(struct consumer *c)
     cr_free((char *)c->q.routing_key);
     cJSON_Delete((cJSON *)c->q.arguments);
     cr_free(c->tag);
+    cr_free(c->alias);
     memset(c, 0, sizeof(*c));
 }
 
@@ -1613,7 +1829,7 @@ static void send_consume(struct amqp_broker *b, struct consumer *c)
         amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &qos);
     }
     memset(&req, 0, sizeof(req));
-    req.queue = cstr(c->q.name);
+    req.queue = cstr(consumer_queue(c));
     req.consumer_tag = cstr(c->tag);
     req.no_ack = c->q.no_ack;
     req.nowait = 1;

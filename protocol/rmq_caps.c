@@ -33,10 +33,10 @@ int rmq_version_parse(const char *s, size_t n, int *major, int *minor)
     return 0;
 }
 
-int rmq_global_qos_denied(const char *s, size_t n)
+int rmq_global_qos_deniable(const char *s, size_t n)
 {
     int major, minor;
     if (rmq_version_parse(s, n, &major, &minor))
-        return 0;
-    return major > 4 || (major == 4 && minor >= 3);
+        return 1;
+    return major >= 4;
 }

@@ -1,11 +1,12 @@
 /* rmq_caps.h -- what a RabbitMQ server's announced version tells the worker
  * about it, read from connection.start's server-properties. Pure: no I/O.
  *
- * RabbitMQ 4.3 denies the deprecated global QoS by default, and denied it
- * answers basic.qos global=true without error but applies the window to each
- * consumer, and only to consumers started after it: the channel-wide window
- * the worker raises live for held eta tasks is then not there. Seen by hand
- * on RabbitMQ 4.0.5 with the feature denied in its configuration. */
+ * RabbitMQ 4.3 denies the deprecated global QoS by default, and so may a 4.0
+ * to 4.2 node or a managed broker configured to. Denied, it answers basic.qos
+ * global=true without error but applies the window to each consumer, and only
+ * to consumers started after it (seen on RabbitMQ 4.0.5 with the feature
+ * denied in its configuration). The version cannot say which: it only says
+ * whether the question is worth asking the broker (net/amqp.c probes). */
 #ifndef CR_RMQ_CAPS_H
 #define CR_RMQ_CAPS_H
 
@@ -16,9 +17,9 @@
  * CR_EINVAL when s does not start that way or a part passes 9999. */
 int rmq_version_parse(const char *s, size_t n, int *major, int *minor);
 
-/* 1 when a server announcing this version denies global QoS by default (4.3
- * and later), 0 otherwise, an unreadable version included: an old or unknown
- * server keeps what works on RabbitMQ 3.x. */
-int rmq_global_qos_denied(const char *s, size_t n);
+/* 1 when a server announcing this version may deny global QoS (4.0 and
+ * later, and a version that cannot be read: a managed or other broker), 0 for
+ * RabbitMQ 3.x and older, which always honour it. */
+int rmq_global_qos_deniable(const char *s, size_t n);
 
 #endif

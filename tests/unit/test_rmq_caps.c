@@ -1,5 +1,5 @@
 /* test_rmq_caps.c -- RabbitMQ versions from server-properties, and which of
- * them deny global QoS by default. */
+ * them may deny global QoS (and so are asked). */
 #include <check.h>
 #include <string.h>
 
@@ -8,12 +8,12 @@
 
 static const struct {
     const char *v;
-    int major, minor, denied;
+    int major, minor, deniable;
 } good[] = {
-    {"3.10.8", 3, 10, 0}, {"3.13.7", 3, 13, 0},         {"4.0.5", 4, 0, 0},
-    {"4.2.9", 4, 2, 0},   {"4.3.0", 4, 3, 1},           {"4.3.0-rc.1", 4, 3, 1},
-    {"4.10.2", 4, 10, 1}, {"5.0.0", 5, 0, 1},           {"4.3", 4, 3, 1},
-    {"0.0.0", 0, 0, 0},   {"9999.9999", 9999, 9999, 1},
+    {"3.10.8", 3, 10, 0}, {"3.13.7", 3, 13, 0}, {"4.0.5", 4, 0, 1},
+    {"4.2.9", 4, 2, 1},   {"4.3.0", 4, 3, 1},   {"4.3.0-rc.1", 4, 3, 1},
+    {"4.10.2", 4, 10, 1}, {"5.0.0", 5, 0, 1},   {"4.3", 4, 3, 1},
+    {"0.0.0", 0, 0, 0},   {"3.99", 3, 99, 0},   {"9999.9999", 9999, 9999, 1},
 };
 
 START_TEST(versions)
@@ -23,7 +23,7 @@ START_TEST(versions)
     ck_assert_int_eq(rmq_version_parse(v, strlen(v), &a, &b), 0);
     ck_assert_int_eq(a, good[_i].major);
     ck_assert_int_eq(b, good[_i].minor);
-    ck_assert_int_eq(rmq_global_qos_denied(v, strlen(v)), good[_i].denied);
+    ck_assert_int_eq(rmq_global_qos_deniable(v, strlen(v)), good[_i].deniable);
 }
 END_TEST
 
@@ -41,7 +41,7 @@ START_TEST(every_cut)
         int rc = rmq_version_parse(buf, n, &a, &b);
         if (n < 3) {
             ck_assert_int_eq(rc, CR_EINVAL);
-            ck_assert_int_eq(rmq_global_qos_denied(buf, n), 0);
+            ck_assert_int_eq(rmq_global_qos_deniable(buf, n), 1);
         } else {
             ck_assert_int_eq(rc, 0);
             ck_assert_int_eq(a, 4);
@@ -61,9 +61,10 @@ START_TEST(malformed)
         ck_assert_msg(rmq_version_parse(bad[i], strlen(bad[i]), &a, &b) == CR_EINVAL,
                       "%s", bad[i]);
         ck_assert_int_eq(a, -1);
-        ck_assert_int_eq(rmq_global_qos_denied(bad[i], strlen(bad[i])), 0);
+        /* an unknown broker is asked, not assumed */
+        ck_assert_int_eq(rmq_global_qos_deniable(bad[i], strlen(bad[i])), 1);
     }
-    ck_assert_int_eq(rmq_global_qos_denied(NULL, 0), 0);
+    ck_assert_int_eq(rmq_global_qos_deniable(NULL, 0), 1);
 }
 END_TEST
 
