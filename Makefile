@@ -1,5 +1,5 @@
 # celeriac -- native Celery worker for LLM jobs.
-# Targets: all test unit integration demo bench asan valgrind fuzz format check-src
+# Targets: all test test-rabbitmq4 unit integration demo bench asan valgrind fuzz format check-src
 #          check-src-selftest clean
 
 PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8 openssl
@@ -24,7 +24,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 PY        := /usr/bin/python3
 
-.PHONY: all test unit integration demo bench asan asan-integration valgrind fuzz format check-src \
+.PHONY: all test test-rabbitmq4 unit integration demo bench asan asan-integration valgrind fuzz format check-src \
 	    check-src-selftest clean deps services
 
 all: $(BIN)
@@ -69,6 +69,12 @@ unit: $(UNIT_BIN)
 
 integration: $(BIN)
 	@bash scripts/run-integration.sh
+
+# The integration tests that matter for RabbitMQ 4 against a node configured as
+# 4.3 ships (scripts/run-rabbitmq4.sh; needs root, builds its chroot once).
+test-rabbitmq4: deps
+	@$(MAKE) --no-print-directory all
+	@bash scripts/run-rabbitmq4.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)

@@ -48,6 +48,14 @@ rabbit_start() {
 listeners.tcp.default = 127.0.0.1:$AMQP_PORT
 loopback_users = none
 CONF
+    # The RabbitMQ 4 tier: a 4.x node configured as 4.3 ships, denying the
+    # two deprecated features a worker could rely on (3.x knows neither key).
+    if [ -n "${CELERIAC_RABBITMQ_43:-}" ]; then
+        cat >> "$dir/rabbit/rabbitmq.conf" <<CONF
+deprecated_features.permit.transient_nonexcl_queues = false
+deprecated_features.permit.global_qos = false
+CONF
+    fi
     # The Debian wrapper runs the server as the rabbitmq user.
     if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$dir/rabbit"; fi
     (cd /tmp && rabbitmq-server -detached >/dev/null 2>&1)
