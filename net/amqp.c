@@ -174,6 +174,9 @@ struct amqp_broker {
      * when probed at set-up (probe_global_qos): per-consumer on this
      * connection. Said once. */
     int qos_denied, qos_denied_said;
+    /* The node takes x-consumer-timeout and one is configured: task
+     * consumers carry it (consume_args). */
+    int timeout_arg;
     /* Set by a declaration that found its queue with other arguments and used
      * it as it is; read into consumer.as_is right after. */
     int declared_as_is;
@@ -753,9 +756,9 @@ static int qos_per_consumer(const struct amqp_broker *b)
     return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || b->qos_denied;
 }
 
-/* Whether the node connected to may deny global QoS, by the version it
- * announced in connection.start: RabbitMQ 3.x never does, and is not asked. */
-static int qos_deniable(const struct amqp_broker *b)
+/* The version the node announced in connection.start (borrowed from the
+ * connection), or an empty one. */
+static amqp_bytes_t server_version(const struct amqp_broker *b)
 {
     const amqp_table_t *props = amqp_get_server_properties(b->cons.conn);
     for (int i = 0; props && i < props->num_entries; i++) {
@@ -763,10 +766,34 @@ static int qos_deniable(const struct amqp_broker *b)
         if (e->key.len == 7 && !memcmp(e->key.bytes, "version", 7) &&
             (e->value.kind == AMQP_FIELD_KIND_UTF8 ||
              e->value.kind == AMQP_FIELD_KIND_BYTES))
-            return rmq_global_qos_deniable(e->value.value.bytes.bytes,
-                                           e->value.value.bytes.len);
+            return e->value.value.bytes;
     }
-    return rmq_global_qos_deniable(NULL, 0);
+    return amqp_empty_bytes;
+}
+
+/* Whether the node connected to may deny global QoS, by its version:
+ * RabbitMQ 3.x never does, and is not asked. */
+static int qos_deniable(const struct amqp_broker *b)
+{
+    amqp_bytes_t v = server_version(b);
+    return rmq_global_qos_deniable(v.len ? v.bytes : NULL, v.len);
+}
+
+/* The arguments of a task consumer's basic.consume: x-consumer-timeout when
+ * configured and the node takes it (see broker_config.consumer_timeout_ms),
+ * else none. entry is the table's storage. */
+static amqp_table_t consume_args(const struct amqp_broker *b, const struct consumer *c,
+                                 amqp_table_entry_t *entry)
+{
+    amqp_table_t t = amqp_empty_table;
+    if (c->q.no_ack || !b->timeout_arg)
+        return t;
+    entry->key = amqp_cstring_bytes("x-consumer-timeout");
+    entry->value.kind = AMQP_FIELD_KIND_I64;
+    entry->value.value.i64 = b->cfg.consumer_timeout_ms;
+    t.num_entries = 1;
+    t.entries = entry;
+    return t;
 }
 
 /* Asks the broker whether it honours a channel-wide window. A broker that
@@ -1162,6 +1189,11 @@ static int declare_at_setup(struct amqp_broker *b, struct consumer *c, struct cr
 
 static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 {
+    amqp_bytes_t version = server_version(b);
+    amqp_table_entry_t arg;
+
+    b->timeout_arg = b->cfg.consumer_timeout_ms > 0 &&
+                     rmq_consumer_timeout_arg(version.bytes, version.len);
     decide_qos(b);
     amqp_channel_open(b->cons.conn, CHANNEL);
     if (reply_error(amqp_get_rpc_reply(b->cons.conn), "channel.open", err))
@@ -1201,7 +1233,7 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
         }
         if (!amqp_basic_consume(b->cons.conn, CONSUMER_CHANNEL(&c->q),
                                 cstr(consumer_queue(c)), cstr(c->tag), 0, c->q.no_ack, 0,
-                                amqp_empty_table)) {
+                                consume_args(b, c, &arg))) {
             amqp_rpc_reply_t r = amqp_get_rpc_reply(b->cons.conn);
             if (!qos_per_consumer(b) && refused_global_qos(r))
                 return cr_err_set(err, CR_EQOS, "queue '%s' refused global QoS",
@@ -1820,6 +1852,7 @@ static void consumer_release(struct consumer *c)
 static void send_consume(struct amqp_broker *b, struct consumer *c)
 {
     amqp_basic_consume_t req;
+    amqp_table_entry_t arg;
     if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
         /* the new consumer's own window (its qos-ok is ignored on arrival) */
         amqp_basic_qos_t qos;
@@ -1833,7 +1866,7 @@ static void send_consume(struct amqp_broker *b, struct consumer *c)
     req.consumer_tag = cstr(c->tag);
     req.no_ack = c->q.no_ack;
     req.nowait = 1;
-    req.arguments = amqp_empty_table;
+    req.arguments = consume_args(b, c, &arg);
     amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(&c->q), AMQP_BASIC_CONSUME_METHOD,
                      &req);
     c->active = 1;

@@ -113,6 +113,10 @@ struct broker_config {
      * broker_new() refuses an AMQP URL given any. */
     const char *transport_options;
     size_t max_message_bytes; /* Redis: a larger envelope is refused; 0: none */
+    /* AMQP: x-consumer-timeout (ms) on each task consumer, on a node that
+     * takes a per-consumer delivery timeout (RabbitMQ 3.12 and later); 0:
+     * none, the node's consumer_timeout applies. */
+    int64_t consumer_timeout_ms;
 };
 
 #define BROKER_DELAYED_OFF 0

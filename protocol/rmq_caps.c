@@ -40,3 +40,11 @@ int rmq_global_qos_deniable(const char *s, size_t n)
         return 1;
     return major >= 4;
 }
+
+int rmq_consumer_timeout_arg(const char *s, size_t n)
+{
+    int major, minor;
+    if (rmq_version_parse(s, n, &major, &minor))
+        return 0;
+    return major > 3 || (major == 3 && minor >= 12);
+}

@@ -22,4 +22,10 @@ int rmq_version_parse(const char *s, size_t n, int *major, int *minor);
  * RabbitMQ 3.x and older, which always honour it. */
 int rmq_global_qos_deniable(const char *s, size_t n);
 
+/* 1 when a server announcing this version takes a per-consumer delivery
+ * timeout (the x-consumer-timeout argument of basic.consume: RabbitMQ 3.12
+ * and later), 0 otherwise, an unreadable version included (an unknown
+ * argument is harmless, but an unknown broker is not assumed to honour it). */
+int rmq_consumer_timeout_arg(const char *s, size_t n);
+
 #endif

@@ -764,6 +764,13 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->bcfg.transport_options =
         cfg->broker_transport_options[0] ? cfg->broker_transport_options : NULL;
     w->bcfg.max_message_bytes = (size_t)cfg->max_message_size;
+    /* A delivery is parked (and acked) after --park-after so that the
+     * broker's consumer timeout never fires; a node whose consumer_timeout is
+     * shorter than that (managed brokers set 15 min and less) would close the
+     * channel first. Our own per-consumer timeout, a minute past the park,
+     * makes the park always come first, whatever the node's setting. */
+    if (cfg->park_after > 0)
+        w->bcfg.consumer_timeout_ms = (int64_t)((cfg->park_after + 60) * 1000);
     w->broker = broker_new(w->loop, &w->bcfg, on_msg, NULL, w, err);
     if (!w->broker)
         return err->code;

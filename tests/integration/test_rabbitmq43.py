@@ -122,3 +122,31 @@ def test_global_qos_is_decided_by_what_the_broker_does(env):
     rs = [env.app.send_task("llm.generate", args=["qos %d" % i]) for i in range(12)]
     for r in rs:
         assert r.get(timeout=60)
+
+
+def _node_version(env):
+    out = env.services.ctl("version").stdout.strip()
+    major, minor = (int(x) for x in out.split(".")[:2])
+    return major, minor
+
+
+def test_task_consumers_carry_a_consumer_timeout_a_minute_past_the_park(env):
+    """A delivery held past --park-after is parked and acked so that the
+    broker's consumer timeout never fires; a node whose consumer_timeout is
+    shorter would close the channel first. On a node that takes a
+    per-consumer timeout (3.12+), each task consumer asks for one a minute
+    past the park; the mailbox (no acks) asks for none."""
+    w = env.worker("--park-after", "120")
+    assert env.app.send_task("llm.generate", args=["timeout arg"]).get(timeout=30)
+    out = env.services.ctl("list_consumers", "-p", env.vhost, "queue_name",
+                           "arguments").stdout
+    rows = [l.split("\t") for l in out.splitlines() if "\t" in l]
+    task = [r for r in rows if r[0] == "celery"]
+    mailbox = [r for r in rows if r[0].endswith(".celery.pidbox")]
+    assert task and mailbox, out
+    if _node_version(env) >= (3, 12):
+        assert "x-consumer-timeout" in task[0][1] and "180000" in task[0][1], out
+    else:
+        assert "x-consumer-timeout" not in task[0][1], out
+    assert "x-consumer-timeout" not in mailbox[0][1], out
+    assert w.proc.poll() is None

@@ -68,6 +68,23 @@ START_TEST(malformed)
 }
 END_TEST
 
+/* x-consumer-timeout: RabbitMQ 3.12 and later; an unknown broker gets none. */
+START_TEST(consumer_timeout_arg)
+{
+    static const struct {
+        const char *v;
+        int yes;
+    } cases[] = {{"3.10.8", 0}, {"3.11.28", 0}, {"3.12.0", 1}, {"3.13.7", 1},
+                 {"4.0.5", 1},  {"4.3.0", 1},   {"10.0", 1},   {"", 0},
+                 {"x.y", 0},    {"3", 0},       {"2.99.1", 0}, {"3.12", 1}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_msg(rmq_consumer_timeout_arg(cases[i].v, strlen(cases[i].v)) ==
+                          cases[i].yes,
+                      "%s", cases[i].v);
+    ck_assert_int_eq(rmq_consumer_timeout_arg(NULL, 0), 0);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("rmq_caps");
@@ -75,6 +92,7 @@ Suite *suite(void)
     tcase_add_loop_test(tc, versions, 0, (int)(sizeof(good) / sizeof(good[0])));
     tcase_add_test(tc, every_cut);
     tcase_add_test(tc, malformed);
+    tcase_add_test(tc, consumer_timeout_arg);
     suite_add_tcase(s, tc);
     return s;
 }
