@@ -20,6 +20,7 @@
 
 #include "engine/engine.h"
 #include "events.h"
+#include "llm/health.h"
 #include "llm/llm_client.h"
 #include "llm/registry.h"
 #include "metrics.h"
@@ -51,6 +52,9 @@ struct worker {
     /* One per named provider (parallel to providers.providers), its
      * max_connections as the cap; freed after the LLM client. */
     struct llm_gate *gates;
+    /* One per named provider, then the default provider's last: whether its
+     * calls are failing, for the WARNING lines of an outage. */
+    struct llm_health *health;
     char *chat_url;
     char *embed_url;
     struct broker_config bcfg;
@@ -340,11 +344,54 @@ static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *
     progress_on_delta(worker_of(j)->progress, j, text, len);
 }
 
+/* Says when a provider's calls start failing, are still failing (at most
+ * once a minute) and answer again, at WARNING: a retried failure is logged
+ * at INFO only, so at the default level an outage was silent. Which failures
+ * count, and when a line is due, is llm/health.h's rule. */
+static void note_health(struct worker *w, const struct llm_result *res, uint64_t now_ms)
+{
+    static const struct llm_health_rule rule = LLM_HEALTH_RULE_DEFAULT;
+    const char *name = res->provider && res->provider[0] ? res->provider : "default";
+    int i = llm_registry_find(&w->providers, name, strlen(name));
+    struct llm_health_report rep;
+    enum llm_health_kind kind = llm_health_kind(res);
+
+    if (kind == LLM_HEALTH_NEUTRAL)
+        return;
+    if (i < 0)
+        i = w->providers.nproviders; /* the default provider's */
+    switch (llm_health_note(&w->health[i], &rule, kind, (int64_t)now_ms, &rep)) {
+    case LLM_HEALTH_QUIET:
+        break;
+    case LLM_HEALTH_FAILING:
+        LOG(LOG_WARNING,
+            "LLM provider %s failing: %ld calls in a row failed in %.1fs (last: "
+            "%s('%s')); "
+            "tasks retry as configured",
+            name, rep.failed, (double)rep.for_ms / 1000.0, res->exc_type, res->message);
+        break;
+    case LLM_HEALTH_STILL:
+        LOG(LOG_WARNING,
+            "LLM provider %s still failing after %.0fs: %ld more calls failed since the "
+            "last report, %ld in a row (last: %s('%s'))",
+            name, (double)rep.for_ms / 1000.0, rep.failed_since, rep.failed,
+            res->exc_type, res->message);
+        break;
+    case LLM_HEALTH_RECOVERED:
+        LOG(LOG_WARNING, "LLM provider %s recovered after %.1fs (%ld failed calls)", name,
+            (double)rep.for_ms / 1000.0, rep.failed);
+        break;
+    }
+}
+
 static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
 {
     struct job *j = privdata;
+    struct worker *w = worker_of(j);
+    struct engine_now now = now_of(w);
     (void)r;
-    engine_on_llm_done(j->e, now_of(worker_of(j)), j, res);
+    note_health(w, res, now.loop_ms);
+    engine_on_llm_done(j->e, now, j, res);
 }
 
 /* Whether a call must leave the default provider's fast path: it names
@@ -704,6 +751,11 @@ static int providers_load(struct worker *w, struct cr_err *err)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     for (int i = 0; i < w->providers.nproviders; i++)
         llm_gate_init(&w->gates[i], w->providers.providers[i].max_connections);
+    w->health = cr_calloc((size_t)w->providers.nproviders + 1, sizeof(*w->health));
+    if (!w->health)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    for (int i = 0; i <= w->providers.nproviders; i++)
+        llm_health_init(&w->health[i]);
     return 0;
 }
 
@@ -826,6 +878,7 @@ fail:
     cr_free(w->embed_url);
     redact_release(&w->secrets);
     cr_free(w->gates);
+    cr_free(w->health);
     llm_registry_release(&w->providers);
     cr_free(w);
     return NULL;
@@ -942,6 +995,7 @@ void worker_free(struct worker *w)
     redact_release(&w->secrets);
     /* After llm_client_free(): every call that named a gate has ended. */
     cr_free(w->gates);
+    cr_free(w->health);
     llm_registry_release(&w->providers);
     cr_free(w);
 }
