@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "util/log.h"
 #include "engine/tasks.h"
+#include "net/listener.h"
 #include "util/alloc.h"
 #include "util/opts.h"
 
@@ -59,7 +60,8 @@ static const struct opt opts[] = {
      OFF(redis_health_check_interval), "25", 0, 86400,
      "seconds an idle Redis connection waits before it is tested (0: never)"},
     {"host", 0, "CELERIAC_GATEWAY_HOST", OPTS_STR, OFF(host), "127.0.0.1", 0, 0,
-     "address to listen on"},
+     "address or name to listen on, and only there (::1, localhost; empty: every "
+     "address)"},
     {"port", 'p', "CELERIAC_GATEWAY_PORT", OPTS_LONG, OFF(port), "8080", 0, 65535,
      "port to listen on (0: any free port, printed at start)"},
     {"auth-token", 0, "CELERIAC_AUTH_TOKEN", OPTS_STR, OFF(auth_token), "", 0, 0,
@@ -146,6 +148,7 @@ int cmd_gateway(int argc, char **argv)
     uv_signal_t sigterm, sigint;
     uv_prepare_t log_flusher;
     struct rlimit rl;
+    char url_host[300];
     int rc;
 
     memset(&o, 0, sizeof(o));
@@ -202,8 +205,15 @@ int cmd_gateway(int argc, char **argv)
     uv_signal_init(&loop, &sigint);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
     uv_signal_start(&sigint, on_signal, SIGINT);
-    /* Always printed: scripts wait for this line and read the port from it. */
-    log_write(LOG_INFO, "gateway listening on http://%s:%d/", o.host, gw_app_port(app));
+    /* Always printed: scripts wait for this line and read the port from it.
+     * A name, or "" for every address, is followed by what it stands for. */
+    listener_url_host(o.host[0] ? o.host : "0.0.0.0", url_host, sizeof(url_host));
+    if (!strcmp(url_host, gw_app_addresses(app)))
+        log_write(LOG_INFO, "gateway listening on http://%s:%d/", url_host,
+                  gw_app_port(app));
+    else
+        log_write(LOG_INFO, "gateway listening on http://%s:%d/ (%s)", url_host,
+                  gw_app_port(app), gw_app_addresses(app));
     cmd_log_attach(&loop, &log_flusher);
     uv_run(&loop, UV_RUN_DEFAULT);
     cmd_log_detach(&log_flusher);

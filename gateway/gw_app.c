@@ -769,6 +769,11 @@ int gw_app_port(const struct gw_app *app)
     return gw_server_port(app->srv);
 }
 
+const char *gw_app_addresses(const struct gw_app *app)
+{
+    return gw_server_addresses(app->srv);
+}
+
 static void on_cron_closed(uv_handle_t *h)
 {
     cr_free(h);

@@ -36,6 +36,9 @@ struct gw_app;
 struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
                           struct cr_err *err);
 int gw_app_port(const struct gw_app *app);
+/* The addresses listened on, e.g. "127.0.0.1, [::1]" (borrowed for the app's
+ * life). */
+const char *gw_app_addresses(const struct gw_app *app);
 /* Closes every connection and frees; then run the loop once more so that the
  * closed handles are released. NULL is a no-op. */
 void gw_app_free(struct gw_app *app);

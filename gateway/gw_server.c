@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "net/listener.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
@@ -66,6 +67,8 @@ struct peer {
 struct gw_server {
     uv_loop_t *loop;
     struct lws_context *ctx;
+    struct lws_vhost *vh;
+    struct listener *listener; /* ours, not lws's: see net/listener.h */
     struct lws_protocols protocols[2];
     const struct gw_server_config *cfg;
     const struct gw_server_handlers *h;
@@ -651,6 +654,15 @@ static void lws_log(int level, const char *line)
     LOG(level == LLL_ERR ? LOG_ERROR : LOG_WARNING, "lws: %.*s", (int)n, line);
 }
 
+/* An accepted connection goes to lws as if its own listener had taken it
+ * (lws closes fd if it cannot adopt it). */
+static void on_accept(struct listener *l, int fd, void *privdata)
+{
+    struct gw_server *srv = privdata;
+    (void)l;
+    lws_adopt_socket_vhost(srv->vh, fd);
+}
+
 struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *cfg,
                                 const struct gw_server_handlers *h, void *privdata,
                                 struct cr_err *err)
@@ -658,7 +670,6 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
     struct gw_server *srv = cr_calloc(1, sizeof(*srv));
     struct lws_context_creation_info info;
     void *loops[1];
-    struct lws_vhost *vh;
 
     if (!srv) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -673,14 +684,20 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
     srv->protocols[0].per_session_data_size = sizeof(struct pss);
     srv->protocols[0].rx_buffer_size = 4096;
 
+    /* The sockets first: a port in use fails here, before lws exists. */
+    srv->listener = listener_new(loop, cfg->host, cfg->port, on_accept, srv, err);
+    if (!srv->listener) {
+        cr_free(srv);
+        return NULL;
+    }
     lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
     memset(&info, 0, sizeof(info));
     loops[0] = loop;
     info.foreign_loops = loops;
     info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN |
                    LWS_SERVER_OPTION_VALIDATE_UTF8;
-    info.port = cfg->port;
-    info.iface = cfg->host && *cfg->host ? cfg->host : NULL;
+    /* A server vhost that listens nowhere: the listener hands it connections. */
+    info.port = CONTEXT_PORT_NO_LISTEN_SERVER;
     info.protocols = srv->protocols;
     info.user = srv;
     info.timeout_secs = 30;
@@ -696,20 +713,24 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
     info.max_http_header_pool2 =
         (unsigned int)(cfg->max_untrusted ? cfg->max_untrusted + 1024 : 1024);
     srv->ctx = lws_create_context(&info);
-    if (!srv->ctx) {
-        cr_err_set(err, CR_EIO, "cannot listen on %s:%d", cfg->host ? cfg->host : "*",
-                   cfg->port);
-        cr_free(srv);
+    srv->vh = srv->ctx ? lws_get_vhost_by_name(srv->ctx, "default") : NULL;
+    if (!srv->vh) {
+        cr_err_set(err, CR_EIO, "cannot start the HTTP server (libwebsockets)");
+        gw_server_free(srv);
         return NULL;
     }
-    vh = lws_get_vhost_by_name(srv->ctx, "default");
-    srv->port = vh ? lws_get_vhost_listen_port(vh) : cfg->port;
+    srv->port = listener_port(srv->listener);
     return srv;
 }
 
 int gw_server_port(const struct gw_server *srv)
 {
     return srv->port;
+}
+
+const char *gw_server_addresses(const struct gw_server *srv)
+{
+    return listener_addresses(srv->listener);
 }
 
 size_t gw_server_ws_count(const struct gw_server *srv)
@@ -721,6 +742,11 @@ void gw_server_free(struct gw_server *srv)
 {
     if (!srv)
         return;
+    listener_free(srv->listener);
+    if (!srv->ctx) {
+        cr_free(srv);
+        return;
+    }
     /* With a foreign loop, lws closes its handles from the loop: a few
      * turns let their close callbacks run before the memory goes. */
     lws_context_destroy(srv->ctx);

@@ -20,8 +20,10 @@ struct gw_server;
 struct gw_conn; /* one HTTP transaction or one WebSocket */
 
 struct gw_server_config {
-    const char *host; /* address to listen on, e.g. "127.0.0.1" */
-    int port;         /* 0: any free port (see gw_server_port()) */
+    /* Where to listen: an address ("127.0.0.1", "::1"), a name (each of its
+     * addresses) or "" (every address); see net/listener.h. */
+    const char *host;
+    int port; /* 0: any free port (see gw_server_port()) */
     size_t max_body_bytes;
     const char *cors_origin; /* "" or NULL: no CORS headers; "*"; or one origin */
     /* Seconds a connection has, from its accept or from the end of its
@@ -55,6 +57,9 @@ struct gw_server *gw_server_new(uv_loop_t *loop, const struct gw_server_config *
                                 const struct gw_server_handlers *h, void *privdata,
                                 struct cr_err *err);
 int gw_server_port(const struct gw_server *srv);
+/* The addresses listened on, e.g. "127.0.0.1, [::1]" (borrowed for the
+ * server's life). */
+const char *gw_server_addresses(const struct gw_server *srv);
 size_t gw_server_ws_count(const struct gw_server *srv);
 /* Connections not yet trusted, and how many of them were closed to make room. */
 size_t gw_server_untrusted(const struct gw_server *srv);

@@ -165,7 +165,9 @@ static const struct opt opts[] = {
     {"metrics-port", 0, "CELERIAC_METRICS_PORT", OPTS_INT, OFF(metrics_port), "0", 0,
      65535, "serve /metrics and /healthz on this port (0: off)"},
     {"metrics-host", 0, "CELERIAC_METRICS_HOST", OPTS_STR, OFF(metrics_host), "127.0.0.1",
-     0, 0, "address the metrics endpoint listens on"},
+     0, 0,
+     "address or name the metrics endpoint listens on, and only there (empty: every "
+     "address)"},
     {"statedb", 0, "CELERIAC_STATEDB", OPTS_STR, OFF(statedb), "", 0, 0,
      "file that keeps revoked task ids across restarts"},
     {"progress", 0, "CELERIAC_PROGRESS", OPTS_STR, OFF(progress), "stream", 0, 0,

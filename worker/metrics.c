@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "events.h"
+#include "net/listener.h"
 #include "util/log.h"
 #include "util/version.h"
 #include "worker_ctx.h"
@@ -48,6 +49,8 @@ struct metrics {
     int polling; /* index of the queue being polled, or -1 */
 
     struct lws_context *lws;
+    struct lws_vhost *vh;
+    struct listener *listener; /* ours, not lws's: see net/listener.h */
 };
 
 /* ---------------------------------------------------------------- setup */
@@ -522,34 +525,53 @@ static void lws_log(int level, const char *line)
     LOG(level == LLL_ERR ? LOG_ERROR : LOG_WARNING, "metrics: lws: %.*s", (int)n, line);
 }
 
+/* An accepted connection goes to lws as if its own listener had taken it
+ * (lws closes fd if it cannot adopt it). */
+static void on_accept(struct listener *l, int fd, void *privdata)
+{
+    struct metrics *m = privdata;
+    (void)l;
+    lws_adopt_socket_vhost(m->vh, fd);
+}
+
 static int start_server(struct metrics *m, struct cr_err *err)
 {
     const struct config *c = m->w->cfg;
     struct lws_context_creation_info info;
     void *loops[1];
+    const char *where = c->metrics_host ? c->metrics_host : "";
+    struct cr_err e = {0};
+    char host[300];
 
+    /* The sockets first: a port in use fails here, before lws exists. */
+    m->listener = listener_new(m->w->loop, where, c->metrics_port, on_accept, m, &e);
+    if (!m->listener)
+        return cr_err_set(err, e.code, "metrics: %s", e.msg);
     lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
     memset(&info, 0, sizeof(info));
     loops[0] = m->w->loop;
     info.foreign_loops = loops;
-    /* An explicit vhost: lws 4.1 keeps a context whose default vhost could not
-     * listen, while lws_create_vhost() says so. */
+    /* An explicit vhost that listens nowhere: the listener hands it
+     * connections. */
     info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN |
                    LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
-    if (c->metrics_host && !strchr(c->metrics_host, ':'))
-        info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
-    info.port = c->metrics_port;
-    info.iface = c->metrics_host && *c->metrics_host ? c->metrics_host : NULL;
+    info.port = CONTEXT_PORT_NO_LISTEN_SERVER;
     info.protocols = protocols;
     info.user = m;
     info.vhost_name = "metrics";
     info.timeout_secs = 10;
     m->lws = lws_create_context(&info);
-    if (!m->lws || !lws_create_vhost(m->lws, &info))
-        return cr_err_set(err, CR_EIO, "cannot serve metrics on %s:%d (address in use?)",
-                          info.iface ? info.iface : "*", c->metrics_port);
-    LOG(LOG_INFO, "metrics: serving /metrics and /healthz on http://%s:%d",
-        info.iface ? info.iface : "0.0.0.0", c->metrics_port);
+    m->vh = m->lws ? lws_create_vhost(m->lws, &info) : NULL;
+    if (!m->vh)
+        return cr_err_set(err, CR_EIO,
+                          "metrics: cannot start the HTTP server (libwebsockets)");
+    listener_url_host(where[0] ? where : "0.0.0.0", host, sizeof(host));
+    if (!strcmp(host, listener_addresses(m->listener)))
+        LOG(LOG_INFO, "metrics: serving /metrics and /healthz on http://%s:%d", host,
+            listener_port(m->listener));
+    else
+        LOG(LOG_INFO, "metrics: serving /metrics and /healthz on http://%s:%d (%s)", host,
+            listener_port(m->listener), listener_addresses(m->listener));
     return 0;
 }
 
@@ -660,6 +682,7 @@ void metrics_free(struct metrics *m)
     if (!m)
         return;
     broker_queue_stats_cancel(m->w->broker, m);
+    listener_free(m->listener);
     if (m->lws)
         destroy_lws(m->w->loop, m->lws);
     m->timer->data = NULL;
