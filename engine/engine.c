@@ -868,6 +868,7 @@ static int delay_eta_job(struct job *j)
     char key[400];
     struct outbound o;
     uint64_t s;
+    double horizon;
     cJSON *h;
     int known = 0, rc;
 
@@ -877,8 +878,13 @@ static int delay_eta_job(struct job *j)
     /* Only the start-up queues are bound to celery_delayed_delivery. */
     for (int i = 0; i < e->cfg->nqueues; i++)
         known |= !strcmp(e->cfg->queues[i], d->queue);
-    s = known ? delayed_delay_s(j->tm.eta_us, e->now.epoch_us, e->cfg->delayed_horizon_s)
-              : 0;
+    /* A held eta task takes a slot of the window. Where the window grows for
+     * each (global QoS) a near eta is held; where it cannot (per-consumer
+     * QoS: quorum queues, RabbitMQ 4.3) every eta a second or more away goes
+     * through the broker, or a few held tasks would starve ready ones until
+     * their eta (a -c 1 worker holding one task for 3 s serves nothing). */
+    horizon = (d->caps & DELIVERY_CAP_PREFETCH) ? e->cfg->delayed_horizon_s : 0;
+    s = known ? delayed_delay_s(j->tm.eta_us, e->now.epoch_us, horizon) : 0;
     if (s == 0 || delayed_routing_key(s, d->queue, key, sizeof(key)) < 0)
         return -1;
     h = engine__headers_copy(j, d);

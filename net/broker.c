@@ -72,7 +72,12 @@ const char *broker_transport(const struct broker *b)
 
 unsigned broker_delivery_caps(const struct broker *b)
 {
-    return b->vt->caps | (b->vt->live_caps ? b->vt->live_caps(b) : 0);
+    unsigned caps = b->vt->caps | (b->vt->live_caps ? b->vt->live_caps(b) : 0);
+    /* A per-consumer window is fixed when its consumer starts: set_prefetch
+     * does not move it. */
+    if (broker_qos_per_consumer(b))
+        caps &= ~BROKER_CAP_PREFETCH;
+    return caps;
 }
 
 int broker_qos_per_consumer(const struct broker *b)

@@ -75,7 +75,8 @@ static const struct opt opts[] = {
      "and send far etas through it; auto: when QoS is per consumer (quorum)"},
     {"delayed-delivery-horizon", 0, "CELERIAC_DELAYED_DELIVERY_HORIZON", OPTS_DOUBLE,
      OFF(delayed_delivery_horizon), "3", 0, 86400,
-     "seconds: an eta further away goes through delayed delivery, a nearer one is held"},
+     "seconds: an eta further away goes through delayed delivery, a nearer one is held "
+     "(with per-consumer QoS, only one under a second away)"},
     {"delivery-limit", 0, "CELERIAC_DELIVERY_LIMIT", OPTS_INT, OFF(delivery_limit), "20",
      0, 1000000,
      "a delivery whose x-delivery-count reaches this minus one is dead-lettered with "
