@@ -170,6 +170,9 @@ struct amqp_broker {
     int prefetch;
     /* The broker refused global QoS once (540): per-consumer from then on. */
     int qos_refused;
+    /* A task queue was found declared quorum by someone else (its
+     * declaration refused for x-queue-type): our own queues follow, for good. */
+    int quorum_seen;
     /* The node connected to took a global basic.qos as a per-consumer one
      * when probed at set-up (probe_global_qos): per-consumer on this
      * connection. Said once. */
@@ -420,7 +423,7 @@ static amqp_table_t queue_type_args(int quorum, amqp_table_entry_t *entry)
  * that node gone no other node lets the worker declare it). */
 static int own_quorum(const struct amqp_broker *b)
 {
-    return b->cfg.quorum || b->qos_refused;
+    return b->cfg.quorum || b->qos_refused || b->quorum_seen;
 }
 
 /* A copy of args (NULL: none) with what makes a queue of ours quorum (park
@@ -601,8 +604,12 @@ static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_er
             return cr_err_set(err, CR_EBROKER, "cannot declare queue '%s': %s", q,
                               e2.msg);
         /* Declared by the application with other arguments (x-max-priority,
-         * x-queue-type...): a passive declare checks that it exists. */
+         * x-queue-type...): a passive declare checks that it exists. The
+         * refusal names the argument that differs: a quorum queue says so
+         * here even where no 540 will (global QoS taken per consumer). */
         b->declared_as_is = 1;
+        if (strstr(e2.msg, "x-queue-type") && strstr(e2.msg, "quorum"))
+            b->quorum_seen = 1;
         if (reopen_channel(b, err))
             return err->code;
         amqp_queue_declare(b->cons.conn, CHANNEL, cstr(q), 1, 0, 0, 0, amqp_empty_table);
