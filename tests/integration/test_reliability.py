@@ -742,7 +742,9 @@ def park_depth(env):
 
 
 def test_long_eta_is_parked_not_held(env):
-    w = env.worker("--park-after", "1")
+    # Parking itself: where global QoS is denied (RabbitMQ 4.3) delayed
+    # delivery would take the eta task before parking could.
+    w = env.worker("--park-after", "1", "--delayed-delivery", "off")
     t0 = time.time()
     r = env.app.send_task("llm.generate", args=["parked eta"], countdown=3.5)
     # The copy stays in the park queue for one park period only (1 s here), which a
