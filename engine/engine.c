@@ -273,7 +273,9 @@ static int store_meta(struct job *j)
 {
     char *meta = j->meta;
     j->meta = NULL;
-    return j->e->ops->store(j->e->ctx, j, meta, strlen(meta), ENGINE_STORE_FINAL);
+    /* A RETRY's attempt is the one before its published retry's. */
+    return j->e->ops->store(j->e->ctx, j, meta, strlen(meta), ENGINE_STORE_FINAL,
+                            j->tm.retries - j->retried);
 }
 
 /* Stores j's outcome, if it has one to store, then acks. */
@@ -516,6 +518,7 @@ static int retry_job(struct job *j, int64_t delay_ms)
         j->tm.retries--;
         return rc;
     }
+    j->retried = 1;
     /* The republished message is the task's next attempt: it often arrives
      * before RETRY is stored, and must not join this settling job. */
     if (j->in_map) {
@@ -711,7 +714,9 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
     } else {
         j->pending--;
         if (skipped && kind == ENGINE_STORE_FINAL)
-            LOG(LOG_INFO, "Task %s[%s] already has SUCCESS stored; not overwriting it",
+            LOG(LOG_INFO,
+                "Task %s[%s] already has a final state or a later attempt's stored; "
+                "not overwriting it",
                 job_name(j), j->tm.id);
         if (j->fu)
             engine__followup_stored(j);
@@ -993,7 +998,8 @@ static void store_started(struct job *j)
     cJSON_Delete(info);
     /* The store answers in order, so STARTED always lands before the final
      * state; the ack does not wait for it. */
-    if (meta && e->ops->store(e->ctx, j, meta, strlen(meta), ENGINE_STORE_STARTED) == 0)
+    if (meta && e->ops->store(e->ctx, j, meta, strlen(meta), ENGINE_STORE_STARTED,
+                              j->tm.retries) == 0)
         j->pending++;
 }
 

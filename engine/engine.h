@@ -161,10 +161,13 @@ struct engine_ops {
     void (*release)(void *ctx, struct delivery *d);
     /* Reads the stored state of j->tm.id: engine_on_state(). */
     int (*read_state)(void *ctx, struct job *j);
-    /* Stores meta (n bytes) as j's result: engine_on_stored(). Takes meta, on
-     * failure too. */
+    /* Stores meta (n bytes) as j's result: engine_on_stored(). attempt is
+     * the message's retries the meta was made for (a RETRY is stored once the
+     * next attempt is published): a store never replaces a final state with
+     * one that is not, nor a later attempt's state with an earlier one's.
+     * Takes meta, on failure too. */
     int (*store)(void *ctx, struct job *j, char *meta, size_t n,
-                 enum engine_store_kind kind);
+                 enum engine_store_kind kind, int attempt);
     /* Publishes o and waits for its confirm: engine_on_confirm(p). o is
      * borrowed for the call; p is the engine's, to hand back. CR_EBROKER when
      * the transport is away. */

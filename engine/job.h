@@ -85,6 +85,7 @@ struct job {
     long http_status;
     int dead_letter; /* publish to the DLX before acking */
     int revoked;     /* terminated by revoke: settle as REVOKED */
+    int retried;     /* its retry is published: tm.retries counts the next attempt */
     int leased;      /* a parked copy exists: the lease names us as its runner */
     /* celery.map & co (engine/fanout.c): a map's own state, or for one of its
      * items (a child job without a delivery) the map it belongs to */

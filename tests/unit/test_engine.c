@@ -352,6 +352,28 @@ START_TEST(test_dead_letter_not_confirmed)
 }
 END_TEST
 
+/* A RETRY is stored once its retry is published, when the message's retries
+ * already count the next attempt: it goes with its own attempt, so that it
+ * never lands over what the next attempt stored. */
+START_TEST(test_retry_stored_with_its_own_attempt)
+{
+    struct fake f;
+    char st[16];
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "RateLimitError", 5, NULL);
+    confirm(&f, 0, 1);
+    log_is(&f, "call1 done publish:celery confirm store-RETRY");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "RETRY");
+    ck_assert_int_eq(f.store_attempt[0], 0);
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
 START_TEST(test_unregistered_task)
 {
     struct fake f;
@@ -1612,6 +1634,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_exhausted_retries);
     tcase_add_test(tc, test_permanent_failure);
     tcase_add_test(tc, test_dead_letter_not_confirmed);
+    tcase_add_test(tc, test_retry_stored_with_its_own_attempt);
     tcase_add_test(tc, test_unregistered_task);
     tcase_add_test(tc, test_bad_arguments_fail_without_call);
     tcase_add_test(tc, test_revoked_before_delivery);
