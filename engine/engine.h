@@ -268,6 +268,13 @@ int engine_shutting_down(const struct engine *e);
  * switchboard for every queue consumed at start-up). */
 #define ENGINE_PARK_PREFIX "celeriac.park."
 
+/* The key a FAILURE meta carries while its dead letter is still to be sent
+ * (the broker was away when it failed): an object with the dead letter's
+ * reason, exc_type, exc_message and http_status. Celery's clients ignore a
+ * key they do not know; a redelivery that finds it dead-letters the task
+ * without running it, then stores the FAILURE without it. */
+#define ENGINE_DEAD_LETTER_PENDING "celeriac_dead_letter_pending"
+
 #define ENGINE_REVOKES_MAX 50000
 #define ENGINE_REVOKE_EXPIRES_S 10800
 

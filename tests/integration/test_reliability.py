@@ -560,8 +560,8 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     """Calls in flight when RabbitMQ goes away answer while it is down. A 503
     whose retry cannot be published must not become FAILURE, a 400 whose dead
     letter cannot be published must still reach celeriac.dead once the broker
-    is back (a FAILURE stored before it would make the redelivery ack without
-    dead-lettering), a success stored meanwhile is not paid for again, and the
+    is back, without a second call, a success stored meanwhile is not paid for
+    again, and the
     tasks still waiting for a slot in the worker start only once the broker is
     back (their deliveries died with the connection). The fake LLM holds every
     first answer until the worker has seen the connection go, so the order is
@@ -603,7 +603,7 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     per_model = {}
     for c in calls(env):
         per_model.setdefault(c["model"], []).append(c)
-    for g, ncalls in (("ok", 1), ("retry", 2), ("perm", 2), ("queued", 1)):
+    for g, ncalls in (("ok", 1), ("retry", 2), ("perm", 1), ("queued", 1)):
         for i in range(n):
             assert len(per_model.get("out-%s-%d" % (g, i), [])) == ncalls, (g, i)
     for i in range(n):
@@ -616,6 +616,65 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     ids = sorted(m.headers["id"] for m in dead)
     assert ids == sorted(r.id for r in rs["perm"]), ids
     assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
+
+
+def unacked(env, queue="celery"):
+    out = env.services.ctl("list_queues", "-p", env.vhost, "name",
+                           "messages_unacknowledged").stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue:
+            return int(parts[1])
+    return None
+
+
+def test_permanent_failure_is_not_called_again_after_a_broker_outage(env):
+    """Issue 37: a 400 answered while RabbitMQ is down cannot have its dead
+    letter published, and its message comes back once the broker is. The
+    outcome is known: the redelivery must dead-letter it (with the reason the
+    first run had), keep FAILURE stored and ack, without calling the provider a
+    second time. The fake holds every answer until the worker has seen the
+    connection go, so the order is fixed; it would answer a second call too, so
+    a second call shows up in its count rather than as a hang."""
+    n = 5
+    w = env.worker("-c", str(n), *FAST)
+    for i in range(n):
+        env.fake.script(["hold=perm;status=400;err_msg=nope", "status=400;err_msg=nope"],
+                        model="perm-%d" % i)
+    rs = [env.app.send_task("llm.generate", args=["perm %d" % i],
+                            kwargs={"model": "perm-%d" % i}) for i in range(n)]
+    wait_until(lambda: len(calls(env)) == n, 30, what="the held calls")
+    env.services.script("rabbit-stop")
+    try:
+        w.wait_for("connection to broker lost", 30)
+        env.fake.release("perm")
+        w.wait_for("cannot be dead-lettered now", 30, count=n)
+        # the client hears of the FAILURE while the broker is still down
+        wait_until(lambda: all((env.meta(r.id) or {}).get("status") == "FAILURE"
+                               for r in rs), 30, what="FAILURE stored during the outage")
+    finally:
+        env.services.script("rabbit-start")
+    dead = drain_dead_letters(env, timeout=60, want=n)
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0
+               and unacked(env) == 0, 60, interval=0.2, what="every message acked")
+    time.sleep(0.5)
+    dead += drain_dead_letters(env, timeout=0.1, want=1)
+    per_model = {}
+    for c in calls(env):
+        per_model[c["model"]] = per_model.get(c["model"], 0) + 1
+    assert per_model == {"perm-%d" % i: 1 for i in range(n)}, per_model
+    assert sorted(m.headers["id"] for m in dead) == sorted(r.id for r in rs)
+    for m in dead:
+        assert m.headers["x-celeriac-reason"] == "permanent failure"
+        assert m.headers["x-celeriac-exception-type"] == "BadRequestError"
+        assert m.headers["x-celeriac-http-status"] == 400
+    for r in rs:
+        meta = env.meta(r.id)
+        assert meta["status"] == "FAILURE"
+        assert meta["result"]["exc_type"] == "BadRequestError"
+        assert "celeriac_dead_letter_pending" not in meta, meta
+        assert r.get(timeout=10, propagate=False) is not None
+        assert r.state == "FAILURE"
 
 
 # ------------------------------------------------------------ dlq command
