@@ -14,6 +14,7 @@ import amqp
 import pytest
 
 from conftest import ROOT, free_port, wait_until
+from tcpproxy import TcpProxy
 
 FAST = ["--retry-backoff", "0.2", "--retry-backoff-factor", "2", "--retry-jitter", "false"]
 
@@ -675,6 +676,45 @@ def test_permanent_failure_is_not_called_again_after_a_broker_outage(env):
         assert "celeriac_dead_letter_pending" not in meta, meta
         assert r.get(timeout=10, propagate=False) is not None
         assert r.state == "FAILURE"
+
+
+def test_late_retry_never_replaces_a_final_failure(env):
+    """Issue 37: a retry is published before its RETRY is stored, so the next
+    attempt can run on another worker and store FAILURE first. Here the first
+    worker's Redis connection goes through a proxy that swallows its RETRY
+    store until the second worker has run the retry to its FAILURE; the RETRY
+    goes again after the reconnect and lands last. FAILURE must stay, and a
+    client's get() must return."""
+    proxy = TcpProxy(env.services.redis_port).start()
+    try:
+        a = env.worker("-c", "1", "--prefetch-multiplier", "1", "--redis-timeout", "2",
+                       *FAST, start=False)
+        i = a.args.index("--result-backend")
+        a.args[i + 1] = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
+        a.start()
+        env.fake.script(["status=429;ra_ms=1", "status=400;err_msg=nope"],
+                        model="late-retry")
+        proxy.blackhole(True)
+        r = env.app.send_task("llm.generate", args=["late retry"],
+                              kwargs={"model": "late-retry"})
+        a.wait_for(r"retry: Retry in", 30)
+        # the first worker holds the original (unacked, its RETRY unanswered),
+        # so the retry goes to the second one
+        b = env.worker("-c", "1", *FAST)
+        b.wait_for(r"raised unexpected: BadRequestError", 30)
+        wait_until(lambda: (env.meta(r.id) or {}).get("status") == "FAILURE", 30,
+                   what="the second attempt's FAILURE")
+        proxy.blackhole(False)
+        # the first worker reconnects and stores its RETRY again, then acks
+        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0
+                   and unacked(env) == 0, 60, interval=0.2, what="the original acked")
+        assert a.count("retry: Retry in") == 1
+        assert len(calls(env)) == 2
+        assert env.meta(r.id)["status"] == "FAILURE", env.meta(r.id)
+        assert r.get(timeout=10, propagate=False) is not None
+        assert r.state == "FAILURE"
+    finally:
+        proxy.close()
 
 
 # ------------------------------------------------------------ dlq command
