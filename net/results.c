@@ -33,33 +33,37 @@
  * retried task's stored state is not final: set by a non-final state of
  * attempt 1 or later (attempt 0 has nothing earlier to keep out), deleted by
  * the final state. ARGV: meta, result_expires, attempt (-1: unknown,
- * no order check). Returns 1 stored, 0 kept what was there. */
+ * no order check). Returns 1 stored, 0 kept what was there. The first store of
+ * a first attempt (most results) checks nothing more than whether a meta is
+ * there: one GET before the write, as before. */
 static struct backend_script store_script =
-    BACKEND_SCRIPT("local function st(m)\n"
-                   "  return string.match(m, '^%s*{%s*\"status\"%s*:%s*\"(%u+)\"') or\n"
-                   "    string.match(m, '\"status\"%s*:%s*\"(%u+)\"')\n"
-                   "end\n"
-                   "local fin = {SUCCESS = true, FAILURE = true, REVOKED = true}\n"
-                   "local new = fin[st(ARGV[1]) or '']\n"
-                   "local att = tonumber(ARGV[3]) or -1\n"
+    BACKEND_SCRIPT("local att = tonumber(ARGV[3]) or -1\n"
+                   "local ttl = tonumber(ARGV[2])\n"
                    "local cur = redis.call('GET', KEYS[1])\n"
-                   "if cur then\n"
-                   "  local c = st(cur) or ''\n"
-                   "  if c == 'SUCCESS' or (fin[c] and not new) then return 0 end\n"
-                   "  if not fin[c] and att >= 0 then\n"
-                   "    local ca = tonumber(redis.call('GET', KEYS[2]))\n"
-                   "    if ca and ca > att then return 0 end\n"
+                   "if cur or att ~= 0 then\n"
+                   "  local function st(m)\n"
+                   "    return string.match(m, '^%s*{%s*\"status\"%s*:%s*\"(%u+)\"') or\n"
+                   "      string.match(m, '\"status\"%s*:%s*\"(%u+)\"')\n"
+                   "  end\n"
+                   "  local fin = {SUCCESS = true, FAILURE = true, REVOKED = true}\n"
+                   "  local new = fin[st(ARGV[1]) or '']\n"
+                   "  if cur then\n"
+                   "    local c = st(cur) or ''\n"
+                   "    if c == 'SUCCESS' or (fin[c] and not new) then return 0 end\n"
+                   "    if not fin[c] and att >= 0 then\n"
+                   "      local ca = tonumber(redis.call('GET', KEYS[2]))\n"
+                   "      if ca and ca > att then return 0 end\n"
+                   "    end\n"
+                   "  end\n"
+                   "  if new then\n"
+                   "    if att ~= 0 then redis.call('DEL', KEYS[2]) end\n"
+                   "  elseif att > 0 then\n"
+                   "    if ttl > 0 then redis.call('SETEX', KEYS[2], ttl, att)\n"
+                   "    else redis.call('SET', KEYS[2], att) end\n"
                    "  end\n"
                    "end\n"
-                   "local ttl = tonumber(ARGV[2])\n"
                    "if ttl > 0 then redis.call('SETEX', KEYS[1], ttl, ARGV[1])\n"
                    "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
-                   "if new then\n"
-                   "  if att ~= 0 then redis.call('DEL', KEYS[2]) end\n"
-                   "elseif att > 0 then\n"
-                   "  if ttl > 0 then redis.call('SETEX', KEYS[2], ttl, att)\n"
-                   "  else redis.call('SET', KEYS[2], att) end\n"
-                   "end\n"
                    "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
                    "return 1\n");
 
