@@ -1206,9 +1206,10 @@ static void queue_job(struct job *j)
  * pending (store_pending_failure()): the provider is not called again. The
  * dead letter goes with the reason, exception and HTTP status the failure
  * had, then the FAILURE is stored without the mark, then the message is
- * acked, as the first run would have done. 0 when under way; -1 when the
- * meta carries no such mark (or cannot be read), and the job goes on as any
- * other. */
+ * acked, as the first run would have done. 0 when under way (or, out of
+ * memory, the delivery was given back: acked as a plain FAILURE it would
+ * lose the dead letter); -1 when the meta carries no such mark, or is not
+ * JSON, and the job goes on as any other. */
 static int resume_dead_letter(struct job *j, const char *value, size_t len)
 {
     static const char key[] = ENGINE_DEAD_LETTER_PENDING;
@@ -1217,11 +1218,15 @@ static int resume_dead_letter(struct job *j, const char *value, size_t len)
     struct cr_err err;
     struct buf b;
     char *clean;
+    int rc;
 
     if (!value || !memmem(value, len, key, sizeof(key) - 1))
         return -1;
     memset(&err, 0, sizeof(err));
-    if (py_json_parse(value, len, &meta, &err) != 0)
+    rc = py_json_parse(value, len, &meta, &err);
+    if (rc == CR_ENOMEM)
+        goto oom;
+    if (rc)
         return -1;
     dl = cJSON_GetObjectItemCaseSensitive(meta, key);
     if (!cJSON_IsObject(dl)) {
@@ -1241,11 +1246,8 @@ static int resume_dead_letter(struct job *j, const char *value, size_t len)
     clean = py_json_dumps(meta, &b) == 0 ? buf_detach(&b) : NULL;
     buf_release(&b);
     cJSON_Delete(meta);
-    if (!clean) {
-        LOG(LOG_ERROR, "Task %s[%s]: out of memory reading its pending dead letter",
-            job_name(j), j->tm.id);
-        return -1;
-    }
+    if (!clean)
+        goto oom;
     cr_free(j->meta);
     j->meta = clean;
     j->dead_letter = 1;
@@ -1256,6 +1258,13 @@ static int resume_dead_letter(struct job *j, const char *value, size_t len)
         job_name(j), j->tm.id);
     job_set_state(j, JOB_SETTLING);
     engine__settle_resume(j);
+    return 0;
+oom:
+    LOG(LOG_ERROR,
+        "Task %s[%s]: out of memory reading its pending dead letter; requeueing it",
+        job_name(j), j->tm.id);
+    settle_all(j, 0, 1);
+    engine__abandon(j);
     return 0;
 }
 

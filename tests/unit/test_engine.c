@@ -452,6 +452,42 @@ START_TEST(test_redelivery_finishes_a_pending_dead_letter)
 }
 END_TEST
 
+/* The redelivery comes while the FAILURE with its pending dead letter is
+ * still being stored: it joins the job, which sends the dead letter for it
+ * once the store is answered, then stores the FAILURE without the mark and
+ * acks; one call in all. */
+START_TEST(test_redelivery_joins_while_the_pending_failure_is_stored)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.cfg.max_retries = 0;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    f.connected = 0;
+    f.fail_publish = CR_EBROKER;
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call1 done store-FAILURE");
+    f.connected = 1;
+    f.fail_publish = 0;
+    d = generate(&f, "send_task_args");
+    d->redelivered = 1;
+    deliver(&f, d);
+    log_is(&f, "");
+    stored(&f, 0, 0);
+    log_is(&f, "stored publish:celeriac.dlx");
+    ck_assert_str_eq(pub_header(&f, 0, "x-celeriac-reason"), "permanent failure");
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm store-FAILURE");
+    ck_assert_ptr_null(strstr(f.metas[1], ENGINE_DEAD_LETTER_PENDING));
+    stored(&f, 1, 0);
+    ck_assert_int_eq(f.acks[2], 1);
+    ck_assert_int_eq(f.ncalls, 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
 /* A RETRY is stored once its retry is published, when the message's retries
  * already count the next attempt: it goes with its own attempt, so that it
  * never lands over what the next attempt stored. */
@@ -1737,6 +1773,7 @@ Suite *suite(void)
     tcase_add_loop_test(tc, test_dead_letter_lost_with_the_connection, 0, 2);
     tcase_add_loop_test(tc, test_redelivery_finishes_a_pending_dead_letter, 0, 2);
     tcase_add_test(tc, test_retry_stored_with_its_own_attempt);
+    tcase_add_test(tc, test_redelivery_joins_while_the_pending_failure_is_stored);
     tcase_add_test(tc, test_unregistered_task);
     tcase_add_test(tc, test_bad_arguments_fail_without_call);
     tcase_add_test(tc, test_revoked_before_delivery);
