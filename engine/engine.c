@@ -203,15 +203,84 @@ static void finish_job(struct job *j)
     engine__abandon(j);
 }
 
+/* j's FAILURE meta with what its dead letter says added as the last key,
+ * ENGINE_DEAD_LETTER_PENDING: a new string, or NULL on OOM. */
+static char *pending_meta(struct job *j)
+{
+    const struct job_failure *f = engine__failure_of(j);
+    size_t n = strlen(j->meta);
+    cJSON *dl = cJSON_CreateObject();
+    char *out = NULL;
+    struct buf b;
+
+    buf_init(&b);
+    if (n >= 2 && j->meta[n - 1] == '}' && dl &&
+        cJSON_AddStringToObject(dl, "reason", f->reason) &&
+        cJSON_AddStringToObject(dl, "exc_type", f->exc_type) &&
+        cJSON_AddStringToObject(dl, "exc_message", f->exc_message) &&
+        cJSON_AddNumberToObject(dl, "http_status", (double)j->http_status) &&
+        buf_append(&b, j->meta, n - 1) == 0 &&
+        buf_puts(&b, ", \"" ENGINE_DEAD_LETTER_PENDING "\": ") == 0 &&
+        py_json_dumps(dl, &b) == 0 && buf_putc(&b, '}') == 0)
+        out = buf_detach(&b);
+    buf_release(&b);
+    cJSON_Delete(dl);
+    return out;
+}
+
+/* The broker did not take a final failure's dead letter, and the message
+ * comes back: the outcome is known, and calling the provider again for it
+ * could pay for a second answer to fail the same way. So the FAILURE is
+ * stored now, marked with the dead letter still to send, and the redelivery
+ * that finds it sends the dead letter and acks without running the task
+ * (resume_dead_letter()). Not for a job with a canvas plan (its errbacks,
+ * chain failures and part-returns follow the dead letter) nor one without a
+ * meta to store (ignore_result): those run again, as before. 0 when the
+ * store is under way; j stays in the jobs map meanwhile, so a redelivery that
+ * comes before the store is answered joins j (see on_pending_stored()). */
+static int store_pending_failure(struct job *j)
+{
+    struct engine *e = j->e;
+    char *meta;
+
+    if (j->dl_pending || j->fu || !j->meta || !j->tm.id || !j->in_map)
+        return -1;
+    if (!(meta = pending_meta(j)) ||
+        e->ops->store(e->ctx, j, meta, strlen(meta), ENGINE_STORE_FINAL,
+                      j->tm.retries - j->retried))
+        return -1;
+    j->pending++;
+    j->dl_pending = 1;
+    LOG(LOG_WARNING,
+        "Task %s[%s] stores its FAILURE with the dead letter pending: its redelivery "
+        "dead-letters it without running it",
+        job_name(j), j->tm.id);
+    return 0;
+}
+
+/* The FAILURE with its dead letter pending is stored. A redelivery that came
+ * meanwhile joined j on the live connection: the dead letter goes again now,
+ * for it. Else j lets go, and the redelivery will find the FAILURE. */
+static void on_pending_stored(struct job *j)
+{
+    j->dl_pending = 2;
+    if (engine__job_live(j))
+        engine__settle_resume(j);
+    else
+        engine__abandon(j);
+}
+
 /* A dead letter the broker did not take. While the delivery comes back (see
- * job_comes_back()) the job ends as a retry whose confirm failed does:
- * unacked, nothing stored, so the redelivery runs the task again and
- * dead-letters it then. A delivery acked early does not come back: its
- * FAILURE is stored all the same, without the dead letter. */
+ * job_comes_back()) the job ends unacked, and stores its FAILURE with the
+ * dead letter pending where it can (store_pending_failure()); where it cannot,
+ * nothing is stored, and the redelivery runs the task again and dead-letters
+ * it then. A delivery acked early does not come back: its FAILURE is stored
+ * all the same, without the dead letter. */
 static void dead_letter_failed(struct job *j)
 {
     if (job_comes_back(j)) {
-        engine__abandon(j);
+        if (store_pending_failure(j) != 0)
+            engine__abandon(j);
         return;
     }
     LOG(LOG_ERROR,
@@ -273,7 +342,9 @@ static int store_meta(struct job *j)
 {
     char *meta = j->meta;
     j->meta = NULL;
-    return j->e->ops->store(j->e->ctx, j, meta, strlen(meta), ENGINE_STORE_FINAL);
+    /* A RETRY's attempt is the one before its published retry's. */
+    return j->e->ops->store(j->e->ctx, j, meta, strlen(meta), ENGINE_STORE_FINAL,
+                            j->tm.retries - j->retried);
 }
 
 /* Stores j's outcome, if it has one to store, then acks. */
@@ -331,9 +402,11 @@ int engine__comes_back(const struct job *j)
  * FAILURE is what makes a redelivery ack without running (check_job()): were
  * it stored first, a connection lost before the confirm would leave a
  * redelivery that finds FAILURE, is acked, and loses the dead letter. Sending
- * the dead letter again on such a redelivery instead would duplicate it every
- * time only the ack was lost. In this order a stored FAILURE means the dead
- * letter is in, and only a crash between the confirm and the store sends a
+ * the dead letter again on every redelivery that finds FAILURE instead would
+ * duplicate it every time only the ack was lost. In this order a stored
+ * FAILURE means the dead letter is in, unless it carries the pending mark of
+ * a dead letter the broker did not take (dead_letter_failed()), which its
+ * redelivery sends; only a crash between the confirm and the store sends a
  * second one (at least once, as every publish here). */
 void engine__settle(struct job *j)
 {
@@ -516,6 +589,7 @@ static int retry_job(struct job *j, int64_t delay_ms)
         j->tm.retries--;
         return rc;
     }
+    j->retried = 1;
     /* The republished message is the task's next attempt: it often arrives
      * before RETRY is stored, and must not join this settling job. */
     if (j->in_map) {
@@ -708,10 +782,15 @@ void engine_on_stored(struct engine *e, struct engine_now now, struct job *j,
         /* The store went away (cold shutdown): the delivery goes back. */
         job_set_state(j, JOB_DONE);
         job_release_ref(j);
+    } else if (kind == ENGINE_STORE_FINAL && j->dl_pending == 1) {
+        j->pending--;
+        on_pending_stored(j);
     } else {
         j->pending--;
         if (skipped && kind == ENGINE_STORE_FINAL)
-            LOG(LOG_INFO, "Task %s[%s] already has SUCCESS stored; not overwriting it",
+            LOG(LOG_INFO,
+                "Task %s[%s] already has a final state or a later attempt's stored; "
+                "not overwriting it",
                 job_name(j), j->tm.id);
         if (j->fu)
             engine__followup_stored(j);
@@ -999,7 +1078,8 @@ static void store_started(struct job *j)
     cJSON_Delete(info);
     /* The store answers in order, so STARTED always lands before the final
      * state; the ack does not wait for it. */
-    if (meta && e->ops->store(e->ctx, j, meta, strlen(meta), ENGINE_STORE_STARTED) == 0)
+    if (meta && e->ops->store(e->ctx, j, meta, strlen(meta), ENGINE_STORE_STARTED,
+                              j->tm.retries) == 0)
         j->pending++;
 }
 
@@ -1128,6 +1208,72 @@ static void queue_job(struct job *j)
     }
 }
 
+/* A delivery that came back found its FAILURE stored with the dead letter
+ * pending (store_pending_failure()): the provider is not called again. The
+ * dead letter goes with the reason, exception and HTTP status the failure
+ * had, then the FAILURE is stored without the mark, then the message is
+ * acked, as the first run would have done. 0 when under way (or, out of
+ * memory, the delivery was given back: acked as a plain FAILURE it would
+ * lose the dead letter); -1 when the meta carries no such mark, or is not
+ * JSON, and the job goes on as any other. */
+static int resume_dead_letter(struct job *j, const char *value, size_t len)
+{
+    static const char key[] = ENGINE_DEAD_LETTER_PENDING;
+    const cJSON *dl, *status;
+    cJSON *meta = NULL;
+    struct cr_err err;
+    struct buf b;
+    char *clean;
+    int rc;
+
+    if (!value || !memmem(value, len, key, sizeof(key) - 1))
+        return -1;
+    memset(&err, 0, sizeof(err));
+    rc = py_json_parse(value, len, &meta, &err);
+    if (rc == CR_ENOMEM)
+        goto oom;
+    if (rc)
+        return -1;
+    dl = cJSON_GetObjectItemCaseSensitive(meta, key);
+    if (!cJSON_IsObject(dl)) {
+        cJSON_Delete(meta);
+        return -1;
+    }
+#define STR(name)                                                                        \
+    (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(dl, name))                          \
+         ? cJSON_GetObjectItemCaseSensitive(dl, name)->valuestring                       \
+         : "")
+    engine__set_failure(j, STR("exc_type"), STR("exc_message"), STR("reason"));
+#undef STR
+    status = cJSON_GetObjectItemCaseSensitive(dl, "http_status");
+    j->http_status = cJSON_IsNumber(status) ? (long)status->valuedouble : 0;
+    cJSON_DeleteItemFromObjectCaseSensitive(meta, key);
+    buf_init(&b);
+    clean = py_json_dumps(meta, &b) == 0 ? buf_detach(&b) : NULL;
+    buf_release(&b);
+    cJSON_Delete(meta);
+    if (!clean)
+        goto oom;
+    cr_free(j->meta);
+    j->meta = clean;
+    j->dead_letter = 1;
+    j->dl_pending = 2;
+    LOG(LOG_WARNING,
+        "Task %s[%s] already has FAILURE stored with its dead letter pending; "
+        "dead-lettering it without running it",
+        job_name(j), j->tm.id);
+    job_set_state(j, JOB_SETTLING);
+    engine__settle_resume(j);
+    return 0;
+oom:
+    LOG(LOG_ERROR,
+        "Task %s[%s]: out of memory reading its pending dead letter; requeueing it",
+        job_name(j), j->tm.id);
+    settle_all(j, 0, 1);
+    engine__abandon(j);
+    return 0;
+}
+
 /* Decides what a received job does, given its stored state st ("" when none
  * was stored or read) and meta (value, len; NULL when none): settle it, give
  * it back, revoke, ask its lease, hold, park or queue it. */
@@ -1135,6 +1281,8 @@ static void check_job(struct job *j, const char *st, const char *value, size_t l
 {
     struct engine *e = j->e;
 
+    if (!strcmp(st, "FAILURE") && resume_dead_letter(j, value, len) == 0)
+        return;
     if (st[0]) {
         int redelivered = 0;
         for (int i = 0; i < j->nmsgs; i++)

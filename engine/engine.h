@@ -161,10 +161,13 @@ struct engine_ops {
     void (*release)(void *ctx, struct delivery *d);
     /* Reads the stored state of j->tm.id: engine_on_state(). */
     int (*read_state)(void *ctx, struct job *j);
-    /* Stores meta (n bytes) as j's result: engine_on_stored(). Takes meta, on
-     * failure too. */
+    /* Stores meta (n bytes) as j's result: engine_on_stored(). attempt is
+     * the message's retries the meta was made for (a RETRY is stored once the
+     * next attempt is published): a store never replaces a final state with
+     * one that is not, nor a later attempt's state with an earlier one's.
+     * Takes meta, on failure too. */
     int (*store)(void *ctx, struct job *j, char *meta, size_t n,
-                 enum engine_store_kind kind);
+                 enum engine_store_kind kind, int attempt);
     /* Publishes o and waits for its confirm: engine_on_confirm(p). o is
      * borrowed for the call; p is the engine's, to hand back. CR_EBROKER when
      * the transport is away. */
@@ -264,6 +267,13 @@ int engine_shutting_down(const struct engine *e);
  * with a fixed message TTL that dead-letters back to Q (declared by the
  * switchboard for every queue consumed at start-up). */
 #define ENGINE_PARK_PREFIX "celeriac.park."
+
+/* The key a FAILURE meta carries while its dead letter is still to be sent
+ * (the broker was away when it failed): an object with the dead letter's
+ * reason, exc_type, exc_message and http_status. Celery's clients ignore a
+ * key they do not know; a redelivery that finds it dead-letters the task
+ * without running it, then stores the FAILURE without it. */
+#define ENGINE_DEAD_LETTER_PENDING "celeriac_dead_letter_pending"
 
 #define ENGINE_REVOKES_MAX 50000
 #define ENGINE_REVOKE_EXPIRES_S 10800

@@ -85,7 +85,11 @@ struct job {
     long http_status;
     int dead_letter; /* publish to the DLX before acking */
     int revoked;     /* terminated by revoke: settle as REVOKED */
-    int leased;      /* a parked copy exists: the lease names us as its runner */
+    int retried;     /* its retry is published: tm.retries counts the next attempt */
+    /* Its FAILURE stored with the dead letter still to send (see
+     * dead_letter_failed() in engine.c): 0 no, 1 being stored, 2 stored. */
+    int dl_pending;
+    int leased; /* a parked copy exists: the lease names us as its runner */
     /* celery.map & co (engine/fanout.c): a map's own state, or for one of its
      * items (a child job without a delivery) the map it belongs to */
     struct fanout *fan;

@@ -16,16 +16,56 @@
 
 #define KEY_PREFIX BACKEND_META_PREFIX
 
-/* Store a state unless SUCCESS is already stored, then publish it on the channel
- * named like the key. Doing the check and the write in one script makes the
- * "never overwrite SUCCESS" rule atomic, where Celery's GET-then-SET is not. */
-static struct backend_script store_script = BACKEND_SCRIPT(
-    "local cur = redis.call('GET', KEYS[1])\n"
-    "if cur and string.find(cur, '\"status\": *\"SUCCESS\"') then return 0 end\n"
-    "if tonumber(ARGV[2]) > 0 then redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])\n"
-    "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
-    "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
-    "return 1\n");
+/* Stores a state, then publishes it on the channel named like the key, as
+ * Celery's RedisBackend.set() does (SETEX, PUBLISH), unless what is stored
+ * already must win. Celery's own GET-then-SET protects only SUCCESS, and not
+ * atomically; here the check and the write are one script, and the rule is:
+ *  - a stored SUCCESS is never replaced;
+ *  - a stored FAILURE or REVOKED is replaced only by a final state (SUCCESS,
+ *    FAILURE, REVOKED), never by RETRY, STARTED or any other;
+ *  - a stored non-final state of attempt N is not replaced by a state of an
+ *    earlier attempt (ARGV[3] < N).
+ * The second rule is what the late RETRY needs: a retry is published before
+ * its RETRY is stored, so its next attempt can run and store FAILURE first.
+ * The attempt (the message's retries) is not in Celery's meta unless
+ * result_extended, and the meta is left exactly as Celery writes it, so it
+ * goes under KEYS[2] (BACKEND_ATTEMPT_PREFIX <id>, same TTL), kept only while a
+ * retried task's stored state is not final: set by a non-final state of
+ * attempt 1 or later (attempt 0 has nothing earlier to keep out), deleted by
+ * the final state. ARGV: meta, result_expires, attempt (-1: unknown,
+ * no order check). Returns 1 stored, 0 kept what was there. The first store of
+ * a first attempt (most results) checks nothing more than whether a meta is
+ * there: one GET before the write, as before. */
+static struct backend_script store_script =
+    BACKEND_SCRIPT("local att = tonumber(ARGV[3]) or -1\n"
+                   "local ttl = tonumber(ARGV[2])\n"
+                   "local cur = redis.call('GET', KEYS[1])\n"
+                   "if cur or att ~= 0 then\n"
+                   "  local function st(m)\n"
+                   "    return string.match(m, '^%s*{%s*\"status\"%s*:%s*\"(%u+)\"') or\n"
+                   "      string.match(m, '\"status\"%s*:%s*\"(%u+)\"')\n"
+                   "  end\n"
+                   "  local fin = {SUCCESS = true, FAILURE = true, REVOKED = true}\n"
+                   "  local new = fin[st(ARGV[1]) or '']\n"
+                   "  if cur then\n"
+                   "    local c = st(cur) or ''\n"
+                   "    if c == 'SUCCESS' or (fin[c] and not new) then return 0 end\n"
+                   "    if not fin[c] and att >= 0 then\n"
+                   "      local ca = tonumber(redis.call('GET', KEYS[2]))\n"
+                   "      if ca and ca > att then return 0 end\n"
+                   "    end\n"
+                   "  end\n"
+                   "  if new then\n"
+                   "    if att ~= 0 then redis.call('DEL', KEYS[2]) end\n"
+                   "  elseif att > 0 then\n"
+                   "    if ttl > 0 then redis.call('SETEX', KEYS[2], ttl, att)\n"
+                   "    else redis.call('SET', KEYS[2], att) end\n"
+                   "  end\n"
+                   "end\n"
+                   "if ttl > 0 then redis.call('SETEX', KEYS[1], ttl, ARGV[1])\n"
+                   "else redis.call('SET', KEYS[1], ARGV[1]) end\n"
+                   "redis.call('PUBLISH', KEYS[1], ARGV[1])\n"
+                   "return 1\n");
 
 /* Celery's set_chord_size: the header size under <gid>.s, written as its
  * RedisBackend writes any value (SETEX, then PUBLISH on the key's channel). */
@@ -87,6 +127,7 @@ struct recent {
     char *key;
     char *value;
     size_t value_len;
+    int attempt;
     uint64_t at; /* when first confirmed, loop time */
 };
 
@@ -98,6 +139,7 @@ struct op {
     char *key;
     char *value; /* OP_STORE */
     size_t value_len;
+    int attempt;                /* OP_STORE: see store_script */
     backend_store_fn *store_cb; /* NULL: a store written again (replay_recent()) */
     uint64_t recent_at;         /* such a store's first confirmation */
     backend_get_fn *get_cb;
@@ -179,6 +221,7 @@ static void recent_keep(struct backend *bk, struct op *op, uint64_t at)
     r->key = op->key;
     r->value = op->value;
     r->value_len = op->value_len;
+    r->attempt = op->attempt;
     r->at = at;
     op->key = op->value = NULL;
     bk->nrecent++;
@@ -209,6 +252,7 @@ static void replay_recent(struct backend *bk)
         op->key = r->key;
         op->value = r->value;
         op->value_len = r->value_len;
+        op->attempt = r->attempt;
         op->recent_at = r->at;
         bk->recent_bytes -= strlen(r->key) + r->value_len;
         r->key = r->value = NULL;
@@ -511,11 +555,31 @@ static void send_op(struct backend *bk, struct op *op)
         return;
     }
     if (op->kind == OP_STORE) {
-        const char *argv[6] = {NULL, NULL, "1", op->key, op->value, bk->expires_text};
-        size_t lens[6] = {
-            0, 0, 1, strlen(op->key), op->value_len, strlen(bk->expires_text)};
+        /* The attempt key is the meta key with Celery's prefix swapped: made
+         * here rather than kept with every result waiting for Redis. */
+        const char *id = op->key + bk->prefix_len + sizeof(KEY_PREFIX) - 1;
+        char small[256], *akey = small, att[24];
+        size_t need = bk->prefix_len + sizeof(BACKEND_ATTEMPT_PREFIX) + strlen(id);
+        if (need > sizeof(small) && !(akey = cr_malloc(need))) {
+            wait_push(bk, op);
+            return;
+        }
+        snprintf(akey, need, "%s%s%s", bk->prefix, BACKEND_ATTEMPT_PREFIX, id);
+        snprintf(att, sizeof(att), "%d", op->attempt);
+        const char *argv[8] = {
+            NULL, NULL, "2", op->key, akey, op->value, bk->expires_text, att};
+        size_t lens[8] = {0,
+                          0,
+                          1,
+                          strlen(op->key),
+                          strlen(akey),
+                          op->value_len,
+                          strlen(bk->expires_text),
+                          strlen(att)};
         script_head(op, argv, lens);
-        rc = redis_conn_send(bk->conn, &op->req, on_reply, 6, argv, lens);
+        rc = redis_conn_send(bk->conn, &op->req, on_reply, 8, argv, lens);
+        if (akey != small)
+            cr_free(akey);
     } else if (op->kind == OP_RAW) {
         /* raw_op_new() left the first two slots for a script's words */
         if (op->script)
@@ -565,8 +629,8 @@ static struct op *op_new(struct backend *bk, enum op_kind kind, const char *task
     return op;
 }
 
-int backend_store(struct backend *bk, const char *task_id, char *json, size_t len,
-                  backend_store_fn *cb, void *privdata)
+int backend_store(struct backend *bk, const char *task_id, int attempt, char *json,
+                  size_t len, backend_store_fn *cb, void *privdata)
 {
     struct op *op = op_new(bk, OP_STORE, task_id);
     if (!op) {
@@ -575,6 +639,7 @@ int backend_store(struct backend *bk, const char *task_id, char *json, size_t le
     }
     op->value = json;
     op->value_len = len;
+    op->attempt = attempt < 0 ? -1 : attempt;
     op->script = &store_script;
     op->store_cb = cb;
     op->privdata = privdata;

@@ -2,7 +2,8 @@
  *
  * Writes results exactly as Celery's RedisBackend does: the meta JSON under
  * "celery-task-meta-<id>" with SETEX (result_expires) and a PUBLISH of the same
- * bytes on the channel of the same name, never overwriting a stored SUCCESS.
+ * bytes on the channel of the same name. What is stored wins over a late
+ * write that must not replace it (see backend_store()).
  * While Redis is unreachable, operations wait and are sent again after the
  * reconnect: a caller's callback only ever sees success, or CR_ECANCELED when
  * the backend is freed. Not thread-safe: loop thread only. */
@@ -58,8 +59,8 @@ int backend_options_parse(struct backend_options *o, const char *json,
 
 struct backend;
 
-/* status 0: stored (or skipped because SUCCESS was already there, see
- * *skipped via the skipped argument); CR_ECANCELED on backend_free(). */
+/* status 0: stored, or kept out (skipped 1) by what was stored already (see
+ * backend_store()); CR_ECANCELED on backend_free(). */
 typedef void backend_store_fn(struct backend *bk, int status, int skipped,
                               void *privdata);
 /* value is the stored meta (borrowed for the call) or NULL when the key does not
@@ -80,14 +81,20 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
 int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
                            struct cr_err *err);
 
-/* Stores the meta JSON of task_id. Takes json (cr_malloc'd, len bytes, NUL-
- * terminated) in every case, so a burst of results holds one copy of each
+/* Stores the meta JSON of task_id, in one atomic step with the check that
+ * keeps it out when it must not replace what is stored: a SUCCESS is never
+ * replaced; a FAILURE or REVOKED only by a final state (SUCCESS, FAILURE,
+ * REVOKED); a state that is not final only by a state of the same or a later
+ * attempt. attempt is the message's retries when the meta was made (the
+ * RETRY of attempt N is stored after attempt N + 1 is published), or -1 when
+ * unknown (a final state stored for another task). Takes json (cr_malloc'd,
+ * len bytes, NUL-terminated) in every case, so a burst of results holds one copy of each
  * until Redis answers; a stored one is kept 10 s more (4,096 and 8 MiB at
  * most) and written again after a reconnect, in case the server that took it
  * lost it (see RECENT_MAX in results.c). cb is called exactly once, never
  * from inside this call. Returns 0, or CR_ENOMEM (cb never called). */
-int backend_store(struct backend *bk, const char *task_id, char *json, size_t len,
-                  backend_store_fn *cb, void *privdata);
+int backend_store(struct backend *bk, const char *task_id, int attempt, char *json,
+                  size_t len, backend_store_fn *cb, void *privdata);
 
 /* Reads the stored meta of task_id. Same contract as backend_store(). */
 int backend_get(struct backend *bk, const char *task_id, backend_get_fn *cb,
@@ -171,6 +178,9 @@ int backend_chord_clear(struct backend *bk, const char *group_id, backend_done_f
 
 /* The key prefix results are stored under ("celery-task-meta-"). */
 #define BACKEND_META_PREFIX "celery-task-meta-"
+/* celeriac's own: the attempt of a retried task's stored state while it is
+ * not final (see backend_store()); a Python worker neither sets nor reads it. */
+#define BACKEND_ATTEMPT_PREFIX "celeriac-task-attempt-"
 
 /* What every key and channel of this backend starts with before Celery's own
  * prefix (global_keyprefix and its '_'); "" when none. Borrowed for the

@@ -849,7 +849,7 @@ static void store_unseen_revoked(const struct worker_ctx *w, const char *id)
         LOG(LOG_WARNING, "revoke: out of memory storing REVOKED for '%s'", id);
         return;
     }
-    if (backend_store(w->backend, id, meta, strlen(meta), on_revoked_stored, copy))
+    if (backend_store(w->backend, id, -1, meta, strlen(meta), on_revoked_stored, copy))
         cr_free(copy);
 }
 

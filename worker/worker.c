@@ -242,10 +242,10 @@ static void on_started_stored(struct backend *bk, int status, int skipped, void 
 }
 
 static int op_store(void *ctx, struct job *j, char *meta, size_t n,
-                    enum engine_store_kind kind)
+                    enum engine_store_kind kind, int attempt)
 {
     struct worker *w = ctx;
-    return backend_store(w->backend, j->tm.id, meta, n,
+    return backend_store(w->backend, j->tm.id, attempt, meta, n,
                          kind == ENGINE_STORE_FINAL ? on_stored : on_started_stored, j);
 }
 
@@ -261,7 +261,7 @@ static int op_store_for(void *ctx, struct job *j, const char *task_id, char *met
                         size_t n)
 {
     struct worker *w = ctx;
-    return backend_store(w->backend, task_id, meta, n, on_stored_for, j);
+    return backend_store(w->backend, task_id, -1, meta, n, on_stored_for, j);
 }
 
 static void on_chord_size(struct backend *bk, int status, void *privdata)

@@ -14,6 +14,7 @@ import amqp
 import pytest
 
 from conftest import ROOT, free_port, wait_until
+from tcpproxy import TcpProxy
 
 FAST = ["--retry-backoff", "0.2", "--retry-backoff-factor", "2", "--retry-jitter", "false"]
 
@@ -560,8 +561,8 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     """Calls in flight when RabbitMQ goes away answer while it is down. A 503
     whose retry cannot be published must not become FAILURE, a 400 whose dead
     letter cannot be published must still reach celeriac.dead once the broker
-    is back (a FAILURE stored before it would make the redelivery ack without
-    dead-lettering), a success stored meanwhile is not paid for again, and the
+    is back, without a second call, a success stored meanwhile is not paid for
+    again, and the
     tasks still waiting for a slot in the worker start only once the broker is
     back (their deliveries died with the connection). The fake LLM holds every
     first answer until the worker has seen the connection go, so the order is
@@ -603,7 +604,7 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     per_model = {}
     for c in calls(env):
         per_model.setdefault(c["model"], []).append(c)
-    for g, ncalls in (("ok", 1), ("retry", 2), ("perm", 2), ("queued", 1)):
+    for g, ncalls in (("ok", 1), ("retry", 2), ("perm", 1), ("queued", 1)):
         for i in range(n):
             assert len(per_model.get("out-%s-%d" % (g, i), [])) == ncalls, (g, i)
     for i in range(n):
@@ -616,6 +617,104 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     ids = sorted(m.headers["id"] for m in dead)
     assert ids == sorted(r.id for r in rs["perm"]), ids
     assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
+
+
+def unacked(env, queue="celery"):
+    out = env.services.ctl("list_queues", "-p", env.vhost, "name",
+                           "messages_unacknowledged").stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue:
+            return int(parts[1])
+    return None
+
+
+def test_permanent_failure_is_not_called_again_after_a_broker_outage(env):
+    """Issue 37: a 400 answered while RabbitMQ is down cannot have its dead
+    letter published, and its message comes back once the broker is. The
+    outcome is known: the redelivery must dead-letter it (with the reason the
+    first run had), keep FAILURE stored and ack, without calling the provider a
+    second time. The fake holds every answer until the worker has seen the
+    connection go, so the order is fixed; it would answer a second call too, so
+    a second call shows up in its count rather than as a hang."""
+    n = 5
+    w = env.worker("-c", str(n), *FAST)
+    for i in range(n):
+        env.fake.script(["hold=perm;status=400;err_msg=nope", "status=400;err_msg=nope"],
+                        model="perm-%d" % i)
+    rs = [env.app.send_task("llm.generate", args=["perm %d" % i],
+                            kwargs={"model": "perm-%d" % i}) for i in range(n)]
+    wait_until(lambda: len(calls(env)) == n, 30, what="the held calls")
+    env.services.script("rabbit-stop")
+    try:
+        w.wait_for("connection to broker lost", 30)
+        env.fake.release("perm")
+        w.wait_for("cannot be dead-lettered now", 30, count=n)
+        # the client hears of the FAILURE while the broker is still down
+        wait_until(lambda: all((env.meta(r.id) or {}).get("status") == "FAILURE"
+                               for r in rs), 30, what="FAILURE stored during the outage")
+    finally:
+        env.services.script("rabbit-start")
+    dead = drain_dead_letters(env, timeout=60, want=n)
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0
+               and unacked(env) == 0, 60, interval=0.2, what="every message acked")
+    time.sleep(0.5)
+    dead += drain_dead_letters(env, timeout=0.1, want=1)
+    per_model = {}
+    for c in calls(env):
+        per_model[c["model"]] = per_model.get(c["model"], 0) + 1
+    assert per_model == {"perm-%d" % i: 1 for i in range(n)}, per_model
+    assert sorted(m.headers["id"] for m in dead) == sorted(r.id for r in rs)
+    for m in dead:
+        assert m.headers["x-celeriac-reason"] == "permanent failure"
+        assert m.headers["x-celeriac-exception-type"] == "BadRequestError"
+        assert m.headers["x-celeriac-http-status"] == 400
+    for r in rs:
+        meta = env.meta(r.id)
+        assert meta["status"] == "FAILURE"
+        assert meta["result"]["exc_type"] == "BadRequestError"
+        assert "celeriac_dead_letter_pending" not in meta, meta
+        assert r.get(timeout=10, propagate=False) is not None
+        assert r.state == "FAILURE"
+
+
+def test_late_retry_never_replaces_a_final_failure(env):
+    """Issue 37: a retry is published before its RETRY is stored, so the next
+    attempt can run on another worker and store FAILURE first. Here the first
+    worker's Redis connection goes through a proxy that swallows its RETRY
+    store until the second worker has run the retry to its FAILURE; the RETRY
+    goes again after the reconnect and lands last. FAILURE must stay, and a
+    client's get() must return."""
+    proxy = TcpProxy(env.services.redis_port).start()
+    try:
+        a = env.worker("-c", "1", "--prefetch-multiplier", "1", "--redis-timeout", "2",
+                       *FAST, start=False)
+        i = a.args.index("--result-backend")
+        a.args[i + 1] = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
+        a.start()
+        env.fake.script(["status=429;ra_ms=1", "status=400;err_msg=nope"],
+                        model="late-retry")
+        proxy.blackhole(True)
+        r = env.app.send_task("llm.generate", args=["late retry"],
+                              kwargs={"model": "late-retry"})
+        a.wait_for(r"retry: Retry in", 30)
+        # the first worker holds the original (unacked, its RETRY unanswered),
+        # so the retry goes to the second one
+        b = env.worker("-c", "1", *FAST)
+        b.wait_for(r"raised unexpected: BadRequestError", 30)
+        wait_until(lambda: (env.meta(r.id) or {}).get("status") == "FAILURE", 30,
+                   what="the second attempt's FAILURE")
+        proxy.blackhole(False)
+        # the first worker reconnects and stores its RETRY again, then acks
+        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0
+                   and unacked(env) == 0, 60, interval=0.2, what="the original acked")
+        assert a.count("retry: Retry in") == 1
+        assert len(calls(env)) == 2
+        assert env.meta(r.id)["status"] == "FAILURE", env.meta(r.id)
+        assert r.get(timeout=10, propagate=False) is not None
+        assert r.state == "FAILURE"
+    finally:
+        proxy.close()
 
 
 # ------------------------------------------------------------ dlq command

@@ -134,7 +134,7 @@ static int keep_store(struct fake *f, struct job *j, char *meta,
 }
 
 static int f_store(void *ctx, struct job *j, char *meta, size_t n,
-                   enum engine_store_kind kind)
+                   enum engine_store_kind kind, int attempt)
 {
     struct fake *f = ctx;
     char st[32];
@@ -142,6 +142,7 @@ static int f_store(void *ctx, struct job *j, char *meta, size_t n,
     (void)n;
     if (rc)
         return rc;
+    f->store_attempt[f->nstores - 1] = attempt;
     fake_note(f, kind == ENGINE_STORE_STARTED ? "store-STARTED" : "store-", 0);
     if (kind == ENGINE_STORE_FINAL)
         buf_puts(&f->log, st);

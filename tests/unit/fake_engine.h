@@ -97,6 +97,7 @@ struct fake {
     enum engine_store_kind store_kind[FAKE_MAXOPS];
     char *metas[FAKE_MAXOPS];        /* kept until fake_release() */
     char store_ids[FAKE_MAXOPS][64]; /* store_for(): whose meta; "" for store() */
+    int store_attempt[FAKE_MAXOPS];  /* store(): the attempt it gave */
     int nstores;
     struct fake_pub pubs[FAKE_MAXOPS];
     int npubs;

@@ -336,6 +336,60 @@ START_TEST(test_permanent_failure)
 }
 END_TEST
 
+static const char *pub_header(struct fake *f, int i, const char *key);
+
+/* A dead letter the broker did not take (nack, or the broker away), the
+ * connection lost with it: the delivery stays unacked, and the FAILURE is
+ * stored with the dead letter pending, so the redelivery finishes it without
+ * a second call (below). */
+static void dead_letter_lost(struct fake *f, int broker_away)
+{
+    const cJSON *dl;
+    cJSON *meta;
+    fake_init(f, NULL);
+    f->cfg.max_retries = 0;
+    fake_start(f);
+    deliver(f, generate(f, "send_task_args"));
+    f->connected = 0;
+    if (broker_away)
+        f->fail_publish = CR_EBROKER;
+    llm_done(f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    if (broker_away) {
+        log_is(f, "call1 done store-FAILURE");
+    } else {
+        confirm(f, 0, 0);
+        log_is(f, "call1 done publish:celeriac.dlx nack store-FAILURE");
+    }
+    f->fail_publish = 0;
+    ck_assert_int_eq(f->store_attempt[0], 0);
+    meta = cJSON_Parse(f->metas[0]);
+    ck_assert_ptr_nonnull(meta);
+    dl = cJSON_GetObjectItemCaseSensitive(meta, ENGINE_DEAD_LETTER_PENDING);
+    ck_assert(cJSON_IsObject(dl));
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(dl, "reason")->valuestring,
+                     "permanent failure");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(dl, "exc_type")->valuestring,
+                     "BadRequestError");
+    ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(dl, "http_status")));
+    cJSON_Delete(meta);
+    stored(f, 0, 0);
+    /* not acked: the message comes back */
+    log_is(f, "stored release1");
+    ck_assert_int_eq(f->acks[1] + f->rejects[1], 0);
+    f->connected = 1;
+}
+
+START_TEST(test_dead_letter_lost_with_the_connection)
+{
+    struct fake f;
+    dead_letter_lost(&f, _i);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A nack while the delivery can still be acked: once the FAILURE with its
+ * pending dead letter is stored, the dead letter goes once more at once. */
 START_TEST(test_dead_letter_not_confirmed)
 {
     struct fake f;
@@ -345,8 +399,112 @@ START_TEST(test_dead_letter_not_confirmed)
     deliver(&f, generate(&f, "send_task_args"));
     llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
     confirm(&f, 0, 0);
-    /* no FAILURE stored: the redelivery must run and dead-letter it again */
-    log_is(&f, "call1 done publish:celeriac.dlx nack release1");
+    log_is(&f, "call1 done publish:celeriac.dlx nack store-FAILURE");
+    ck_assert_ptr_nonnull(strstr(f.metas[0], ENGINE_DEAD_LETTER_PENDING));
+    stored(&f, 0, 0);
+    log_is(&f, "stored publish:celeriac.dlx");
+    confirm(&f, 1, 1);
+    log_is(&f, "confirm store-FAILURE");
+    ck_assert_ptr_null(strstr(f.metas[1], ENGINE_DEAD_LETTER_PENDING));
+    stored(&f, 1, 0);
+    log_is(&f, "stored ack1 release1");
+    ck_assert_int_eq(f.ncalls, 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* The redelivery that finds the FAILURE with its dead letter pending does
+ * not call the provider: it dead-letters the task with what the first run's
+ * dead letter would have said, stores the FAILURE without the mark, acks. */
+START_TEST(test_redelivery_finishes_a_pending_dead_letter)
+{
+    struct fake f;
+    struct delivery *d;
+    struct job *j;
+    char *pending;
+    dead_letter_lost(&f, _i);
+    pending = cr_strdup(f.metas[0]);
+    d = generate(&f, "send_task_args");
+    d->redelivered = 1;
+    deliver(&f, d);
+    log_is(&f, "read2");
+    j = f.reads[0];
+    f.reads[0] = NULL;
+    engine_on_state(f.e, f.now, j, 0, pending, strlen(pending));
+    ck_assert_int_eq(f.ncalls, 1);
+    log_is(&f, "publish:celeriac.dlx");
+    ck_assert_str_eq(pub_header(&f, f.npubs - 1, "x-celeriac-reason"),
+                     "permanent failure");
+    ck_assert_str_eq(pub_header(&f, f.npubs - 1, "x-celeriac-exception-type"),
+                     "BadRequestError");
+    confirm(&f, f.npubs - 1, 1);
+    log_is(&f, "confirm store-FAILURE");
+    ck_assert_ptr_null(strstr(f.metas[1], ENGINE_DEAD_LETTER_PENDING));
+    ck_assert_msg(!strncmp(f.metas[1], "{\"status\": \"FAILURE\", \"result\": {", 33),
+                  "%s", f.metas[1]);
+    stored(&f, 1, 0);
+    log_is(&f, "stored ack2 release2");
+    ck_assert_int_eq(f.ncalls, 1);
+    check_once(&f);
+    cr_free(pending);
+    fake_release(&f);
+}
+END_TEST
+
+/* The redelivery comes while the FAILURE with its pending dead letter is
+ * still being stored: it joins the job, which sends the dead letter for it
+ * once the store is answered, then stores the FAILURE without the mark and
+ * acks; one call in all. */
+START_TEST(test_redelivery_joins_while_the_pending_failure_is_stored)
+{
+    struct fake f;
+    struct delivery *d;
+    fake_init(&f, NULL);
+    f.cfg.max_retries = 0;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    f.connected = 0;
+    f.fail_publish = CR_EBROKER;
+    llm_done(&f, 0, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call1 done store-FAILURE");
+    f.connected = 1;
+    f.fail_publish = 0;
+    d = generate(&f, "send_task_args");
+    d->redelivered = 1;
+    deliver(&f, d);
+    log_is(&f, "");
+    stored(&f, 0, 0);
+    log_is(&f, "stored publish:celeriac.dlx");
+    ck_assert_str_eq(pub_header(&f, 0, "x-celeriac-reason"), "permanent failure");
+    confirm(&f, 0, 1);
+    log_is(&f, "confirm store-FAILURE");
+    ck_assert_ptr_null(strstr(f.metas[1], ENGINE_DEAD_LETTER_PENDING));
+    stored(&f, 1, 0);
+    ck_assert_int_eq(f.acks[2], 1);
+    ck_assert_int_eq(f.ncalls, 1);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* A RETRY is stored once its retry is published, when the message's retries
+ * already count the next attempt: it goes with its own attempt, so that it
+ * never lands over what the next attempt stored. */
+START_TEST(test_retry_stored_with_its_own_attempt)
+{
+    struct fake f;
+    char st[16];
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "RateLimitError", 5, NULL);
+    confirm(&f, 0, 1);
+    log_is(&f, "call1 done publish:celery confirm store-RETRY");
+    ck_assert_str_eq(meta_status(&f, 0, st, sizeof(st)), "RETRY");
+    ck_assert_int_eq(f.store_attempt[0], 0);
+    stored(&f, 0, 0);
+    log_is(&f, "stored ack1 release1");
     check_once(&f);
     fake_release(&f);
 }
@@ -1612,6 +1770,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_exhausted_retries);
     tcase_add_test(tc, test_permanent_failure);
     tcase_add_test(tc, test_dead_letter_not_confirmed);
+    tcase_add_loop_test(tc, test_dead_letter_lost_with_the_connection, 0, 2);
+    tcase_add_loop_test(tc, test_redelivery_finishes_a_pending_dead_letter, 0, 2);
+    tcase_add_test(tc, test_retry_stored_with_its_own_attempt);
+    tcase_add_test(tc, test_redelivery_joins_while_the_pending_failure_is_stored);
     tcase_add_test(tc, test_unregistered_task);
     tcase_add_test(tc, test_bad_arguments_fail_without_call);
     tcase_add_test(tc, test_revoked_before_delivery);
