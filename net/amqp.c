@@ -843,7 +843,8 @@ static int probe_global_qos(struct amqp_broker *b, struct cr_err *err)
             return cr_err_set(err, CR_EBROKER, "probe publish failed");
     while (acked < 2) {
         amqp_frame_t f;
-        if (amqp_simple_wait_frame(c, &f) != AMQP_STATUS_OK)
+        struct timeval tv = {RPC_TIMEOUT_S, 0};
+        if (amqp_simple_wait_frame_noblock(c, &f, &tv) != AMQP_STATUS_OK)
             return cr_err_set(err, CR_EBROKER, "probe: no confirm");
         if (f.frame_type != AMQP_FRAME_METHOD || f.channel != PROBE_CHANNEL)
             continue;
