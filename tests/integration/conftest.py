@@ -173,7 +173,53 @@ def fake_llm(fake_llm_server):
     return fake_llm_server
 
 
-class Worker:
+class LineReader:
+    """A child process whose output (stdout and stderr) is read line by line
+    into self.lines; wait_for() returns the first match of a pattern."""
+
+    what = "process"
+
+    def read_lines(self, proc):
+        self.lines = []
+        self._cv = threading.Condition()
+        self.proc = proc
+        threading.Thread(target=self._pump_lines, daemon=True).start()
+
+    def _pump_lines(self):
+        for line in self.proc.stdout:
+            with self._cv:
+                self.lines.append(line.rstrip("\n"))
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    def wait_for(self, pattern, timeout=20):
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self._cv:
+            while True:
+                for l in self.lines:
+                    m = rx.search(l)
+                    if m:
+                        return m
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise AssertionError("%s: no %r:\n%s"
+                                         % (self.what, pattern, "\n".join(self.lines)))
+                self._cv.wait(0.1)
+
+    def stop(self, timeout=30):
+        """SIGTERM, then SIGKILL after timeout seconds; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class Worker(LineReader):
     """One celeriac worker process, with its log captured line by line."""
 
     def __init__(self, args, env):
@@ -184,22 +230,12 @@ class Worker:
         self._cv = threading.Condition()
 
     def start(self, wait_ready=True, timeout=30):
-        self.lines = []
-        self.proc = subprocess.Popen([BIN, "worker", *self.args], env=self.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace")
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.read_lines(subprocess.Popen([BIN, "worker", *self.args], env=self.env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, errors="replace"))
         if wait_ready:
             self.wait_for(r" ready\.$", timeout)
         return self
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
-        with self._cv:
-            self._cv.notify_all()
 
     def log(self):
         with self._cv:
@@ -382,6 +418,18 @@ def env(request, services, fake_llm):
             print("\n----- worker %d log (last 60 lines) -----" % i)
             print("\n".join(w.lines[-60:]))
     e.close()
+
+
+def amqp_unacked(env, queue="celery"):
+    """Deliveries of an AMQP queue the broker counts as unacked (None: no
+    such queue)."""
+    out = env.services.ctl("list_queues", "-p", env.vhost, "name",
+                           "messages_unacknowledged").stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue:
+            return int(parts[1])
+    return None
 
 
 def wait_until(pred, timeout=30, interval=0.05, what="condition"):

@@ -3,7 +3,6 @@ WebSockets (replay, live, resume, retries, failures), with real RabbitMQ, Redis,
 the fake LLM, celeriac workers and a Python Celery client."""
 import json
 import os
-import re
 import socket
 import subprocess
 import threading
@@ -15,43 +14,23 @@ import celery
 import pytest
 import websocket
 
-from conftest import BIN, ROOT, wait_until
+from conftest import BIN, ROOT, LineReader, wait_until
 
 
-class Gateway:
+class Gateway(LineReader):
+    what = "gateway"
+
     def __init__(self, env, *args, extra_env=None):
         e = dict(os.environ)
         e.update(extra_env or {})
-        self.lines = []
-        self._cv = threading.Condition()
-        self.proc = subprocess.Popen(
+        self.read_lines(subprocess.Popen(
             [BIN, "gateway", "-b", env.broker, "--result-backend", env.backend,
              "--port", "0", *args],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace")
-        threading.Thread(target=self._pump, daemon=True).start()
+            errors="replace"))
         m = self.wait_for(r"gateway listening on http://([0-9.]+):(\d+)/")
         self.base = "http://%s:%s" % (m.group(1), m.group(2))
         self.ws_base = "ws://%s:%s" % (m.group(1), m.group(2))
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
-
-    def wait_for(self, pattern, timeout=20):
-        rx = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self._cv:
-            while True:
-                for l in self.lines:
-                    m = rx.search(l)
-                    if m:
-                        return m
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise AssertionError("gateway: no %r:\n%s" % (pattern, "\n".join(self.lines)))
-                self._cv.wait(0.1)
 
     def request(self, method, path, body=None, headers=None, raw=None):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -84,15 +63,6 @@ class Gateway:
             url += "?" + "&".join(q)
         return websocket.create_connection(url, timeout=timeout)
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture

@@ -5,13 +5,11 @@ import os
 import re
 import socket
 import subprocess
-import threading
-import time
 import urllib.request
 
 import pytest
 
-from conftest import BIN, free_port
+from conftest import BIN, LineReader, free_port
 
 
 def listeners(port):
@@ -69,44 +67,17 @@ def refused(host, port):
     return False
 
 
-class Proc:
-    """A gateway with its log (stdout and stderr) read line by line."""
+class Proc(LineReader):
+    """A gateway or worker with its log (stdout and stderr) read line by line."""
 
     def __init__(self, args):
-        self.lines = []
-        self._cv = threading.Condition()
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace")
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
+        self.read_lines(subprocess.Popen(args, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True,
+                                         errors="replace"))
 
     def wait_for(self, pattern, timeout=60):
-        rx = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self._cv:
-            while True:
-                for l in self.lines:
-                    m = rx.search(l)
-                    if m:
-                        return m
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise AssertionError("no %r:\n%s" % (pattern, "\n".join(self.lines)))
-                self._cv.wait(0.2)
+        return LineReader.wait_for(self, pattern, timeout)
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture

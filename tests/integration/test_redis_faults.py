@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from conftest import free_port, wait_until
+from conftest import amqp_unacked as unacked
 from tcpproxy import TcpProxy
 
 
@@ -22,16 +23,6 @@ def proxy(services):
 
 def proxied(env, proxy):
     return "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
-
-
-def unacked(env, queue="celery"):
-    out = env.services.ctl("list_queues", "-p", env.vhost, "name",
-                           "messages_unacknowledged").stdout
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == queue:
-            return int(parts[1])
-    return None
 
 
 LOST = r"result backend: connection lost: no reply from redis://127\.0\.0\.1:%d/%d for 2 s; reconnecting"

@@ -14,6 +14,7 @@ import amqp
 import pytest
 
 from conftest import ROOT, free_port, wait_until
+from conftest import amqp_unacked as unacked
 from tcpproxy import TcpProxy
 
 FAST = ["--retry-backoff", "0.2", "--retry-backoff-factor", "2", "--retry-jitter", "false"]
@@ -617,16 +618,6 @@ def test_broker_outage_keeps_retries_and_dead_letters(env):
     ids = sorted(m.headers["id"] for m in dead)
     assert ids == sorted(r.id for r in rs["perm"]), ids
     assert wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 30)
-
-
-def unacked(env, queue="celery"):
-    out = env.services.ctl("list_queues", "-p", env.vhost, "name",
-                           "messages_unacknowledged").stdout
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == queue:
-            return int(parts[1])
-    return None
 
 
 def test_permanent_failure_is_not_called_again_after_a_broker_outage(env):
