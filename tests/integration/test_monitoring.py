@@ -788,6 +788,7 @@ def test_metrics_port_in_use_is_one_clear_error(env):
         w = env.worker("--metrics-port", str(port), start=False)
         w.start(wait_ready=False)
         assert w.wait(30) != 0
-        assert "cannot serve metrics on 127.0.0.1:%d" % port in w.log()
+        assert "metrics: cannot listen on 127.0.0.1:%d: address already in use" % port \
+            in w.log()
     finally:
         s.close()
