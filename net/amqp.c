@@ -29,6 +29,7 @@
 #include "protocol/rmq_caps.h"
 #include "util/alloc.h"
 #include "util/rand.h"
+#include "tcp_connect.h"
 
 /* Channels of the consuming connection. */
 #define CHANNEL 1
@@ -1040,19 +1041,18 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     amqp_rpc_reply_t r;
     struct timeval tv;
     char name[200], why[200];
-    int rc, e;
+    int fd, e;
 
     l->conn = amqp_new_connection();
     sock = l->conn ? amqp_tcp_socket_new(l->conn) : NULL;
     if (!sock)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
-    tv.tv_sec = (long)b->cfg.connect_timeout;
-    tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
-    /* errno says nothing here: the library reads a failed connect's error
-     * with getsockopt() and keeps it. */
-    rc = amqp_socket_open_noblock(sock, u->host, u->port, &tv);
-    if (rc != AMQP_STATUS_OK)
-        return cr_err_set(err, CR_EBROKER, "%s", status_text(rc, 0, why, sizeof(why)));
+    /* Our own connect, not amqp_socket_open_noblock(): that one loses the
+     * reason ("a socket error occurred" for a refusal too). */
+    fd = tcp_connect(u->host, u->port, b->cfg.connect_timeout, err);
+    if (fd < 0)
+        return fd;
+    amqp_tcp_socket_set_sockfd(sock, fd);
     tv.tv_sec = RPC_TIMEOUT_S;
     tv.tv_usec = 0;
     amqp_set_handshake_timeout(l->conn, &tv);
