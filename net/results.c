@@ -924,6 +924,39 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
                       where(u, at, sizeof(at)), why[0] ? why : "timed out");
 }
 
+int backend_connect_attempt(struct backend *bk, int timeout_ms, struct cr_err *err)
+{
+    struct redis_conn *c = bk->conn;
+    const struct redis_url *u = redis_conn_url(c);
+    unsigned long failures = redis_conn_failures(c);
+    uint64_t deadline;
+    const char *why;
+    char at[300];
+    int rc = 0;
+
+    uv_update_time(bk->loop);
+    deadline = uv_now(bk->loop) + (uint64_t)timeout_ms;
+    /* The connection retries by itself (its own backoff): this only watches
+     * for its next outcome. */
+    while (!redis_conn_up(c) && redis_conn_failures(c) == failures) {
+        if (uv_now(bk->loop) >= deadline) {
+            rc = CR_ETIMEDOUT;
+            break;
+        }
+        uv_run(bk->loop, UV_RUN_ONCE);
+        uv_update_time(bk->loop);
+    }
+    if (redis_conn_up(c))
+        return 0;
+    why = redis_conn_last_error(c);
+    if (redis_conn_refused(c))
+        rc = CR_EPEER;
+    else if (rc == 0 || why[0])
+        rc = CR_EBACKEND;
+    return cr_err_set(err, rc, "cannot connect to result backend %s: %s",
+                      where(u, at, sizeof(at)), why[0] ? why : "timed out");
+}
+
 const char *backend_key_prefix(const struct backend *bk)
 {
     return bk->prefix;
