@@ -1310,9 +1310,14 @@ static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
     } else {
         uv_timer_stop(&b->timer);
     }
+    /* A reconnect is said at the level its loss was, so the default level
+     * shows both ends of an outage. */
     if (b->urls.n > 1)
         LOG(LOG_WARNING, "Connected to %s (node %d of %d in the failover list)", redacted,
             b->node + 1, b->urls.n);
+    else if (b->generation > 1)
+        LOG(LOG_WARNING, "Connected to %s again: the broker connection is back",
+            redacted);
     else
         LOG(LOG_INFO, "Connected to %s", redacted);
     if (b->on_conn)
@@ -1395,7 +1400,7 @@ static void connection_lost(struct amqp_broker *b, const char *why)
 {
     if (!b->up)
         return;
-    LOG(LOG_ERROR, "consumer: connection to broker lost: %s; reconnecting", why);
+    LOG(LOG_WARNING, "consumer: connection to broker lost: %s; reconnecting", why);
     teardown(b);
     next_node(b);
     fail_all_confirms(b);

@@ -302,7 +302,14 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
 
     switch (ev) {
     case REDIS_CONN_UP:
-        LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
+        /* A reconnect at the level of the loss: both ends of an outage show
+         * at the default level. */
+        if (bk->ever_up)
+            LOG(LOG_WARNING,
+                "Connected to %s again: the result backend connection is back",
+                where(u, at, sizeof(at)));
+        else
+            LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
         if (bk->ever_up)
             replay_recent(bk);
         bk->ever_up = 1;
@@ -317,10 +324,10 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
                 where(u, at, sizeof(at)), news->why);
         break;
     case REDIS_CONN_LOST:
-        LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting", news->why);
+        LOG(LOG_WARNING, "result backend: connection lost: %s; reconnecting", news->why);
         break;
     case REDIS_CONN_SILENT:
-        LOG(LOG_ERROR,
+        LOG(LOG_WARNING,
             "result backend: connection lost: no reply from %s for %g s; reconnecting",
             where(u, at, sizeof(at)), (double)redis_conn_timeout_ms(c) / 1000);
         break;
