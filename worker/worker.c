@@ -843,6 +843,12 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
     }
+    /* Before anything connects: a typo in an alias's target would otherwise
+     * show only as every task it maps failing NotRegistered. */
+    if (tasks_check_aliases(cfg->aliases.items, cfg->aliases.n, err)) {
+        cr_free(w);
+        return NULL;
+    }
     w->cfg = cfg;
     w->loop = loop;
     w->ctx.loop = loop;
