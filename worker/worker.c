@@ -779,6 +779,16 @@ static int clients_new(struct worker *w, struct cr_err *err)
                           cr_strerror(rc));
     if ((rc = providers_load(w, err)) != 0)
         return rc;
+    if (!cfg->llm_api_key || !cfg->llm_api_key[0]) {
+        /* Calls would go out unauthenticated and fail one by one (401) long
+         * after start-up; a local server may want no key, so not an error. */
+        char shown[512];
+        config_redact_url(cfg->llm_base_url, shown, sizeof(shown));
+        LOG(LOG_WARNING,
+            "LLM provider default (%s): no API key; set OPENAI_API_KEY (or "
+            "--llm-api-key), or its calls go without one",
+            shown);
+    }
     lc.secrets = &w->secrets;
     /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
     lc.headers = (const char *const *)cfg->llm_headers.items;
