@@ -722,9 +722,18 @@ static int providers_load(struct worker *w, struct cr_err *err)
                               rc == CR_ETOOBIG ? "over 1 MiB" : cr_strerror(rc));
         }
     }
-    if (!rc && doc.len)
+    if (!rc && doc.len) {
         rc = llm_registry_parse(&w->providers, doc.data, doc.len, env_of, err);
-    else if (rc)
+        if (rc && src[0] != '{') {
+            char why[sizeof(err->msg)];
+            const char *m = err->msg;
+            /* The file's name says what the registry's prefix would. */
+            if (!strncmp(m, "llm providers: ", 15))
+                m += 15;
+            snprintf(why, sizeof(why), "%s", m);
+            cr_err_set(err, rc, "--llm-providers file %.80s: %.160s", src, why);
+        }
+    } else if (rc)
         cr_err_set(err, rc, "out of memory");
     buf_release(&doc);
     if (rc)
