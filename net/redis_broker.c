@@ -2878,7 +2878,8 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (cfg->transport_options && *cfg->transport_options &&
         kombu_opts_parse(&b->o, cfg->transport_options, strlen(cfg->transport_options),
                          &e2)) {
-        cr_err_set(err, CR_EINVAL, "invalid broker transport options: %s", e2.msg);
+        /* kombu's messages name the options already. */
+        cr_err_set(err, CR_EINVAL, "%s", e2.msg);
         cr_free(b);
         return NULL;
     }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "redis.h"
+#include "protocol/pyjson.h"
 #include "util/alloc.h"
 #include "util/log.h"
 #include "util/sha1.h"
@@ -789,8 +790,17 @@ int backend_options_parse(struct backend_options *o, const char *json, struct cr
         return cr_err_set(err, CR_EINVAL,
                           "result backend transport options too long (over %d bytes)",
                           BACKEND_OPTIONS_MAX_BYTES);
-    root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    /* py_json_parse() for its reason with the byte it stopped at. */
+    rc = py_json_parse(json, strlen(json), &root, err);
+    if (rc == CR_ENOMEM)
+        return rc;
+    if (rc < 0) {
+        char why[sizeof(err->msg)];
+        snprintf(why, sizeof(why), "%s", err ? err->msg : "");
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport options are not JSON: %s", why);
+    }
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return cr_err_set(err, CR_EINVAL,
                           "result backend transport options are not a JSON object");
