@@ -1080,7 +1080,11 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     e = errno;
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
         login_error(r, e, why, sizeof(why));
-        return cr_err_set(err, CR_EBROKER, "%s", why);
+        /* The broker's own no (a refused login) is CR_EPEER: not worth a
+         * retry at start-up, as kombu does not retry AccessRefused. */
+        return cr_err_set(
+            err, r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION ? CR_EPEER : CR_EBROKER,
+            "%s", why);
     }
     return 0;
 }
