@@ -1429,7 +1429,11 @@ static void accept_job(struct engine *e, struct job *j, struct delivery *d)
     j->tm.content_type = j->tm.content_encoding = j->tm.correlation_id = j->tm.reply_to =
         NULL;
     if (j->kind == TASK_UNKNOWN) {
-        LOG(LOG_ERROR, "Received unregistered task of type '%s'.", j->tm.task);
+        LOG(LOG_ERROR,
+            "Received unregistered task of type '%s'. To run it on a built-in task, "
+            "start the worker with --task-alias %s=llm.generate (or llm.chat, "
+            "llm.embed)",
+            j->tm.task, j->tm.task);
         snprintf(buf, sizeof(buf), "%s", j->tm.task);
         fail_job(j, "NotRegistered", "celery.exceptions", buf, "unregistered task", 1);
         return;

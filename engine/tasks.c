@@ -46,6 +46,65 @@ enum task_kind tasks_lookup(const char *name, char *const *aliases, int naliases
     return TASK_UNKNOWN;
 }
 
+/* Levenshtein distance of a and b, cut off at 9 (enough to tell a typo from
+ * another name). O(len(a) x len(b)); both are task names. */
+static int distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int row[130];
+    if (lb >= sizeof(row) / sizeof(row[0]) || la >= 128)
+        return 9;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb] < 9 ? row[lb] : 9;
+}
+
+int tasks_check_aliases(char *const *aliases, int naliases, struct cr_err *err)
+{
+    for (int i = 0; i < naliases; i++) {
+        const char *eq = strchr(aliases[i], '=');
+        const char *target = eq ? eq + 1 : "";
+        char near[200] = "";
+        size_t n = 0;
+        if (builtin(target) != TASK_UNKNOWN)
+            continue;
+        /* A typo is a name or two letters off, or one that differs only in
+         * its module ("generate" for "llm.generate"). */
+        for (int k = 0; tasks_builtin_names[k]; k++) {
+            const char *b = tasks_builtin_names[k], *dot = strchr(b, '.');
+            if (distance(target, b) > 2 && (!dot || strcmp(target, dot + 1)))
+                continue;
+            n += (size_t)snprintf(near + n, sizeof(near) - n, "%s%s", n ? ", " : "", b);
+            if (n >= sizeof(near))
+                break;
+        }
+        if (near[0])
+            return cr_err_set(err, CR_EINVAL,
+                              "--task-alias '%.80s': '%.60s' is not a built-in task "
+                              "(did you mean %.100s?)",
+                              aliases[i], target, near);
+        return cr_err_set(err, CR_EINVAL,
+                          "--task-alias '%.80s': '%.60s' is not a built-in task (one "
+                          "of llm.generate, llm.chat, llm.embed, celery.accumulate, "
+                          "celery.map, celery.starmap, celery.chunks)",
+                          aliases[i], target);
+    }
+    return 0;
+}
+
 static int fail(struct task_error *te, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -19,6 +19,7 @@
 #include "llm/llm_types.h"
 #include "protocol/celery_msg.h"
 #include "util/buf.h"
+#include "util/err.h"
 
 enum task_kind {
     TASK_UNKNOWN = 0,
@@ -43,6 +44,14 @@ extern const char *const tasks_builtin_names[];
 /* Looks name up among the built-ins, then among aliases ("NAME=TASK" strings,
  * naliases of them). Returns TASK_UNKNOWN when neither knows it. */
 enum task_kind tasks_lookup(const char *name, char *const *aliases, int naliases);
+
+/* Checks that every alias ("NAME=TASK") names a built-in TASK. Returns 0, or
+ * CR_EINVAL with one line in err naming the first alias that does not and
+ * its unknown target, with the built-ins a letter or two away (or with the
+ * same name after the dot) as suggestions. Aliases run only on built-ins:
+ * one naming another alias, or a typo, would make every task it maps fail
+ * NotRegistered. */
+int tasks_check_aliases(char *const *aliases, int naliases, struct cr_err *err);
 
 /* A Python-style error for a bad call: exc_type is "TypeError" or "ValueError"
  * (module builtins), message as Python would word it. */

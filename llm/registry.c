@@ -366,10 +366,24 @@ static int parse_models(struct llm_registry *r, const cJSON *models, struct cr_e
 int llm_registry_parse(struct llm_registry *r, const char *doc, size_t len,
                        llm_getenv_fn *env, struct cr_err *err)
 {
-    cJSON *root = cJSON_ParseWithLength(doc, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(doc, len, &end, 0);
     const cJSON *k, *p;
     int rc = 0;
 
+    if (!root) {
+        /* cJSON points end at the byte it stopped at: said as an editor
+         * would, line and column from 1. */
+        size_t at = end && end >= doc && end <= doc + len ? (size_t)(end - doc) : 0;
+        int line = 1, col = 1;
+        for (size_t i = 0; i < at; i++) {
+            col = doc[i] == '\n' ? 1 : col + 1;
+            line += doc[i] == '\n';
+        }
+        return cr_err_set(err, CR_EINVAL,
+                          "llm providers: bad JSON near line %d, column %d (byte %zu)",
+                          line, col, at);
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return cr_err_set(err, CR_EINVAL, "llm providers: not a JSON object");

@@ -29,6 +29,7 @@
 #include "protocol/rmq_caps.h"
 #include "util/alloc.h"
 #include "util/rand.h"
+#include "tcp_connect.h"
 
 /* Channels of the consuming connection. */
 #define CHANNEL 1
@@ -1048,19 +1049,18 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     amqp_rpc_reply_t r;
     struct timeval tv;
     char name[200], why[200];
-    int rc, e;
+    int fd, e;
 
     l->conn = amqp_new_connection();
     sock = l->conn ? amqp_tcp_socket_new(l->conn) : NULL;
     if (!sock)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
-    tv.tv_sec = (long)b->cfg.connect_timeout;
-    tv.tv_usec = (long)((b->cfg.connect_timeout - (double)tv.tv_sec) * 1e6);
-    /* errno says nothing here: the library reads a failed connect's error
-     * with getsockopt() and keeps it. */
-    rc = amqp_socket_open_noblock(sock, u->host, u->port, &tv);
-    if (rc != AMQP_STATUS_OK)
-        return cr_err_set(err, CR_EBROKER, "%s", status_text(rc, 0, why, sizeof(why)));
+    /* Our own connect, not amqp_socket_open_noblock(): that one loses the
+     * reason ("a socket error occurred" for a refusal too). */
+    fd = tcp_connect(u->host, u->port, b->cfg.connect_timeout, err);
+    if (fd < 0)
+        return fd;
+    amqp_tcp_socket_set_sockfd(sock, fd);
     tv.tv_sec = RPC_TIMEOUT_S;
     tv.tv_usec = 0;
     amqp_set_handshake_timeout(l->conn, &tv);
@@ -1088,7 +1088,11 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     e = errno;
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
         login_error(r, e, why, sizeof(why));
-        return cr_err_set(err, CR_EBROKER, "%s", why);
+        /* The broker's own no (a refused login) is CR_EPEER: not worth a
+         * retry at start-up, as kombu does not retry AccessRefused. */
+        return cr_err_set(
+            err, r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION ? CR_EPEER : CR_EBROKER,
+            "%s", why);
     }
     return 0;
 }
@@ -1318,9 +1322,14 @@ static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
     } else {
         uv_timer_stop(&b->timer);
     }
+    /* A reconnect is said at the level its loss was, so the default level
+     * shows both ends of an outage. */
     if (b->urls.n > 1)
         LOG(LOG_WARNING, "Connected to %s (node %d of %d in the failover list)", redacted,
             b->node + 1, b->urls.n);
+    else if (b->generation > 1)
+        LOG(LOG_WARNING, "Connected to %s again: the broker connection is back",
+            redacted);
     else
         LOG(LOG_INFO, "Connected to %s", redacted);
     if (b->on_conn)
@@ -1403,7 +1412,7 @@ static void connection_lost(struct amqp_broker *b, const char *why)
 {
     if (!b->up)
         return;
-    LOG(LOG_ERROR, "consumer: connection to broker lost: %s; reconnecting", why);
+    LOG(LOG_WARNING, "consumer: connection to broker lost: %s; reconnecting", why);
     teardown(b);
     next_node(b);
     fail_all_confirms(b);

@@ -582,6 +582,7 @@ struct redis_conn {
     int loud; /* failures are worth an error line (see redis_conn_news) */
     unsigned long reconnects;
     unsigned long generation;
+    unsigned long failures; /* attempts failed, all told */
     int64_t backoff_ms;
     /* The one deadline of the connection's state: the first connect, the
      * connect (and handshake) timeout, the reconnect delay, or while up the
@@ -649,6 +650,7 @@ static void connect_failed(struct redis_conn *c, const char *why, int refused)
 {
     int loud;
     snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+    c->failures++;
     loud = c->loud && strcmp(c->last_error, c->said);
     if (loud)
         snprintf(c->said, sizeof(c->said), "%s", c->last_error);
@@ -1437,6 +1439,16 @@ unsigned long redis_conn_generation(const struct redis_conn *c)
 unsigned long redis_conn_reconnects(const struct redis_conn *c)
 {
     return c->reconnects;
+}
+
+unsigned long redis_conn_failures(const struct redis_conn *c)
+{
+    return c->failures;
+}
+
+int redis_conn_refused(const struct redis_conn *c)
+{
+    return c->refused;
 }
 
 size_t redis_conn_inflight(const struct redis_conn *c)

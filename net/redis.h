@@ -288,6 +288,12 @@ const char *redis_conn_last_error(const struct redis_conn *c);
 unsigned long redis_conn_generation(const struct redis_conn *c);
 /* Times it came up again after having been up. */
 unsigned long redis_conn_reconnects(const struct redis_conn *c);
+/* Connection attempts that failed (FAILED events), all told: a start-up
+ * wait can stop at the next one and say why. */
+unsigned long redis_conn_failures(const struct redis_conn *c);
+/* 1 when Redis refused the last handshake (AUTH, SELECT): the same
+ * credentials will not do better. */
+int redis_conn_refused(const struct redis_conn *c);
 /* Commands sent by redis_conn_send() and not yet answered. */
 size_t redis_conn_inflight(const struct redis_conn *c);
 uint64_t redis_conn_timeout_ms(const struct redis_conn *c);

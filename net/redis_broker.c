@@ -2549,7 +2549,7 @@ static void tell_owner(struct rb *b)
         return;
     b->up_said = up;
     if (up && b->ever_up)
-        LOG(LOG_INFO, "broker: connection to %s is back", b->shown_url);
+        LOG(LOG_WARNING, "broker: connection to %s is back", b->shown_url);
     if (up)
         b->ever_up = 1;
     if (b->on_conn)
@@ -2621,8 +2621,10 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
         break;
     case REDIS_CONN_LOST:
     case REDIS_CONN_SILENT:
-        LOG(LOG_WARNING, "broker: %s connection to %s lost: %s; reconnecting", role,
-            b->shown_url,
+        /* Once per outage at WARNING: the first of the three connections to
+         * go (the others mostly go with it, for the same reason). */
+        LOG(b->up_said ? LOG_WARNING : LOG_INFO,
+            "broker: %s connection to %s lost: %s; reconnecting", role, b->shown_url,
             ev == REDIS_CONN_SILENT ? "no reply within the timeout"
                                     : (news->why ? news->why : "closed"));
         if (c == b->pop) {
@@ -2876,7 +2878,8 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (cfg->transport_options && *cfg->transport_options &&
         kombu_opts_parse(&b->o, cfg->transport_options, strlen(cfg->transport_options),
                          &e2)) {
-        cr_err_set(err, CR_EINVAL, "invalid broker transport options: %s", e2.msg);
+        /* kombu's messages name the options already. */
+        cr_err_set(err, CR_EINVAL, "%s", e2.msg);
         cr_free(b);
         return NULL;
     }

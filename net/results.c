@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "redis.h"
+#include "protocol/pyjson.h"
 #include "util/alloc.h"
 #include "util/log.h"
 #include "util/sha1.h"
@@ -346,7 +347,14 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
 
     switch (ev) {
     case REDIS_CONN_UP:
-        LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
+        /* A reconnect at the level of the loss: both ends of an outage show
+         * at the default level. */
+        if (bk->ever_up)
+            LOG(LOG_WARNING,
+                "Connected to %s again: the result backend connection is back",
+                where(u, at, sizeof(at)));
+        else
+            LOG(LOG_INFO, "Connected to %s", where(u, at, sizeof(at)));
         if (bk->ever_up)
             replay_recent(bk);
         bk->ever_up = 1;
@@ -361,10 +369,10 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
                 where(u, at, sizeof(at)), news->why);
         break;
     case REDIS_CONN_LOST:
-        LOG(LOG_ERROR, "result backend: connection lost: %s; reconnecting", news->why);
+        LOG(LOG_WARNING, "result backend: connection lost: %s; reconnecting", news->why);
         break;
     case REDIS_CONN_SILENT:
-        LOG(LOG_ERROR,
+        LOG(LOG_WARNING,
             "result backend: connection lost: no reply from %s for %g s; reconnecting",
             where(u, at, sizeof(at)), (double)redis_conn_timeout_ms(c) / 1000);
         break;
@@ -847,8 +855,17 @@ int backend_options_parse(struct backend_options *o, const char *json, struct cr
         return cr_err_set(err, CR_EINVAL,
                           "result backend transport options too long (over %d bytes)",
                           BACKEND_OPTIONS_MAX_BYTES);
-    root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    /* py_json_parse() for its reason with the byte it stopped at. */
+    rc = py_json_parse(json, strlen(json), &root, err);
+    if (rc == CR_ENOMEM)
+        return rc;
+    if (rc < 0) {
+        char why[sizeof(err->msg)];
+        snprintf(why, sizeof(why), "%s", err ? err->msg : "");
+        return cr_err_set(err, CR_EINVAL,
+                          "result backend transport options are not JSON: %s", why);
+    }
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return cr_err_set(err, CR_EINVAL,
                           "result backend transport options are not a JSON object");
@@ -986,6 +1003,39 @@ int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
         return 0;
     why = redis_conn_last_error(bk->conn);
     return cr_err_set(err, CR_EBACKEND, "cannot connect to result backend %s: %s",
+                      where(u, at, sizeof(at)), why[0] ? why : "timed out");
+}
+
+int backend_connect_attempt(struct backend *bk, int timeout_ms, struct cr_err *err)
+{
+    struct redis_conn *c = bk->conn;
+    const struct redis_url *u = redis_conn_url(c);
+    unsigned long failures = redis_conn_failures(c);
+    uint64_t deadline;
+    const char *why;
+    char at[300];
+    int rc = 0;
+
+    uv_update_time(bk->loop);
+    deadline = uv_now(bk->loop) + (uint64_t)timeout_ms;
+    /* The connection retries by itself (its own backoff): this only watches
+     * for its next outcome. */
+    while (!redis_conn_up(c) && redis_conn_failures(c) == failures) {
+        if (uv_now(bk->loop) >= deadline) {
+            rc = CR_ETIMEDOUT;
+            break;
+        }
+        uv_run(bk->loop, UV_RUN_ONCE);
+        uv_update_time(bk->loop);
+    }
+    if (redis_conn_up(c))
+        return 0;
+    why = redis_conn_last_error(c);
+    if (redis_conn_refused(c))
+        rc = CR_EPEER;
+    else if (rc == 0 || why[0])
+        rc = CR_EBACKEND;
+    return cr_err_set(err, rc, "cannot connect to result backend %s: %s",
                       where(u, at, sizeof(at)), why[0] ? why : "timed out");
 }
 

@@ -81,6 +81,15 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
 int backend_wait_connected(struct backend *bk, uv_loop_t *loop, int timeout_ms,
                            struct cr_err *err);
 
+/* Start-up only (runs the loop): waits for the connection's next outcome,
+ * the connection up or one more attempt failed, at most timeout_ms. Returns
+ * 0 when up; otherwise, with "cannot connect to result backend <where>:
+ * <reason>" in err, CR_EPEER when Redis refused the handshake (WRONGPASS,
+ * NOAUTH, a bad database: no use trying again), CR_EBACKEND when an attempt
+ * failed, CR_ETIMEDOUT when none ended in time. The connection goes on
+ * retrying by itself (see net/redis.h) whatever this returns. */
+int backend_connect_attempt(struct backend *bk, int timeout_ms, struct cr_err *err);
+
 /* Stores the meta JSON of task_id, in one atomic step with the check that
  * keeps it out when it must not replace what is stored: a SUCCESS is never
  * replaced; a FAILURE or REVOKED only by a final state (SUCCESS, FAILURE,

@@ -310,9 +310,14 @@ int kombu_opts_parse(struct kombu_opts *o, const char *json, size_t len,
     rc = py_json_parse(json, len, &root, err);
     if (rc == CR_ENOMEM)
         return rc;
-    if (rc < 0)
+    if (rc < 0) {
+        /* Copied first: err->msg as both the reason and the destination
+         * printed the prefix twice and lost the reason. */
+        char why[sizeof(err->msg)];
+        snprintf(why, sizeof(why), "%s", err ? err->msg : "");
         return cr_err_set(err, CR_EINVAL, "broker transport options are not JSON: %s",
-                          err ? err->msg : "");
+                          why);
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return cr_err_set(err, CR_EINVAL,

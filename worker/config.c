@@ -69,6 +69,16 @@ static const struct opt opts[] = {
      OFF(broker_failover_strategy), "round-robin", 0, 0,
      "round-robin or shuffle: the order a broker URL list 'amqp://a;amqp://b' is tried "
      "in, on connect and on every reconnect (Celery's broker_failover_strategy)"},
+    {"broker-connection-retry-on-startup", 0,
+     "CELERIAC_BROKER_CONNECTION_RETRY_ON_STARTUP", OPTS_BOOL,
+     OFF(broker_connection_retry_on_startup), "1", 0, 1,
+     "retry the broker and the result backend at start-up, a WARNING line per failed "
+     "attempt, 2 s more between tries each time up to 30 s (as Celery 5.3+); false: "
+     "exit at the first failure"},
+    {"broker-connection-max-retries", 0, "CELERIAC_BROKER_CONNECTION_MAX_RETRIES",
+     OPTS_INT, OFF(broker_connection_max_retries), "100", 0, 1000000,
+     "start-up retries of the broker, and of the result backend, before the worker "
+     "gives up and exits 1 (0: retry for ever; as Celery's)"},
     {"delayed-delivery", 0, "CELERIAC_DELAYED_DELIVERY", OPTS_STR, OFF(delayed_delivery),
      "auto", 0, 0,
      "auto, on or off: declare RabbitMQ's native delayed delivery (celery_delayed_*) "

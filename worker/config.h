@@ -38,7 +38,12 @@ struct config {
     char *queue_order;              /* "fair" or "strict" (see enum engine_queue_order) */
     char *queue_type;               /* "classic" or "quorum" */
     char *broker_failover_strategy; /* "round-robin" or "shuffle" */
-    char *delayed_delivery;         /* "auto", "on" or "off" */
+    /* Celery's broker_connection_retry_on_startup and
+     * broker_connection_max_retries (0: no bound): the broker and the result
+     * backend at start-up (util/startup_retry.h). */
+    int broker_connection_retry_on_startup;
+    int broker_connection_max_retries;
+    char *delayed_delivery;          /* "auto", "on" or "off" */
     double delayed_delivery_horizon; /* seconds an eta may be held here */
     int delivery_limit;              /* x-delivery-count bound; 0: none */
     struct opts_list aliases;        /* NAME=TASK */

@@ -31,6 +31,7 @@
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "util/startup_retry.h"
 #include "util/uuid.h"
 #include "util/version.h"
 #include "worker_ctx.h"
@@ -721,9 +722,18 @@ static int providers_load(struct worker *w, struct cr_err *err)
                               rc == CR_ETOOBIG ? "over 1 MiB" : cr_strerror(rc));
         }
     }
-    if (!rc && doc.len)
+    if (!rc && doc.len) {
         rc = llm_registry_parse(&w->providers, doc.data, doc.len, env_of, err);
-    else if (rc)
+        if (rc && src[0] != '{') {
+            char why[sizeof(err->msg)];
+            const char *m = err->msg;
+            /* The file's name says what the registry's prefix would. */
+            if (!strncmp(m, "llm providers: ", 15))
+                m += 15;
+            snprintf(why, sizeof(why), "%s", m);
+            cr_err_set(err, rc, "--llm-providers file %.80s: %.160s", src, why);
+        }
+    } else if (rc)
         cr_err_set(err, rc, "out of memory");
     buf_release(&doc);
     if (rc)
@@ -778,6 +788,16 @@ static int clients_new(struct worker *w, struct cr_err *err)
                           cr_strerror(rc));
     if ((rc = providers_load(w, err)) != 0)
         return rc;
+    if (!cfg->llm_api_key || !cfg->llm_api_key[0]) {
+        /* Calls would go out unauthenticated and fail one by one (401) long
+         * after start-up; a local server may want no key, so not an error. */
+        char shown[512];
+        config_redact_url(cfg->llm_base_url, shown, sizeof(shown));
+        LOG(LOG_WARNING,
+            "LLM provider default (%s): no API key; set OPENAI_API_KEY (or "
+            "--llm-api-key), or its calls go without one",
+            shown);
+    }
     lc.secrets = &w->secrets;
     /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
     lc.headers = (const char *const *)cfg->llm_headers.items;
@@ -840,6 +860,12 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
 
     if (!w) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    /* Before anything connects: a typo in an alias's target would otherwise
+     * show only as every task it maps failing NotRegistered. */
+    if (tasks_check_aliases(cfg->aliases.items, cfg->aliases.n, err)) {
+        cr_free(w);
         return NULL;
     }
     w->cfg = cfg;
@@ -913,6 +939,79 @@ static void banner(struct worker *w)
     fprintf(stderr, "\n");
 }
 
+/* ------------------------------------------------------------ start-up */
+
+typedef int attempt_fn(struct worker *w, struct cr_err *err);
+
+static int attempt_backend(struct worker *w, struct cr_err *err)
+{
+    /* Long enough for a connect's own timeout (5 s) and the backoff the
+     * connection waits before its next attempt: an attempt that ends is
+     * said, this bound only catches one that never does. */
+    return backend_connect_attempt(w->backend, 15000, err);
+}
+
+static int attempt_broker(struct worker *w, struct cr_err *err)
+{
+    return broker_connect(w->broker, err);
+}
+
+static void on_pause(uv_timer_t *t)
+{
+    (void)t;
+}
+
+/* Start-up only: waits ms with the loop running, so that the connections
+ * already made keep up their heartbeats and health checks meanwhile. The
+ * cron timer, not started before the worker is ready, does the waiting. */
+static void pause_ms(struct worker *w, int64_t ms)
+{
+    uv_timer_start(&w->cron, on_pause, (uint64_t)ms, 0);
+    while (uv_is_active((uv_handle_t *)&w->cron))
+        uv_run(w->loop, UV_RUN_ONCE);
+}
+
+/* Celery's start-up: a failed connection is tried again after kombu's wait
+ * (util/startup_retry.h), with a WARNING line per failure saying why and
+ * when the next try is, until --broker-connection-max-retries retries have
+ * failed; then one line, the last reason and the bound. What retrying cannot
+ * mend (a refused password on Redis, a queue the broker refuses, a bad URL,
+ * out of memory) ends it at once. */
+static int connect_at_startup(struct worker *w, attempt_fn *attempt, struct cr_err *err)
+{
+    const struct config *c = w->cfg;
+    struct startup_retry r;
+    char why[sizeof(err->msg)];
+
+    startup_retry_init(&r, c->broker_connection_retry_on_startup,
+                       c->broker_connection_max_retries);
+    for (;;) {
+        int rc = attempt(w, err);
+        int64_t ms;
+        if (rc == 0)
+            return 0;
+        if (rc == CR_EINVAL || rc == CR_ENOMEM || rc == CR_EPEER)
+            return rc;
+        snprintf(why, sizeof(why), "%s", err->msg);
+        ms = startup_retry_next(&r);
+        if (ms < 0) {
+            if (r.retries)
+                cr_err_set(err, rc,
+                           "%.180s; giving up after %d %s "
+                           "(--broker-connection-max-retries)",
+                           why, r.retries, r.retries == 1 ? "retry" : "retries");
+            return rc;
+        }
+        if (r.max_retries)
+            LOG(LOG_WARNING, "%s; trying again in %g s (retry %d of %d)", why,
+                (double)ms / 1000.0, r.retries, r.max_retries);
+        else
+            LOG(LOG_WARNING, "%s; trying again in %g s (retry %d)", why,
+                (double)ms / 1000.0, r.retries);
+        pause_ms(w, ms);
+    }
+}
+
 int worker_start(struct worker *w, struct cr_err *err)
 {
     struct engine_now now;
@@ -926,13 +1025,13 @@ int worker_start(struct worker *w, struct cr_err *err)
     w->ctx.job_text = job_text;
     w->ctx.owner = w;
     banner(w);
-    if (backend_wait_connected(w->backend, w->loop, 10000, err))
+    if (connect_at_startup(w, attempt_backend, err))
         return err->code;
     /* The mailbox before the connection, so that it is declared at set-up
      * with the task queues, where an exclusive queue still held by our own
      * earlier connection (405) is answered (see net/amqp.c). */
     w->pidbox = pidbox_new(&w->ctx);
-    if (broker_connect(w->broker, err))
+    if (connect_at_startup(w, attempt_broker, err))
         return err->code;
     now = now_of(w);
     w->ctx.started_ms = now.loop_ms;

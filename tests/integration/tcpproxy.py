@@ -9,6 +9,9 @@ target port and can blackhole them, as a silent network partition would.
     p.reset_all()        # every proxied connection is closed (RST) at once
     p.close()
 
+listen_port picks the port it listens on (default: a free one), for a test
+whose client was told the port before anything listened there.
+
 While blackholed, new connections are accepted and then held silent as well, as
 a partition would leave a SYN unanswered only at the TCP level (the client's
 own connect timeout is what such a test exercises).
@@ -20,11 +23,11 @@ import threading
 
 
 class TcpProxy:
-    def __init__(self, target_port, target_host="127.0.0.1"):
+    def __init__(self, target_port, target_host="127.0.0.1", listen_port=0):
         self.target = (target_host, target_port)
         self._lsock = socket.socket()
         self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._lsock.bind(("127.0.0.1", 0))
+        self._lsock.bind(("127.0.0.1", listen_port))
         self._lsock.listen(512)
         self.port = self._lsock.getsockname()[1]
         self._lock = threading.Lock()

@@ -336,7 +336,8 @@ def test_unreachable_broker_is_one_clear_line(services):
     port = free_port()
     e = dict(os.environ, OPENAI_API_KEY="sk-very-secret")
     out = subprocess.run([BIN, "worker", "-b", "amqp://user:hunter2@127.0.0.1:%d//" % port,
-                          "--result-backend", services.redis_url(0)],
+                          "--result-backend", services.redis_url(0),
+                          "--broker-connection-retry-on-startup", "false"],
                          capture_output=True, text=True, env=e, timeout=60)
     assert out.returncode != 0
     assert "cannot connect to broker" in out.stderr

@@ -175,7 +175,8 @@ def test_backend_rediss_without_cert_reqs_is_a_startup_error(env, tls_redis):
 def test_wrong_ca_is_one_clear_line(env, tls_redis, pki):
     good = verified(tls_redis, 2, pki)
     bad = tls_redis.url(1, ssl_cert_reqs="required", ssl_ca_certs=pki["other_ca"])
-    w = env.worker("-b", bad, "--result-backend", good, start=False)
+    w = env.worker("-b", bad, "--result-backend", good,
+                   "--broker-connection-retry-on-startup", "false", start=False)
     w.start(wait_ready=False)
     assert w.wait(timeout=60) != 0
     lines = [l for l in w.lines if "TLS: certificate verify failed" in l]

@@ -1019,8 +1019,9 @@ START_TEST(test_opts_bad)
         {"{\"client_name\": false}", "'client_name'"},
         {"{\"body_encoding\": \"utf-8\"}", "'body_encoding'"},
         {"[]", "object"},
-        {"{\"sep\": \":\",}", "not JSON"},
-        {"", "not JSON"},
+        {"{\"sep\": \":\",}",
+         "broker transport options are not JSON: bad JSON at byte 12"},
+        {"", "not JSON: "},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct kombu_opts o = dflt();
@@ -1029,6 +1030,15 @@ START_TEST(test_opts_bad)
                          CR_EINVAL);
         ck_assert_msg(strstr(err.msg, cases[i].needle), "%s: '%s'", cases[i].doc,
                       err.msg);
+    }
+    {
+        /* The reason said once, whole (it was the prefix twice and nothing). */
+        struct kombu_opts o = dflt();
+        struct cr_err err = {0, ""};
+        ck_assert_int_eq(kombu_opts_parse(&o, "{\"a\": 1,}", 10, &err), CR_EINVAL);
+        ck_assert_str_eq(err.msg,
+                         "broker transport options are not JSON: bad JSON at byte 8: "
+                         "expected key");
     }
     {
         struct kombu_opts o = dflt();

@@ -59,7 +59,7 @@ START_TEST(test_refusals)
     uv_loop_init(&loop);
     ck_assert_ptr_null(make(&loop, "redis://127.0.0.1:1/0", "{\"nope\": 1}", &err));
     ck_assert_int_eq(err.code, CR_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err.msg, "transport options"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "unknown broker transport option 'nope'"));
     ck_assert_ptr_null(make(&loop, "redis://127.0.0.1:1/0", "[1]", &err));
     ck_assert_int_eq(err.code, CR_EINVAL);
     ck_assert_ptr_null(make(&loop, "redis://h:99999/0", NULL, &err));

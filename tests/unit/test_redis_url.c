@@ -435,7 +435,7 @@ START_TEST(test_backend_options)
     struct cr_err e = {0, ""};
     static const char *const bad[][2] = {
         {"[]", "not a JSON object"},
-        {"{", "not a JSON object"},
+        {"{", "transport options are not JSON: bad JSON at byte 1"},
         {"{\"master_name\": 1}", "'master_name' must be a string"},
         {"{\"socket_timeout\": \"3\"}", "'socket_timeout' must be seconds"},
         {"{\"socket_timeout\": -1}", "must be seconds"},

@@ -182,6 +182,8 @@ START_TEST(test_refusals)
         const char *doc, *want;
     } bad[] = {
         {"[]", "not a JSON object"},
+        {"{\n  \"providers\": {,}\n}", "bad JSON near line 2, column 18 (byte 19)"},
+        {"{\"models\": ", "bad JSON near line 1, column 11 (byte 10)"},
         {"{\"provider\": {}}", "unknown key 'provider'"},
         {"{\"providers\": []}", "'providers' must be an object"},
         {"{\"providers\": {\"x\": {\"type\": \"gpt\"}}}", "type must be openai"},

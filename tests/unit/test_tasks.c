@@ -721,6 +721,33 @@ START_TEST(test_oom_accumulate)
 }
 END_TEST
 
+/* An alias must name a built-in: a typo is refused with the alias, the
+ * unknown name and the near built-ins. */
+START_TEST(test_check_aliases)
+{
+    char a0[] = "tasks.summarize=llm.generate", a1[] = "tasks.chat=llm.chat";
+    char t0[] = "X=llm.generat", t1[] = "Y=generate", t2[] = "Z=tasks.other";
+    char *good[] = {a0, a1};
+    char *typo[] = {a0, t0};
+    char *bare[] = {t1};
+    char *other[] = {t2};
+    struct cr_err err;
+
+    ck_assert_int_eq(tasks_check_aliases(good, 2, &err), 0);
+    ck_assert_int_eq(tasks_check_aliases(NULL, 0, &err), 0);
+    ck_assert_int_eq(tasks_check_aliases(typo, 2, &err), CR_EINVAL);
+    ck_assert_str_eq(err.msg, "--task-alias 'X=llm.generat': 'llm.generat' is not a "
+                              "built-in task (did you mean llm.generate?)");
+    ck_assert_int_eq(tasks_check_aliases(bare, 1, &err), CR_EINVAL);
+    ck_assert_str_eq(err.msg, "--task-alias 'Y=generate': 'generate' is not a built-in "
+                              "task (did you mean llm.generate?)");
+    ck_assert_int_eq(tasks_check_aliases(other, 1, &err), CR_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'tasks.other' is not a built-in task (one of "
+                                          "llm.generate,"));
+    ck_assert_ptr_null(strchr(err.msg, '\n'));
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("tasks");
@@ -735,6 +762,7 @@ Suite *suite(void)
                         (int)(sizeof(wholes) / sizeof(wholes[0])));
     tcase_add_test(tc, test_long_names_truncate);
     tcase_add_test(tc, test_long_model);
+    tcase_add_test(tc, test_check_aliases);
     tcase_add_test(tc, test_big_inputs);
     tcase_add_test(tc, test_message_untouched);
     tcase_add_loop_test(tc, test_oom_sweep, 0, N_OOM_CHECKED);
