@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -12,6 +13,7 @@ import urllib.request
 
 from conftest import BIN, free_port, wait_until
 from tcpproxy import TcpProxy
+from test_reliability import count_publishes
 
 
 def proxied_url(env, proxy):
@@ -57,6 +59,53 @@ def test_silent_partition_is_noticed_and_reconnects(env):
         assert env.app.send_task("celery.accumulate", args=[2]).get(timeout=30) == [2]
         assert w.count(r"connection to broker lost") == 1, w.log()
     finally:
+        proxy.close()
+
+
+def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
+    # The path stops forwarding both ways while the worker is busy: the proxy
+    # reads neither side any more and the chunk it read at the cut never
+    # arrives. The worker keeps finishing tasks, and with -E publishing their
+    # events, into sockets nobody reads until the kernel takes no more. Only
+    # the broker's silence can tell that the link is dead, and it must tell
+    # in two heartbeat intervals, busy or not (a worker that waited on the
+    # full socket never noticed at all).
+    n, hb = 300, 2
+    proxy = TcpProxy(env.services.amqp_port).start()
+    stop = threading.Event()
+    seen, counter = count_publishes(env, stop)
+    try:
+        env.fake.script(["latency_ms=1500;tokens=3"] * (2 * n))
+        w = proxied_worker(env, proxy, "-E", "-c", "50", "--heartbeat", str(hb))
+        results = [env.app.send_task("llm.generate", args=["cut-%d" % i]) for i in range(n)]
+        # cut once the first tasks are done, the next ones running and the
+        # rest prefetched
+        wait_until(lambda: len(seen) >= 50, 60, interval=0.1, what="a first wave done")
+        proxy.freeze(True)
+        wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
+        lost = (r": (WARNING|ERROR)/.*connection to broker lost: no heartbeat from "
+                r"127\.0\.0\.1:%d for (\d+) s; reconnecting$" % proxy.port)
+        # a bound, not a speed: two intervals are 4 s
+        w.wait_for(lost, timeout=10 * hb)
+        silent = int(re.search(lost, [l for l in w.lines if re.search(lost, l)][0]).group(2))
+        assert silent >= 2 * hb
+        assert proxy.held, "the cut held no chunk in flight"
+        proxy.freeze(False)
+        w.wait_for(r"Connected to amqp://", timeout=90, count=2)
+        wait_until(lambda: all(env.meta(r.id) for r in results), 180, interval=0.5,
+                   what="every result after the reconnect")
+        assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
+                   what="the queue drained (every delivery acked)")
+        time.sleep(1)
+        stop.set()
+        counter.join(5)
+        twice = [k for k, v in seen.items() if v > 1]
+        assert not twice, "stored twice: %s" % twice[:5]
+        assert len(seen) == n
+        assert w.count(r"connection to broker lost") == 1, w.log()
+    finally:
+        stop.set()
         proxy.close()
 
 
