@@ -1,6 +1,7 @@
 """Issue 13: broker faults the worker must notice and name -- a silent partition,
 a reset, a refused login -- and a memory alarm, which blocks publishing but
 must never stop the acks."""
+import collections
 import json
 import os
 import re
@@ -65,11 +66,11 @@ def test_silent_partition_is_noticed_and_reconnects(env):
 def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
     # The path stops forwarding both ways while the worker is busy: the proxy
     # reads neither side any more and the chunk it read at the cut never
-    # arrives. The worker keeps finishing tasks, and with -E publishing their
-    # events, into sockets nobody reads until the kernel takes no more. Only
-    # the broker's silence can tell that the link is dead, and it must tell
-    # in two heartbeat intervals, busy or not (a worker that waited on the
-    # full socket never noticed at all).
+    # arrives. The worker keeps finishing tasks and, with -E, publishing their
+    # events. Only the broker's silence can tell that the link is dead, and it
+    # must tell in two heartbeat intervals, busy or not (main's worker never
+    # did: its first publish after two silent intervals waited for a byte
+    # from the broker, forever).
     n, hb = 300, 2
     proxy = TcpProxy(env.services.amqp_port).start()
     stop = threading.Event()
@@ -95,6 +96,56 @@ def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
         wait_until(lambda: all(env.meta(r.id) for r in results), 180, interval=0.5,
                    what="every result after the reconnect")
         assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
+        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
+                   what="the queue drained (every delivery acked)")
+        time.sleep(1)
+        stop.set()
+        counter.join(5)
+        twice = [k for k, v in seen.items() if v > 1]
+        assert not twice, "stored twice: %s" % twice[:5]
+        assert len(seen) == n
+        assert w.count(r"connection to broker lost") == 1, w.log()
+        calls = {}
+        for e in env.fake.stats():
+            if e["path"].startswith("/v1/"):
+                calls[e["prompt"]] = calls.get(e["prompt"], 0) + 1
+        # the calls running at the cut finished; their redeliveries were not
+        # called again
+        assert len(calls) == n and set(calls.values()) == {1}, \
+            sorted(collections.Counter(calls.values()).items())
+    finally:
+        stop.set()
+        proxy.close()
+
+
+def test_a_full_send_buffer_never_holds_up_the_heartbeat_check(env):
+    # Fifty running calls answer 503 just after the path froze: fifty retries
+    # of a 256 KiB task go out at once, far more than the kernel buffers on
+    # the way take. No write may wait for them to drain (none ever would), so
+    # the heartbeat check still runs and finds the link dead; after the
+    # reconnect each task runs again and ends with one result.
+    n, hb = 50, 2
+    proxy = TcpProxy(env.services.amqp_port).start()
+    stop = threading.Event()
+    seen, counter = count_publishes(env, stop)
+    try:
+        env.fake.script(["hold=cut;status=503"] * n)
+        w = proxied_worker(env, proxy, "-c", str(n), "--heartbeat", str(hb))
+        pad = "x" * (256 * 1024)
+        results = [env.app.send_task("llm.generate", args=["big-%d %s" % (i, pad)])
+                   for i in range(n)]
+        wait_until(lambda: env.fake.concurrency()["inflight"] == n, 60, interval=0.1,
+                   what="every call running")
+        proxy.freeze(True)
+        wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
+        env.fake.release("cut")
+        w.wait_for(r"connection to broker lost: no heartbeat from 127\.0\.0\.1:%d for \d+ s"
+                   % proxy.port, timeout=10 * hb)
+        proxy.freeze(False)
+        w.wait_for(r"Connected to amqp://", timeout=90, count=2)
+        wait_until(lambda: all(env.meta(r.id) for r in results)
+                   and all(env.meta(r.id)["status"] == "SUCCESS" for r in results),
+                   180, interval=0.5, what="every result after the reconnect")
         wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
                    what="the queue drained (every delivery acked)")
         time.sleep(1)
