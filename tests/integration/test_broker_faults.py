@@ -63,6 +63,38 @@ def test_silent_partition_is_noticed_and_reconnects(env):
         proxy.close()
 
 
+def freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop, counter,
+                                   at_cut=None):
+    """Freezes the proxied path, runs at_cut, and expects the heartbeat line
+    within ten intervals (a bound, not a speed: two intervals make it), then
+    once the path is back a reconnect, every task a SUCCESS stored once and
+    every delivery acked. Returns the silence the line reports, in seconds."""
+    proxy.freeze(True)
+    wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
+    if at_cut:
+        at_cut()
+    lost = (r": (WARNING|ERROR)/.*connection to broker lost: no heartbeat from "
+            r"127\.0\.0\.1:%d for (\d+) s; reconnecting$" % proxy.port)
+    w.wait_for(lost, timeout=10 * hb)
+    silent = int(re.search(lost, [l for l in w.lines if re.search(lost, l)][0]).group(2))
+    assert proxy.held, "the cut held no chunk in flight"
+    proxy.freeze(False)
+    w.wait_for(r"Connected to amqp://", timeout=90, count=2)
+    wait_until(lambda: all(env.meta(r.id) and env.meta(r.id)["status"] == "SUCCESS"
+                           for r in results),
+               180, interval=0.5, what="every result after the reconnect")
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
+               what="the queue drained (every delivery acked)")
+    time.sleep(1)
+    stop.set()
+    counter.join(5)
+    twice = [k for k, v in seen.items() if v > 1]
+    assert not twice, "stored twice: %s" % twice[:5]
+    assert len(seen) == len(results)
+    assert w.count(r"connection to broker lost") == 1, w.log()
+    return silent
+
+
 def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
     # The path stops forwarding both ways while the worker is busy: the proxy
     # reads neither side any more and the chunk it read at the cut never
@@ -82,29 +114,9 @@ def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
         # cut once the first tasks are done, the next ones running and the
         # rest prefetched
         wait_until(lambda: len(seen) >= 50, 60, interval=0.1, what="a first wave done")
-        proxy.freeze(True)
-        wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
-        lost = (r": (WARNING|ERROR)/.*connection to broker lost: no heartbeat from "
-                r"127\.0\.0\.1:%d for (\d+) s; reconnecting$" % proxy.port)
-        # a bound, not a speed: two intervals are 4 s
-        w.wait_for(lost, timeout=10 * hb)
-        silent = int(re.search(lost, [l for l in w.lines if re.search(lost, l)][0]).group(2))
+        silent = freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop,
+                                                counter)
         assert silent >= 2 * hb
-        assert proxy.held, "the cut held no chunk in flight"
-        proxy.freeze(False)
-        w.wait_for(r"Connected to amqp://", timeout=90, count=2)
-        wait_until(lambda: all(env.meta(r.id) for r in results), 180, interval=0.5,
-                   what="every result after the reconnect")
-        assert all(env.meta(r.id)["status"] == "SUCCESS" for r in results)
-        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
-                   what="the queue drained (every delivery acked)")
-        time.sleep(1)
-        stop.set()
-        counter.join(5)
-        twice = [k for k, v in seen.items() if v > 1]
-        assert not twice, "stored twice: %s" % twice[:5]
-        assert len(seen) == n
-        assert w.count(r"connection to broker lost") == 1, w.log()
         calls = {}
         for e in env.fake.stats():
             if e["path"].startswith("/v1/"):
@@ -136,25 +148,8 @@ def test_a_full_send_buffer_never_holds_up_the_heartbeat_check(env):
                    for i in range(n)]
         wait_until(lambda: env.fake.concurrency()["inflight"] == n, 60, interval=0.1,
                    what="every call running")
-        proxy.freeze(True)
-        wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
-        env.fake.release("cut")
-        w.wait_for(r"connection to broker lost: no heartbeat from 127\.0\.0\.1:%d for \d+ s"
-                   % proxy.port, timeout=10 * hb)
-        proxy.freeze(False)
-        w.wait_for(r"Connected to amqp://", timeout=90, count=2)
-        wait_until(lambda: all(env.meta(r.id) for r in results)
-                   and all(env.meta(r.id)["status"] == "SUCCESS" for r in results),
-                   180, interval=0.5, what="every result after the reconnect")
-        wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
-                   what="the queue drained (every delivery acked)")
-        time.sleep(1)
-        stop.set()
-        counter.join(5)
-        twice = [k for k, v in seen.items() if v > 1]
-        assert not twice, "stored twice: %s" % twice[:5]
-        assert len(seen) == n
-        assert w.count(r"connection to broker lost") == 1, w.log()
+        freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop, counter,
+                                       at_cut=lambda: env.fake.release("cut"))
     finally:
         stop.set()
         proxy.close()
