@@ -3,10 +3,16 @@
  * rabbitmq-c owns a non-blocking socket per connection; we watch each fd with
  * a uv_poll_t and, when it is readable, pull frames with a zero timeout until
  * the library has nothing more. Deliveries (method + header + body frames) are
- * put together here. rabbitmq-c sends heartbeats and notices a silent peer
- * only when it is called into, so a timer does that work on its own clock: it
- * sends ours every half interval and declares a connection lost after two
- * intervals without a byte from the broker. */
+ * put together here.
+ *
+ * Heartbeats are ours alone, on a timer of this loop: it sends ours every half
+ * interval and declares a connection lost after two intervals without a byte
+ * from the broker. Only bytes read count (rmq_sock counts them): what we
+ * write, a readiness without data, frames the library queued earlier say
+ * nothing about the broker. rabbitmq-c is told after login that there are no
+ * heartbeats (see link_open), and no write ever waits for the socket
+ * (rmq_sock.h): either would stop the loop, and that timer with it, on a path
+ * that stopped forwarding while the worker is busy. */
 #include "amqp.h"
 #include "broker_int.h"
 
@@ -24,6 +30,7 @@
 #include "util/log.h"
 #include "util/redact.h"
 #include "amqp_url.h"
+#include "rmq_sock.h"
 #include "protocol/amqp_json.h"
 #include "protocol/delayed.h"
 #include "protocol/rmq_caps.h"
@@ -55,6 +62,11 @@
 /* Publishes held while the broker blocks publishing, at most (bodies and
  * copies); past it rmq_publish() refuses. */
 #define HELD_MAX_BYTES (64u << 20)
+/* Bytes written that the kernel has not taken yet, at most, per connection;
+ * past it the connection is lost. A broker under flow control reads again
+ * within moments, and a silent one is found dead in two heartbeat intervals:
+ * only a broker that keeps talking but stops reading fills this. */
+#define LINK_QUEUE_MAX_BYTES (64u << 20)
 
 struct pending_confirm {
     uint64_t seq;
@@ -111,6 +123,10 @@ struct link {
     const char *role;             /* "consume" or "publish" */
     amqp_connection_state_t conn; /* NULL while disconnected */
     uv_poll_t *poll;              /* heap: closed asynchronously */
+    struct rmq_sock *sock;        /* conn's socket's writes; owned by conn */
+    int heartbeat_s;              /* negotiated at login; 0: none */
+    int poll_events;              /* what poll watches: UV_READABLE, | UV_WRITABLE */
+    uint64_t rx_seen;             /* rmq_sock_received() at the last look */
     uint64_t last_recv_ms;        /* loop time bytes last came from the broker */
     uint64_t last_beat_ms;        /* loop time our last heartbeat went out */
     int in_pump;
@@ -949,8 +965,9 @@ static void on_poll(uv_poll_t *p, int status, int events)
     if (!l)
         return;
     b = l->b;
-    if (status == 0 && (events & UV_READABLE))
-        l->last_recv_ms = uv_now(b->loop);
+    if (status == 0 && (events & UV_WRITABLE) && l->sock &&
+        check_status(b, rmq_sock_flush(l->sock), "queued frames"))
+        return;
     /* Also on an error: what the broker sent before it (a connection.close
      * with its reason) comes first, and the read that fails names the cause. */
     pump(l);
@@ -1002,9 +1019,12 @@ static void link_close(struct link *l)
         l->poll = NULL;
     }
     if (l->conn) {
-        amqp_destroy_connection(l->conn);
+        amqp_destroy_connection(l->conn); /* frees l->sock */
         l->conn = NULL;
     }
+    l->sock = NULL;
+    l->heartbeat_s = 0;
+    l->poll_events = 0;
     l->blocked = 0;
     l->blocked_why[0] = '\0';
 }
@@ -1053,7 +1073,8 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
 
     l->conn = amqp_new_connection();
     sock = l->conn ? amqp_tcp_socket_new(l->conn) : NULL;
-    if (!sock)
+    l->sock = sock ? rmq_sock_wrap(sock, LINK_QUEUE_MAX_BYTES) : NULL;
+    if (!l->sock)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     /* Our own connect, not amqp_socket_open_noblock(): that one loses the
      * reason ("a socket error occurred" for a refusal too). */
@@ -1094,6 +1115,21 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
             err, r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION ? CR_EPEER : CR_EBROKER,
             "%s", why);
     }
+    /* The broker keeps the interval just negotiated; rabbitmq-c is told there
+     * is none. Its own check sits in amqp_basic_publish(): once two intervals
+     * have passed without a byte, 0.11 to 0.13 wait for one with no deadline
+     * (rabbitmq-c issue 780), so the first publish after a path stops
+     * forwarding never returns, and the timer that would have noticed never
+     * runs again. Our timer sends and checks instead (link_heartbeat). Right
+     * after login no frame is half read, as amqp_tune_connection() requires. */
+    l->heartbeat_s = amqp_get_heartbeat(l->conn);
+    if (l->heartbeat_s > 0) {
+        rc = amqp_tune_connection(l->conn, amqp_get_channel_max(l->conn),
+                                  amqp_get_frame_max(l->conn), 0);
+        if (rc != AMQP_STATUS_OK)
+            return cr_err_set(err, rc == AMQP_STATUS_NO_MEMORY ? CR_ENOMEM : CR_EBROKER,
+                              "cannot take over heartbeats: %s", amqp_error_string2(rc));
+    }
     return 0;
 }
 
@@ -1106,7 +1142,9 @@ static int link_watch(struct amqp_broker *b, struct link *l, struct cr_err *err)
         return cr_err_set(err, CR_ENOMEM, "cannot watch the broker socket");
     }
     l->poll->data = l;
-    uv_poll_start(l->poll, UV_READABLE, on_poll);
+    l->poll_events = UV_READABLE;
+    uv_poll_start(l->poll, l->poll_events, on_poll);
+    l->rx_seen = rmq_sock_received(l->sock);
     l->last_recv_ms = l->last_beat_ms = uv_now(b->loop);
     return 0;
 }
@@ -1315,7 +1353,7 @@ static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
     b->up = 1;
     b->generation++;
     b->reconnect_delay_ms = 0;
-    b->hb_ms = (uint64_t)amqp_get_heartbeat(b->cons.conn) * 1000;
+    b->hb_ms = (uint64_t)b->cons.heartbeat_s * 1000;
     if (b->hb_ms > 0) {
         uint64_t every = b->hb_ms / 4;
         uv_timer_start(&b->timer, on_timer, every ? every : 250, every ? every : 250);
@@ -1350,17 +1388,50 @@ static void lost_heartbeats(struct amqp_broker *b, const struct link *l)
     connection_lost(b, why);
 }
 
+/* Takes the time of the last byte read: now, if any came since the last
+ * look. Called after every read (pump) and before every check, so the time is
+ * that of the loop turn that read it. */
+static void note_rx(struct amqp_broker *b, struct link *l)
+{
+    uint64_t rx;
+    if (!l->sock)
+        return;
+    rx = rmq_sock_received(l->sock);
+    if (rx != l->rx_seen) {
+        l->rx_seen = rx;
+        l->last_recv_ms = uv_now(b->loop);
+    }
+}
+
+/* Watches for writability only while bytes wait to be written: on_poll then
+ * drains them. Called before the loop sleeps, after the turn's writes. */
+static void watch_writes(struct link *l)
+{
+    int want;
+    if (!l->poll || !l->sock)
+        return;
+    want = UV_READABLE | (rmq_sock_queued(l->sock) ? UV_WRITABLE : 0);
+    if (want != l->poll_events) {
+        l->poll_events = want;
+        uv_poll_start(l->poll, want, on_poll);
+    }
+}
+
 /* Two heartbeat intervals without a byte from the broker: the connection is
  * as good as gone, even if the socket stays open (a silent partition, a
- * broker host that vanished). rabbitmq-c notices that only when it is asked
- * to read, so the timer checks too. Ours go out every half interval, as
- * RabbitMQ sends its own, whatever else was written. */
+ * broker host that vanished). rabbitmq-c does not check (see link_open):
+ * this timer does, every quarter interval, and no write can hold it up, so a
+ * dead link is found within two and a quarter intervals, busy or idle. Ours
+ * go out every half interval, as RabbitMQ sends its own, whatever else was
+ * written; when the broker stops reading they wait in rmq_sock's queue with
+ * everything else. */
 static void link_heartbeat(struct amqp_broker *b, struct link *l, uint64_t now)
 {
     amqp_frame_t f;
 
     if (!b->up || !l->conn)
         return;
+    note_rx(b, l);
     if (now - l->last_recv_ms > 2 * b->hb_ms) {
         lost_heartbeats(b, l);
         return;
@@ -1788,7 +1859,6 @@ static void pump(struct link *l)
             connection_lost(b, status_text(rc, e, buf, sizeof(buf)));
             break;
         }
-        l->last_recv_ms = uv_now(b->loop);
         if (l == &b->pub)
             on_pub_frame(b, &f);
         else
@@ -1796,6 +1866,7 @@ static void pump(struct link *l)
         if (l->conn && (l == &b->pub || !b->cur))
             amqp_maybe_release_buffers(l->conn);
     }
+    note_rx(b, l);
     l->in_pump = 0;
 }
 
@@ -2135,6 +2206,8 @@ static void on_prepare(uv_prepare_t *p)
 {
     struct amqp_broker *b = p->data;
     check_status(b, flush_acks(b), "ack");
+    watch_writes(&b->cons);
+    watch_writes(&b->pub);
 }
 
 static int rmq_ack(struct amqp_broker *b, struct broker_msg *m)

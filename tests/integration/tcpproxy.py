@@ -6,15 +6,23 @@ target port and can blackhole them, as a silent network partition would.
     p.blackhole(True)    # bytes in both directions are read and dropped; the
                          # sockets stay open, so neither side sees a reset or EOF
     p.blackhole(False)   # forwarding resumes (what was dropped stays lost)
+    p.freeze(True)       # the path stops at the next chunk read from either side:
+                         # that chunk is held, never delivered, and neither side
+                         # is read any more, so each sender's writes stall once
+                         # the kernel buffers are full; p.frozen() says it is cut
+    p.freeze(False)      # reading and forwarding resume (the held chunk is dropped)
     p.reset_all()        # every proxied connection is closed (RST) at once
     p.close()
 
 listen_port picks the port it listens on (default: a free one), for a test
 whose client was told the port before anything listened there.
 
-While blackholed, new connections are accepted and then held silent as well, as
-a partition would leave a SYN unanswered only at the TCP level (the client's
-own connect timeout is what such a test exercises).
+A blackhole still reads, so a sender never stalls; a freeze is the harder case,
+as a route that stops forwarding is: the receiver's window closes and each side's
+writes pile up in its own send buffer. While blackholed or frozen, new
+connections are accepted and then held silent as well, as a partition would
+leave a SYN unanswered only at the TCP level (the client's own connect timeout
+is what such a test exercises).
 """
 import select
 import socket
@@ -33,6 +41,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._pairs = {}          # socket -> its peer socket
         self._holed = False
+        self._cut = None          # None, "armed" (at the next chunk) or "frozen"
+        self.held = []            # (socket, chunk) read at the cut, never forwarded
         self._stop = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -53,6 +63,17 @@ class TcpProxy:
         with self._lock:
             self._holed = bool(on)
         self._wake()
+
+    def freeze(self, on=True):
+        with self._lock:
+            self._cut = "armed" if on else None
+            if not on:
+                self.held = []
+        self._wake()
+
+    def frozen(self):
+        with self._lock:
+            return self._cut == "frozen"
 
     def connections(self):
         with self._lock:
@@ -113,7 +134,7 @@ class TcpProxy:
     def _run(self):
         while not self._stop:
             with self._lock:
-                socks = list(self._pairs)
+                socks = [] if self._cut == "frozen" else list(self._pairs)
             try:
                 r, _, _ = select.select([self._lsock, self._wake_r] + socks, [], [], 0.5)
             except (OSError, ValueError):
@@ -135,6 +156,18 @@ class TcpProxy:
                 with self._lock:
                     peer = self._pairs.get(s)
                     holed = self._holed
+                    cut = self._cut
+                    if cut == "armed" and data:
+                        # The cut falls between this read and its write.
+                        self._cut = cut = "frozen"
+                        self.held.append((s, data))
+                        continue
+                if cut == "frozen":
+                    # Read in the turn of the cut: held as well (an end of
+                    # stream too: the other side must not hear of it).
+                    if data:
+                        self.held.append((s, data))
+                    continue
                 if not data and holed:
                     # A partition hides a close too: this side goes, its peer
                     # stays open and hears nothing (until forwarding resumes

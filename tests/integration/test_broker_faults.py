@@ -1,10 +1,12 @@
 """Issue 13: broker faults the worker must notice and name -- a silent partition,
 a reset, a refused login -- and a memory alarm, which blocks publishing but
 must never stop the acks."""
+import collections
 import json
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -12,6 +14,7 @@ import urllib.request
 
 from conftest import BIN, free_port, wait_until
 from tcpproxy import TcpProxy
+from test_reliability import count_publishes
 
 
 def proxied_url(env, proxy):
@@ -57,6 +60,98 @@ def test_silent_partition_is_noticed_and_reconnects(env):
         assert env.app.send_task("celery.accumulate", args=[2]).get(timeout=30) == [2]
         assert w.count(r"connection to broker lost") == 1, w.log()
     finally:
+        proxy.close()
+
+
+def freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop, counter,
+                                   at_cut=None):
+    """Freezes the proxied path, runs at_cut, and expects the heartbeat line
+    within ten intervals (a bound, not a speed: two intervals make it), then
+    once the path is back a reconnect, every task a SUCCESS stored once and
+    every delivery acked. Returns the silence the line reports, in seconds."""
+    proxy.freeze(True)
+    wait_until(proxy.frozen, 10, interval=0.05, what="the path cut")
+    if at_cut:
+        at_cut()
+    lost = (r": (WARNING|ERROR)/.*connection to broker lost: no heartbeat from "
+            r"127\.0\.0\.1:%d for (\d+) s; reconnecting$" % proxy.port)
+    w.wait_for(lost, timeout=10 * hb)
+    silent = int(re.search(lost, [l for l in w.lines if re.search(lost, l)][0]).group(2))
+    assert proxy.held, "the cut held no chunk in flight"
+    proxy.freeze(False)
+    w.wait_for(r"Connected to amqp://", timeout=90, count=2)
+    wait_until(lambda: all(env.meta(r.id) and env.meta(r.id)["status"] == "SUCCESS"
+                           for r in results),
+               180, interval=0.5, what="every result after the reconnect")
+    wait_until(lambda: env.services.queue_depth(env.vhost, "celery") == 0, 60,
+               what="the queue drained (every delivery acked)")
+    time.sleep(1)
+    stop.set()
+    counter.join(5)
+    twice = [k for k, v in seen.items() if v > 1]
+    assert not twice, "stored twice: %s" % twice[:5]
+    assert len(seen) == len(results)
+    assert w.count(r"connection to broker lost") == 1, w.log()
+    return silent
+
+
+def test_a_frozen_path_under_load_is_noticed_and_every_task_ends_once(env):
+    # The path stops forwarding both ways while the worker is busy: the proxy
+    # reads neither side any more and the chunk it read at the cut never
+    # arrives. The worker keeps finishing tasks and, with -E, publishing their
+    # events. Only the broker's silence can tell that the link is dead, and it
+    # must tell in two heartbeat intervals, busy or not (main's worker never
+    # did: its first publish after two silent intervals waited for a byte
+    # from the broker, forever).
+    n, hb = 300, 2
+    proxy = TcpProxy(env.services.amqp_port).start()
+    stop = threading.Event()
+    seen, counter = count_publishes(env, stop)
+    try:
+        env.fake.script(["latency_ms=1500;tokens=3"] * (2 * n))
+        w = proxied_worker(env, proxy, "-E", "-c", "50", "--heartbeat", str(hb))
+        results = [env.app.send_task("llm.generate", args=["cut-%d" % i]) for i in range(n)]
+        # cut once the first tasks are done, the next ones running and the
+        # rest prefetched
+        wait_until(lambda: len(seen) >= 50, 60, interval=0.1, what="a first wave done")
+        silent = freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop,
+                                                counter)
+        assert silent >= 2 * hb
+        calls = {}
+        for e in env.fake.stats():
+            if e["path"].startswith("/v1/"):
+                calls[e["prompt"]] = calls.get(e["prompt"], 0) + 1
+        # the calls running at the cut finished; their redeliveries were not
+        # called again
+        assert len(calls) == n and set(calls.values()) == {1}, \
+            sorted(collections.Counter(calls.values()).items())
+    finally:
+        stop.set()
+        proxy.close()
+
+
+def test_a_full_send_buffer_never_holds_up_the_heartbeat_check(env):
+    # Fifty running calls answer 503 just after the path froze: fifty retries
+    # of a 256 KiB task go out at once, far more than the kernel buffers on
+    # the way take. No write may wait for them to drain (none ever would), so
+    # the heartbeat check still runs and finds the link dead; after the
+    # reconnect each task runs again and ends with one result.
+    n, hb = 50, 2
+    proxy = TcpProxy(env.services.amqp_port).start()
+    stop = threading.Event()
+    seen, counter = count_publishes(env, stop)
+    try:
+        env.fake.script(["hold=cut;status=503"] * n)
+        w = proxied_worker(env, proxy, "-c", str(n), "--heartbeat", str(hb))
+        pad = "x" * (256 * 1024)
+        results = [env.app.send_task("llm.generate", args=["big-%d %s" % (i, pad)])
+                   for i in range(n)]
+        wait_until(lambda: env.fake.concurrency()["inflight"] == n, 60, interval=0.1,
+                   what="every call running")
+        freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop, counter,
+                                       at_cut=lambda: env.fake.release("cut"))
+    finally:
+        stop.set()
         proxy.close()
 
 
