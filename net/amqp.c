@@ -1069,19 +1069,23 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     amqp_rpc_reply_t r;
     struct timeval tv;
     char name[200], why[200];
-    int fd, e;
+    int fd, rc, e;
 
     l->conn = amqp_new_connection();
     sock = l->conn ? amqp_tcp_socket_new(l->conn) : NULL;
-    l->sock = sock ? rmq_sock_wrap(sock, LINK_QUEUE_MAX_BYTES) : NULL;
-    if (!l->sock)
+    if (!sock)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     /* Our own connect, not amqp_socket_open_noblock(): that one loses the
      * reason ("a socket error occurred" for a refusal too). */
     fd = tcp_connect(u->host, u->port, b->cfg.connect_timeout, err);
     if (fd < 0)
         return fd;
+    /* The descriptor before the wrap: rabbitmq-c refuses to set it on a
+     * socket whose class is no longer its TCP one. */
     amqp_tcp_socket_set_sockfd(sock, fd);
+    l->sock = rmq_sock_wrap(sock, LINK_QUEUE_MAX_BYTES);
+    if (!l->sock)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
     tv.tv_sec = RPC_TIMEOUT_S;
     tv.tv_usec = 0;
     amqp_set_handshake_timeout(l->conn, &tv);
