@@ -108,16 +108,26 @@ FUZZ_QUICK_SECONDS ?= 15
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c) gateway/gw_msg.c
-FUZZ_FLAGS := -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+FUZZ_COMMON := -g -O1 -D_GNU_SOURCE -fno-sanitize-recover=undefined \
               -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
+FUZZ_FLAGS := $(FUZZ_COMMON) -fsanitize=fuzzer,address,undefined
+# The library is compiled once for all the targets (each target's link used to
+# compile all of it again): instrumented as the targets are, without libFuzzer's main.
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=build-fuzz/obj/%.o)
 
-build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
+build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) \
+	clang $(FUZZ_COMMON) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP -c -o $@ $<
+
+$(FUZZ_BIN): build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -MMD -MP -o $@ $< $(FUZZ_LIB_OBJ) \
 	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lm
 
 fuzz: $(FUZZ_BIN)
 	@bash scripts/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
+
+-include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)
 
 valgrind: $(UNIT_BIN)
 	@for t in $(UNIT_BIN); do CK_FORK=no valgrind -q --leak-check=full --error-exitcode=1 $$t || exit 1; done

@@ -8,7 +8,8 @@ PKGS=(
     librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev libuv1-dev
     libwebsockets-dev libpcre2-dev libssl-dev check
     rabbitmq-server redis-server
-    python3-celery python3-redis python3-amqp python3-pytest python3-websocket python3-yaml
+    python3-celery python3-redis python3-amqp python3-pytest python3-pytest-xdist
+    python3-websocket python3-yaml
     chromium
     python3-prometheus-client
 )

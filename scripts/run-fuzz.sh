@@ -33,7 +33,8 @@ check() { # name log rc what limit
     esac
 }
 
-for bin in "$@"; do
+run_target() { # bin (run in a subshell of its own: its EXIT trap and variables stay there)
+    bin=$1
     name=${bin##*/fuzz_}
     corpus=tests/fuzz/corpus/$name
     flags=(-timeout="$input_timeout" -rss_limit_mb="$rss_mb" -max_len=65536
@@ -58,6 +59,24 @@ for bin in "$@"; do
     timeout -k 10 "$limit" "$bin" "${flags[@]}" -max_total_time="$secs" "$tmp" >"$log" 2>&1
     check "$name" "$log" $? "random run" "$limit"
     grep -E "^(#[0-9]+ *DONE|Done)" "$log" | tail -1
-    rm -rf "$tmp" "$log"
-    trap - EXIT
+}
+
+# The targets run FUZZ_JOBS at a time (default: one a core; each is one thread
+# and still gets its SECONDS), each into its own file, printed in order, those
+# that failed last so that CI's tail shows them.
+par=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+i=0
+for bin in "$@"; do
+    while [ "$(jobs -pr | wc -l)" -ge "$par" ]; do wait -n; done
+    ( (run_target "$bin"); echo $? >"$out/$i.rc" ) >"$out/$i.out" 2>&1 &
+    i=$((i + 1))
 done
+wait
+bad=()
+for ((j = 0; j < i; j++)); do
+    if [ "$(cat "$out/$j.rc" 2>/dev/null)" = 0 ]; then cat "$out/$j.out"; else bad+=("$j"); fi
+done
+for j in "${bad[@]}"; do cat "$out/$j.out"; done
+[ "${#bad[@]}" -eq 0 ]

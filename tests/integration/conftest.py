@@ -1,8 +1,10 @@
 """Integration harness: real RabbitMQ, real Redis, the fake LLM server, the real
 celeriac binary and a real Python Celery client.
 
-Run through scripts/run-integration.sh (which starts private RabbitMQ and Redis
-instances and exports CELERIAC_IT_DIR), or by hand with that variable set.
+Run through scripts/run-integration.sh (which exports CELERIAC_IT_DIR and runs
+the suite in pytest-xdist workers, each starting its own private RabbitMQ and
+Redis under it; a run given test files is one process on one such pair), or by
+hand with that variable set.
 Every test gets its own RabbitMQ vhost and its own Redis database, so tests
 never see each other's messages or results.
 
@@ -67,6 +69,9 @@ class Services:
         self.amqp_port = int(env["AMQP_PORT"])
         self.redis_port = int(env["REDIS_PORT"])
         self.node = env["RABBIT_NODE"]
+        self._spare_vhosts = []
+        self._dropped_vhosts = []
+        self._vhost_eval = True
 
     def ctl(self, *args, check=True):
         return subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], check=check,
@@ -76,11 +81,44 @@ class Services:
         subprocess.run(["bash", os.path.join(ROOT, "scripts", "services.sh"), action, self.dir],
                        check=True, capture_output=True, timeout=300)
 
+    # Each rabbitmqctl call boots an Erlang VM: a second of CPU, three of them a
+    # test when each made and dropped its own vhost. One `eval` makes a batch of
+    # vhosts ahead and deletes those dropped since the last.
+    VHOST_BATCH = 8
+
     def new_vhost(self):
-        name = "t-" + uuid.uuid4().hex[:10]
-        self.ctl("add_vhost", name)
-        self.ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-        return name
+        if not self._spare_vhosts:
+            self._vhost_round()
+        return self._spare_vhosts.pop()
+
+    def drop_vhost(self, name):
+        """Deleted with the next batch made (the node goes at the end anyway)."""
+        self._dropped_vhosts.append(name)
+
+    def _vhost_round(self):
+        dropped, self._dropped_vhosts = self._dropped_vhosts, []
+        names = ["t-" + uuid.uuid4().hex[:10] for _ in range(self.VHOST_BATCH)]
+        if self._vhost_eval:
+            binl = lambda vs: "[%s]" % ",".join('<<"%s">>' % v for v in vs)
+            expr = ('U = <<"celeriac-tests">>, '
+                    '[rabbit_vhost:delete(V, U) || V <- %s], Add = %s, '
+                    'R = [rabbit_vhost:add(V, U) || V <- Add] ++ '
+                    '[rabbit_auth_backend_internal:set_permissions(<<"guest">>, V, <<".*">>, '
+                    '<<".*">>, <<".*">>, U) || V <- Add], '
+                    'case lists:usort(R) of [ok] -> made; _ -> R end.'
+                    % (binl(dropped), binl(names)))
+            r = self.ctl("eval", expr, check=False)
+            if r.returncode == 0 and r.stdout.strip() == "made":
+                self._spare_vhosts = names
+                return
+            # A RabbitMQ whose internals differ: rabbitmqctl's own commands, one by one.
+            self._vhost_eval = False
+            names = ["t-" + uuid.uuid4().hex[:10]]
+        for v in dropped:
+            self.ctl("delete_vhost", v, check=False)
+        self.ctl("add_vhost", names[0])
+        self.ctl("set_permissions", "-p", names[0], "guest", ".*", ".*", ".*")
+        self._spare_vhosts = names
 
     def broker_url(self, vhost):
         return "amqp://guest:guest@127.0.0.1:%d/%s" % (self.amqp_port, urllib.parse.quote(vhost, safe=""))
@@ -105,12 +143,35 @@ class Services:
         return None
 
 
+def _services_script(action, directory, timeout=300):
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "services.sh"), action, directory],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def services():
+    """The RabbitMQ node and Redis of this test process. Run serially, those of
+    CELERIAC_IT_DIR (started by run-integration.sh). Under pytest-xdist each worker
+    starts its own under CELERIAC_IT_DIR/<dir>-<worker id> and stops them at the
+    end: the tests that stop the broker, or fill it, then touch no other worker's."""
     d = os.environ.get("CELERIAC_IT_DIR")
     if not d:
         pytest.skip("CELERIAC_IT_DIR not set: run through scripts/run-integration.sh")
-    return Services(d)
+    wid = os.environ.get("PYTEST_XDIST_WORKER")
+    if not wid:
+        yield Services(d)
+        return
+    # The node's name is made from the dir's name: keep the run's in it, so that
+    # two runs on one host never ask epmd for the same name.
+    own = os.path.join(d, "%s-%s" % (os.path.basename(d.rstrip("/")), wid))
+    r = _services_script("start", own)
+    if r.returncode != 0:
+        _services_script("stop", own, timeout=120)
+        raise RuntimeError("services for %s did not start:\n%s%s" % (wid, r.stdout, r.stderr))
+    try:
+        yield Services(own)
+    finally:
+        _services_script("stop", own, timeout=120)
 
 
 class FakeLLM:
@@ -355,10 +416,7 @@ class Env:
         except Exception:
             pass
         if self.transport == "amqp":
-            try:
-                self.services.ctl("delete_vhost", self.vhost, check=False)
-            except Exception:
-                pass
+            self.services.drop_vhost(self.vhost)
         if self.broker_redis is not None:
             try:
                 self.broker_redis.flushdb()
@@ -394,6 +452,20 @@ def pytest_unconfigure(config):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status[0])
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under pytest-xdist (--dist loadfile: whole files, handed out in collection
+    order), the heaviest files first, so that a long file does not start last and
+    keep one worker busy after the others are done. A file weighs one a test and
+    fifteen a test marked slow; the order within a file is kept."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    weight = {}
+    for it in items:
+        f = it.nodeid.split("::", 1)[0]
+        weight[f] = weight.get(f, 0) + (15 if it.get_closest_marker("slow") else 1)
+    items.sort(key=lambda it: -weight[it.nodeid.split("::", 1)[0]])
 
 
 def pytest_generate_tests(metafunc):

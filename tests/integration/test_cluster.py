@@ -118,17 +118,24 @@ def test_node_killed_under_a_quorum_queue_loses_nothing_and_pays_once(env, clust
     env.fake.reset()
     # 2,000 calls of 250 ms at -c 50: ten seconds of work, so the kill lands mid-run
     env.fake._req("POST", "/__config", {"defaults": "latency_ms=250;tokens=2"})
-    w = env.worker("-b", ";".join(n.url() for n in cluster), "--queue-type", "quorum",
-                   "--delayed-delivery", "off", "-c", "50")
-    # round-robin starts with the first node of the list: the one killed below
-    w.wait_for(r"Connected to .*:%d/.* \(node 1 of 3" % n1.port)
+    # Published before the worker starts: on a loaded machine a worker already
+    # running could finish each task about as soon as Python had sent it, and
+    # the run be over before the kill.
     n = 2000
     with app.producer_or_acquire() as prod:
         results = [app.send_task("llm.generate", args=["cl%d" % i], producer=prod)
                    for i in range(n)]
+    w = env.worker("-b", ";".join(n.url() for n in cluster), "--queue-type", "quorum",
+                   "--delayed-delivery", "off", "-c", "50")
+    # round-robin starts with the first node of the list: the one killed below
+    w.wait_for(r"Connected to .*:%d/.* \(node 1 of 3" % n1.port)
 
     def done():
-        return sum(1 for r in results if env.redis.exists("celery-task-meta-" + r.id))
+        # one round trip: 2,000 of them would take a good part of the run
+        pipe = env.redis.pipeline(transaction=False)
+        for r in results:
+            pipe.exists("celery-task-meta-" + r.id)
+        return sum(pipe.execute())
 
     wait_until(lambda: done() >= 300, timeout=180, interval=0.2, what="300 results")
     assert done() < n, "the run ended before the node could be killed"
