@@ -7,8 +7,9 @@
 # The whole suite runs in CELERIAC_IT_WORKERS pytest-xdist workers (default 4: the
 # tests mostly wait on brokers, workers and the fake LLM, so more workers than cores
 # pay), each with its own RabbitMQ node, Redis and fake LLM server (conftest.py's
-# `services` fixture starts them). Given test files (a.py, a.py::test), or with
-# CELERIAC_IT_WORKERS=0, it is one pytest process on one pair started here.
+# `services` fixture starts them). Given test files (a.py, a.py::test) without
+# CELERIAC_IT_WORKERS, or with CELERIAC_IT_WORKERS=0, it is one pytest process on
+# one pair started here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -32,7 +33,9 @@ trap "exit 130" INT TERM
 workers=${CELERIAC_IT_WORKERS:-4}
 for a in "$@"; do
     case $a in
-    *.py | *.py::* | -n | -n* | --numprocesses*) workers=0 ;;
+    # a file list runs in one process unless CELERIAC_IT_WORKERS asks otherwise
+    *.py | *.py::*) [ -z "${CELERIAC_IT_WORKERS:-}" ] && workers=0 ;;
+    -n | -n* | --numprocesses*) workers=0 ;;
     esac
 done
 xdist=()
