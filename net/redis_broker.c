@@ -2362,8 +2362,13 @@ static void on_dlx_pushed(struct rb *b, int status, redisReply *r, void *arg)
     struct pubop *p = arg;
     if (!exec_ok(status, r) || r->elements != 3 ||
         r->element[2]->type != REDIS_REPLY_ARRAY) {
-        if (!status && r && r->type == REDIS_REPLY_ERROR)
-            LOG(LOG_WARNING, "broker: dead letter refused: %s", r->str);
+        const redisReply *err = r && r->type == REDIS_REPLY_ERROR ? r : NULL;
+        for (size_t i = 0; !err && r && r->type == REDIS_REPLY_ARRAY && i < r->elements;
+             i++)
+            if (r->element[i]->type == REDIS_REPLY_ERROR)
+                err = r->element[i];
+        if (!status && err)
+            LOG(LOG_WARNING, "broker: dead letter refused: %s", err->str);
         p->failed = 1;
         confirm(b, p);
         return;
