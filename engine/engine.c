@@ -918,6 +918,7 @@ int engine__park(struct job *j, struct delivery *d, int release_job, int mark_ru
         return CR_ENOMEM;
     cJSON_DeleteItemFromObjectCaseSensitive(h, "x-celeriac-parked");
     cJSON_DeleteItemFromObjectCaseSensitive(h, "x-delivery-count");
+    engine__stamp_first_received(j, h);
     if (mark_running)
         cJSON_AddStringToObject(h, "x-celeriac-parked", e->cfg->hostname);
     engine__outbound_of(&o, d, h);
@@ -971,6 +972,7 @@ static int delay_eta_job(struct job *j)
         return -1;
     /* A count of this delivery's queue, not of the copy's. */
     cJSON_DeleteItemFromObjectCaseSensitive(h, "x-delivery-count");
+    engine__stamp_first_received(j, h);
     engine__outbound_of(&o, d, h);
     o.exchange = DELAYED_ENTRY_EXCHANGE;
     o.routing_key = key;

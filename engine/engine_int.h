@@ -124,6 +124,10 @@ struct task_limits *engine__limits(struct engine *e, const char *task, int creat
 char *engine__exc_meta(struct job *j, const char *status, const char *exc_type,
                        const char *exc_module, const char *message, int ready);
 cJSON *engine__dead_letter_headers(struct job *j);
+#define ENGINE_FIRST_RECEIVED "x-celeriac-first-received"
+/* Adds ENGINE_FIRST_RECEIVED to h (j's received time) unless h holds one. 0, or
+ * CR_ENOMEM. */
+int engine__stamp_first_received(const struct job *j, cJSON *h);
 cJSON *engine__headers_copy(struct job *j, const struct delivery *d);
 const cJSON *engine__headers_of(const struct job *j, const struct delivery *d);
 /* Whether j is revoked by id or by one of its stamps; logs which stamp. */

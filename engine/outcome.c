@@ -221,6 +221,21 @@ void engine__outbound_of(struct outbound *o, const struct delivery *d,
     o->body_len = d->body_len;
 }
 
+/* x-celeriac-first-received: the time the task was first received, across
+ * its retries and redeliveries. An earlier attempt stamped it on the copy it
+ * sent (a retry, a parked or delayed copy), and that time is kept; else it is
+ * this attempt's. Without it a dead letter's would be the last attempt's. */
+int engine__stamp_first_received(const struct job *j, cJSON *h)
+{
+    const cJSON *had = cJSON_GetObjectItemCaseSensitive(h, ENGINE_FIRST_RECEIVED);
+    char when[40];
+    if (cJSON_IsString(had) && had->valuestring[0])
+        return 0;
+    cJSON_DeleteItemFromObjectCaseSensitive(h, ENGINE_FIRST_RECEIVED);
+    iso8601_format(j->received_epoch_us, when);
+    return cJSON_AddStringToObject(h, ENGINE_FIRST_RECEIVED, when) ? 0 : CR_ENOMEM;
+}
+
 /* Builds the dead-letter headers on top of the original ones. */
 cJSON *engine__dead_letter_headers(struct job *j)
 {
@@ -248,8 +263,7 @@ cJSON *engine__dead_letter_headers(struct job *j)
     SET("x-celeriac-original-routing-key",
         cJSON_CreateString(d->routing_key ? d->routing_key : ""));
     SET("x-celeriac-original-queue", cJSON_CreateString(d->queue ? d->queue : ""));
-    iso8601_format(j->received_epoch_us, when);
-    SET("x-celeriac-first-received", cJSON_CreateString(when));
+    engine__stamp_first_received(j, h);
     iso8601_format(j->e->now.epoch_us, when);
     SET("x-celeriac-failed-at", cJSON_CreateString(when));
     SET("x-celeriac-worker", cJSON_CreateString(j->e->cfg->hostname));
@@ -286,6 +300,12 @@ int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
     }
     /* A quorum queue's count of the original's deliveries is not the retry's. */
     cJSON_DeleteItemFromObjectCaseSensitive(*headers, "x-delivery-count");
+    if (engine__stamp_first_received(j, *headers)) {
+        cJSON_Delete(*headers);
+        *headers = NULL;
+        t->retries--;
+        return CR_ENOMEM;
+    }
     memset(o, 0, sizeof(*o));
     o->content_type = "application/json";
     o->content_encoding = "utf-8";

@@ -645,16 +645,21 @@ static void send_binding(struct rb *b, const struct broker_queue *q, const char 
 
 /* The dead-letter queue's binding: topic "#", so every dead letter and every
  * restore through the dead-letter exchange reaches it. */
+static void dlq_binding(const struct rb *b, struct broker_queue *q)
+{
+    memset(q, 0, sizeof(*q));
+    q->name = b->cfg.dlq;
+    q->exchange = b->cfg.dlx;
+    q->exchange_type = "topic";
+    q->routing_key = "#";
+}
+
 static void send_dlq_binding(struct rb *b)
 {
     struct broker_queue q;
     if (!b->cfg.dlx || !b->cfg.dlq)
         return;
-    memset(&q, 0, sizeof(q));
-    q.name = b->cfg.dlq;
-    q.exchange = b->cfg.dlx;
-    q.exchange_type = "topic";
-    q.routing_key = "#";
+    dlq_binding(b, &q);
     send_binding(b, &q, "SADD");
 }
 
@@ -2310,14 +2315,13 @@ static int push_env(struct rb *b, struct pubop *p, const char *queue, size_t qle
     return rc;
 }
 
-static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
+/* Pushes p to every queue of the binding members r (an SMEMBERS reply) that
+ * its routing key matches, but skip (already pushed, or NULL); then confirms
+ * once the pushes are answered. */
+static void push_to_members(struct rb *b, struct pubop *p, const redisReply *r,
+                            const char *skip)
 {
-    struct pubop *p = arg;
-    if (status || r->type != REDIS_REPLY_ARRAY) {
-        p->failed = 1;
-        confirm(b, p);
-        return;
-    }
+    int pushed = skip != NULL;
     p->pending = 1; /* held while the pushes go */
     for (size_t i = 0; i < r->elements && i < MEMBERS_MAX; i++) {
         const redisReply *e = r->element[i];
@@ -2327,14 +2331,87 @@ static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
             !member_matches(&b->o, e->str, e->len, p->routing_key, p->topic))
             continue;
         q = member_queue(&b->o, e->str, e->len, &ql);
-        if (q && push_env(b, p, q, ql))
+        if (!q || (skip && ql == strlen(skip) && !memcmp(q, skip, ql)))
+            continue;
+        if (push_env(b, p, q, ql))
             p->failed = 1;
+        pushed = 1;
     }
-    if (p->pending == 1)
+    if (!pushed)
         LOG(LOG_DEBUG, "broker: no queue bound for key '%s'; message dropped",
             p->routing_key);
     if (--p->pending == 0)
         confirm(b, p);
+}
+
+static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct pubop *p = arg;
+    if (status || r->type != REDIS_REPLY_ARRAY) {
+        p->failed = 1;
+        confirm(b, p);
+        return;
+    }
+    push_to_members(b, p, r, NULL);
+}
+
+/* The EXEC of a publish to our dead-letter exchange (publish_dlx()): binding,
+ * push and the exchange's members. */
+static void on_dlx_pushed(struct rb *b, int status, redisReply *r, void *arg)
+{
+    struct pubop *p = arg;
+    if (!exec_ok(status, r) || r->elements != 3 ||
+        r->element[2]->type != REDIS_REPLY_ARRAY) {
+        const redisReply *err = r && r->type == REDIS_REPLY_ERROR ? r : NULL;
+        for (size_t i = 0; !err && r && r->type == REDIS_REPLY_ARRAY && i < r->elements;
+             i++)
+            if (r->element[i]->type == REDIS_REPLY_ERROR)
+                err = r->element[i];
+        if (!status && err)
+            LOG(LOG_WARNING, "broker: dead letter refused: %s", err->str);
+        p->failed = 1;
+        confirm(b, p);
+        return;
+    }
+    push_to_members(b, p, r->element[2], b->cfg.dlq);
+}
+
+/* A publish to the dead-letter exchange this worker declared: the dead-letter
+ * queue's binding (ours: we declare it at start) is written again in the same
+ * MULTI as the push to that queue, so the message lands even when the binding
+ * was lost since (a FLUSHDB, a Redis restarted without persistence), where a
+ * routed publish would find no member and drop it as kombu does, and a
+ * worker that logged "dead-lettered" would have lost it. Other queues bound
+ * to the exchange get it as a routed publish would, from the members read in
+ * the same step. */
+static int publish_dlx(struct rb *b, struct pubop *p)
+{
+    struct broker_queue q;
+    struct buf key, member;
+    struct args cmds[3];
+    int rc;
+    buf_init(&key);
+    buf_init(&member);
+    for (int i = 0; i < 3; i++)
+        args_init(&cmds[i]);
+    dlq_binding(b, &q);
+    rc = binding_of(b, &q, &key, &member);
+    if (!rc) {
+        args_s(&cmds[0], "SADD");
+        args_add(&cmds[0], key.data, key.len);
+        args_add(&cmds[0], member.data, member.len);
+        args_s(&cmds[1], "LPUSH");
+        args_key(b, &cmds[1], b->cfg.dlq, kombu_bucket(&b->o, p->priority));
+        args_add(&cmds[1], p->env, p->env_len);
+        args_s(&cmds[2], "SMEMBERS");
+        args_add(&cmds[2], key.data, key.len);
+        rc = send_multi(b, on_dlx_pushed, p, cmds, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        args_release(&cmds[i]);
+    buf_release(&key);
+    buf_release(&member);
+    return rc;
 }
 
 static void on_published(struct rb *b, int status, redisReply *r, void *arg)
@@ -2442,14 +2519,20 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
             rc = CR_ENOMEM;
             goto fail;
         }
-        rc = kombu_binding_key(&b->o, exchange, &key);
-        if (rc)
-            goto fail;
-        args_s(&a, "SMEMBERS");
-        args_add(&a, key.data, key.len);
-        rc = send_op(b, b->cmd, on_pub_members, p, &a);
-        if (rc)
-            goto fail;
+        if (b->cfg.dlx && b->cfg.dlq && !strcmp(exchange, b->cfg.dlx)) {
+            rc = publish_dlx(b, p);
+            if (rc)
+                goto fail;
+        } else {
+            rc = kombu_binding_key(&b->o, exchange, &key);
+            if (rc)
+                goto fail;
+            args_s(&a, "SMEMBERS");
+            args_add(&a, key.data, key.len);
+            rc = send_op(b, b->cmd, on_pub_members, p, &a);
+            if (rc)
+                goto fail;
+        }
     }
     buf_release(&env);
     buf_release(&key);

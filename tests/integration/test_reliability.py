@@ -795,6 +795,62 @@ def test_dlq_list_show_replay_purge(env):
     assert w.proc.poll() is None
 
 
+def redis_dead_letters(env):
+    """The dead letters in the Redis broker's celeriac.dead, as kombu laid them."""
+    return [json.loads(v) for v in env.broker_redis.lrange("celeriac.dead", 0, -1)]
+
+
+@pytest.mark.brokers("redis")
+def test_dead_letter_lands_when_the_redis_binding_is_gone(env):
+    # A FLUSHDB or a Redis restarted without persistence takes the dead-letter
+    # queue's binding with it, and the worker does not reconnect: a routed
+    # publish to celeriac.dlx would match no queue and be dropped while the
+    # worker logs "dead-lettered". The dead letter must land all the same.
+    env.worker("--max-retries", "0")
+    key = "_kombu.binding.celeriac.dlx"
+    wait_until(lambda: env.broker_redis.smembers(key), 20, what="dead-letter binding")
+    env.broker_redis.delete(key)
+    unknown = env.app.send_task("no.such.task", args=[1])
+    wait_until(lambda: len(redis_dead_letters(env)) == 1, 30, what="first dead letter")
+    # and once more after it is gone again, this time a provider's refusal
+    env.broker_redis.delete(key)
+    env.fake.script(["status=400;err_msg=refused for good"])
+    refused = env.app.send_task("llm.generate", args=["doomed"])
+    wait_until(lambda: len(redis_dead_letters(env)) == 2, 30, what="second dead letter")
+    by_id = {d["headers"]["id"]: d["headers"] for d in redis_dead_letters(env)}
+    assert by_id[unknown.id]["x-celeriac-reason"] == "unregistered task"
+    assert by_id[refused.id]["x-celeriac-exception-type"] == "BadRequestError"
+    assert "refused for good" in by_id[refused.id]["x-celeriac-exception-message"]
+    # the binding is back as kombu writes it, so kombu producers reach the queue
+    assert any(m.endswith(b"\x06\x16celeriac.dead") for m in env.broker_redis.smembers(key))
+    out = dlq(env, "list", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = {json.loads(l)["id"]: json.loads(l) for l in out.stdout.strip().splitlines()}
+    assert set(listed) == {unknown.id, refused.id}
+    assert listed[unknown.id]["reason"] == "unregistered task"
+    wait_until(lambda: env.meta(refused.id), 20, what="FAILURE")
+    assert env.meta(refused.id)["status"] == "FAILURE"
+    assert env.broker_redis.hlen("unacked") == 0
+
+
+@pytest.mark.brokers("redis")
+def test_first_received_is_the_first_attempts_time(env):
+    from datetime import datetime
+    env.worker(*FAST, "--max-retries", "2")
+    env.fake.script(["status=503;err_msg=overloaded"] * 3)
+    r = env.app.send_task("llm.generate", args=["three tries"])
+    wait_until(lambda: redis_dead_letters(env), 30, what="dead letter")
+    h = redis_dead_letters(env)[0]["headers"]
+    assert h["id"] == r.id and h["x-celeriac-retries"] == 2
+    c = calls(env)
+    assert len(c) == 3
+    first = datetime.fromisoformat(h["x-celeriac-first-received"]).timestamp()
+    failed = datetime.fromisoformat(h["x-celeriac-failed-at"]).timestamp()
+    # received before its first call went out, not when the last attempt came
+    assert first <= c[0]["t"] + 0.001, (h["x-celeriac-first-received"], c[0]["t"])
+    assert first < c[1]["t"] < c[2]["t"] <= failed + 0.001
+
+
 def test_control_characters_forge_no_log_line_and_no_terminal_output(env):
     # Ids, names and shadows come from whoever can publish: a newline in one
     # must not forge a log line, an escape sequence must not reach a terminal.

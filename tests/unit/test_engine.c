@@ -414,6 +414,52 @@ START_TEST(test_dead_letter_not_confirmed)
 }
 END_TEST
 
+/* x-celeriac-first-received: a retry carries this attempt's receipt time when
+ * the message had none, and the one the message carried when it had one; a
+ * dead letter keeps the carried time, not its own attempt's. */
+START_TEST(test_first_received_kept_across_retries)
+{
+    struct fake f;
+    struct delivery *d;
+    const char *first = "2023-11-14T22:00:00.250000+00:00";
+    fake_init(&f, NULL);
+    f.cfg.max_retries = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "RateLimitError", 1500, NULL);
+    log_is(&f, "call1 done publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "x-celeriac-first-received"),
+                     "2023-11-14T22:13:20+00:00");
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-RETRY stored ack1 release1");
+
+    /* a later attempt of a task first received earlier */
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject((cJSON *)d->headers, "x-celeriac-first-received", first);
+    deliver(&f, d);
+    llm_done(&f, 1, LLM_RETRYABLE, "RateLimitError", 1500, NULL);
+    log_is(&f, "call2 done publish:celery");
+    ck_assert_str_eq(pub_header(&f, 1, "x-celeriac-first-received"), first);
+    confirm(&f, 1, 1);
+    stored(&f, 1, 0);
+    log_is(&f, "confirm store-RETRY stored ack2 release2");
+
+    d = generate(&f, "send_task_args");
+    cJSON_AddStringToObject((cJSON *)d->headers, "x-celeriac-first-received", first);
+    deliver(&f, d);
+    llm_done(&f, 2, LLM_PERMANENT, "BadRequestError", -1, NULL);
+    log_is(&f, "call3 done publish:celeriac.dlx");
+    ck_assert_str_eq(pub_header(&f, 2, "x-celeriac-first-received"), first);
+    ck_assert_str_eq(pub_header(&f, 2, "x-celeriac-failed-at"),
+                     "2023-11-14T22:13:20+00:00");
+    confirm(&f, 2, 1);
+    stored(&f, 2, 0);
+    log_is(&f, "confirm store-FAILURE stored ack3 release3");
+    fake_release(&f);
+}
+END_TEST
+
 /* The redelivery that finds the FAILURE with its dead letter pending does
  * not call the provider: it dead-letters the task with what the first run's
  * dead letter would have said, stores the FAILURE without the mark, acks. */
@@ -1763,6 +1809,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_success_llm);
     tcase_add_test(tc, test_ignore_result_acks_without_store);
     tcase_add_test(tc, test_retry_with_retry_after);
+    tcase_add_test(tc, test_first_received_kept_across_retries);
     tcase_add_test(tc, test_fallback_moves_on_at_once);
     tcase_add_test(tc, test_fallback_not_for_permanent_or_last);
     tcase_add_test(tc, test_retry_not_confirmed_leaves_it_unacked);
