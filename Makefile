@@ -1,6 +1,6 @@
 # celeriac -- native Celery worker for LLM jobs.
-# Targets: all test test-rabbitmq4 unit integration demo bench asan valgrind fuzz format check-src
-#          check-src-selftest clean
+# Targets: all man install deb test test-rabbitmq4 test-deb unit integration demo bench asan
+#          valgrind fuzz format check-src check-src-selftest clean
 
 PKGS      := librabbitmq libcurl libcjson hiredis libuv libwebsockets libpcre2-8 openssl
 CC        ?= cc
@@ -24,7 +24,7 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 PY        := /usr/bin/python3
 
-.PHONY: all test test-rabbitmq4 unit integration demo bench asan asan-integration valgrind fuzz format check-src \
+.PHONY: all man install deb test-deb test test-rabbitmq4 unit integration demo bench asan asan-integration valgrind fuzz format check-src \
 	    check-src-selftest clean deps services
 
 all: $(BIN)
@@ -59,6 +59,50 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_MAIN) $(UNIT_FAKE) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(UNIT_MAIN) $(UNIT_FAKE) $(LIB) $(LDLIBS) \
 	    $(CHECK_LIBS)
+
+# Man pages, printed by the binary from its option tables (scripts/gen-man.sh).
+MAN_STAMP := $(BUILD)/man/.stamp
+
+man: $(MAN_STAMP)
+
+$(MAN_STAMP): $(BIN) scripts/gen-man.sh
+	bash scripts/gen-man.sh $(BIN) $(BUILD)/man
+	@touch $@
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the man pages, the
+# systemd unit when the tree has one (its ExecStart pointed at $(PREFIX)/bin),
+# and, with PREFIX=/usr, /etc/default/celeriac unless one is there already.
+PREFIX    ?= /usr/local
+BINDIR    ?= $(PREFIX)/bin
+MANDIR    ?= $(PREFIX)/share/man
+UNITDIR   ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+UNIT      := $(wildcard packaging/celeriac.service)
+
+install: $(BIN) $(MAN_STAMP)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1
+	install -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/celeriac
+	install -m 0644 $(BUILD)/man/*.1 $(DESTDIR)$(MANDIR)/man1/
+ifneq ($(UNIT),)
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|/usr/bin/celeriac|$(BINDIR)/celeriac|g' $(UNIT) >$(DESTDIR)$(UNITDIR)/celeriac.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/celeriac.service
+endif
+ifeq ($(PREFIX),/usr)
+	install -d $(DESTDIR)$(SYSCONFDIR)/default
+	test -e $(DESTDIR)$(SYSCONFDIR)/default/celeriac || \
+	    install -m 0640 packaging/celeriac.default $(DESTDIR)$(SYSCONFDIR)/default/celeriac
+endif
+
+# A Debian package of the above (PREFIX=/usr, the unit in /lib/systemd/system),
+# built with dpkg-deb alone: build/celeriac_<version>_<arch>.deb (scripts/make-deb.sh).
+deb: $(BIN) $(MAN_STAMP)
+	@bash scripts/make-deb.sh $(BUILD)
+
+# Installs build/*.deb into a fresh Debian 12 root and runs it there
+# (scripts/test-deb.sh; needs root; the first run debootstraps a cached root).
+test-deb: deb
+	@bash scripts/test-deb.sh $(BUILD)
 
 # Installs missing Debian packages (idempotent).
 deps:

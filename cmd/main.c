@@ -1,4 +1,5 @@
 /* main.c -- the celeriac command: subcommands and process exit codes. */
+#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "util/log.h"
 #include "worker/worker.h"
 #include "util/alloc.h"
+#include "util/version.h"
 
 static const struct command {
     const char *name;
@@ -28,6 +30,53 @@ static void usage(FILE *out)
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
     fprintf(out, "\nRun 'celeriac <command> --help' for the options of a command.\n");
+}
+
+/* `celeriac help-man [COMMAND]`: the man page of celeriac(1), or of
+ * celeriac-COMMAND(1) whose body the command's own option parser writes from
+ * its table (the hidden --help-man of opts_parse), so a page cannot drift from
+ * --help. Not listed in usage: the build runs it (scripts/gen-man.sh). */
+static int help_man(int argc, char **argv)
+{
+    const size_t n = sizeof(commands) / sizeof(commands[0]);
+    char upper[32], flag[] = "--help-man";
+    size_t i, k;
+
+    if (argc < 2) {
+        printf(".TH CELERIAC 1 \"\" \"celeriac %s\" \"celeriac\"\n"
+               ".SH NAME\nceleriac \\- native Celery worker for LLM jobs\n"
+               ".SH SYNOPSIS\n\\fBceleriac\\fR \\fICOMMAND\\fR [options]\n"
+               ".SH DESCRIPTION\n"
+               "A worker in C that speaks Celery's message protocol on RabbitMQ or "
+               "Redis and runs LLM tasks, with the tools around it.\n"
+               ".SH COMMANDS\n",
+               CELERIAC_VERSION);
+        for (i = 0; i < n; i++)
+            printf(".TP\n\\fB%s\\fR\n%s; see \\fBceleriac\\-%s\\fR(1)\n",
+                   commands[i].name, commands[i].help, commands[i].name);
+        printf(".SH SEE ALSO\n");
+        for (i = 0; i < n; i++)
+            printf("\\fBceleriac\\-%s\\fR(1)%s\n", commands[i].name,
+                   i + 1 < n ? "," : "");
+        return 0;
+    }
+    for (i = 0; i < n && strcmp(argv[1], commands[i].name); i++)
+        ;
+    if (i == n) {
+        fprintf(stderr, "celeriac help-man: unknown command '%s'\n", argv[1]);
+        return 2;
+    }
+    for (k = 0; commands[i].name[k] && k + 1 < sizeof(upper); k++)
+        upper[k] = (char)toupper((unsigned char)commands[i].name[k]);
+    upper[k] = '\0';
+    printf(".TH CELERIAC\\-%s 1 \"\" \"celeriac %s\" \"celeriac\"\n"
+           ".SH NAME\nceleriac\\-%s \\- %s\n",
+           upper, CELERIAC_VERSION, commands[i].name, commands[i].help);
+    fflush(stdout);
+    if (commands[i].fn(2, (char *[]){argv[1], flag, NULL}))
+        return 1;
+    printf(".SH SEE ALSO\n\\fBceleriac\\fR(1)\n");
+    return 0;
 }
 
 int cmd_worker(int argc, char **argv)
@@ -84,6 +133,8 @@ int main(int argc, char **argv)
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
     rc = -1;
+    if (!strcmp(argv[1], "help-man"))
+        rc = help_man(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         if (!strcmp(argv[1], commands[i].name))
             rc = commands[i].fn(argc - 1, argv + 1);

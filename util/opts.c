@@ -228,6 +228,11 @@ int opts_parse(const struct opts_spec *spec, void *dst, int argc, char **argv,
             only_args = 1;
             continue;
         }
+        if (!strcmp(a, "--help-man")) {
+            opts_man(spec, stdout);
+            rc = 1;
+            break;
+        }
         if (a[1] == '-') {
             const char *name = a + 2;
             const char *eq = strchr(name, '=');
@@ -327,6 +332,148 @@ void opts_usage(const struct opts_spec *spec, FILE *out)
     }
     if (spec->help_line)
         fprintf(out, "  %-*s %s\n", spec->width, "-h, --help", spec->help_line);
+}
+
+/* Writes s[0..n) as roff text: backslashes escaped, '-' as a minus sign when
+ * `minus` (option names: neither hyphenated nor broken across lines), and a
+ * leading '.' or '\'' made literal (it would start a request). */
+static void roff_text(FILE *out, const char *s, size_t n, int minus)
+{
+    if (n && (s[0] == '.' || s[0] == '\''))
+        fputs("\\&", out);
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\\')
+            fputs("\\e", out);
+        else if (s[i] == '-' && minus)
+            fputs("\\-", out);
+        else
+            fputc(s[i], out);
+    }
+}
+
+static void roff_str(FILE *out, const char *s, int minus)
+{
+    roff_text(out, s, strlen(s), minus);
+}
+
+/* The flag of o as "\fB\-b\fR, \fB\-\-broker\fR \fIURL\fR". */
+static void roff_flag(FILE *out, const struct opt *o)
+{
+    if (o->short_flag)
+        fprintf(out, "\\fB\\-%c\\fR, ", o->short_flag);
+    fputs("\\fB\\-\\-", out);
+    roff_str(out, o->name, 1);
+    fputs("\\fR", out);
+    if (o->metavar) {
+        fputs(" \\fI", out);
+        roff_str(out, o->metavar, 0);
+        fputs("\\fR", out);
+    }
+    fputc('\n', out);
+}
+
+/* SYNOPSIS and DESCRIPTION from spec->head. */
+static void man_head(const struct opts_spec *spec, FILE *out)
+{
+    const char *p = spec->head ? spec->head : "";
+    size_t n = strcspn(p, "\n"), cmd;
+    int para = 0;
+
+    if (!strncmp(p, "usage: ", 7)) {
+        p += 7;
+        n -= 7;
+    }
+    /* The command's words in bold, its arguments as written. */
+    for (cmd = 0; cmd < n && (p[cmd] == ' ' || (p[cmd] >= 'a' && p[cmd] <= 'z'));)
+        cmd++;
+    while (cmd && p[cmd - 1] == ' ')
+        cmd--;
+    fputs(".SH SYNOPSIS\n\\fB", out);
+    roff_text(out, p, cmd, 0);
+    fputs("\\fR", out);
+    roff_text(out, p + cmd, n - cmd, 0);
+    fputs("\n.SH DESCRIPTION\n", out);
+    p += n;
+    while (*p == '\n')
+        p++;
+    while (*p) {
+        n = strcspn(p, "\n");
+        if (n && !(n == 8 && !strncmp(p, "options:", 8)) && para) {
+            fputs(".PP\n", out);
+            para = 0;
+        }
+        if (n == 8 && !strncmp(p, "options:", 8)) {
+            /* the heading of the option lines, which OPTIONS replaces */
+        } else if (n == 0) {
+            para = 1; /* written before the next text only: none before OPTIONS */
+        } else if (p[0] == ' ') {
+            /* "  list      one line per ...": a tagged paragraph */
+            const char *t = p + strspn(p, " ");
+            const char *gap = strstr(t, "  ");
+            size_t tn = gap && gap < p + n ? (size_t)(gap - t) : (size_t)(p + n - t);
+            const char *d = t + tn + strspn(t + tn, " ");
+            fputs(".TP\n\\fB", out);
+            roff_text(out, t, tn, 0);
+            fputs("\\fR\n", out);
+            if (d < p + n) {
+                roff_text(out, d, (size_t)(p + n - d), 0);
+                fputc('\n', out);
+            }
+        } else {
+            roff_text(out, p, n, 0);
+            fputc('\n', out);
+        }
+        p += n;
+        if (*p == '\n')
+            p++;
+    }
+}
+
+void opts_man(const struct opts_spec *spec, FILE *out)
+{
+    int any_env = 0;
+
+    man_head(spec, out);
+    fputs(".SH OPTIONS\n", out);
+    for (size_t i = 0; i < spec->n; i++) {
+        const struct opt *o = &spec->opts[i];
+        fputs(".TP\n", out);
+        roff_flag(out, o);
+        roff_str(out, o->help, 0);
+        fputc('\n', out);
+        if (o->def && *o->def && !(o->flags & OPT_HIDE_DEFAULT)) {
+            fputs("Default: \\fI", out);
+            roff_str(out, o->def, 0);
+            fputs("\\fR.\n", out);
+        }
+        if (o->env && !(o->flags & OPT_HIDE_ENV)) {
+            fputs("Environment: \\fB", out);
+            roff_str(out, o->env, 0);
+            fputs("\\fR.\n", out);
+            any_env = 1;
+        }
+    }
+    if (spec->help_line) {
+        fputs(".TP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR\n", out);
+        roff_str(out, spec->help_line, 0);
+        fputc('\n', out);
+    }
+    if (!any_env)
+        return;
+    fputs(".SH ENVIRONMENT\n"
+          "A variable that is set and not empty gives the option's value; the command "
+          "line overrides it.\n",
+          out);
+    for (size_t i = 0; i < spec->n; i++) {
+        const struct opt *o = &spec->opts[i];
+        if (!o->env || (o->flags & OPT_HIDE_ENV))
+            continue;
+        fputs(".TP\n\\fB", out);
+        roff_str(out, o->env, 0);
+        fputs("\\fR\nas \\fB\\-\\-", out);
+        roff_str(out, o->name, 1);
+        fputs("\\fR\n", out);
+    }
 }
 
 void opts_release(const struct opts_spec *spec, void *dst)

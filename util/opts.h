@@ -86,9 +86,10 @@ struct opts_spec {
  * argument a non-option.
  *
  * Returns 0; 1 when -h/--help was given (the help went to stdout; the caller
- * exits 0); CR_EINVAL with a one-line reason in err (a bad option, a missing
- * value, a value out of range or not a number, a list too long); CR_ENOMEM.
- * On error dst may be partly filled: call opts_release() in every case. */
+ * exits 0) or --help-man (opts_man() went to stdout; spelt out in full, never
+ * a prefix, and not listed in --help); CR_EINVAL with a one-line reason in err (a bad
+ * option, a missing value, a value out of range or not a number, a list too long);
+ * CR_ENOMEM. On error dst may be partly filled: call opts_release() in every case. */
 int opts_parse(const struct opts_spec *spec, void *dst, int argc, char **argv,
                char **envp, char **rest, int *nrest, struct cr_err *err);
 
@@ -96,6 +97,15 @@ int opts_parse(const struct opts_spec *spec, void *dst, int argc, char **argv,
  * per option ("  -b, --broker URL   help [default: X] [env: Y]"), then the
  * "-h, --help" line. */
 void opts_usage(const struct opts_spec *spec, FILE *out);
+
+/* Writes the body of a man page (roff, from SYNOPSIS on) generated from the
+ * same table as opts_usage(), so the page cannot drift from --help: the
+ * synopsis is head's first line without "usage: ", the description the rest
+ * of head (up to a line "options:"; "  word  text" lines become tagged
+ * paragraphs), then one paragraph per option with its default and
+ * environment variable, and an ENVIRONMENT section. The caller writes .TH and
+ * NAME. opts_parse() prints it, then returns 1, for the hidden "--help-man". */
+void opts_man(const struct opts_spec *spec, FILE *out);
 
 /* Frees the strings and lists the table names in dst and zeroes them. */
 void opts_release(const struct opts_spec *spec, void *dst);

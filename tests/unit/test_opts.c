@@ -364,6 +364,70 @@ START_TEST(test_usage_bytes)
 }
 END_TEST
 
+static char *man_text(const struct opts_spec *spec)
+{
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    ck_assert_ptr_nonnull(f);
+    opts_man(spec, f);
+    fclose(f);
+    return s;
+}
+
+static const struct opts_spec tspec_man = {
+    .opts = topts,
+    .n = 2,
+    .head = "usage: t sub [options] ID\n\n"
+            "Does a-b things.\n.dot \\ back\n\n"
+            "  verb ARG   what it does\n\noptions:\n",
+    .help_line = "show this help and exit",
+};
+
+START_TEST(test_man_bytes)
+{
+    char *s = man_text(&tspec_man);
+    /* minus signs in flags only; a leading '.' and a backslash made literal; no
+     * paragraph break before OPTIONS */
+    ck_assert_str_eq(s, ".SH SYNOPSIS\n\\fBt sub\\fR [options] ID\n"
+                        ".SH DESCRIPTION\n"
+                        "Does a-b things.\n\\&.dot \\e back\n"
+                        ".PP\n.TP\n\\fBverb ARG\\fR\nwhat it does\n"
+                        ".SH OPTIONS\n"
+                        ".TP\n\\fB\\-s\\fR, \\fB\\-\\-str\\fR\na string\n"
+                        "Default: \\fIdflt\\fR.\nEnvironment: \\fBT_STR\\fR.\n"
+                        ".TP\n\\fB\\-i\\fR, \\fB\\-\\-int\\fR\nan int\n"
+                        "Default: \\fI5\\fR.\nEnvironment: \\fBT_INT\\fR.\n"
+                        ".TP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR\nshow this help and exit\n"
+                        ".SH ENVIRONMENT\n"
+                        "A variable that is set and not empty gives the option's value; "
+                        "the command line overrides it.\n"
+                        ".TP\n\\fBT_STR\\fR\nas \\fB\\-\\-str\\fR\n"
+                        ".TP\n\\fBT_INT\\fR\nas \\fB\\-\\-int\\fR\n");
+    free(s);
+    /* every option of --help is in the page, metavar and all; hidden env hidden */
+    s = man_text(&tspec);
+    ck_assert_ptr_nonnull(strstr(s, "\\fB\\-\\-nodef\\fR \\fIX\\fR\nno default\n"));
+    ck_assert_ptr_nonnull(strstr(s, "\\fB\\-\\-hidden\\fR\nhidden default\n"
+                                    "Environment: \\fBT_HIDDEN\\fR.\n"));
+    ck_assert_ptr_nonnull(strstr(s, "\\fB\\-F\\fR, \\fB\\-\\-flag\\fR\na flag\n.TP"));
+    free(s);
+}
+END_TEST
+
+START_TEST(test_help_man_returns_one)
+{
+    struct t t;
+    struct cr_err err;
+    ck_assert(freopen("/dev/null", "w", stdout));
+    ck_assert_int_eq(P(&t, noenv, &err, "--help-man"), 1);
+    opts_release(&tspec, &t);
+    /* spelt out in full: a prefix is the unknown option it always was */
+    ck_assert_int_eq(P(&t, noenv, &err, "--help-ma"), CR_EINVAL);
+    opts_release(&tspec, &t);
+}
+END_TEST
+
 START_TEST(test_help_returns_one)
 {
     struct t t;
@@ -503,6 +567,8 @@ Suite *suite(void)
     tcase_add_test(tc, test_worker_config);
     tcase_add_test(tc, test_worker_queue_order);
     tcase_add_test(tc, test_worker_usage_head);
+    tcase_add_test(tc, test_man_bytes);
+    tcase_add_test(tc, test_help_man_returns_one);
     suite_add_tcase(s, tc);
     return s;
 }
