@@ -44,6 +44,31 @@ def test_docker_compose_parses_and_matches_the_cli():
     assert "FROM debian:12" in df and "make" in df
 
 
+def _dockerignored(patterns, path):
+    """Docker's rule, enough for these files: a pattern names a path from the
+    context's root (`*` within a name, `**` over directories) and takes all below it."""
+    for pat in patterns:
+        rx = ""
+        for part in re.split(r"(\*\*/|\*)", pat):
+            rx += {"**/": "(?:.*/)?", "*": "[^/]*"}.get(part, re.escape(part))
+        if re.match(rx + "(?:/|$)", path):
+            return True
+    return False
+
+
+def test_dockerignore_keeps_host_builds_out_of_the_image():
+    # With build/ in the context, `make` in the image finds the host's newer
+    # objects up to date and puts a binary linked on the host into the image.
+    path = os.path.join(ROOT, ".dockerignore")
+    assert os.path.exists(path), "no .dockerignore"
+    pats = [l.strip().strip("/") for l in open(path) if l.strip() and not l.startswith("#")]
+    for out in ("build/celeriac", "build-asan/x.o", ".git/HEAD", "tests/browser/node_modules/x",
+                "tests/integration/__pycache__/conftest.pyc"):
+        assert _dockerignored(pats, out), "%s is sent to the Docker build" % out
+    for needed in ("Makefile", "cmd/main.c", "util/log.h", "scripts/fake_llm.py"):
+        assert not _dockerignored(pats, needed), "%s is kept out of the Docker build" % needed
+
+
 # ----------------------------------------------------------- runtime packages
 
 def runtime_stage_packages(dockerfile):
