@@ -44,6 +44,24 @@ def test_docker_compose_parses_and_matches_the_cli():
     assert "FROM debian:12" in df and "make" in df
 
 
+def test_docker_compose_runs_a_current_rabbitmq_and_a_gateway_with_a_token():
+    svc = _compose()["services"]
+    # RabbitMQ 3.x is out of support; the worker is tested against 4.3's defaults.
+    image = svc["rabbitmq"]["image"]
+    m = re.match(r"rabbitmq:(\d+)(?:\.(\d+))?", image)
+    assert m and int(m.group(1)) >= 4, image
+    # The gateway listens on 0.0.0.0 in its container: never without a token, and
+    # the token is the user's, from their environment, not one written here.
+    gw = svc["gateway"]
+    token = gw.get("environment", {}).get("CELERIAC_AUTH_TOKEN")
+    cmd = gw["command"]
+    if "--auth-token" in cmd:
+        token = cmd[cmd.index("--auth-token") + 1]
+    assert token, "the gateway runs without --auth-token"
+    assert re.fullmatch(r"\$\{[A-Z_][A-Z0-9_]*(:?\?[^}]*)?\}", str(token)), \
+        "the token must come from a variable with no default: %r" % token
+
+
 def _dockerignored(patterns, path):
     """Docker's rule, enough for these files: a pattern names a path from the
     context's root (`*` within a name, `**` over directories) and takes all below it."""
