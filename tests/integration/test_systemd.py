@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 import uuid
 
 import pytest
@@ -152,11 +153,18 @@ def test_abstract_socket_name(env, notify):
     w.stop()
 
 
+def open_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
 def test_sighup_is_a_warm_restart_in_the_same_process(env, notify):
     ns = notify()
-    w = env.worker(env=ns.env(watchdog_usec=2000000), wait_ready=False)
+    port = free_port()
+    w = env.worker("--metrics-port", str(port), env=ns.env(watchdog_usec=2000000),
+                   wait_ready=False)
     ns.wait("READY", "1")
     pid = w.proc.pid
+    fds = open_fds(pid)
     # A task in flight when the restart is asked for finishes before the exec.
     held = env.app.send_task("llm.generate", args=["across a reload"],
                              kwargs={"model": "fake/hold=reload"})
@@ -183,11 +191,35 @@ def test_sighup_is_a_warm_restart_in_the_same_process(env, notify):
     ns.wait("WATCHDOG", "1", count=n + 2, timeout=30)
     r = env.app.send_task("llm.generate", args=["after the reload"])
     assert r.get(timeout=30) == env.fake.expected_text("after the reload")
+    # The new image bound the metrics port again, and nothing of the old one
+    # leaked through the exec (its connections closed, not inherited).
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as m:
+        assert m.status == 200
+    assert open_fds(pid) <= fds + 2, os.listdir("/proc/%d/fd" % pid)
     keys = ns.keys()
     assert "STOPPING" not in keys
     w.signal(signal.SIGTERM)
     assert w.wait(timeout=60) == 0
     ns.wait("STOPPING", "1", timeout=5)
+
+
+def test_stop_during_the_restart_wins(env, notify):
+    ns = notify()
+    w = env.worker(env=ns.env(), wait_ready=False)
+    ns.wait("READY", "1")
+    held = env.app.send_task("llm.generate", args=["stop wins"],
+                             kwargs={"model": "fake/hold=stopwins"})
+    wait_until(lambda: env.fake.concurrency()["inflight"] == 1, timeout=30)
+    w.signal(signal.SIGHUP)
+    ns.wait("RELOADING", "1", timeout=30)
+    w.signal(signal.SIGTERM)
+    ns.wait("STOPPING", "1", timeout=30)
+    # still warm: the held task finishes, then the process ends for good
+    env.fake.release("stopwins")
+    held.get(timeout=30)
+    assert held.successful()
+    assert w.wait(timeout=60) == 0
+    assert ns.keys().count("READY") == 1
 
 
 def test_sighup_without_systemd_still_restarts(env):
