@@ -1,8 +1,10 @@
 /* main.c -- the celeriac command: subcommands and process exit codes. */
 #include <ctype.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <curl/curl.h>
 #include <uv.h>
 
@@ -23,6 +25,9 @@ static const struct command {
     {"dlq", cmd_dlq, "list, show, replay or purge dead-lettered tasks"},
     {"top", cmd_top, "live terminal view of workers"},
 };
+
+/* The whole command line, for the re-exec of a SIGHUP restart. */
+static char **main_argv;
 
 static void usage(FILE *out)
 {
@@ -86,7 +91,7 @@ int cmd_worker(int argc, char **argv)
     struct worker *w;
     uv_loop_t loop;
     uv_prepare_t log_flusher;
-    int rc;
+    int rc, restart;
 
     /* hiredis writes with write(): were the Redis end gone, SIGPIPE would kill
      * the worker before hiredis could see EPIPE and reconnect. Python ignores
@@ -115,11 +120,22 @@ int cmd_worker(int argc, char **argv)
     }
     cmd_log_attach(&loop, &log_flusher);
     rc = worker_run(w);
+    restart = worker_restart_asked(w);
     /* Before worker_free(), whose last loop run completes the close. */
     cmd_log_detach(&log_flusher);
     worker_free(w);
     uv_loop_close(&loop);
     config_release(&cfg);
+    if (restart) {
+        /* Everything is closed (the metrics port too), so the new image binds
+         * and connects as a fresh start would; the pid stays, which systemd's
+         * MAINPID and a pidfile both want. /proc/self/exe, not argv[0]: the
+         * binary we run, wherever PATH would lead. */
+        fflush(NULL);
+        execv("/proc/self/exe", main_argv);
+        LOG(LOG_CRITICAL, "restart: exec of /proc/self/exe failed: %s", strerror(errno));
+        return 1;
+    }
     return rc;
 }
 
@@ -127,6 +143,7 @@ int main(int argc, char **argv)
 {
     int rc;
     cr_alloc_init();
+    main_argv = argv;
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

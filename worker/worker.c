@@ -28,6 +28,7 @@
 #include "net/results.h"
 #include "pidbox.h"
 #include "progress.h"
+#include "sdnotify.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
@@ -64,8 +65,10 @@ struct worker {
     struct worker_ctx ctx; /* what pidbox, events, metrics and progress see */
 
     uv_timer_t cron;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     int exit_code;
+    struct sdnotify notify; /* systemd's Type=notify and watchdog */
+    int restart;            /* SIGHUP: re-execute once the warm shutdown ends */
 
     /* observers; each may be NULL */
     struct events *events;
@@ -582,14 +585,35 @@ static void shutdown_warm(void *owner)
     struct worker *w = owner;
     if (engine_shutting_down(w->engine))
         return;
+    if (w->restart)
+        sdnotify_reloading(&w->notify);
+    else
+        sdnotify_stopping(&w->notify);
     broker_stop_consuming(w->broker);
     engine_shutdown(w->engine, now_of(w), 0);
 }
 
+/* SIGHUP is Celery's restart: a warm shutdown, then the same binary with the
+ * same arguments in the same process (cmd/main.c re-executes it), which says
+ * READY=1 again once it is up, so that systemd's ExecReload sees the reload
+ * end. A stop asked for during the restart's shutdown wins over it and stays
+ * warm; only a second stop goes cold. */
 static void on_signal(uv_signal_t *s, int signum)
 {
     struct worker *w = s->data;
-    (void)signum;
+    if (signum == SIGHUP) {
+        if (engine_shutting_down(w->engine))
+            return; /* restarting or stopping already */
+        LOG(LOG_WARNING, "Restarting celeriac (SIGHUP): warm shutdown, then exec");
+        w->restart = 1;
+        shutdown_warm(w);
+        return;
+    }
+    if (w->restart) {
+        w->restart = 0;
+        sdnotify_stopping(&w->notify);
+        return;
+    }
     if (engine_shutting_down(w->engine))
         engine_shutdown(w->engine, now_of(w), 1);
     else
@@ -894,6 +918,10 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->sigterm.data = w;
     uv_signal_init(loop, &w->sigint);
     w->sigint.data = w;
+    uv_signal_init(loop, &w->sighup);
+    w->sighup.data = w;
+    /* Now, not at ready: the watchdog is fed while start-up retries wait. */
+    sdnotify_init(&w->notify, loop);
     return w;
 fail:
     broker_free(w->broker);
@@ -1046,8 +1074,16 @@ int worker_start(struct worker *w, struct cr_err *err)
     uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);
+    uv_signal_start(&w->sighup, on_signal, SIGHUP);
     /* Always printed, whatever the level: scripts wait for this line. */
     log_write(LOG_INFO, "%s ready.", w->cfg->hostname);
+    {
+        char status[256];
+        snprintf(status, sizeof(status), "%.120s: consuming %d queue%s, concurrency %d",
+                 w->cfg->hostname, w->cfg->queues.n, w->cfg->queues.n == 1 ? "" : "s",
+                 w->cfg->concurrency);
+        sdnotify_ready(&w->notify, status);
+    }
     return 0;
 }
 
@@ -1055,6 +1091,11 @@ int worker_run(struct worker *w)
 {
     uv_run(w->loop, UV_RUN_DEFAULT);
     return w->exit_code;
+}
+
+int worker_restart_asked(const struct worker *w)
+{
+    return w->restart && w->exit_code == 0;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -1086,6 +1127,8 @@ void worker_free(struct worker *w)
     uv_close((uv_handle_t *)&w->cron, on_closed);
     uv_close((uv_handle_t *)&w->sigterm, on_closed);
     uv_close((uv_handle_t *)&w->sigint, on_closed);
+    uv_close((uv_handle_t *)&w->sighup, on_closed);
+    sdnotify_release(&w->notify);
     /* Let every closed handle run its close callback. */
     uv_run(w->loop, UV_RUN_DEFAULT);
     engine_free(w->engine);

@@ -24,6 +24,10 @@ int worker_start(struct worker *w, struct cr_err *err);
  * shutdown, 1 after a cold one. */
 int worker_run(struct worker *w);
 
+/* After worker_run(): 1 if the shutdown was a SIGHUP restart that ended warm,
+ * so the caller should execute the same command again (same process). */
+int worker_restart_asked(const struct worker *w);
+
 /* Frees everything (call after worker_run returned, or after a failed start).
  * NULL is a no-op. */
 void worker_free(struct worker *w);
