@@ -755,7 +755,10 @@ static int providers_load(struct worker *w, struct cr_err *err)
             if (!strncmp(m, "llm providers: ", 15))
                 m += 15;
             snprintf(why, sizeof(why), "%s", m);
-            cr_err_set(err, rc, "--llm-providers file %.80s: %.160s", src, why);
+            /* A long path keeps its end, where the file's name is. */
+            size_t n = strlen(src);
+            cr_err_set(err, rc, "--llm-providers file %s%s: %.100s", n > 130 ? "..." : "",
+                       n > 130 ? src + n - 127 : src, why);
         }
     } else if (rc)
         cr_err_set(err, rc, "out of memory");

@@ -205,7 +205,8 @@ def test_client_certificate(env, mtls_redis, pki):
         app.close()
     assert w.count("TLS:") == 0
     # Without one, the server's refusal is the reason given.
-    w2 = env.worker("--result-backend", verified(mtls_redis, 2, pki), start=False)
+    w2 = env.worker("--result-backend", verified(mtls_redis, 2, pki),
+                    "--broker-connection-retry-on-startup", "false", start=False)
     w2.start(wait_ready=False)
     assert w2.wait(timeout=60) != 0
     assert w2.count(r"cannot connect to result backend rediss://.*TLS: .*certificate "
