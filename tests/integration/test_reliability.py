@@ -1035,7 +1035,9 @@ def test_batched_acks_none_lost_early_or_twice(env):
     cover a held delivery (multiple=1 too far), or go twice (RabbitMQ closes the
     channel: 406 unknown delivery tag)."""
     n = 400
-    w = env.worker("-c", "50", "--loglevel", "warning")
+    # The eta tasks are held here, unacked (where global QoS is denied delayed
+    # delivery would take them and ack them at once).
+    w = env.worker("-c", "50", "--loglevel", "warning", "--delayed-delivery", "off")
     env.fake.script(["latency_ms=%d;tokens=2" % ((i * 37) % 250) for i in range(n + 3)])
     held = [env.app.send_task("llm.generate", args=["ack held %d" % i], countdown=15)
             for i in range(3)]
