@@ -1853,12 +1853,10 @@ static void pump(struct link *l)
         errno = 0;
         rc = amqp_simple_wait_frame_noblock(l->conn, &f, &zero);
         e = errno;
+        /* (No AMQP_STATUS_HEARTBEAT_TIMEOUT: rabbitmq-c is told there are no
+         * heartbeats, link_heartbeat() checks them.) */
         if (rc == AMQP_STATUS_TIMEOUT)
             break;
-        if (rc == AMQP_STATUS_HEARTBEAT_TIMEOUT) {
-            lost_heartbeats(b, l);
-            break;
-        }
         if (rc != AMQP_STATUS_OK) {
             connection_lost(b, status_text(rc, e, buf, sizeof(buf)));
             break;

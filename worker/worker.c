@@ -356,12 +356,13 @@ static void note_health(struct worker *w, const struct llm_result *res, uint64_t
 {
     static const struct llm_health_rule rule = LLM_HEALTH_RULE_DEFAULT;
     const char *name = res->provider && res->provider[0] ? res->provider : "default";
-    int i = llm_registry_find(&w->providers, name, strlen(name));
-    struct llm_health_report rep;
     enum llm_health_kind kind = llm_health_kind(res);
+    struct llm_health_report rep;
+    int i;
 
     if (kind == LLM_HEALTH_NEUTRAL)
         return;
+    i = llm_registry_find(&w->providers, name, strlen(name));
     if (i < 0)
         i = w->providers.nproviders; /* the default provider's */
     switch (llm_health_note(&w->health[i], &rule, kind, (int64_t)now_ms, &rep)) {
