@@ -14,7 +14,7 @@ struct task_limits {
     double soft, hard; /* 0: not set */
     int has_rate;
     char rate_text[32];
-    struct token_bucket bucket;
+    struct ratelimit bucket;
 };
 
 struct engine {
