@@ -1669,7 +1669,7 @@ void engine__schedule(struct engine *e)
         next = j->next;
         /* A rate-limited task waits in the queue (the tick tries again) and
          * does not hold up the tasks behind it. */
-        if (tl && tl->has_rate && token_bucket_take(&tl->bucket, now) > 0) {
+        if (tl && tl->has_rate && ratelimit_take(&tl->bucket, now) > 0) {
             j = next;
             continue;
         }

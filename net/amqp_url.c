@@ -5,26 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/hex.h"
-
-/* Copies [s, s+n) percent-decoded into out (size bytes). 0 or CR_EINVAL. */
-static int pct_decode(const char *s, size_t n, char *out, size_t size)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%' && i + 2 < n && cr_hexval(s[i + 1]) >= 0 &&
-            cr_hexval(s[i + 2]) >= 0) {
-            c = (char)(cr_hexval(s[i + 1]) * 16 + cr_hexval(s[i + 2]));
-            i += 2;
-        }
-        if (o + 1 >= size)
-            return CR_EINVAL;
-        out[o++] = c;
-    }
-    out[o] = '\0';
-    return 0;
-}
+#include "util/pct.h"
 
 int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
 {
@@ -48,11 +29,11 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     at = memchr(p, '@', n);
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (pct_decode(p, colon ? (size_t)(colon - p) : (size_t)(at - p), out->user,
-                       sizeof(out->user)))
+        if (pct_decode(out->user, sizeof(out->user), p,
+                       colon ? (size_t)(colon - p) : (size_t)(at - p), 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL user name too long");
-        if (colon && pct_decode(colon + 1, (size_t)(at - colon - 1), out->password,
-                                sizeof(out->password)))
+        if (colon && pct_decode(out->password, sizeof(out->password), colon + 1,
+                                (size_t)(at - colon - 1), 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL password too long");
         n -= (size_t)(at + 1 - p);
         p = at + 1;
@@ -86,7 +67,7 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     }
     if (path && path[1]) {
         size_t vn = strcspn(path + 1, "?");
-        if (vn && pct_decode(path + 1, vn, out->vhost, sizeof(out->vhost)))
+        if (vn && pct_decode(out->vhost, sizeof(out->vhost), path + 1, vn, 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL vhost too long");
     }
     return 0;

@@ -15,6 +15,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "util/opts.h"
+#include "util/pct.h"
 
 #define OFF(f) offsetof(struct config, f)
 
@@ -341,32 +342,16 @@ void config_redact_url(const char *url, char *out, size_t size)
     redact_url(url, out, size);
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    c |= 0x20;
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* Adds s[0..n) and, when it holds %XX escapes, its percent-decoded form. */
 static int add_secret(struct redact *r, const char *s, size_t n)
 {
     char dec[512];
-    size_t o = 0;
+    size_t o;
     int rc = redact_add(r, s, n);
     if (rc || !memchr(s, '%', n) || n >= sizeof(dec))
         return rc;
-    for (size_t i = 0; i < n; i++) {
-        int hi = s[i] == '%' && i + 2 < n ? hexval(s[i + 1]) : -1;
-        int lo = hi >= 0 ? hexval(s[i + 2]) : -1;
-        if (lo >= 0) {
-            dec[o++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            dec[o++] = s[i];
-        }
-    }
+    /* never cut: the decoded form is no longer than s */
+    (void)pct_decode(dec, sizeof(dec), s, n, 0, &o);
     return redact_add(r, dec, o);
 }
 

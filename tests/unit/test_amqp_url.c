@@ -19,6 +19,8 @@ static const struct {
     {"pyamqp://u@h:5/v?heartbeat=10", "h", "u", "guest", "v", 5},
     {"amqp://u:p@[::1]:5673/x", "::1", "u", "p", "x", 5673},
     {"amqp://u:p:q@h/x", "h", "u", "p:q", "x", 5672},
+    /* a '%' that starts no whole escape is kept, and '+' is no space */
+    {"amqp://u%zz:p+w%4@h/v%", "h", "u%zz", "p+w%4", "v%", 5672},
 };
 
 START_TEST(test_good)
