@@ -1,7 +1,7 @@
 /* delivery.h -- a message as the engine sees it, whatever transport brought it,
  * and a message the engine asks a transport to publish. No I/O.
  *
- * A transport (net/amqp.c, net/redis_broker.c) fills a struct
+ * A transport (net/rmq_broker.c, net/redis_broker.c) fills a struct
  * delivery for each message it hands to engine_on_delivery() and keeps what only
  * it needs behind `tag`. The engine reads the fields, never the tag, and asks
  * the transport's capabilities through `caps`, never its name. */

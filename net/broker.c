@@ -62,7 +62,7 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
                    "broker transport options are for a Redis broker; this one is AMQP");
         return NULL;
     }
-    return amqp_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
+    return rmq_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
 }
 
 const char *broker_transport(const struct broker *b)

@@ -1,7 +1,7 @@
 /* broker.h -- the broker face: one API over the transports that carry Celery's
  * messages, chosen by the URL's scheme.
  *
- * - amqp:// and amqps:// (net/amqp.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
+ * - amqp:// and amqps:// (net/rmq_broker.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
  * - redis://, rediss://, redis+socket://, unix:// and sentinel:// (net/redis_broker.c):
  *   kombu's Redis transport, as Python producers and workers write it.
  *

@@ -1,5 +1,5 @@
 /* broker_int.h -- what a transport implements behind net/broker.h. For the
- * transports (net/amqp.c, net/redis_broker.c) and net/broker.c only.
+ * transports (net/rmq_broker.c, net/redis_broker.c) and net/broker.c only.
  *
  * A transport's handle begins with a struct broker whose vt points at its
  * table; broker.c forwards every broker_*() call through it. Each entry has the
@@ -48,9 +48,9 @@ struct broker {
 
 /* The transports' constructors (broker_new() picks one by URL). Same contract
  * as broker_new(). */
-struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                               broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                               void *privdata, struct cr_err *err);
+struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                              broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                              void *privdata, struct cr_err *err);
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
                                 broker_msg_fn *on_msg, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err);

@@ -3,7 +3,7 @@
  *
  * Every decision about a delivery and its job is the engine's (engine/); this
  * file owns the libuv loop's timer and signals, implements struct engine_ops
- * with the broker (net/amqp.h), the result store (net/results.h) and the LLM
+ * with the broker (net/rmq_broker.h), the result store (net/results.h) and the LLM
  * client, feeds every completion back into the engine with the time, and fans
  * the engine's notifications out to events, metrics and progress. See
  * docs/internals/worker.md for the way of one task. */
@@ -1061,7 +1061,7 @@ int worker_start(struct worker *w, struct cr_err *err)
         return err->code;
     /* The mailbox before the connection, so that it is declared at set-up
      * with the task queues, where an exclusive queue still held by our own
-     * earlier connection (405) is answered (see net/amqp.c). */
+     * earlier connection (405) is answered (see net/rmq_broker.c). */
     w->pidbox = pidbox_new(&w->ctx);
     if (connect_at_startup(w, attempt_broker, err))
         return err->code;
