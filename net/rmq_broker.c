@@ -141,7 +141,7 @@ struct rmq_broker {
     struct broker base; /* first: the face (broker_int.h) */
     uv_loop_t *loop;
     struct broker_config cfg;
-    broker_msg_fn *on_msg;
+    broker_delivery_fn *on_delivery;
     broker_conn_fn *on_conn;
     void *privdata;
 
@@ -200,11 +200,11 @@ struct rmq_broker {
     /* Set by a declaration that found its queue with other arguments and used
      * it as it is; read into consumer.as_is right after. */
     int declared_as_is;
-    /* Native delayed delivery declared on this connection (BROKER_CAP_DELAYED). */
+    /* Native delayed delivery declared on this connection (MSG_CAP_DELAYED). */
     int delayed_live;
 
     /* delivery being assembled */
-    struct broker_msg *cur;
+    struct delivery *cur;
     uint64_t cur_body_size;
 
     /* publisher confirms, in publish order */
@@ -229,8 +229,8 @@ static void pump(struct link *l);
 static void connection_lost(struct rmq_broker *b, const char *why);
 static int check_status(struct rmq_broker *b, int rc, const char *what);
 static void on_prepare(uv_prepare_t *p);
-static int rmq_add_consumer(struct rmq_broker *b, const struct broker_queue *q);
-static void rmq_free(struct rmq_broker *b);
+static int rmq_add_consumer(struct broker *base, const struct broker_queue *q);
+static void rmq_free(struct broker *base);
 static int is_task_queue(const struct broker_queue *q);
 
 static char *bytes_dup(amqp_bytes_t b)
@@ -775,8 +775,9 @@ static int declare_delayed(struct rmq_broker *b, struct cr_err *err)
     return 0;
 }
 
-static int qos_per_consumer(const struct rmq_broker *b)
+static int rmq_qos_per_consumer(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || b->qos_denied;
 }
 
@@ -928,7 +929,8 @@ static void decide_qos(struct rmq_broker *b)
 static int want_delayed(const struct rmq_broker *b)
 {
     return b->cfg.delayed_delivery == BROKER_DELAYED_ON ||
-           (b->cfg.delayed_delivery == BROKER_DELAYED_AUTO && qos_per_consumer(b));
+           (b->cfg.delayed_delivery == BROKER_DELAYED_AUTO &&
+            rmq_qos_per_consumer(&b->base));
 }
 
 /* Declares delayed delivery when wanted. A refusal (a level declared by
@@ -1033,7 +1035,7 @@ static void teardown(struct rmq_broker *b)
     b->up = 0;
     link_close(&b->pub);
     link_close(&b->cons);
-    broker_msg_free(b->cur);
+    delivery_free(b->cur);
     b->cur = NULL;
     /* Delivery tags are per channel and start again on the next connection:
      * an ack still pending for this one must never be sent on the next (it
@@ -1270,7 +1272,7 @@ static int setup_cons(struct rmq_broker *b, struct cr_err *err)
      * per_consumer_qos each consumer of CHANNEL gets its own window instead,
      * set just before its basic.consume, and no channel-wide limit caps the
      * sum (that cap is what would let one queue crowd out another). */
-    if (!qos_per_consumer(b)) {
+    if (!rmq_qos_per_consumer(&b->base)) {
         amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 1);
         if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
             return err->code;
@@ -1279,7 +1281,7 @@ static int setup_cons(struct rmq_broker *b, struct cr_err *err)
         struct consumer *c = &b->consumers[i];
         if (c->q.no_consume)
             continue;
-        if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+        if (rmq_qos_per_consumer(&b->base) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
             amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 0);
             if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
                 return err->code;
@@ -1288,7 +1290,7 @@ static int setup_cons(struct rmq_broker *b, struct cr_err *err)
                                 cstr(consumer_queue(c)), cstr(c->tag), 0, c->q.no_ack, 0,
                                 consume_args(b, c, &arg))) {
             amqp_rpc_reply_t r = amqp_get_rpc_reply(b->cons.conn);
-            if (!qos_per_consumer(b) && refused_global_qos(r))
+            if (!rmq_qos_per_consumer(&b->base) && refused_global_qos(r))
                 return cr_err_set(err, CR_EQOS, "queue '%s' refused global QoS",
                                   c->q.name);
             if (!reply_error(r, "basic.consume", err))
@@ -1319,7 +1321,7 @@ static void next_node(struct rmq_broker *b)
     b->node = rmq_failover_next(b->failover, b->urls.n, b->node, cr_xorshift64(&b->rng));
 }
 
-static int rmq_connect(struct rmq_broker *b, struct cr_err *err)
+static int connect_node(struct rmq_broker *b, struct cr_err *err)
 {
     struct rmq_url u;
     char redacted[512];
@@ -1464,7 +1466,7 @@ static void on_timer(uv_timer_t *t)
     }
     if (b->stopping)
         return;
-    if (rmq_connect(b, &err) == 0) {
+    if (connect_node(b, &err) == 0) {
         b->reconnects++;
         return;
     }
@@ -1503,8 +1505,8 @@ static void connection_lost(struct rmq_broker *b, const char *why)
 static void start_delivery(struct rmq_broker *b, amqp_channel_t channel,
                            const amqp_basic_deliver_t *d)
 {
-    struct broker_msg *m = cr_calloc(1, sizeof(*m));
-    broker_msg_free(b->cur);
+    struct delivery *m = delivery_new();
+    delivery_free(b->cur);
     b->cur = m;
     if (channel == CHANNEL) {
         int rc = ack_batch_received(&b->acks, d->delivery_tag);
@@ -1526,8 +1528,8 @@ static void start_delivery(struct rmq_broker *b, amqp_channel_t channel,
     }
     if (!m)
         return;
-    m->delivery_tag = d->delivery_tag;
-    m->generation = b->generation;
+    m->rec.seq = d->delivery_tag;
+    m->rec.generation = b->generation;
     m->redelivered = d->redelivered;
     m->exchange = bytes_dup(d->exchange);
     m->routing_key = bytes_dup(d->routing_key);
@@ -1546,7 +1548,7 @@ static void start_delivery(struct rmq_broker *b, amqp_channel_t channel,
         m->no_ack = 1;
 }
 
-static void take_properties(struct broker_msg *m, const amqp_basic_properties_t *p)
+static void take_properties(struct delivery *m, const amqp_basic_properties_t *p)
 {
     struct cr_err err;
     if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
@@ -1577,12 +1579,13 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
 
 static void finish_delivery(struct rmq_broker *b)
 {
-    struct broker_msg *m = b->cur;
+    struct delivery *m = b->cur;
     b->cur = NULL;
     if (!m->body)
         m->body = cr_strdup("");
     m->received_ms = uv_now(b->loop);
-    b->on_msg(&b->base, m, b->privdata);
+    m->caps = broker_delivery_caps(&b->base);
+    b->on_delivery(&b->base, m, b->privdata);
 }
 
 static void send_held(struct rmq_broker *b);
@@ -1884,8 +1887,8 @@ static void on_check(uv_check_t *c)
 /* ------------------------------------------------------------ public API */
 
 static struct rmq_broker *rmq_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                  broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                                  void *privdata)
+                                  broker_delivery_fn *on_delivery,
+                                  broker_conn_fn *on_conn, void *privdata)
 {
     struct rmq_broker *b = cr_calloc(1, sizeof(*b));
     if (!b)
@@ -1895,7 +1898,7 @@ static struct rmq_broker *rmq_new(uv_loop_t *loop, const struct broker_config *c
     b->cons.b = b->pub.b = b;
     b->cons.role = "consume";
     b->pub.role = "publish";
-    b->on_msg = on_msg;
+    b->on_delivery = on_delivery;
     b->on_conn = on_conn;
     b->privdata = privdata;
     uv_timer_init(loop, &b->timer);
@@ -1918,8 +1921,8 @@ static struct rmq_broker *rmq_new(uv_loop_t *loop, const struct broker_config *c
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
-        if (rmq_add_consumer(b, &q)) {
-            rmq_free(b);
+        if (rmq_add_consumer(&b->base, &q)) {
+            rmq_free(&b->base);
             return NULL;
         }
     }
@@ -1942,7 +1945,7 @@ static void send_consume(struct rmq_broker *b, struct consumer *c)
 {
     amqp_basic_consume_t req;
     amqp_table_entry_t arg;
-    if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+    if (rmq_qos_per_consumer(&b->base) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
         /* the new consumer's own window (its qos-ok is ignored on arrival) */
         amqp_basic_qos_t qos;
         memset(&qos, 0, sizeof(qos));
@@ -1980,8 +1983,9 @@ static void bind_delayed_nowait(struct rmq_broker *b, const struct broker_queue 
     amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(q), AMQP_QUEUE_BIND_METHOD, &qb);
 }
 
-static int rmq_add_consumer(struct rmq_broker *b, const struct broker_queue *q)
+static int rmq_add_consumer(struct broker *base, const struct broker_queue *q)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     struct consumer *c;
     char tag[96];
     struct cr_err err;
@@ -2018,8 +2022,9 @@ static int rmq_add_consumer(struct rmq_broker *b, const struct broker_queue *q)
     return 0;
 }
 
-static int rmq_cancel_consumer(struct rmq_broker *b, const char *queue)
+static int rmq_cancel_consumer(struct broker *base, const char *queue)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     for (int i = 0; i < b->nconsumers; i++) {
         struct consumer *c = &b->consumers[i];
         if (strcmp(c->q.name, queue))
@@ -2039,18 +2044,20 @@ static int rmq_cancel_consumer(struct rmq_broker *b, const char *queue)
     return CR_ENOTFOUND;
 }
 
-static void rmq_each_consumer(const struct rmq_broker *b,
+static void rmq_each_consumer(const struct broker *base,
                               void (*fn)(const struct broker_queue *q, void *arg),
                               void *arg)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     for (int i = 0; i < b->nconsumers; i++)
         if (!b->consumers[i].q.no_consume)
             fn(&b->consumers[i].q, arg);
 }
 
-static int rmq_declare_exchange(struct rmq_broker *b, const char *name, const char *type,
+static int rmq_declare_exchange(struct broker *base, const char *name, const char *type,
                                 int durable)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     struct exchange_decl *e;
     for (int i = 0; i < b->nexchanges; i++)
         if (!strcmp(b->exchanges[i].name, name))
@@ -2084,9 +2091,10 @@ static int rmq_declare_exchange(struct rmq_broker *b, const char *name, const ch
     return 0;
 }
 
-static int rmq_queue_stats(struct rmq_broker *b, const char *queue,
+static int rmq_queue_stats(struct broker *base, const char *queue,
                            broker_queue_stats_fn *cb, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     amqp_queue_declare_t qd;
     int rc;
     if (!b->up || b->stats_open != 1)
@@ -2112,15 +2120,17 @@ static int rmq_queue_stats(struct rmq_broker *b, const char *queue,
     return 0;
 }
 
-static void rmq_queue_stats_cancel(struct rmq_broker *b, void *privdata)
+static void rmq_queue_stats_cancel(struct broker *base, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     for (size_t i = b->stats_head; i < b->nstats; i++)
         if (b->stats[i].privdata == privdata)
             b->stats[i].cb = NULL;
 }
 
-static void rmq_set_prefetch(struct rmq_broker *b, int prefetch_count)
+static void rmq_set_prefetch(struct broker *base, int prefetch_count)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     amqp_basic_qos_t req;
     if (prefetch_count > 65535)
         prefetch_count = 65535;
@@ -2131,7 +2141,7 @@ static void rmq_set_prefetch(struct rmq_broker *b, int prefetch_count)
      * new count waits for the next consume (see send_consume(), setup_cons()).
      * NEEDSWORK: so held eta tasks count against their queue's window under
      * strict order; parking (--park-after) bounds how long they hold it. */
-    if (!b->up || qos_per_consumer(b))
+    if (!b->up || rmq_qos_per_consumer(&b->base))
         return;
     memset(&req, 0, sizeof(req));
     req.prefetch_count = (uint16_t)prefetch_count;
@@ -2139,23 +2149,27 @@ static void rmq_set_prefetch(struct rmq_broker *b, int prefetch_count)
     amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 
-static int rmq_connected(const struct rmq_broker *b)
+static int rmq_connected(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->up;
 }
 
-static unsigned rmq_generation(const struct rmq_broker *b)
+static unsigned rmq_generation(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->generation;
 }
 
-static unsigned long rmq_reconnects(const struct rmq_broker *b)
+static unsigned long rmq_reconnects(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->reconnects;
 }
 
-static int rmq_blocked(const struct rmq_broker *b, const char **why)
+static int rmq_blocked(const struct broker *base, const char **why)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     const struct link *l = b->pub.blocked ? &b->pub : b->cons.blocked ? &b->cons : NULL;
     if (why)
         *why = l ? l->blocked_why : NULL;
@@ -2211,49 +2225,56 @@ static void on_prepare(uv_prepare_t *p)
     watch_writes(&b->pub);
 }
 
-static int rmq_ack(struct rmq_broker *b, struct broker_msg *m)
+static int rmq_ack(struct broker *base, struct delivery *d)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     int rc;
-    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
+    if (!b->up || d->rec.generation != b->generation || d->no_ack || d->settled)
         return 0;
-    m->settled = 1;
+    d->settled = 1;
     /* Usually only recorded here and sent by on_prepare() with the other acks
      * of this loop iteration. The delivery's outcome is already durable, so
      * the short delay loses nothing: a crash before the flush redelivers it,
      * exactly as a crash before a direct ack would. */
-    rc = ack_batch_ack(&b->acks, m->delivery_tag);
+    rc = ack_batch_ack(&b->acks, d->rec.seq);
     if (rc == 0)
         return 0;
     if (rc < 0) {
         LOG(LOG_ERROR, "broker: delivery %llu acked twice; second ack not sent",
-            (unsigned long long)m->delivery_tag);
+            (unsigned long long)d->rec.seq);
         return 0;
     }
-    return check_status(b, amqp_basic_ack(b->cons.conn, CHANNEL, m->delivery_tag, 0),
-                        "ack");
+    return check_status(b, amqp_basic_ack(b->cons.conn, CHANNEL, d->rec.seq, 0), "ack");
 }
 
-static int rmq_reject(struct rmq_broker *b, struct broker_msg *m, int requeue)
+static int rmq_reject(struct broker *base, struct delivery *d, int requeue)
 {
-    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
+    struct rmq_broker *b = (struct rmq_broker *)base;
+    if (!b->up || d->rec.generation != b->generation || d->no_ack || d->settled)
         return 0;
-    m->settled = 1;
+    d->settled = 1;
     /* Sent at once. The acks still pending need not go first: see
      * ack_batch_reject(). */
-    if (ack_batch_reject(&b->acks, m->delivery_tag) < 0) {
+    if (ack_batch_reject(&b->acks, d->rec.seq) < 0) {
         LOG(LOG_ERROR, "broker: delivery %llu settled twice; reject not sent",
-            (unsigned long long)m->delivery_tag);
+            (unsigned long long)d->rec.seq);
         return 0;
     }
-    return check_status(
-        b, amqp_basic_reject(b->cons.conn, CHANNEL, m->delivery_tag, requeue), "reject");
+    return check_status(b, amqp_basic_reject(b->cons.conn, CHANNEL, d->rec.seq, requeue),
+                        "reject");
+}
+
+/* A delivery of a lost connection is back in its queue already: the broker
+ * requeued it when the connection closed. */
+static int rmq_live(const struct broker *base, const struct delivery *d)
+{
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
+    return b->up && d->rec.generation == b->generation;
 }
 
 /* Writes one publish on the publishing channel and queues its confirm. */
-static int send_publish(struct rmq_broker *b, const char *exchange,
-                        const char *routing_key, const struct broker_props *props,
-                        const char *body, size_t len, broker_confirm_fn *cb,
-                        void *privdata)
+static int send_publish(struct rmq_broker *b, const struct outbound *o,
+                        broker_confirm_fn *cb, void *privdata)
 {
     amqp_basic_properties_t p;
     amqp_pool_t pool;
@@ -2272,9 +2293,9 @@ static int send_publish(struct rmq_broker *b, const char *exchange,
     memset(&p, 0, sizeof(p));
     init_amqp_pool(&pool, 4096);
 #define SETS(field, flag)                                                                \
-    if (props->field) {                                                                  \
+    if (o->field) {                                                                      \
         p._flags |= flag;                                                                \
-        p.field = cstr(props->field);                                                    \
+        p.field = cstr(o->field);                                                        \
     }
     SETS(content_type, AMQP_BASIC_CONTENT_TYPE_FLAG)
     SETS(content_encoding, AMQP_BASIC_CONTENT_ENCODING_FLAG)
@@ -2282,25 +2303,26 @@ static int send_publish(struct rmq_broker *b, const char *exchange,
     SETS(reply_to, AMQP_BASIC_REPLY_TO_FLAG)
     SETS(expiration, AMQP_BASIC_EXPIRATION_FLAG)
 #undef SETS
-    if (props->delivery_mode) {
+    if (o->delivery_mode) {
         p._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
-        p.delivery_mode = (uint8_t)props->delivery_mode;
+        p.delivery_mode = (uint8_t)o->delivery_mode;
     }
-    if (props->priority >= 0) {
+    if (o->priority >= 0) {
         p._flags |= AMQP_BASIC_PRIORITY_FLAG;
-        p.priority = (uint8_t)props->priority;
+        p.priority = (uint8_t)o->priority;
     }
-    if (props->headers) {
-        if (rmq_json_to_table(props->headers, &pool, &p.headers, &err)) {
+    if (o->headers) {
+        if (rmq_json_to_table(o->headers, &pool, &p.headers, &err)) {
             empty_amqp_pool(&pool);
             return err.code;
         }
         p._flags |= AMQP_BASIC_HEADERS_FLAG;
     }
-    bb.bytes = (void *)body;
-    bb.len = len;
-    rc = amqp_basic_publish(b->pub.conn, PUB_CHANNEL, cstr(exchange), cstr(routing_key),
-                            0, 0, &p, bb);
+    bb.bytes = (void *)o->body;
+    bb.len = o->body_len;
+    rc =
+        amqp_basic_publish(b->pub.conn, PUB_CHANNEL, cstr(o->exchange ? o->exchange : ""),
+                           cstr(o->routing_key ? o->routing_key : ""), 0, 0, &p, bb);
     empty_amqp_pool(&pool);
     if (check_status(b, rc, "publish"))
         return CR_EBROKER;
@@ -2320,16 +2342,15 @@ static int dup_opt(char **dst, const char *src)
 /* Keeps a copy of the publish until the broker unblocks. RabbitMQ would not
  * read it anyway, and written into a socket it does not read it would fill
  * the send buffer, and the next write would block the whole loop. */
-static int hold_publish(struct rmq_broker *b, const char *exchange,
-                        const char *routing_key, const struct broker_props *props,
-                        const char *body, size_t len, broker_confirm_fn *cb,
-                        void *privdata)
+static int hold_publish(struct rmq_broker *b, const struct outbound *o,
+                        broker_confirm_fn *cb, void *privdata)
 {
     struct held_publish *h;
+    size_t len = o->body_len;
     size_t cost = len + 512;
     int oom;
 
-    if (props->no_hold || b->held_bytes + cost > HELD_MAX_BYTES)
+    if (o->no_hold || b->held_bytes + cost > HELD_MAX_BYTES)
         return CR_EBROKER;
     if (b->held_head > 0 && b->held_head == b->nheld)
         b->held_head = b->nheld = 0;
@@ -2343,13 +2364,12 @@ static int hold_publish(struct rmq_broker *b, const char *exchange,
     }
     h = &b->held[b->nheld];
     memset(h, 0, sizeof(*h));
-    oom = dup_opt(&h->exchange, exchange) | dup_opt(&h->routing_key, routing_key) |
-          dup_opt(&h->content_type, props->content_type) |
-          dup_opt(&h->content_encoding, props->content_encoding) |
-          dup_opt(&h->correlation_id, props->correlation_id) |
-          dup_opt(&h->reply_to, props->reply_to) |
-          dup_opt(&h->expiration, props->expiration);
-    if (props->headers && !(h->headers = cJSON_Duplicate(props->headers, 1)))
+    oom = dup_opt(&h->exchange, o->exchange) | dup_opt(&h->routing_key, o->routing_key) |
+          dup_opt(&h->content_type, o->content_type) |
+          dup_opt(&h->content_encoding, o->content_encoding) |
+          dup_opt(&h->correlation_id, o->correlation_id) |
+          dup_opt(&h->reply_to, o->reply_to) | dup_opt(&h->expiration, o->expiration);
+    if (o->headers && !(h->headers = cJSON_Duplicate(o->headers, 1)))
         oom = 1;
     if (!(h->body = cr_malloc(len + 1)))
         oom = 1;
@@ -2357,10 +2377,10 @@ static int hold_publish(struct rmq_broker *b, const char *exchange,
         held_release(h);
         return CR_ENOMEM;
     }
-    memcpy(h->body, body, len);
+    memcpy(h->body, o->body, len);
     h->len = len;
-    h->delivery_mode = props->delivery_mode;
-    h->priority = props->priority;
+    h->delivery_mode = o->delivery_mode;
+    h->priority = o->priority;
     h->cb = cb;
     h->privdata = privdata;
     b->nheld++;
@@ -2374,9 +2394,13 @@ static void send_held(struct rmq_broker *b)
 {
     while (b->up && !b->pub.blocked && b->held_head < b->nheld) {
         struct held_publish h = b->held[b->held_head++];
-        struct broker_props p;
+        struct outbound p;
         int rc;
         memset(&p, 0, sizeof(p));
+        p.exchange = h.exchange;
+        p.routing_key = h.routing_key;
+        p.body = h.body;
+        p.body_len = h.len;
         p.content_type = h.content_type;
         p.content_encoding = h.content_encoding;
         p.correlation_id = h.correlation_id;
@@ -2386,9 +2410,7 @@ static void send_held(struct rmq_broker *b)
         p.priority = h.priority;
         p.headers = h.headers;
         b->held_bytes -= h.len + 512;
-        rc = send_publish(b, h.exchange ? h.exchange : "",
-                          h.routing_key ? h.routing_key : "", &p, h.body, h.len, h.cb,
-                          h.privdata);
+        rc = send_publish(b, &p, h.cb, h.privdata);
         held_release(&h);
         if (rc) {
             struct pending_confirm pc = {0, h.cb, h.privdata};
@@ -2400,21 +2422,21 @@ static void send_held(struct rmq_broker *b)
         b->held_head = b->nheld = b->held_bytes = 0;
 }
 
-static int rmq_publish(struct rmq_broker *b, const char *exchange,
-                       const char *routing_key, const struct broker_props *props,
-                       const char *body, size_t len, broker_confirm_fn *cb,
-                       void *privdata)
+static int rmq_publish(struct broker *base, const struct outbound *o,
+                       broker_confirm_fn *cb, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b->up)
         return CR_EBROKER;
     /* Behind the held ones too, so that publishes keep their order. */
     if (b->pub.blocked || b->held_head < b->nheld)
-        return hold_publish(b, exchange, routing_key, props, body, len, cb, privdata);
-    return send_publish(b, exchange, routing_key, props, body, len, cb, privdata);
+        return hold_publish(b, o, cb, privdata);
+    return send_publish(b, o, cb, privdata);
 }
 
-static void rmq_stop_consuming(struct rmq_broker *b)
+static void rmq_stop_consuming(struct broker *base)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b->up || !b->consuming)
         return;
     for (int i = 0; i < b->nconsumers; i++) {
@@ -2449,8 +2471,9 @@ static void on_handle_closed(uv_handle_t *h)
     }
 }
 
-static void rmq_free(struct rmq_broker *b)
+static void rmq_free(struct broker *base)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b)
         return;
     b->stopping = 1;
@@ -2490,132 +2513,58 @@ static void rmq_free(struct rmq_broker *b)
 
 /* ------------------------------------------------------------ the face */
 
-#define A(b) ((struct rmq_broker *)(b))
-#define CA(b) ((const struct rmq_broker *)(b))
-
 /* At start-up every node of a failover list gets one try, in the strategy's
  * order, before the worker gives up: a cluster with one node down still
  * starts. Each failure is said; the last one is returned. */
-static int v_connect(struct broker *b, struct cr_err *err)
+static int rmq_connect(struct broker *base, struct cr_err *err)
 {
-    int n = A(b)->urls.n;
+    struct rmq_broker *b = (struct rmq_broker *)base;
+    int n = b->urls.n;
     for (int i = 0;; i++) {
-        if (rmq_connect(A(b), err) == 0)
+        if (connect_node(b, err) == 0)
             return 0;
         if (i + 1 >= n)
             return err->code;
         LOG(LOG_ERROR, "consumer: %s; trying the next node", err->msg);
     }
 }
-static int v_connected(const struct broker *b)
+
+static unsigned rmq_live_caps(const struct broker *base)
 {
-    return rmq_connected(CA(b));
-}
-static unsigned v_generation(const struct broker *b)
-{
-    return rmq_generation(CA(b));
-}
-static unsigned long v_reconnects(const struct broker *b)
-{
-    return rmq_reconnects(CA(b));
-}
-static int v_blocked(const struct broker *b, const char **why)
-{
-    return rmq_blocked(CA(b), why);
-}
-static int v_ack(struct broker *b, struct broker_msg *m)
-{
-    return rmq_ack(A(b), m);
-}
-static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
-{
-    return rmq_reject(A(b), m, requeue);
-}
-static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
-                     const struct broker_props *props, const char *body, size_t len,
-                     broker_confirm_fn *cb, void *privdata)
-{
-    return rmq_publish(A(b), exchange, routing_key, props, body, len, cb, privdata);
-}
-static int v_add_consumer(struct broker *b, const struct broker_queue *q)
-{
-    return rmq_add_consumer(A(b), q);
-}
-static int v_cancel_consumer(struct broker *b, const char *queue)
-{
-    return rmq_cancel_consumer(A(b), queue);
-}
-static void v_each_consumer(const struct broker *b,
-                            void (*fn)(const struct broker_queue *q, void *arg),
-                            void *arg)
-{
-    rmq_each_consumer(CA(b), fn, arg);
-}
-static int v_declare_exchange(struct broker *b, const char *name, const char *type,
-                              int durable)
-{
-    return rmq_declare_exchange(A(b), name, type, durable);
-}
-static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
-                         void *privdata)
-{
-    return rmq_queue_stats(A(b), queue, cb, privdata);
-}
-static void v_queue_stats_cancel(struct broker *b, void *privdata)
-{
-    rmq_queue_stats_cancel(A(b), privdata);
-}
-static void v_set_prefetch(struct broker *b, int prefetch_count)
-{
-    rmq_set_prefetch(A(b), prefetch_count);
-}
-static void v_stop_consuming(struct broker *b)
-{
-    rmq_stop_consuming(A(b));
-}
-static void v_free(struct broker *b)
-{
-    rmq_free(A(b));
-}
-static unsigned v_live_caps(const struct broker *b)
-{
-    return CA(b)->up && CA(b)->delayed_live ? BROKER_CAP_DELAYED : 0;
-}
-static int v_qos_per_consumer(const struct broker *b)
-{
-    return qos_per_consumer(CA(b));
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
+    return b->up && b->delayed_live ? MSG_CAP_DELAYED : 0;
 }
 
 static const struct broker_vtab rmq_vtab = {
     .name = "amqp",
-    .caps =
-        BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH | BROKER_CAP_PARK,
-    .live_caps = v_live_caps,
-    .qos_per_consumer = v_qos_per_consumer,
-    .connect = v_connect,
-    .connected = v_connected,
-    .generation = v_generation,
-    .reconnects = v_reconnects,
-    .blocked = v_blocked,
-    .ack = v_ack,
-    .reject = v_reject,
-    .publish = v_publish,
-    .add_consumer = v_add_consumer,
-    .cancel_consumer = v_cancel_consumer,
-    .each_consumer = v_each_consumer,
-    .declare_exchange = v_declare_exchange,
-    .queue_stats = v_queue_stats,
-    .queue_stats_cancel = v_queue_stats_cancel,
-    .set_prefetch = v_set_prefetch,
-    .stop_consuming = v_stop_consuming,
-    .free = v_free,
+    .caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH | MSG_CAP_PARK,
+    .live_caps = rmq_live_caps,
+    .qos_per_consumer = rmq_qos_per_consumer,
+    .connect = rmq_connect,
+    .connected = rmq_connected,
+    .generation = rmq_generation,
+    .reconnects = rmq_reconnects,
+    .blocked = rmq_blocked,
+    .ack = rmq_ack,
+    .reject = rmq_reject,
+    .live = rmq_live,
+    .publish = rmq_publish,
+    .add_consumer = rmq_add_consumer,
+    .cancel_consumer = rmq_cancel_consumer,
+    .each_consumer = rmq_each_consumer,
+    .declare_exchange = rmq_declare_exchange,
+    .queue_stats = rmq_queue_stats,
+    .queue_stats_cancel = rmq_queue_stats_cancel,
+    .set_prefetch = rmq_set_prefetch,
+    .stop_consuming = rmq_stop_consuming,
+    .free = rmq_free,
 };
 
 struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                              broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                              broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                               void *privdata, struct cr_err *err)
 {
-    struct rmq_broker *b = rmq_new(loop, cfg, on_msg, on_conn, privdata);
+    struct rmq_broker *b = rmq_new(loop, cfg, on_delivery, on_conn, privdata);
     if (!b) {
         cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
         return NULL;
@@ -2623,7 +2572,7 @@ struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->base.vt = &rmq_vtab;
     if (rmq_url_list_parse(cfg->url, &b->urls, err) ||
         rmq_failover_parse(cfg->failover_strategy, &b->failover, err)) {
-        rmq_free(b);
+        rmq_free(&b->base);
         return NULL;
     }
     b->rng = uv_hrtime() ^ ((uint64_t)(uintptr_t)b << 16);

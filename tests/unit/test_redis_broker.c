@@ -9,11 +9,11 @@
 
 #include "net/broker.h"
 
-static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
+static void on_delivery(struct broker *b, struct delivery *d, void *privdata)
 {
     (void)b;
     (void)privdata;
-    broker_msg_free(m);
+    delivery_free(d);
 }
 
 static int confirms;
@@ -42,7 +42,7 @@ static struct broker *make(uv_loop_t *loop, const char *url, const char *opts,
     cfg.dlq = "celeriac.dead";
     cfg.transport_options = opts;
     memset(err, 0, sizeof(*err));
-    return broker_new(loop, &cfg, on_msg, NULL, NULL, err);
+    return broker_new(loop, &cfg, on_delivery, NULL, NULL, err);
 }
 
 static void free_and_drain(uv_loop_t *loop, struct broker *b)
@@ -90,7 +90,7 @@ START_TEST(test_face_before_connecting)
     uv_loop_t loop;
     struct cr_err err;
     struct broker *b;
-    struct broker_props p;
+    struct outbound p;
     const char *why = "x";
     struct broker_queue q;
 
@@ -100,16 +100,18 @@ START_TEST(test_face_before_connecting)
     ck_assert_ptr_nonnull(b);
     ck_assert_str_eq(broker_transport(b), "redis");
     ck_assert_uint_eq(broker_delivery_caps(b),
-                      BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH);
+                      MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH);
     ck_assert_int_eq(broker_connected(b), 0);
     ck_assert_uint_eq(broker_generation(b), 1);
     ck_assert_int_eq(broker_blocked(b, &why), 0);
     ck_assert_ptr_null(why);
     memset(&p, 0, sizeof(p));
     p.priority = -1;
+    p.routing_key = "celery";
+    p.body = "[]";
+    p.body_len = 2;
     confirms = 0;
-    ck_assert_int_eq(broker_publish(b, "", "celery", &p, "[]", 2, on_confirm, NULL),
-                     CR_EBROKER);
+    ck_assert_int_eq(broker_publish(b, &p, on_confirm, NULL), CR_EBROKER);
     ck_assert_int_eq(broker_queue_stats(b, "celery", NULL, NULL), CR_EBROKER);
     /* consumers: the two task queues, then a fanout mailbox and its cancel */
     memset(&q, 0, sizeof(q));
