@@ -1,6 +1,7 @@
 /* test_redis_broker.c -- the Redis transport's face without a server: what
  * broker_new() refuses, what the transport says of itself, a publish or a
- * depth poll refused while not connected, and a free that never connected.
+ * depth poll refused while not connected, settling and liveness of a delivery
+ * on both transports, and a free that never connected.
  * The wire behaviour is tested against real Redis and Celery in
  * tests/integration/test_redis_broker.py. */
 #include <check.h>
@@ -137,6 +138,59 @@ START_TEST(test_face_before_connecting)
 }
 END_TEST
 
+/* What the face answers for a delivery, whatever the connections: a Redis
+ * record lives in Redis, so its delivery stays live and settles once while
+ * no connection is up; an AMQP delivery of a connection that is not up is
+ * neither live nor settled (the broker has it back). */
+START_TEST(test_settle_and_live)
+{
+    uv_loop_t loop;
+    struct cr_err err;
+    struct broker *b;
+    struct delivery *d;
+
+    uv_loop_init(&loop);
+    b = make(&loop, "redis://127.0.0.1:1/3", NULL, &err);
+    ck_assert_ptr_nonnull(b);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.id = strdup("tag-1");
+    d->rec.generation = broker_generation(b);
+    ck_assert_int_eq(broker_live(b, d), 1);
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 1);
+    ck_assert_int_eq(broker_reject(b, d, 1), 0); /* settled: nothing more */
+    ck_assert_int_eq(d->settled, 1);
+    delivery_free(d);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.id = strdup("tag-2");
+    d->no_ack = 1;
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 0); /* consumed without acks: nothing to settle */
+    delivery_free(d);
+    free_and_drain(&loop, b);
+
+    uv_loop_init(&loop);
+    b = make(&loop, "amqp://guest:guest@127.0.0.1:1//", NULL, &err);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_str_eq(broker_transport(b), "amqp");
+    ck_assert_uint_eq(broker_delivery_caps(b), MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY |
+                                                   MSG_CAP_PREFETCH | MSG_CAP_PARK);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.seq = 1;
+    d->rec.generation = broker_generation(b);
+    ck_assert_int_eq(broker_live(b, d), 0);
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 0);
+    ck_assert_int_eq(broker_reject(b, d, 1), 0);
+    ck_assert_int_eq(d->settled, 0);
+    delivery_free(d);
+    free_and_drain(&loop, b);
+}
+END_TEST
+
 START_TEST(test_connect_times_out)
 {
     uv_loop_t loop;
@@ -161,6 +215,7 @@ Suite *suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_face_before_connecting);
+    tcase_add_test(tc, test_settle_and_live);
     tcase_add_test(tc, test_connect_times_out);
     suite_add_tcase(s, tc);
     return s;
