@@ -362,7 +362,7 @@ struct rb {
     struct broker base; /* first: the face */
     uv_loop_t *loop;
     struct broker_config cfg;
-    broker_msg_fn *on_msg;
+    broker_delivery_fn *on_delivery;
     broker_conn_fn *on_conn;
     void *privdata;
     struct kombu_opts o;
@@ -704,8 +704,9 @@ static void cons_release(struct rcons *c)
     memset(c, 0, sizeof(*c));
 }
 
-static int rb_add_consumer(struct rb *b, const struct broker_queue *q)
+static int rb_add_consumer(struct broker *base, const struct broker_queue *q)
 {
+    struct rb *b = (struct rb *)base;
     struct rcons *c;
     if (find_cons(b, q->name))
         return 0;
@@ -761,8 +762,9 @@ static int pattern_used(const struct rb *b, const char *pattern)
 /* A fanout or auto-delete queue goes with its binding, as kombu's queue
  * deletion removes it; a task queue's binding stays, since restores of its
  * messages through a named exchange need it whoever consumes. */
-static int rb_cancel_consumer(struct rb *b, const char *queue)
+static int rb_cancel_consumer(struct broker *base, const char *queue)
 {
+    struct rb *b = (struct rb *)base;
     struct rcons *c = find_cons(b, queue), gone;
     int i;
     if (!c)
@@ -781,18 +783,20 @@ static int rb_cancel_consumer(struct rb *b, const char *queue)
     return 0;
 }
 
-static void rb_each_consumer(const struct rb *b,
+static void rb_each_consumer(const struct broker *base,
                              void (*fn)(const struct broker_queue *q, void *arg),
                              void *arg)
 {
+    const struct rb *b = (const struct rb *)base;
     for (int i = 0; i < b->ncons; i++)
         if (!b->cons[i].q.no_consume)
             fn(&b->cons[i].q, arg);
 }
 
-static int rb_declare_exchange(struct rb *b, const char *name, const char *type,
+static int rb_declare_exchange(struct broker *base, const char *name, const char *type,
                                int durable)
 {
+    struct rb *b = (struct rb *)base;
     (void)durable; /* kombu keeps exchanges in memory only: nothing is written */
     for (int i = 0; i < b->nex; i++)
         if (!strcmp(b->ex[i].name, name))
@@ -826,12 +830,12 @@ static char *opt_take(char **s)
 
 static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int no_ack)
 {
-    struct broker_msg *m = cr_calloc(1, sizeof(*m));
+    struct delivery *m = delivery_new();
     if (!m) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message");
         return;
     }
-    m->generation = 1;
+    m->rec.generation = 1;
     m->redelivered = km->redelivered;
     m->exchange = km->exchange;
     km->exchange = NULL;
@@ -853,14 +857,15 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
     m->body = km->body;
     m->body_len = km->body_len;
     km->body = NULL;
-    m->tag = km->delivery_tag;
+    m->rec.id = km->delivery_tag;
     km->delivery_tag = NULL;
+    m->caps = broker_delivery_caps(&b->base);
     if (!m->queue) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message");
-        broker_msg_free(m);
+        delivery_free(m);
         return;
     }
-    b->on_msg(&b->base, m, b->privdata);
+    b->on_delivery(&b->base, m, b->privdata);
 }
 
 /* What a popped value may weigh. Twice the body limit and some: a body
@@ -1651,14 +1656,15 @@ static struct held *held_settle(struct rb *b, const char *tag, int *found)
     return h;
 }
 
-static int rb_ack(struct rb *b, struct broker_msg *m)
+static int rb_ack(struct broker *base, struct delivery *m)
 {
+    struct rb *b = (struct rb *)base;
     struct held *h;
     int found;
-    if (m->no_ack || m->settled || !m->tag)
+    if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->tag, &found);
+    h = held_settle(b, m->rec.id, &found);
     if (!found)
         return 0;
     /* A record never written needs no removal. */
@@ -1668,11 +1674,11 @@ static int rb_ack(struct rb *b, struct broker_msg *m)
     }
     if (h)
         held_free(h);
-    if (ack_push(b, m->tag)) {
+    if (ack_push(b, m->rec.id)) {
         LOG(LOG_ERROR,
             "broker: out of memory acking %s; it comes back after the "
             "visibility timeout",
-            m->tag);
+            m->rec.id);
         return CR_ENOMEM;
     }
     return 0;
@@ -2004,16 +2010,17 @@ static int restore_held(struct rb *b, struct held *h, char side)
     return 0;
 }
 
-static int rb_reject(struct rb *b, struct broker_msg *m, int requeue)
+static int rb_reject(struct broker *base, struct delivery *m, int requeue)
 {
+    struct rb *b = (struct rb *)base;
     struct held *h;
     int found;
     if (!requeue)
-        return rb_ack(b, m);
-    if (m->no_ack || m->settled || !m->tag)
+        return rb_ack(base, m);
+    if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->tag, &found);
+    h = held_settle(b, m->rec.id, &found);
     if (!h)
         return 0; /* another copy still holds it: its settle decides */
     /* kombu's requeue goes to the tail (LPUSH); once the worker stops
@@ -2253,7 +2260,7 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
                     err.msg[0] ? err.msg : cr_strerror(rc));
             return;
         }
-        /* on_msg may cancel consumers: the loop checks the count again */
+        /* on_delivery may cancel consumers: the loop checks the count again */
         deliver(b, &km, c->q.name, 1);
         kombu_msg_release(&km);
         if (b->freeing)
@@ -2421,11 +2428,12 @@ static void on_published(struct rb *b, int status, redisReply *r, void *arg)
     confirm(b, p);
 }
 
-static int rb_publish(struct rb *b, const char *exchange, const char *routing_key,
-                      const struct broker_props *props, const char *body, size_t len,
+static int rb_publish(struct broker *base, const struct outbound *o,
                       broker_confirm_fn *cb, void *privdata)
 {
-    struct kombu_out ko;
+    struct rb *b = (struct rb *)base;
+    const char *exchange = o->exchange ? o->exchange : "";
+    const char *routing_key = o->routing_key ? o->routing_key : "";
     struct buf env, key;
     struct args a;
     unsigned char rnd[16];
@@ -2436,37 +2444,19 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
 
     if (b->freeing || !redis_conn_up(b->cmd))
         return CR_EBROKER;
-    if (!exchange)
-        exchange = "";
-    if (!routing_key)
-        routing_key = "";
     random_bytes(rnd, sizeof(rnd));
     cr_uuid4(rnd, tag);
-    memset(&ko, 0, sizeof(ko));
-    ko.body = body;
-    ko.body_len = len;
-    ko.content_type = props->content_type;
-    ko.content_encoding = props->content_encoding;
-    ko.headers = props->headers;
-    ko.correlation_id = props->correlation_id;
-    ko.reply_to = props->reply_to;
-    ko.expiration = props->expiration;
-    ko.delivery_mode = props->delivery_mode;
-    /* already kombu's scale (broker_props); none given is kombu's 0 */
-    ko.priority = props->priority < 0 ? 0 : props->priority;
-    ko.exchange = exchange;
-    ko.routing_key = routing_key;
-    ko.delivery_tag = tag;
     buf_init(&env);
     buf_init(&key);
     args_init(&a);
     p = cr_calloc(1, sizeof(*p));
-    rc = p ? kombu_msg_encode(&ko, &env) : CR_ENOMEM;
+    rc = p ? kombu_msg_encode(o, tag, &env) : CR_ENOMEM;
     if (rc)
         goto fail;
     p->cb = cb;
     p->privdata = privdata;
-    p->priority = ko.priority;
+    /* already kombu's scale; none given is kombu's 0 */
+    p->priority = o->priority < 0 ? 0 : o->priority;
     p->routing_key = cr_strdup(routing_key);
     if (!p->routing_key) {
         rc = CR_ENOMEM;
@@ -2577,9 +2567,10 @@ static void on_stats(struct rb *b, int status, redisReply *r, void *arg)
 }
 
 /* The sum of LLEN over the queue's buckets (kombu's _size). */
-static int rb_queue_stats(struct rb *b, const char *queue, broker_queue_stats_fn *cb,
-                          void *privdata)
+static int rb_queue_stats(struct broker *base, const char *queue,
+                          broker_queue_stats_fn *cb, void *privdata)
 {
+    struct rb *b = (struct rb *)base;
     struct args c[KOMBU_MAX_STEPS];
     struct statop *s;
     int rc;
@@ -2611,8 +2602,9 @@ static int rb_queue_stats(struct rb *b, const char *queue, broker_queue_stats_fn
     return 0;
 }
 
-static void rb_queue_stats_cancel(struct rb *b, void *privdata)
+static void rb_queue_stats_cancel(struct broker *base, void *privdata)
 {
+    struct rb *b = (struct rb *)base;
     for (struct statop *s = b->stats; s; s = s->next)
         if (s->privdata == privdata)
             s->cb = NULL;
@@ -2742,8 +2734,9 @@ static struct redis_conn *conn_new(struct rb *b, double timeout, double health, 
     return redis_conn_new(b->loop, &rc, err);
 }
 
-static int rb_connect(struct rb *b, struct cr_err *err)
+static int rb_connect(struct broker *base, struct cr_err *err)
 {
+    struct rb *b = (struct rb *)base;
     int ms = (int)((b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout : 5) * 1000);
     struct redis_conn *cs[3] = {b->cmd, b->pop, b->sub};
     for (int i = 0; i < 3; i++) {
@@ -2764,8 +2757,9 @@ static int rb_connect(struct rb *b, struct cr_err *err)
  * confirmed, the pub/sub connection goes, or timeout_ms passes: a broadcast
  * published before Redis registers a pattern never reaches us, so the worker
  * says "ready." only after this. */
-static int rb_wait_subscribed(struct rb *b, int timeout_ms)
+static int rb_wait_subscribed(struct broker *base, int timeout_ms)
 {
+    struct rb *b = (struct rb *)base;
     uv_update_time(b->loop);
     for (uint64_t until = now_ms(b) + (uint64_t)timeout_ms;
          b->psub_unconfirmed > 0 && redis_conn_up(b->sub) && now_ms(b) < until;) {
@@ -2778,19 +2772,22 @@ static int rb_wait_subscribed(struct rb *b, int timeout_ms)
     return b->psub_unconfirmed > 0 ? CR_ETIMEDOUT : 0;
 }
 
-static int rb_connected(const struct rb *b)
+static int rb_connected(const struct broker *base)
 {
+    const struct rb *b = (const struct rb *)base;
     return all_up(b);
 }
 
-static unsigned long rb_reconnects(const struct rb *b)
+static unsigned long rb_reconnects(const struct broker *base)
 {
+    const struct rb *b = (const struct rb *)base;
     return redis_conn_reconnects(b->cmd) + redis_conn_reconnects(b->pop) +
            redis_conn_reconnects(b->sub);
 }
 
-static void rb_set_prefetch(struct rb *b, int n)
+static void rb_set_prefetch(struct broker *base, int n)
 {
+    struct rb *b = (struct rb *)base;
     b->prefetch = n < 0 ? 0 : n;
 }
 
@@ -2812,8 +2809,9 @@ static void unblock_pop(struct rb *b)
     args_release(&a);
 }
 
-static void rb_stop_consuming(struct rb *b)
+static void rb_stop_consuming(struct broker *base)
 {
+    struct rb *b = (struct rb *)base;
     if (!b->consuming)
         return;
     b->consuming = 0;
@@ -2892,8 +2890,9 @@ static void drain(struct rb *b)
                          "back after the visibility timeout");
 }
 
-static void rb_free(struct rb *b)
+static void rb_free(struct broker *base)
 {
+    struct rb *b = (struct rb *)base;
     struct rjob *j;
     if (!b)
         return;
@@ -2934,8 +2933,8 @@ static char *prefixed(const struct kombu_opts *o, const char *name)
 }
 
 static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
-                         broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
-                         struct cr_err *err)
+                         broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                         void *privdata, struct cr_err *err)
 {
     struct rb *b;
     double timeout, vt_ms;
@@ -2950,7 +2949,7 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     }
     b->loop = loop;
     b->cfg = *cfg;
-    b->on_msg = on_msg;
+    b->on_delivery = on_delivery;
     b->on_conn = on_conn;
     b->privdata = privdata;
     b->consuming = 1;
@@ -3022,7 +3021,7 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     if (!b->sub) {
         /* Not only memory: a rediss:// CA or key that cannot be loaded. */
         if (err && err->code && err->code != CR_ENOMEM) {
-            rb_free(b);
+            rb_free(&b->base);
             return NULL;
         }
         goto oom;
@@ -3030,140 +3029,79 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
-        if (rb_add_consumer(b, &q))
+        if (rb_add_consumer(&b->base, &q))
             goto oom;
     }
     if (b->o.order == KOMBU_ORDER_SORTED)
         kombu_initial_order(&b->o, b->cycle, b->ncycle);
-    if (cfg->dlx && rb_declare_exchange(b, cfg->dlx, "topic", 1))
+    if (cfg->dlx && rb_declare_exchange(&b->base, cfg->dlx, "topic", 1))
         goto oom;
     return b;
 oom:
     cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
-    rb_free(b);
+    rb_free(&b->base);
     return NULL;
 }
 
 /* ------------------------------------------------------------ the face */
 
-#define R(b) ((struct rb *)(b))
-#define CR(b) ((const struct rb *)(b))
-
-static int v_connect(struct broker *b, struct cr_err *err)
-{
-    return rb_connect(R(b), err);
-}
-static int v_wait_subscribed(struct broker *b, int timeout_ms)
-{
-    return rb_wait_subscribed((struct rb *)b, timeout_ms);
-}
-static int v_connected(const struct broker *b)
-{
-    return rb_connected(CR(b));
-}
 /* Never changes: see the top of the file. */
-static unsigned v_generation(const struct broker *b)
+static unsigned rb_generation(const struct broker *base)
 {
-    (void)b;
+    (void)base;
     return 1;
 }
-static unsigned long v_reconnects(const struct broker *b)
-{
-    return rb_reconnects(CR(b));
-}
+
 /* Redis never blocks publishing (an OOM refusal fails the publish). */
-static int v_blocked(const struct broker *b, const char **why)
+static int rb_blocked(const struct broker *base, const char **why)
 {
-    (void)b;
+    (void)base;
     if (why)
         *why = NULL;
     return 0;
 }
-static int v_ack(struct broker *b, struct broker_msg *m)
+
+/* A delivery's record lives in Redis, not in a connection: it can be settled
+ * whatever became of the connections (an ack made while one is down waits for
+ * it). */
+static int rb_live(const struct broker *base, const struct delivery *d)
 {
-    return rb_ack(R(b), m);
-}
-static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
-{
-    return rb_reject(R(b), m, requeue);
-}
-static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
-                     const struct broker_props *props, const char *body, size_t len,
-                     broker_confirm_fn *cb, void *privdata)
-{
-    return rb_publish(R(b), exchange, routing_key, props, body, len, cb, privdata);
-}
-static int v_add_consumer(struct broker *b, const struct broker_queue *q)
-{
-    return rb_add_consumer(R(b), q);
-}
-static int v_cancel_consumer(struct broker *b, const char *queue)
-{
-    return rb_cancel_consumer(R(b), queue);
-}
-static void v_each_consumer(const struct broker *b,
-                            void (*fn)(const struct broker_queue *q, void *arg),
-                            void *arg)
-{
-    rb_each_consumer(CR(b), fn, arg);
-}
-static int v_declare_exchange(struct broker *b, const char *name, const char *type,
-                              int durable)
-{
-    return rb_declare_exchange(R(b), name, type, durable);
-}
-static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
-                         void *privdata)
-{
-    return rb_queue_stats(R(b), queue, cb, privdata);
-}
-static void v_queue_stats_cancel(struct broker *b, void *privdata)
-{
-    rb_queue_stats_cancel(R(b), privdata);
-}
-static void v_set_prefetch(struct broker *b, int prefetch_count)
-{
-    rb_set_prefetch(R(b), prefetch_count);
-}
-static void v_stop_consuming(struct broker *b)
-{
-    rb_stop_consuming(R(b));
-}
-static void v_free(struct broker *b)
-{
-    rb_free(R(b));
+    (void)base;
+    (void)d;
+    return 1;
 }
 
-/* No BROKER_CAP_PARK: a held eta task keeps its record, whose lease is
+/* No MSG_CAP_PARK: a held eta task keeps its record, whose lease is
  * refreshed, instead of a parked copy. */
 static const struct broker_vtab redis_vtab = {
     .name = "redis",
-    .caps = BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH,
-    .connect = v_connect,
-    .connected = v_connected,
-    .wait_subscribed = v_wait_subscribed,
-    .generation = v_generation,
-    .reconnects = v_reconnects,
-    .blocked = v_blocked,
-    .ack = v_ack,
-    .reject = v_reject,
-    .publish = v_publish,
-    .add_consumer = v_add_consumer,
-    .cancel_consumer = v_cancel_consumer,
-    .each_consumer = v_each_consumer,
-    .declare_exchange = v_declare_exchange,
-    .queue_stats = v_queue_stats,
-    .queue_stats_cancel = v_queue_stats_cancel,
-    .set_prefetch = v_set_prefetch,
-    .stop_consuming = v_stop_consuming,
-    .free = v_free,
+    .caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH,
+    .connect = rb_connect,
+    .connected = rb_connected,
+    .wait_subscribed = rb_wait_subscribed,
+    .generation = rb_generation,
+    .reconnects = rb_reconnects,
+    .blocked = rb_blocked,
+    .ack = rb_ack,
+    .reject = rb_reject,
+    .live = rb_live,
+    .publish = rb_publish,
+    .add_consumer = rb_add_consumer,
+    .cancel_consumer = rb_cancel_consumer,
+    .each_consumer = rb_each_consumer,
+    .declare_exchange = rb_declare_exchange,
+    .queue_stats = rb_queue_stats,
+    .queue_stats_cancel = rb_queue_stats_cancel,
+    .set_prefetch = rb_set_prefetch,
+    .stop_consuming = rb_stop_consuming,
+    .free = rb_free,
 };
 
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err)
 {
-    struct rb *b = rb_new(loop, cfg, on_msg, on_conn, privdata, err);
+    struct rb *b = rb_new(loop, cfg, on_delivery, on_conn, privdata, err);
     if (!b)
         return NULL;
     b->base.vt = &redis_vtab;

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "llm/llm_client.h"
-#include "net/amqp_url.h"
+#include "net/rmq_url.h"
 #include "net/broker.h"
 #include "net/redis.h"
 #include "net/results.h"
@@ -306,12 +306,12 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         return cr_err_set(err, CR_EINVAL,
                           "unsupported broker URL scheme (want amqp:// or redis://)");
     if (!broker_url_is_redis(cfg->broker)) {
-        struct amqp_url_list *l = cr_malloc(sizeof(*l));
-        enum amqp_failover f;
+        struct rmq_url_list *l = cr_malloc(sizeof(*l));
+        enum rmq_failover f;
         int rc = !l ? cr_err_set(err, CR_ENOMEM, "out of memory")
-                    : amqp_url_list_parse(cfg->broker, l, err);
+                    : rmq_url_list_parse(cfg->broker, l, err);
         free(l);
-        if (rc || amqp_failover_parse(cfg->broker_failover_strategy, &f, err))
+        if (rc || rmq_failover_parse(cfg->broker_failover_strategy, &f, err))
             return err->code;
     }
     if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))

@@ -68,24 +68,21 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     m = fake_msg_new(
         f, body ? body : cJSON_GetObjectItemCaseSensitive(root, "body")->valuestring,
         "celery", h);
-    m->ct = opt_dup(root, "content_type");
-    m->ce = opt_dup(root, "content_encoding");
-    m->corr = opt_dup(props, "correlation_id");
-    m->reply = opt_dup(props, "reply_to");
-    m->exchange = opt_dup(info, "exchange");
-    m->rk = opt_dup(info, "routing_key");
-    m->d.content_type = m->ct;
-    m->d.content_encoding = m->ce;
-    m->d.correlation_id = m->corr;
-    m->d.reply_to = m->reply;
+    free(m->d.content_type);
+    free(m->d.content_encoding);
+    free(m->d.exchange);
+    free(m->d.routing_key);
+    m->d.content_type = opt_dup(root, "content_type");
+    m->d.content_encoding = opt_dup(root, "content_encoding");
+    m->d.correlation_id = opt_dup(props, "correlation_id");
+    m->d.reply_to = opt_dup(props, "reply_to");
+    m->d.exchange = opt_dup(info, "exchange");
+    m->d.routing_key = opt_dup(info, "routing_key");
     m->d.delivery_mode =
         cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
     m->d.priority = m->d.wire_priority =
         cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
-    m->d.exchange = m->exchange;
-    m->d.routing_key = m->rk;
-    m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |
-                DELIVERY_CAP_PARK;
+    m->d.caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH | MSG_CAP_PARK;
     cJSON_Delete(root);
     return &m->d;
 }
@@ -793,7 +790,7 @@ START_TEST(test_delayed_far_eta)
     f.cfg.delayed_horizon_s = 3;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     cJSON_AddNumberToObject(d->headers, "x-delivery-count", 2);
     deliver(&f, d);
     log_is(&f, "publish:celery_delayed_27");
@@ -821,7 +818,7 @@ START_TEST(test_delayed_nack_holds_it)
     f.cfg.delayed_horizon_s = 3;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     deliver(&f, d);
     log_is(&f, "publish:celery_delayed_27");
     confirm(&f, 0, 0);
@@ -847,20 +844,21 @@ START_TEST(test_delayed_near_or_unbound_eta_is_held)
     f.now.epoch_us = ETA_FIXTURE_US - 2500000;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     deliver(&f, d);
     log_is(&f, "");
     f.now.epoch_us = ETA_FIXTURE_US - 60000000;
     d = generate(&f, "eta");
     cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
                                            cJSON_CreateString("other-id-1"));
-    deliver(&f, d); /* no DELIVERY_CAP_DELAYED */
+    deliver(&f, d); /* no MSG_CAP_DELAYED */
     log_is(&f, "");
     d = generate(&f, "eta");
     cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
                                            cJSON_CreateString("other-id-2"));
-    d->caps |= DELIVERY_CAP_DELAYED;
-    d->queue = "added-later";
+    d->caps |= MSG_CAP_DELAYED;
+    free(d->queue);
+    d->queue = strdup("added-later");
     deliver(&f, d);
     log_is(&f, "");
     fake_release(&f);

@@ -1,5 +1,5 @@
-/* amqp_url.c -- broker URL parsing (no I/O). */
-#include "amqp_url.h"
+/* rmq_url.c -- broker URL parsing (no I/O). */
+#include "rmq_url.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "util/pct.h"
 
-int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
+int rmq_url_parse(const char *url, struct rmq_url *out, struct cr_err *err)
 {
     const char *p, *at, *hostend, *path;
     size_t n;
@@ -73,9 +73,9 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     return 0;
 }
 
-int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err *err)
+int rmq_url_list_parse(const char *s, struct rmq_url_list *out, struct cr_err *err)
 {
-    struct amqp_url u;
+    struct rmq_url u;
     struct cr_err e2;
 
     out->n = 0;
@@ -88,14 +88,14 @@ int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err 
             e--;
         if (b == e)
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is empty", i);
-        if (out->n == AMQP_URL_LIST_MAX)
+        if (out->n == RMQ_URL_LIST_MAX)
             return cr_err_set(err, CR_EINVAL, "broker URL list: more than %d URLs",
-                              AMQP_URL_LIST_MAX);
-        if ((size_t)(e - b) >= AMQP_URL_MAX_LEN)
+                              RMQ_URL_LIST_MAX);
+        if ((size_t)(e - b) >= RMQ_URL_MAX_LEN)
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is too long", i);
         memcpy(out->url[out->n], b, (size_t)(e - b));
         out->url[out->n][e - b] = '\0';
-        if (amqp_url_parse(out->url[out->n], &u, &e2))
+        if (rmq_url_parse(out->url[out->n], &u, &e2))
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d: %s", i, e2.msg);
         out->n++;
         if (!s[n])
@@ -104,14 +104,14 @@ int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err 
     }
 }
 
-int amqp_failover_parse(const char *name, enum amqp_failover *out, struct cr_err *err)
+int rmq_failover_parse(const char *name, enum rmq_failover *out, struct cr_err *err)
 {
     if (!name || !*name || !strcmp(name, "round-robin") || !strcmp(name, "round_robin")) {
-        *out = AMQP_FAILOVER_ROUND_ROBIN;
+        *out = RMQ_FAILOVER_ROUND_ROBIN;
         return 0;
     }
     if (!strcmp(name, "shuffle")) {
-        *out = AMQP_FAILOVER_SHUFFLE;
+        *out = RMQ_FAILOVER_SHUFFLE;
         return 0;
     }
     return cr_err_set(err, CR_EINVAL,
@@ -119,11 +119,11 @@ int amqp_failover_parse(const char *name, enum amqp_failover *out, struct cr_err
                       name);
 }
 
-int amqp_failover_next(enum amqp_failover s, int n, int cur, uint64_t rnd)
+int rmq_failover_next(enum rmq_failover s, int n, int cur, uint64_t rnd)
 {
     if (n <= 1)
         return 0;
-    if (s == AMQP_FAILOVER_SHUFFLE)
+    if (s == RMQ_FAILOVER_SHUFFLE)
         return (int)((cur + 1 + (int)(rnd % (uint64_t)(n - 1))) % n);
     return (cur + 1) % n;
 }
