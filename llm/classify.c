@@ -235,6 +235,7 @@ void llm_outcome(const struct llm_exchange *x, struct llm_answer *a,
     res->retry_after_ms = -1;
     res->embedding = NULL;
     res->embed_tokens = -1;
+    res->message = msg;
     msg[0] = '\0';
 
     if (x->aborted) {
