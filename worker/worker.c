@@ -706,7 +706,6 @@ static int clients_new(struct worker *w, struct cr_err *err)
 {
     const struct config *cfg = w->cfg;
     struct llm_client_config lc;
-    struct llm_provider_config dp;
     struct backend_config bc;
     int rc;
 
@@ -740,11 +739,11 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->llm = llm_client_new(w->loop, &lc, err);
     if (!w->llm)
         return err->code ? err->code : CR_ENOMEM;
-    memset(&dp, 0, sizeof(dp));
-    dp.base_url = cfg->llm_base_url;
-    dp.api_key = cfg->llm_api_key;
-    dp.headers = lc.headers;
-    if ((rc = llm_router_init(&w->router, w->llm, &w->providers, w->gates, &dp, err)))
+    if ((rc = llm_router_init(&w->router, w->llm, &w->providers, w->gates,
+                              &(struct llm_provider_config){.base_url = cfg->llm_base_url,
+                                                            .api_key = cfg->llm_api_key,
+                                                            .headers = lc.headers},
+                              err)))
         return rc;
     memset(&bc, 0, sizeof(bc));
     bc.url = cfg->result_backend;
