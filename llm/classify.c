@@ -208,7 +208,7 @@ static void chat(const struct llm_exchange *x, struct llm_answer *a,
         res->retry_after_ms = hint(x);
         snprintf(msg, cap, "error in stream: %s",
                  e.message[0] ? e.message : "(no message)");
-        add_detail(msg, cap, &(struct seen_error){e.type, e.code, "", "", 0, NULL});
+        add_detail(msg, cap, &e); /* no param: answers name none */
         return;
     }
     if (a->fast && x->framed && !openai_stream_complete(a->fast)) {
