@@ -1046,62 +1046,12 @@ static struct curl_slist *request_headers(const struct llm_request *rq)
     return list;
 }
 
-struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
-                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
-                                  void *privdata, struct cr_err *err)
+/* The options of one transfer on r's easy handle (new, or reset from the
+ * pool): where and what to send, the callbacks, the socket and buffer
+ * settings, the phase timeout libcurl enforces itself. */
+static void easy_setup(struct llm_client *c, struct llm_req *r,
+                       const struct llm_request *rq, struct curl_slist *hdrs)
 {
-    struct llm_req *r = cr_calloc(1, sizeof(*r));
-    struct curl_slist *hdrs;
-    if (!r) {
-        cr_err_set(err, CR_ENOMEM, "out of memory");
-        return NULL;
-    }
-    r->c = c;
-    r->op = rq->op;
-    r->embed_list = rq->embed_list;
-    r->on_delta = on_delta;
-    r->on_done = on_done;
-    r->privdata = privdata;
-    r->first_byte_ms = timeout_ms(rq->first_byte_timeout_s, c->cfg.first_byte_timeout_s);
-    r->first_token_ms =
-        timeout_ms(rq->first_token_timeout_s, c->cfg.first_token_timeout_s);
-    r->idle_ms = timeout_ms(rq->idle_timeout_s, c->cfg.idle_timeout_s);
-    r->framing = rq->framing;
-    r->provider_name = rq->provider_name;
-    r->fallback_left = rq->fallback_left;
-    openai_stream_init(&r->chat);
-    buf_init(&r->raw);
-    r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
-    r->body = cr_strndup(rq->body, rq->body_len);
-    r->body_len = rq->body_len;
-    r->easy = c->npool ? c->pool[--c->npool] : curl_easy_init();
-    if (rq->op == LLM_OP_CHAT)
-        r->sse = sse_parser_new(0);
-    if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
-        goto oom;
-    if (rq->provider) {
-        r->ps = cr_malloc(sizeof(*r->ps));
-        if (!r->ps)
-            goto oom;
-        if (llm_stream_init(r->ps, rq->provider, rq->op)) {
-            cr_free(r->ps);
-            r->ps = NULL;
-            goto oom;
-        }
-        r->ps->reply.max_content_bytes = MAX_RAW_BODY;
-        if (rq->framing == LLM_FRAMING_NDJSON && !(r->nd = ndjson_parser_new(0)))
-            goto oom;
-        r->headers = request_headers(rq);
-        if (!r->headers)
-            goto oom;
-        hdrs = r->headers;
-    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
-        r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
-        if (!r->headers)
-            goto oom;
-        hdrs = r->headers;
-    }
-
     curl_easy_setopt(r->easy, CURLOPT_URL, rq->url);
     curl_easy_setopt(r->easy, CURLOPT_POST, 1L);
     curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
@@ -1138,6 +1088,71 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         curl_easy_setopt(r->easy, CURLOPT_SHARE, c->share);
     if (c->cfg.ca_file && *c->cfg.ca_file)
         curl_easy_setopt(r->easy, CURLOPT_CAINFO, c->cfg.ca_file);
+}
+
+/* The provider path's reader (rq->provider): its answer, the NDJSON
+ * splitter its framing may need, and its own header lines. Returns the
+ * header list, or NULL when out of memory. */
+static struct curl_slist *provider_reader(struct llm_req *r, const struct llm_request *rq)
+{
+    r->ps = cr_malloc(sizeof(*r->ps));
+    if (!r->ps)
+        return NULL;
+    if (llm_stream_init(r->ps, rq->provider, rq->op)) {
+        cr_free(r->ps);
+        r->ps = NULL;
+        return NULL;
+    }
+    r->ps->reply.max_content_bytes = MAX_RAW_BODY;
+    if (rq->framing == LLM_FRAMING_NDJSON && !(r->nd = ndjson_parser_new(0)))
+        return NULL;
+    r->headers = request_headers(rq);
+    return r->headers;
+}
+
+struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
+                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
+                                  void *privdata, struct cr_err *err)
+{
+    struct llm_req *r = cr_calloc(1, sizeof(*r));
+    struct curl_slist *hdrs;
+    if (!r) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->c = c;
+    r->op = rq->op;
+    r->embed_list = rq->embed_list;
+    r->on_delta = on_delta;
+    r->on_done = on_done;
+    r->privdata = privdata;
+    r->first_byte_ms = timeout_ms(rq->first_byte_timeout_s, c->cfg.first_byte_timeout_s);
+    r->first_token_ms =
+        timeout_ms(rq->first_token_timeout_s, c->cfg.first_token_timeout_s);
+    r->idle_ms = timeout_ms(rq->idle_timeout_s, c->cfg.idle_timeout_s);
+    r->framing = rq->framing;
+    r->provider_name = rq->provider_name;
+    r->fallback_left = rq->fallback_left;
+    openai_stream_init(&r->chat);
+    buf_init(&r->raw);
+    r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
+    r->body = cr_strndup(rq->body, rq->body_len);
+    r->body_len = rq->body_len;
+    r->easy = c->npool ? c->pool[--c->npool] : curl_easy_init();
+    if (rq->op == LLM_OP_CHAT)
+        r->sse = sse_parser_new(0);
+    if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
+        goto oom;
+    if (rq->provider) {
+        if (!(hdrs = provider_reader(r, rq)))
+            goto oom;
+    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
+        r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
+        if (!r->headers)
+            goto oom;
+        hdrs = r->headers;
+    }
+    easy_setup(c, r, rq, hdrs);
     r->plain_http = !strncmp(rq->url, "http://", 7);
     r->gate = rq->gate && rq->gate->cap > 0 ? rq->gate : NULL;
     r->gnode.data = r;
