@@ -151,7 +151,8 @@ FUZZ_SECONDS ?= 120
 FUZZ_QUICK_SECONDS ?= 15
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c) gateway/gw_msg.c
+FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c llm/classify.c llm/provider*.c) \
+                gateway/gw_msg.c
 FUZZ_COMMON := -g -O1 -D_GNU_SOURCE -fno-sanitize-recover=undefined \
               -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
 FUZZ_FLAGS := $(FUZZ_COMMON) -fsanitize=fuzzer,address,undefined

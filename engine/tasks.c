@@ -265,6 +265,7 @@ static cJSON *message(const char *role, const char *content)
 
 static int finish_body(cJSON *req, struct task_call *out)
 {
+    out->tools = cJSON_GetObjectItemCaseSensitive(req, "tools") != NULL;
     out->body = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     if (!out->body)

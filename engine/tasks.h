@@ -73,6 +73,8 @@ struct task_call {
     /* 1: the answer must parse as JSON (response_format json_schema or
      * json_object), else a permanent failure; 2: the same, retried. */
     int json_answer;
+    /* 1: a chat that passes tools, so its answer may hold tool calls. */
+    int tools;
 };
 
 /* The llm.chat keyword argument that makes an answer that is not the JSON

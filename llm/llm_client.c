@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "classify.h"
 #include "protocol/ndjson.h"
 #include "protocol/sse.h"
 #include "util/alloc.h"
@@ -606,27 +607,6 @@ static void unlink_active(struct llm_client *c, struct llm_req *r)
     c->nactive--;
 }
 
-static const char *exc_for_status(long status)
-{
-    switch (status) {
-    case 400:
-        return "BadRequestError";
-    case 401:
-        return "AuthenticationError";
-    case 403:
-        return "PermissionDeniedError";
-    case 404:
-        return "NotFoundError";
-    case 409:
-        return "ConflictError";
-    case 422:
-        return "UnprocessableEntityError";
-    case 429:
-        return "RateLimitError";
-    }
-    return status >= 500 ? "InternalServerError" : "APIStatusError";
-}
-
 /* "<libcurl's words for cc>: <the system error, if any> (<host>:<port>)", as
  * in "Couldn't connect to server: Connection refused (127.0.0.1:9)". The
  * host and port, not the URL: a URL may carry a key in its query. */
@@ -655,261 +635,83 @@ static void describe_failure(struct llm_req *r, CURLcode cc, char *out, size_t n
     curl_url_cleanup(u);
 }
 
-/* Appends " (type: T, code: C, param: P)" with the parts that are set, so
- * the stored error keeps what a caller would branch on. */
-static void add_detail(char *msg, size_t cap, const char *type, const char *code,
-                       const char *param)
+/* Reads what is left of a 2xx chat answer that came as frames: an SSE
+ * event or NDJSON lines without their final newline, and a surrogate the
+ * OpenAI reader held back. Its text is not handed to on_delta: the result
+ * carries it all the same. A bad last line is a protocol error, as one
+ * earlier would have been. */
+static void drain(struct llm_req *r)
 {
-    const char *name[3] = {"type", "code", "param"};
-    const char *val[3] = {type, code, param};
-    size_t len = strlen(msg);
-    int first = 1;
-
-    for (int i = 0; i < 3 && len + 1 < cap; i++) {
-        if (!val[i] || !val[i][0])
-            continue;
-        snprintf(msg + len, cap - len, "%s%s: %s", first ? " (" : ", ", name[i], val[i]);
-        len = strlen(msg);
-        first = 0;
-    }
-    if (!first && len + 1 < cap)
-        snprintf(msg + len, cap - len, ")");
-}
-
-static int is_blank_body(const struct buf *b)
-{
-    for (size_t i = 0; i < b->len; i++)
-        if (b->data[i] != ' ' && b->data[i] != '\t' && b->data[i] != '\r' &&
-            b->data[i] != '\n')
-            return 0;
-    return 1;
-}
-
-/* The outcome of a provider-path transfer that ended at the HTTP level
- * (see finish()): an error body, an embeddings body, or a chat answer
- * streamed or whole, judged by the provider's own mapping. */
-static void provider_outcome(struct llm_req *r, struct llm_result *res, char *msg,
-                             size_t cap)
-{
-    const struct llm_provider *p = r->ps->provider;
-    const char *body = r->raw.data ? r->raw.data : "";
-    struct chat_reply *rep = &r->ps->reply;
+    struct sse_event ev;
     struct cr_err err;
-    int bad_body = 0;
+    const char *line;
+    size_t len;
 
-    if (r->status < 200 || r->status >= 300) {
-        struct chat_error e;
-        p->error_parse(r->status, body, r->raw.len, &e);
-        res->code = CR_ELLM;
-        res->verdict = llm_classify(0, llm_error_status(&e, r->status), e.code, e.type,
-                                    r->should_retry, 0);
-        res->exc_type = e.kind != CHAT_ERROR_UNKNOWN ? llm_error_exc_type(&e)
-                                                     : exc_for_status(r->status);
-        res->retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
-                                                 clock_epoch_us() / 1000);
-        snprintf(msg, cap, "Error code: %ld - %s", r->status,
-                 e.message[0] ? e.message : "(no message)");
-        add_detail(msg, cap, e.type, e.code, NULL);
-        return;
-    }
-    if (r->op == LLM_OP_EMBED) {
-        res->embedding = p->embed_parse ? p->embed_parse(body, r->raw.len, r->embed_list,
-                                                         &res->embed_tokens, &err)
-                                        : NULL;
-        if (!res->embedding) {
-            res->code = CR_ELLM;
-            res->verdict = p->embed_parse ? LLM_RETRYABLE : LLM_PERMANENT;
-            res->exc_type = "APIError";
-            snprintf(msg, cap, "bad embeddings response: %s",
-                     p->embed_parse ? err.msg : "the provider has no embeddings");
-        }
-        return;
-    }
-    if (r->is_sse) {
-        struct sse_event ev;
-        if (sse_finish(r->sse, &ev) == 1)
+    if (r->is_sse && sse_finish(r->sse, &ev) == 1) {
+        if (r->ps)
             llm_stream_feed(
                 r->ps, &(struct llm_frame){ev.type, ev.type_len, ev.data, ev.data_len},
                 NULL, NULL, &err);
-    } else if (r->is_nd) {
-        const char *line;
-        size_t len;
-        while (!r->proto_error && ndjson_finish(r->nd, &line, &len) == 1)
-            feed_line(r, line, len, 0);
-        if (r->proto_error) {
-            res->code = CR_ELLM;
-            res->verdict = LLM_RETRYABLE;
-            res->exc_type = "APIError";
-            snprintf(msg, cap, "%s", r->fail_msg ? r->fail_msg : "protocol error");
-            return;
-        }
-    } else if (llm_stream_parse(r->ps, body, r->raw.len, &err)) {
-        /* As on the fast path: a body that is neither the stream asked for
-         * nor a whole answer is bought again by a retry; an empty one is
-         * a cut exchange. */
-        bad_body = !is_blank_body(&r->raw);
-        snprintf(msg, cap, "response is neither a %s stream nor a %s answer: %s", p->name,
-                 p->name, err.msg);
-        res->code = CR_ELLM;
-        res->verdict = bad_body ? LLM_PERMANENT : LLM_RETRYABLE;
-        res->exc_type = bad_body ? "APIResponseValidationError" : "APIError";
-        return;
+        else
+            openai_stream_feed(&r->chat, ev.data, ev.data_len, NULL, NULL, &err);
     }
-    if (rep->error) {
-        const struct chat_error *e = rep->err;
-        long st = llm_error_status(e, 0);
-        res->code = CR_ELLM;
-        if (st) {
-            res->verdict =
-                llm_classify(0, st, e ? e->code : NULL, e ? e->type : NULL, NULL, 0);
-            res->exc_type = llm_error_exc_type(e);
-        } else {
-            res->verdict = llm_classify(0, r->status, e ? e->code : NULL,
-                                        e ? e->type : NULL, NULL, 1);
-            res->exc_type = "APIError";
-        }
-        res->retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
-                                                 clock_epoch_us() / 1000);
-        snprintf(msg, cap, "error in stream: %s",
-                 e && e->message[0] ? e->message : "(no message)");
-        if (e)
-            add_detail(msg, cap, e->type, e->code, NULL);
-    } else if (!llm_stream_complete(r->ps)) {
-        res->code = CR_ELLM;
-        res->verdict = LLM_RETRYABLE;
-        res->exc_type = "APIError";
-        snprintf(msg, cap,
-                 "%s answer ended without its completion marker after %zu bytes of text",
-                 p->name, rep->content.len);
-    }
+    if (r->is_sse && !r->ps)
+        openai_stream_end(&r->chat, NULL, NULL);
+    while (r->is_nd && !r->proto_error && ndjson_finish(r->nd, &line, &len) == 1)
+        feed_line(r, line, len, 0);
 }
 
-/* Works out the outcome of a finished transfer and calls on_done. */
+/* Works out the outcome of a finished transfer (classify.h) and calls
+ * on_done. */
 static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
 {
     struct llm_result res;
-    char msg[768];
-    struct cr_err err;
+    char msg[768], cmsg[512];
     uint64_t now = uv_now(c->loop);
+    struct llm_answer a;
+    struct llm_exchange x = {
+        .op = r->op,
+        .embed_list = r->embed_list,
+        .aborted = r->aborted,
+        .abort_code = r->abort_code,
+        .abort_exc = r->abort_exc,
+        .curl_code = (int)cc,
+        .status = r->status,
+        .retry_after = r->retry_after,
+        .retry_after_ms = r->retry_after_ms,
+        .should_retry = r->should_retry,
+    };
 
+    if (!r->aborted && cc == CURLE_OK && r->op == LLM_OP_CHAT && r->status >= 200 &&
+        r->status < 300) {
+        /* A body too short for the sniff to decide while it arrived. */
+        if (r->sniff)
+            settle_sniff(r, 1, 0);
+        if (!r->proto_error)
+            drain(r);
+    }
+    x.proto_error = r->proto_error;
+    x.fail_msg = r->fail_msg;
+    x.framed = r->is_sse || r->is_nd;
+    x.body = r->raw.data;
+    x.body_len = r->raw.len;
+    if (!r->aborted && !r->proto_error && cc != CURLE_OK) {
+        describe_failure(r, cc, cmsg, sizeof(cmsg));
+        x.curl_msg = cmsg;
+    }
+    /* The clock only for a date to count from: most calls have none. */
+    if (r->retry_after)
+        x.now_epoch_ms = clock_epoch_us() / 1000;
+    a.provider = r->ps ? r->ps->provider : &llm_provider_openai;
+    a.fast = r->ps ? NULL : &r->chat;
+    a.stream = r->ps;
+    a.text_frames = r->pchunks;
     memset(&res, 0, sizeof(res));
-    res.retry_after_ms = -1;
-    res.http_status = r->status;
-    res.curl_code = (int)cc;
+    llm_outcome(&x, &a, &res, msg, sizeof(msg));
     res.provider = r->provider_name ? r->provider_name : "";
     res.fallback_left = r->fallback_left;
     res.elapsed_s = (double)(now - r->t_start) / 1000.0;
     res.ttft_s = r->t_first_token ? (double)(r->t_first_token - r->t_start) / 1000.0 : -1;
-    res.embed_tokens = -1;
-    msg[0] = '\0';
-
-    /* A body too short for the sniff to decide while it arrived. Its text
-     * is not handed to on_delta: the result carries it all the same. */
-    if (r->sniff && !r->aborted && cc == CURLE_OK)
-        settle_sniff(r, 1, 0);
-    if (r->aborted) {
-        res.code = r->abort_code;
-        res.verdict = r->abort_code == CR_ETIMEDOUT ? LLM_RETRYABLE : LLM_PERMANENT;
-        res.exc_type = r->abort_exc ? r->abort_exc : "APIError";
-        snprintf(msg, sizeof(msg), "%s", r->fail_msg ? r->fail_msg : "aborted");
-    } else if (r->proto_error) {
-        res.code = CR_ELLM;
-        res.verdict = LLM_RETRYABLE;
-        res.exc_type = "APIError";
-        snprintf(msg, sizeof(msg), "%s", r->fail_msg ? r->fail_msg : "protocol error");
-    } else if (cc != CURLE_OK) {
-        res.code = cc == CURLE_OPERATION_TIMEDOUT ? CR_ETIMEDOUT : CR_ELLM;
-        res.verdict = llm_classify((int)cc, r->status, NULL, NULL, NULL, 0);
-        res.exc_type =
-            cc == CURLE_OPERATION_TIMEDOUT ? "APITimeoutError" : "APIConnectionError";
-        describe_failure(r, cc, msg, sizeof(msg));
-    } else if (r->ps) {
-        provider_outcome(r, &res, msg, sizeof(msg));
-    } else if (r->status < 200 || r->status >= 300) {
-        struct openai_error oe;
-        openai_error_parse(r->raw.data ? r->raw.data : "", r->raw.len, &oe);
-        res.code = CR_ELLM;
-        res.verdict = llm_classify(0, r->status, oe.code, oe.type, r->should_retry, 0);
-        res.exc_type = exc_for_status(r->status);
-        res.retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
-                                                clock_epoch_us() / 1000);
-        snprintf(msg, sizeof(msg), "Error code: %ld - %s", r->status,
-                 oe.message[0] ? oe.message : "(no message)");
-        add_detail(msg, sizeof(msg), oe.type, oe.code, oe.param);
-    } else if (r->op == LLM_OP_EMBED) {
-        res.embedding = openai_embed_parse(r->raw.data ? r->raw.data : "", r->raw.len,
-                                           r->embed_list, &res.embed_tokens, &err);
-        if (!res.embedding) {
-            res.code = CR_ELLM;
-            res.verdict = LLM_RETRYABLE;
-            res.exc_type = "APIError";
-            snprintf(msg, sizeof(msg), "bad embeddings response: %s", err.msg);
-        }
-    } else {
-        int bad_body = 0;
-        if (r->is_sse) {
-            struct sse_event ev;
-            if (sse_finish(r->sse, &ev) == 1)
-                openai_stream_feed(&r->chat, ev.data, ev.data_len, NULL, NULL, &err);
-            openai_stream_end(&r->chat, NULL, NULL);
-        } else if (openai_chat_parse(&r->chat, r->raw.data ? r->raw.data : "", r->raw.len,
-                                     &err)) {
-            /* Neither a stream nor a chat completion: sending the same
-             * request again buys the same answer. An empty body is a cut
-             * exchange rather than an answer, and stays retryable. */
-            bad_body = err.code == CR_EPROTO && !is_blank_body(&r->raw);
-            snprintf(msg, sizeof(msg),
-                     "response is neither an event stream nor a chat "
-                     "completion: %s",
-                     err.msg);
-            /* Out of memory the message is lost; the failure is not. */
-            openai_stream_set_error(&r->chat, NULL, NULL, err.msg);
-        }
-        if (bad_body) {
-            res.code = CR_ELLM;
-            res.verdict = LLM_PERMANENT;
-            res.exc_type = "APIResponseValidationError";
-        } else if (r->chat.error) {
-            /* An error sent after the 200 is judged as the same error in a
-             * body would be (auth, quota, bad request: permanent; rate limit,
-             * overload, server: retryable); one that names no known class
-             * is a broken stream, retried. */
-            long st = openai_error_status(r->chat.error_type, r->chat.error_code);
-            res.code = CR_ELLM;
-            if (st) {
-                res.verdict =
-                    llm_classify(0, st, r->chat.error_code, r->chat.error_type, NULL, 0);
-                res.exc_type = exc_for_status(st);
-            } else {
-                res.verdict = llm_classify(0, r->status, r->chat.error_code,
-                                           r->chat.error_type, NULL, 1);
-                res.exc_type = "APIError";
-            }
-            res.retry_after_ms = llm_retry_after_ms(r->retry_after_ms, r->retry_after,
-                                                    clock_epoch_us() / 1000);
-            if (!msg[0])
-                snprintf(msg, sizeof(msg), "error in stream: %s",
-                         r->chat.error_message[0] ? r->chat.error_message
-                                                  : "(no message)");
-            add_detail(msg, sizeof(msg), r->chat.error_type, r->chat.error_code, NULL);
-        } else if (r->is_sse && !openai_stream_complete(&r->chat)) {
-            res.code = CR_ELLM;
-            res.verdict = LLM_RETRYABLE;
-            res.exc_type = "APIError";
-            snprintf(
-                msg, sizeof(msg),
-                "stream ended without a finish reason or [DONE] after %zu bytes of text",
-                r->chat.content.len);
-        }
-    }
-    if (res.code == 0)
-        res.verdict = LLM_OK;
-    if (r->op == LLM_OP_CHAT && r->ps) {
-        llm_result_set_reply(&res, &r->ps->reply);
-        res.content_chunks = r->pchunks;
-    } else if (r->op == LLM_OP_CHAT) {
-        llm_result_set_openai(&res, &r->chat);
-    }
     /* Every failure text passes here, whatever its source (error body, stream
      * error, curl, abort), on its way to logs, results and events. */
     redact_str(c->cfg.secrets, msg);
@@ -1244,62 +1046,12 @@ static struct curl_slist *request_headers(const struct llm_request *rq)
     return list;
 }
 
-struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
-                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
-                                  void *privdata, struct cr_err *err)
+/* The options of one transfer on r's easy handle (new, or reset from the
+ * pool): where and what to send, the callbacks, the socket and buffer
+ * settings, the phase timeout libcurl enforces itself. */
+static void easy_setup(struct llm_client *c, struct llm_req *r,
+                       const struct llm_request *rq, struct curl_slist *hdrs)
 {
-    struct llm_req *r = cr_calloc(1, sizeof(*r));
-    struct curl_slist *hdrs;
-    if (!r) {
-        cr_err_set(err, CR_ENOMEM, "out of memory");
-        return NULL;
-    }
-    r->c = c;
-    r->op = rq->op;
-    r->embed_list = rq->embed_list;
-    r->on_delta = on_delta;
-    r->on_done = on_done;
-    r->privdata = privdata;
-    r->first_byte_ms = timeout_ms(rq->first_byte_timeout_s, c->cfg.first_byte_timeout_s);
-    r->first_token_ms =
-        timeout_ms(rq->first_token_timeout_s, c->cfg.first_token_timeout_s);
-    r->idle_ms = timeout_ms(rq->idle_timeout_s, c->cfg.idle_timeout_s);
-    r->framing = rq->framing;
-    r->provider_name = rq->provider_name;
-    r->fallback_left = rq->fallback_left;
-    openai_stream_init(&r->chat);
-    buf_init(&r->raw);
-    r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
-    r->body = cr_strndup(rq->body, rq->body_len);
-    r->body_len = rq->body_len;
-    r->easy = c->npool ? c->pool[--c->npool] : curl_easy_init();
-    if (rq->op == LLM_OP_CHAT)
-        r->sse = sse_parser_new(0);
-    if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
-        goto oom;
-    if (rq->provider) {
-        r->ps = cr_malloc(sizeof(*r->ps));
-        if (!r->ps)
-            goto oom;
-        if (llm_stream_init(r->ps, rq->provider, rq->op)) {
-            cr_free(r->ps);
-            r->ps = NULL;
-            goto oom;
-        }
-        r->ps->reply.max_content_bytes = MAX_RAW_BODY;
-        if (rq->framing == LLM_FRAMING_NDJSON && !(r->nd = ndjson_parser_new(0)))
-            goto oom;
-        r->headers = request_headers(rq);
-        if (!r->headers)
-            goto oom;
-        hdrs = r->headers;
-    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
-        r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
-        if (!r->headers)
-            goto oom;
-        hdrs = r->headers;
-    }
-
     curl_easy_setopt(r->easy, CURLOPT_URL, rq->url);
     curl_easy_setopt(r->easy, CURLOPT_POST, 1L);
     curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
@@ -1336,6 +1088,71 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
         curl_easy_setopt(r->easy, CURLOPT_SHARE, c->share);
     if (c->cfg.ca_file && *c->cfg.ca_file)
         curl_easy_setopt(r->easy, CURLOPT_CAINFO, c->cfg.ca_file);
+}
+
+/* The provider path's reader (rq->provider): its answer, the NDJSON
+ * splitter its framing may need, and its own header lines. Returns the
+ * header list, or NULL when out of memory. */
+static struct curl_slist *provider_reader(struct llm_req *r, const struct llm_request *rq)
+{
+    r->ps = cr_malloc(sizeof(*r->ps));
+    if (!r->ps)
+        return NULL;
+    if (llm_stream_init(r->ps, rq->provider, rq->op)) {
+        cr_free(r->ps);
+        r->ps = NULL;
+        return NULL;
+    }
+    r->ps->reply.max_content_bytes = MAX_RAW_BODY;
+    if (rq->framing == LLM_FRAMING_NDJSON && !(r->nd = ndjson_parser_new(0)))
+        return NULL;
+    r->headers = request_headers(rq);
+    return r->headers;
+}
+
+struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request *rq,
+                                  llm_delta_fn *on_delta, llm_done_fn *on_done,
+                                  void *privdata, struct cr_err *err)
+{
+    struct llm_req *r = cr_calloc(1, sizeof(*r));
+    struct curl_slist *hdrs;
+    if (!r) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->c = c;
+    r->op = rq->op;
+    r->embed_list = rq->embed_list;
+    r->on_delta = on_delta;
+    r->on_done = on_done;
+    r->privdata = privdata;
+    r->first_byte_ms = timeout_ms(rq->first_byte_timeout_s, c->cfg.first_byte_timeout_s);
+    r->first_token_ms =
+        timeout_ms(rq->first_token_timeout_s, c->cfg.first_token_timeout_s);
+    r->idle_ms = timeout_ms(rq->idle_timeout_s, c->cfg.idle_timeout_s);
+    r->framing = rq->framing;
+    r->provider_name = rq->provider_name;
+    r->fallback_left = rq->fallback_left;
+    openai_stream_init(&r->chat);
+    buf_init(&r->raw);
+    r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;
+    r->body = cr_strndup(rq->body, rq->body_len);
+    r->body_len = rq->body_len;
+    r->easy = c->npool ? c->pool[--c->npool] : curl_easy_init();
+    if (rq->op == LLM_OP_CHAT)
+        r->sse = sse_parser_new(0);
+    if (!r->body || !r->easy || (rq->op == LLM_OP_CHAT && !r->sse))
+        goto oom;
+    if (rq->provider) {
+        if (!(hdrs = provider_reader(r, rq)))
+            goto oom;
+    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
+        r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
+        if (!r->headers)
+            goto oom;
+        hdrs = r->headers;
+    }
+    easy_setup(c, r, rq, hdrs);
     r->plain_http = !strncmp(rq->url, "http://", 7);
     r->gate = rq->gate && rq->gate->cap > 0 ? rq->gate : NULL;
     r->gnode.data = r;

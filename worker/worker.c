@@ -23,6 +23,7 @@
 #include "llm/health.h"
 #include "llm/llm_client.h"
 #include "llm/registry.h"
+#include "llm/router.h"
 #include "metrics.h"
 #include "net/broker.h"
 #include "net/results.h"
@@ -57,8 +58,7 @@ struct worker {
     /* One per named provider, then the default provider's last: whether its
      * calls are failing, for the WARNING lines of an outage. */
     struct llm_health *health;
-    char *chat_url;
-    char *embed_url;
+    struct llm_router router; /* which provider answers a task's call */
     struct broker_config bcfg;
     struct engine_config ecfg;
     struct engine *engine;
@@ -333,97 +333,16 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     engine_on_llm_done(j->e, now, j, res);
 }
 
-/* Whether a call must leave the default provider's fast path: it names
- * another model than the task's, or it may get tool calls back (the fast
- * path keeps none). */
-static int needs_provider_path(const struct task_call *c, const struct llm_resolved *rs)
-{
-    return strcmp(rs->model, c->model) != 0 ||
-           (c->op == LLM_OP_CHAT && memmem(c->body, c->body_len, "\"tools\"", 7));
-}
-
-/* Builds a provider's request from the task's OpenAI-shaped body and
- * submits it. */
-static int call_provider(struct worker *w, struct job *j, const struct task_call *c,
-                         const struct llm_resolved *rs, struct cr_err *err)
-{
-    struct llm_provider_config dcfg;
-    const struct llm_provider_config *pcfg;
-    const struct llm_provider *impl;
-    struct llm_http_request hr;
-    struct llm_request rq;
-    cJSON *req;
-    int rc;
-
-    if (rs->named) {
-        impl = rs->named->impl;
-        pcfg = &rs->named->cfg;
-    } else {
-        /* The default provider, through the general path. */
-        memset(&dcfg, 0, sizeof(dcfg));
-        dcfg.base_url = w->cfg->llm_base_url;
-        dcfg.api_key = w->cfg->llm_api_key;
-        dcfg.headers = (const char *const *)w->cfg->llm_headers.items;
-        impl = &llm_provider_openai;
-        pcfg = &dcfg;
-    }
-    req = cJSON_ParseWithLength(c->body, c->body_len);
-    if (!req)
-        return cr_err_set(err, CR_ENOMEM, "cannot read the request back");
-    llm_http_request_init(&hr);
-    rc = impl->build(pcfg, c->op, req, rs->model, &hr, err);
-    cJSON_Delete(req);
-    if (rc) {
-        llm_http_request_release(&hr);
-        if (rc == CR_EINVAL)
-            return cr_err_set(err, CR_EINVAL, "provider %s: %s", rs->name, err->msg);
-        return rc;
-    }
-    memset(&rq, 0, sizeof(rq));
-    rq.op = c->op;
-    rq.url = hr.url;
-    rq.body = hr.body;
-    rq.body_len = hr.body_len;
-    rq.embed_list = c->embed_list;
-    rq.provider = impl;
-    rq.headers = (const char *const *)hr.headers;
-    rq.nheaders = hr.nheaders;
-    rq.framing = hr.framing;
-    rq.provider_name = rs->name; /* the registry's, or a literal */
-    rq.fallback_left = rs->more;
-    if (rs->named) {
-        rq.gate = &w->gates[rs->named - w->providers.providers];
-        rq.connect_timeout_s = rs->named->connect_s;
-        rq.first_byte_timeout_s = rs->named->first_byte_s;
-        rq.first_token_timeout_s = rs->named->first_token_s;
-        rq.idle_timeout_s = rs->named->idle_s;
-    }
-    j->call = llm_client_submit(w->llm, &rq, on_llm_delta, on_llm_done, j, err);
-    llm_http_request_release(&hr);
-    return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
-}
-
+/* The router picks the provider and builds its request; the outcome comes
+ * back through on_llm_done, whoever answered. */
 static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
                        struct cr_err *err)
 {
     struct worker *w = ctx;
-    struct llm_request rq;
-    struct llm_resolved rs;
+    struct llm_call call = {c->op,    c->body,       c->body_len, c->embed_list,
+                            c->model, c->route_step, c->tools};
 
-    if (llm_registry_resolve(&w->providers, c->model, c->route_step, &rs))
-        return cr_err_set(err, CR_EINVAL, "model %.64s has no provider number %d",
-                          c->model, c->route_step + 1);
-    if (rs.named || needs_provider_path(c, &rs))
-        return call_provider(w, j, c, &rs, err);
-    memset(&rq, 0, sizeof(rq));
-    rq.op = c->op;
-    rq.url = c->op == LLM_OP_EMBED ? w->embed_url : w->chat_url;
-    rq.api_key = w->cfg->llm_api_key;
-    rq.body = c->body;
-    rq.body_len = c->body_len;
-    rq.embed_list = c->embed_list;
-    rq.fallback_left = rs.more;
-    j->call = llm_client_submit(w->llm, &rq, on_llm_delta, on_llm_done, j, err);
+    j->call = llm_router_call(&w->router, &call, on_llm_delta, on_llm_done, j, err);
     return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
 }
 
@@ -556,20 +475,6 @@ static void on_signal(uv_signal_t *s, int signum)
 }
 
 /* ------------------------------------------------------------ lifecycle */
-
-static char *join_url(const char *base, const char *path)
-{
-    struct buf b;
-    size_t n = strlen(base);
-    buf_init(&b);
-    while (n && base[n - 1] == '/')
-        n--;
-    if (buf_append(&b, base, n) || buf_puts(&b, path)) {
-        buf_release(&b);
-        return NULL;
-    }
-    return buf_detach(&b);
-}
 
 /* One park queue per task queue: a fixed TTL (so expiry is in order) that
  * dead-letters back to the task queue through the default exchange. */
@@ -768,6 +673,12 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->llm = llm_client_new(w->loop, &lc, err);
     if (!w->llm)
         return err->code ? err->code : CR_ENOMEM;
+    if ((rc = llm_router_init(&w->router, w->llm, &w->providers, w->gates,
+                              &(struct llm_provider_config){.base_url = cfg->llm_base_url,
+                                                            .api_key = cfg->llm_api_key,
+                                                            .headers = lc.headers},
+                              err)))
+        return rc;
     memset(&bc, 0, sizeof(bc));
     bc.url = cfg->result_backend;
     bc.result_expires = cfg->result_expires;
@@ -841,10 +752,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    w->chat_url = join_url(cfg->llm_base_url, "/chat/completions");
-    w->embed_url = join_url(cfg->llm_base_url, "/embeddings");
     w->engine = engine_new(&w->ecfg, &worker_ops, w, now);
-    if (!w->chat_url || !w->embed_url || !w->engine) {
+    if (!w->engine) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         goto fail;
     }
@@ -866,8 +775,7 @@ fail:
     llm_client_free(w->llm);
     backend_free(w->backend);
     engine_free(w->engine);
-    cr_free(w->chat_url);
-    cr_free(w->embed_url);
+    llm_router_release(&w->router);
     redact_release(&w->secrets);
     cr_free(w->gates);
     cr_free(w->health);
@@ -1070,8 +978,7 @@ void worker_free(struct worker *w)
     /* Let every closed handle run its close callback. */
     uv_run(w->loop, UV_RUN_DEFAULT);
     engine_free(w->engine);
-    cr_free(w->chat_url);
-    cr_free(w->embed_url);
+    llm_router_release(&w->router);
     redact_release(&w->secrets);
     /* After llm_client_free(): every call that named a gate has ended. */
     cr_free(w->gates);

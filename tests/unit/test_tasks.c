@@ -330,6 +330,32 @@ static const struct vec {
      "TypeError: task does not call an LLM"},
 };
 
+/* Whether a chat passes tools, read from the request (the router sends such
+ * a chat down the provider path, which keeps the tool calls). */
+START_TEST(test_tools_flag)
+{
+    struct task_call c;
+    struct task_error te;
+
+    ck_assert_int_eq(
+        build(TASK_CHAT, "[[{\"role\":\"user\",\"content\":\"say \\\"tools\\\"\"}]]",
+              "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", &c,
+              &te),
+        0);
+    ck_assert_int_eq(c.tools, 1);
+    task_call_release(&c);
+    ck_assert_int_eq(build(TASK_CHAT,
+                           "[[{\"role\":\"user\",\"content\":\"say \\\"tools\\\"\"}]]",
+                           "{}", &c, &te),
+                     0);
+    ck_assert_int_eq(c.tools, 0);
+    task_call_release(&c);
+    ck_assert_int_eq(build(TASK_GENERATE, "[\"hi\"]", "{\"Tools\":1}", &c, &te), 0);
+    ck_assert_int_eq(c.tools, 0);
+    task_call_release(&c);
+}
+END_TEST
+
 START_TEST(test_binding)
 {
     const struct vec *v = &vecs[_i];
@@ -755,6 +781,7 @@ Suite *suite(void)
 
     tcase_add_test(tc, test_lookup);
     tcase_add_test(tc, test_builtin_names);
+    tcase_add_test(tc, test_tools_flag);
     tcase_add_loop_test(tc, test_binding, 0, (int)(sizeof(vecs) / sizeof(vecs[0])));
     tcase_add_loop_test(tc, test_accumulate, 0, (int)(sizeof(accs) / sizeof(accs[0])));
     tcase_add_test(tc, test_accumulate_copies);

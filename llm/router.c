@@ -1,0 +1,158 @@
+/* router.c -- from a task's call to one request on the client (see router.h). */
+#include "router.h"
+
+#include <string.h>
+
+#include "util/alloc.h"
+#include "util/buf.h"
+
+/* base without its trailing slashes, then path: the default provider's
+ * endpoints, as --llm-base-url has always been read. */
+static char *join(const char *base, const char *path)
+{
+    struct buf b;
+    size_t n = strlen(base);
+
+    buf_init(&b);
+    while (n && base[n - 1] == '/')
+        n--;
+    if (buf_append(&b, base, n) || buf_puts(&b, path)) {
+        buf_release(&b);
+        return NULL;
+    }
+    return buf_detach(&b);
+}
+
+int llm_router_init(struct llm_router *rt, struct llm_client *client,
+                    const struct llm_registry *providers, struct llm_gate *gates,
+                    const struct llm_provider_config *deflt, struct cr_err *err)
+{
+    const char *base = deflt->base_url ? deflt->base_url : "";
+
+    memset(rt, 0, sizeof(*rt));
+    rt->client = client;
+    rt->providers = providers;
+    rt->gates = gates;
+    rt->deflt = *deflt;
+    rt->chat_url = join(base, "/chat/completions");
+    rt->embed_url = join(base, "/embeddings");
+    if (!rt->chat_url || !rt->embed_url) {
+        llm_router_release(rt);
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+void llm_router_release(struct llm_router *rt)
+{
+    cr_free(rt->chat_url);
+    cr_free(rt->embed_url);
+    rt->chat_url = rt->embed_url = NULL;
+}
+
+int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
+                    struct llm_route *out, struct cr_err *err)
+{
+    struct llm_resolved rs;
+
+    if (llm_registry_resolve(rt->providers, c->model, c->route_step, &rs))
+        return cr_err_set(err, CR_EINVAL, "model %.64s has no provider number %d",
+                          c->model, c->route_step + 1);
+    out->named = rs.named;
+    out->name = rs.name;
+    out->model = rs.model;
+    out->more = rs.more;
+    out->impl = rs.named ? rs.named->impl : &llm_provider_openai;
+    out->cfg = rs.named ? &rs.named->cfg : &rt->deflt;
+    /* Leaving the fast path: another provider, another model name than the
+     * one in the body, or an answer that may hold tool calls (the fast
+     * path's reader keeps none). */
+    out->fast = !rs.named && strcmp(rs.model, c->model) == 0 &&
+                !(c->op == LLM_OP_CHAT && c->tools);
+    return 0;
+}
+
+/* The default provider's plain call: the task's body as it is. */
+static struct llm_req *call_fast(struct llm_router *rt, const struct llm_call *c,
+                                 const struct llm_route *to, llm_delta_fn *on_delta,
+                                 llm_done_fn *on_done, void *privdata, struct cr_err *err)
+{
+    struct llm_request rq;
+
+    memset(&rq, 0, sizeof(rq));
+    rq.op = c->op;
+    rq.url = c->op == LLM_OP_EMBED ? rt->embed_url : rt->chat_url;
+    rq.api_key = rt->deflt.api_key;
+    rq.body = c->body;
+    rq.body_len = c->body_len;
+    rq.embed_list = c->embed_list;
+    rq.fallback_left = to->more;
+    return llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
+}
+
+/* Every other call: the provider's request, built from the task's
+ * OpenAI-shaped body, and its own timeouts and gate when it is a named one. */
+static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *c,
+                                  const struct llm_route *to, llm_delta_fn *on_delta,
+                                  llm_done_fn *on_done, void *privdata,
+                                  struct cr_err *err)
+{
+    struct llm_http_request hr;
+    struct llm_request rq;
+    struct llm_req *r;
+    cJSON *req;
+    int rc;
+
+    req = cJSON_ParseWithLength(c->body, c->body_len);
+    if (!req) {
+        cr_err_set(err, CR_ENOMEM, "cannot read the request back");
+        return NULL;
+    }
+    llm_http_request_init(&hr);
+    rc = to->impl->build(to->cfg, c->op, req, to->model, &hr, err);
+    cJSON_Delete(req);
+    if (rc) {
+        llm_http_request_release(&hr);
+        if (rc == CR_EINVAL) {
+            char why[sizeof(err->msg)];
+            memcpy(why, err->msg, sizeof(why));
+            cr_err_set(err, CR_EINVAL, "provider %s: %s", to->name, why);
+        }
+        return NULL;
+    }
+    memset(&rq, 0, sizeof(rq));
+    rq.op = c->op;
+    rq.url = hr.url;
+    rq.body = hr.body;
+    rq.body_len = hr.body_len;
+    rq.embed_list = c->embed_list;
+    rq.provider = to->impl;
+    rq.headers = (const char *const *)hr.headers;
+    rq.nheaders = hr.nheaders;
+    rq.framing = hr.framing;
+    rq.provider_name = to->name; /* the registry's, or a literal */
+    rq.fallback_left = to->more;
+    if (to->named) {
+        rq.gate = &rt->gates[to->named - rt->providers->providers];
+        rq.connect_timeout_s = to->named->connect_s;
+        rq.first_byte_timeout_s = to->named->first_byte_s;
+        rq.first_token_timeout_s = to->named->first_token_s;
+        rq.idle_timeout_s = to->named->idle_s;
+    }
+    r = llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
+    llm_http_request_release(&hr);
+    return r;
+}
+
+struct llm_req *llm_router_call(struct llm_router *rt, const struct llm_call *c,
+                                llm_delta_fn *on_delta, llm_done_fn *on_done,
+                                void *privdata, struct cr_err *err)
+{
+    struct llm_route to;
+
+    if (llm_router_plan(rt, c, &to, err))
+        return NULL;
+    if (to.fast)
+        return call_fast(rt, c, &to, on_delta, on_done, privdata, err);
+    return call_built(rt, c, &to, on_delta, on_done, privdata, err);
+}

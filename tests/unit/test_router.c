@@ -1,0 +1,161 @@
+/* test_router.c -- which provider answers a task's call (llm_router_plan()),
+ * and the default provider's endpoints. */
+#include <check.h>
+#include <string.h>
+
+#include "llm/router.h"
+
+static const char *env(const char *name)
+{
+    return strcmp(name, "CLAUDE_KEY") == 0 ? "sk-ant-x" : NULL;
+}
+
+static const char doc[] =
+    "{\"providers\": {\"claude\": {\"type\": \"anthropic\", \"api_key_env\": "
+    "\"CLAUDE_KEY\", \"max_connections\": 4},"
+    "                 \"local\": {\"type\": \"ollama\", \"base_url\": "
+    "\"http://127.0.0.1:11434\"}},"
+    " \"models\": {\"smart\": [\"claude/claude-x\", \"default\"],"
+    "            \"alias\": [\"default/gpt-4o\"]}}";
+
+struct fixture {
+    struct llm_registry reg;
+    struct llm_gate gates[2];
+    struct llm_router rt;
+};
+
+static void setup(struct fixture *f, const char *base)
+{
+    struct llm_provider_config d;
+    struct cr_err err;
+
+    memset(&d, 0, sizeof(d));
+    d.base_url = base;
+    d.api_key = "sk-default";
+    llm_registry_init(&f->reg);
+    ck_assert_msg(llm_registry_parse(&f->reg, doc, strlen(doc), env, &err) == 0, "%s",
+                  err.msg);
+    llm_gate_init(&f->gates[0], 4);
+    llm_gate_init(&f->gates[1], 0);
+    /* The plan needs no client: only a call does. */
+    ck_assert_int_eq(llm_router_init(&f->rt, NULL, &f->reg, f->gates, &d, &err), 0);
+}
+
+static void teardown(struct fixture *f)
+{
+    llm_router_release(&f->rt);
+    llm_router_release(&f->rt); /* twice: a no-op */
+    llm_registry_release(&f->reg);
+}
+
+static struct llm_call call_of(enum llm_op op, const char *model, int step, int tools)
+{
+    struct llm_call c = {op, "{}", 2, 0, model, step, tools};
+    return c;
+}
+
+START_TEST(test_fast_path)
+{
+    struct fixture f;
+    struct llm_route to;
+    struct llm_call c = call_of(LLM_OP_CHAT, "gpt-4o", 0, 0);
+    struct cr_err err;
+
+    setup(&f, "http://h/v1/");
+    ck_assert_str_eq(f.rt.chat_url, "http://h/v1/chat/completions");
+    ck_assert_str_eq(f.rt.embed_url, "http://h/v1/embeddings");
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 1);
+    ck_assert_ptr_null(to.named);
+    ck_assert_ptr_eq(to.impl, &llm_provider_openai);
+    ck_assert_str_eq(to.cfg->api_key, "sk-default");
+    ck_assert_int_eq(to.more, 0);
+    /* An embeddings call with the task's model, too. */
+    c = call_of(LLM_OP_EMBED, "text-embedding-3-small", 0, 1);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 1);
+    /* A gateway's "org/model" name stays whole, on the fast path. */
+    c = call_of(LLM_OP_CHAT, "meta/llama-3", 0, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 1);
+    ck_assert_str_eq(to.model, "meta/llama-3");
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_built_path)
+{
+    struct fixture f;
+    struct llm_route to;
+    struct llm_call c = call_of(LLM_OP_CHAT, "gpt-4o", 0, 1);
+    struct cr_err err;
+
+    setup(&f, "http://h");
+    /* Tools: the answer may hold tool calls, which the fast path drops. */
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 0);
+    ck_assert_ptr_null(to.named);
+    ck_assert_ptr_eq(to.impl, &llm_provider_openai);
+    ck_assert_str_eq(to.cfg->base_url, "http://h");
+    /* A route that renames the model for the default provider. */
+    c = call_of(LLM_OP_CHAT, "alias", 0, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 0);
+    ck_assert_str_eq(to.model, "gpt-4o");
+    /* A named provider, then its fallback, the default with the model whole. */
+    c = call_of(LLM_OP_CHAT, "smart", 0, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 0);
+    ck_assert_ptr_eq(to.named, &f.reg.providers[0]);
+    ck_assert_ptr_eq(to.impl, &llm_provider_anthropic);
+    ck_assert_str_eq(to.name, "claude");
+    ck_assert_str_eq(to.model, "claude-x");
+    ck_assert_int_eq(to.more, 1);
+    c = call_of(LLM_OP_CHAT, "smart", 1, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_int_eq(to.fast, 1);
+    ck_assert_int_eq(to.more, 0);
+    /* By prefix. */
+    c = call_of(LLM_OP_CHAT, "local/llama3.2", 0, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), 0);
+    ck_assert_ptr_eq(to.impl, &llm_provider_ollama);
+    ck_assert_str_eq(to.model, "llama3.2");
+    /* No provider at that step. */
+    c = call_of(LLM_OP_CHAT, "smart", 2, 0);
+    ck_assert_int_eq(llm_router_plan(&f.rt, &c, &to, &err), CR_EINVAL);
+    ck_assert_str_eq(err.msg, "model smart has no provider number 3");
+    teardown(&f);
+}
+END_TEST
+
+/* Without a client no call can start, but a request a provider cannot
+ * express is refused before one would: Anthropic has no embeddings. */
+START_TEST(test_refused)
+{
+    struct fixture f;
+    struct llm_call c = call_of(LLM_OP_EMBED, "claude/claude-x", 0, 0);
+    struct cr_err err;
+
+    setup(&f, "http://h");
+    memset(&err, 0, sizeof(err));
+    ck_assert_ptr_null(llm_router_call(&f.rt, &c, NULL, NULL, NULL, &err));
+    ck_assert_int_eq(err.code, CR_EINVAL);
+    ck_assert_int_eq(strncmp(err.msg, "provider claude: ", 17), 0);
+    c = call_of(LLM_OP_CHAT, "smart", 5, 0);
+    ck_assert_ptr_null(llm_router_call(&f.rt, &c, NULL, NULL, NULL, &err));
+    ck_assert_int_eq(err.code, CR_EINVAL);
+    teardown(&f);
+}
+END_TEST
+
+Suite *suite(void)
+{
+    Suite *s = suite_create("router");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_test(tc, test_fast_path);
+    tcase_add_test(tc, test_built_path);
+    tcase_add_test(tc, test_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
