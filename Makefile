@@ -132,8 +132,10 @@ demo: deps
 
 # The unit suite under AddressSanitizer, UndefinedBehaviorSanitizer and
 # LeakSanitizer (Check runs each test in a child: leaks are reported per test).
+# Check's per-test timeouts catch hangs; under the sanitizers a test runs several
+# times slower, so they are stretched (CK_TIMEOUT_MULTIPLIER, 3 unless set).
 asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan \
+	@CK_TIMEOUT_MULTIPLIER=$${CK_TIMEOUT_MULTIPLIER:-3} $(MAKE) --no-print-directory BUILD=build-asan \
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	    build-asan/celeriac unit
 
