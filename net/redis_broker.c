@@ -32,6 +32,7 @@
 
 #include "protocol/kombu.h"
 #include "redis.h"
+#include "vsession.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/clock.h"
@@ -180,20 +181,11 @@ static const char pop_lua[] =
     "if cut then out[#out + 1] = '+' end "
     "return out";
 
-struct rb;
+struct redis_broker;
 
 /* Pop script calls whose lost replies are remembered, at most (POP_WIDE_CALLS
  * are in flight at a time; older ones are left to the visibility timeout). */
 #define LOST_MAX 8
-
-/* Acks Redis confirmed, kept this long (at most RECENT_MAX of them) to be
- * sent again after a reconnect: Redis replicates and fsyncs after it
- * answers, so a failover (a replica promoted before the last writes reached
- * it) or a crash under appendfsync everysec can lose confirmed acks, which
- * would leave their records to be restored and run again. Removing twice is
- * harmless; a tag we hold again (popped anew) is left alone. */
-#define RECENT_MAX 4096
-#define RECENT_REPLAY_MS 10000
 
 /* A job_end() status: Redis refused a step for now (LOADING after a
  * restart, READONLY, NOREPLICAS...: redis_refusal_passes()); the job waits
@@ -204,10 +196,10 @@ struct rb;
 
 /* One command's registration; freed after its reply. fn gets CR_ECANCELED
  * (and no reply) from inside broker_free(). */
-typedef void op_fn(struct rb *b, int status, redisReply *r, void *arg);
+typedef void op_fn(struct redis_broker *b, int status, redisReply *r, void *arg);
 struct op {
     struct redis_req req; /* first: the reply callback casts back */
-    struct rb *b;
+    struct redis_broker *b;
     op_fn *fn;
     void *arg;
 };
@@ -293,31 +285,21 @@ struct rcons {
     char *pattern2;
 };
 
-enum rec_state {
-    REC_PENDING, /* not sent yet (the command connection was down) */
-    REC_SENT,    /* MULTI ZADD HSET EXEC sent, not answered */
-    REC_DONE,    /* in Redis */
-    REC_NONE,    /* never recorded: ack_emulation off */
-};
-
-/* A popped delivery with acks, not settled yet. */
+/* What a popped delivery with acks needs beside its session record (net/
+ * vsession.h keeps its tag, state and copies). */
 struct held {
-    char *tag;
     char *queue;  /* the queue it was popped from */
     int priority; /* kombu's scale: the bucket of its restore */
-    enum rec_state rec;
-    int copies; /* a restored copy of a message we hold has the same tag */
     /* What the record needs, kept until it is in Redis (and for good
      * without ack_emulation, for a requeue). */
     char *env;
     size_t env_len;
     char *exchange, *routing_key;
-    struct held *prev, *next;
 };
 
 /* One requeue or restore, ours or a dead worker's. */
 struct rjob {
-    struct rb *b;
+    struct redis_broker *b;
     char *tag;
     char *queue;  /* NULL: routed by the record's exchange and routing key */
     int priority; /* kombu's; -1: read from the envelope */
@@ -346,7 +328,7 @@ struct pubop {
 };
 
 struct statop {
-    struct rb *b;
+    struct redis_broker *b;
     broker_queue_stats_fn *cb; /* NULL once cancelled */
     void *privdata;
     int nkeys;
@@ -358,7 +340,7 @@ struct exch {
     char *type;
 };
 
-struct rb {
+struct redis_broker {
     struct broker base; /* first: the face */
     uv_loop_t *loop;
     struct broker_config cfg;
@@ -378,10 +360,9 @@ struct rb {
     const char *probe_argv[2];
     int up_said; /* what on_conn heard last */
     int ever_up;
-    int consuming;
-    int freeing;
-    int draining; /* inside broker_free(): nothing more reaches the owner */
-    int prefetch;
+    /* what to pop and when, the records held, acks, leases, restore rounds
+     * (NULL only while it is made or once it is freed) */
+    struct vsession *vs;
     char *k_unacked, *k_index, *k_mutex;
 
     struct rcons cons[MAX_CONSUMERS];
@@ -393,45 +374,20 @@ struct rb {
 
     /* BRPOP */
     struct buf pop_store;
-    int pop_out;
     int client_id_state; /* 0 unknown, 1 asked, 2 known (on this connection) */
     long long client_id;
-    uint64_t pop_pause_until;
     unsigned long bad_pops;
     /* the pop script (pop_lua), on the same connection as the BRPOP, never
      * both at once */
     char pop_sha[SHA1_HEX_LEN + 1];
     int script_loaded; /* SCRIPT LOAD sent on this connection */
-    int calls_out;     /* script calls in flight */
     /* The scores of pop script calls whose reply was lost (the connection
      * went): if the script ran, its messages are recorded under that exact
      * score and held by nobody. recover_lost() gives them back at once
      * rather than after the visibility timeout. */
     char lost_scores[LOST_MAX][32];
     int nlost;
-    uint64_t again_due;       /* refused jobs or scans go again then (0: none) */
-    long reserved;            /* the prefetch room they were given */
-    int pop_cold;             /* the last call found the queues empty: BRPOP next */
-    int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
-    uint64_t script_retry_at; /* ... until then */
-
-    /* held deliveries */
-    struct strmap held;
-    struct held *held_head;
-    long nheld; /* copies counted against the prefetch window */
-
-    /* acks not yet sent (tags owned) */
-    char **acks;
-    size_t nacks, capacks;
-    /* Redis refused the last batch (a demoted master's READONLY, NOREPLICAS
-     * while its replica is away, LOADING): not sent again before this. */
-    uint64_t acks_hold_until;
-    int ack_refused;     /* refusals in a row: the log says the first */
-    int records_pending; /* a record was refused: sent again on the tick */
-    /* acks Redis confirmed lately (tags owned), a ring: see RECENT_MAX */
-    char *recent[RECENT_MAX];
-    uint64_t recent_at[RECENT_MAX];
-    int recent_next, nrecent;
+    uint64_t again_due; /* refused jobs or scans go again then (0: none) */
 
     /* our restores waiting for the command connection */
     struct rjob *waiting;
@@ -442,20 +398,31 @@ struct rb {
     uv_prepare_t prepare;
     uv_timer_t tick;
     int nclosed;
-    uint64_t lease_ms, lease_due, restore_due;
-    int round_on;   /* a restore_visible() round in progress */
-    int round_jobs; /* its jobs in flight */
-    char token[33]; /* its mutex token */
+    char token[33]; /* the restore round's mutex token */
 };
 
-static void maybe_pop(struct rb *b);
-static int ack_push(struct rb *b, const char *tag);
 static void job_start(struct rjob *j);
-static struct rjob *job_new(struct rb *b, const char *tag, char side);
+static struct rjob *job_new(struct redis_broker *b, const char *tag, char side);
 static void job_free(struct rjob *j);
-static void send_pending_records(struct rb *b);
 
-static uint64_t now_ms(const struct rb *b)
+/* The session's life, as the glue asks it. */
+static int closed(const struct redis_broker *b)
+{
+    return !b->vs || vsession_state(b->vs) == VSESSION_CLOSED;
+}
+
+/* draining or closed: nothing more reaches the owner */
+static int stopping(const struct redis_broker *b)
+{
+    return !b->vs || vsession_state(b->vs) >= VSESSION_DRAINING;
+}
+
+static int consuming(const struct redis_broker *b)
+{
+    return b->vs && vsession_state(b->vs) == VSESSION_CONSUMING;
+}
+
+static uint64_t now_ms(const struct redis_broker *b)
 {
     return uv_now(b->loop);
 }
@@ -475,7 +442,7 @@ static void on_op(struct redis_req *req, int status, struct redisReply *r)
 
 /* Sends one command on c. Returns 0 (fn, if any, is called exactly once,
  * later) or CR_EBROKER / CR_ENOMEM (never called). */
-static int send_op(struct rb *b, struct redis_conn *c, op_fn *fn, void *arg,
+static int send_op(struct redis_broker *b, struct redis_conn *c, op_fn *fn, void *arg,
                    struct args *a)
 {
     const char **argv = args_argv(a);
@@ -497,7 +464,8 @@ static int send_op(struct rb *b, struct redis_conn *c, op_fn *fn, void *arg,
 
 /* MULTI, the commands, EXEC: fn gets EXEC's reply. Same return as send_op().
  * The commands are queued in hiredis in one go, so either all or none go. */
-static int send_multi(struct rb *b, op_fn *fn, void *arg, struct args *cmds, int n)
+static int send_multi(struct redis_broker *b, op_fn *fn, void *arg, struct args *cmds,
+                      int n)
 {
     struct args m;
     int rc;
@@ -543,13 +511,14 @@ static int exec_ok(int status, const redisReply *r)
     return 1;
 }
 
-static int key_of(struct rb *b, struct buf *out, const char *queue, int bucket)
+static int key_of(struct redis_broker *b, struct buf *out, const char *queue, int bucket)
 {
     buf_reset(out);
     return kombu_queue_key(&b->o, queue, bucket, out);
 }
 
-static void args_key(struct rb *b, struct args *a, const char *queue, int bucket)
+static void args_key(struct redis_broker *b, struct args *a, const char *queue,
+                     int bucket)
 {
     struct buf k;
     buf_init(&k);
@@ -578,12 +547,12 @@ static void random_bytes(unsigned char *p, size_t n)
 /* Whether fanout channels are also spelt the way kombu < 5.4 spells them on
  * Sentinel ("/{db}." unformatted): subscribed both ways, published both
  * ways, so Python peers of either age hear us and we hear them. */
-static int sentinel_compat(const struct rb *b)
+static int sentinel_compat(const struct redis_broker *b)
 {
     return b->url.kind == REDIS_URL_SENTINEL && b->o.fanout_prefix == 1;
 }
 
-static struct rcons *find_cons(struct rb *b, const char *queue)
+static struct rcons *find_cons(struct redis_broker *b, const char *queue)
 {
     for (int i = 0; i < b->ncons; i++)
         if (!strcmp(b->cons[i].q.name, queue))
@@ -591,7 +560,7 @@ static struct rcons *find_cons(struct rb *b, const char *queue)
     return NULL;
 }
 
-static const char *exchange_type(const struct rb *b, const char *name)
+static const char *exchange_type(const struct redis_broker *b, const char *name)
 {
     for (int i = 0; i < b->nex; i++)
         if (!strcmp(b->ex[i].name, name))
@@ -604,8 +573,8 @@ static const char *exchange_type(const struct rb *b, const char *name)
 
 /* The binding a queue's declaration writes: exchange (the queue's name for
  * Celery's default direct exchange, as kombu names it) and member. */
-static int binding_of(struct rb *b, const struct broker_queue *q, struct buf *key,
-                      struct buf *member)
+static int binding_of(struct redis_broker *b, const struct broker_queue *q,
+                      struct buf *key, struct buf *member)
 {
     const char *ex = q->exchange && *q->exchange ? q->exchange : q->name;
     const char *type = q->exchange_type ? q->exchange_type : "direct";
@@ -624,7 +593,8 @@ static int binding_of(struct rb *b, const struct broker_queue *q, struct buf *ke
     return rc;
 }
 
-static void send_binding(struct rb *b, const struct broker_queue *q, const char *verb)
+static void send_binding(struct redis_broker *b, const struct broker_queue *q,
+                         const char *verb)
 {
     struct buf key, member;
     struct args a;
@@ -645,7 +615,7 @@ static void send_binding(struct rb *b, const struct broker_queue *q, const char 
 
 /* The dead-letter queue's binding: topic "#", so every dead letter and every
  * restore through the dead-letter exchange reaches it. */
-static void dlq_binding(const struct rb *b, struct broker_queue *q)
+static void dlq_binding(const struct redis_broker *b, struct broker_queue *q)
 {
     memset(q, 0, sizeof(*q));
     q->name = b->cfg.dlq;
@@ -654,7 +624,7 @@ static void dlq_binding(const struct rb *b, struct broker_queue *q)
     q->routing_key = "#";
 }
 
-static void send_dlq_binding(struct rb *b)
+static void send_dlq_binding(struct redis_broker *b)
 {
     struct broker_queue q;
     if (!b->cfg.dlx || !b->cfg.dlq)
@@ -663,9 +633,9 @@ static void send_dlq_binding(struct rb *b)
     send_binding(b, &q, "SADD");
 }
 
-static void psubscribe(struct rb *b, const struct rcons *c, const char *verb);
+static void psubscribe(struct redis_broker *b, const struct rcons *c, const char *verb);
 
-static void rebuild_cycle(struct rb *b)
+static void rebuild_cycle(struct redis_broker *b)
 {
     const char *old[MAX_CONSUMERS];
     int nold = b->ncycle, n = 0;
@@ -704,7 +674,7 @@ static void cons_release(struct rcons *c)
     memset(c, 0, sizeof(*c));
 }
 
-static int rb_add_consumer(struct rb *b, const struct broker_queue *q)
+static int rb_add_consumer(struct redis_broker *b, const struct broker_queue *q)
 {
     struct rcons *c;
     if (find_cons(b, q->name))
@@ -750,7 +720,7 @@ static int rb_add_consumer(struct rb *b, const struct broker_queue *q)
     return 0;
 }
 
-static int pattern_used(const struct rb *b, const char *pattern)
+static int pattern_used(const struct redis_broker *b, const char *pattern)
 {
     for (int i = 0; i < b->ncons; i++)
         if (b->cons[i].fanout && !strcmp(b->cons[i].pattern, pattern))
@@ -761,7 +731,7 @@ static int pattern_used(const struct rb *b, const char *pattern)
 /* A fanout or auto-delete queue goes with its binding, as kombu's queue
  * deletion removes it; a task queue's binding stays, since restores of its
  * messages through a named exchange need it whoever consumes. */
-static int rb_cancel_consumer(struct rb *b, const char *queue)
+static int rb_cancel_consumer(struct redis_broker *b, const char *queue)
 {
     struct rcons *c = find_cons(b, queue), gone;
     int i;
@@ -781,7 +751,7 @@ static int rb_cancel_consumer(struct rb *b, const char *queue)
     return 0;
 }
 
-static void rb_each_consumer(const struct rb *b,
+static void rb_each_consumer(const struct redis_broker *b,
                              void (*fn)(const struct broker_queue *q, void *arg),
                              void *arg)
 {
@@ -790,7 +760,7 @@ static void rb_each_consumer(const struct rb *b,
             fn(&b->cons[i].q, arg);
 }
 
-static int rb_declare_exchange(struct rb *b, const char *name, const char *type,
+static int rb_declare_exchange(struct redis_broker *b, const char *name, const char *type,
                                int durable)
 {
     (void)durable; /* kombu keeps exchanges in memory only: nothing is written */
@@ -824,7 +794,8 @@ static char *opt_take(char **s)
     return v;
 }
 
-static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int no_ack)
+static void deliver(struct redis_broker *b, struct kombu_msg *km, const char *queue,
+                    int no_ack)
 {
     struct broker_msg *m = cr_calloc(1, sizeof(*m));
     if (!m) {
@@ -867,7 +838,7 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
  * just over the limit still reaches the engine, which refuses it the way it
  * refuses one from RabbitMQ (a stored FAILURE, a dead letter); only what is far
  * beyond is set aside here, unread. */
-static size_t body_bound(const struct rb *b)
+static size_t body_bound(const struct redis_broker *b)
 {
     size_t m = b->cfg.max_message_bytes;
     return m ? 2 * m + 65536 : 0;
@@ -875,7 +846,6 @@ static size_t body_bound(const struct rb *b)
 
 static void held_free(struct held *h)
 {
-    cr_free(h->tag);
     cr_free(h->queue);
     cr_free(h->env);
     cr_free(h->exchange);
@@ -883,37 +853,23 @@ static void held_free(struct held *h)
     cr_free(h);
 }
 
-static void held_unlink(struct rb *b, struct held *h)
-{
-    strmap_del(&b->held, h->tag);
-    if (h->prev)
-        h->prev->next = h->next;
-    else
-        b->held_head = h->next;
-    if (h->next)
-        h->next->prev = h->prev;
-}
-
-static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
+static void on_recorded(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     char *tag = arg;
-    struct held *h;
-    if (status != CR_ECANCELED) {
-        h = strmap_get(&b->held, tag);
-        if (h && h->rec == REC_SENT) {
-            if (exec_ok(status, r)) {
-                h->rec = REC_DONE;
-                cr_free(h->env);
-                h->env = NULL;
-            } else {
-                /* sent again on the next tick, or once the connection is
-                 * back */
-                h->rec = REC_PENDING;
-                b->records_pending = 1;
-                if (!status)
-                    LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
-                        r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-            }
+    if (status != CR_ECANCELED && b->vs) {
+        int ok = exec_ok(status, r);
+        struct vsession_rec *h = vsession_on_recorded(b->vs, tag,
+                                                      ok       ? VSESSION_OK
+                                                      : status ? VSESSION_LOST
+                                                               : VSESSION_REFUSED);
+        if (h && ok) {
+            struct held *d = h->data;
+            cr_free(d->env);
+            d->env = NULL;
+        } else if (h && !status) {
+            /* sent again on the next tick, or once the connection is back */
+            LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
         }
     }
     cr_free(tag);
@@ -921,12 +877,14 @@ static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
 
 /* MULTI ZADD unacked_index <now> <tag> / HSET unacked <tag> [env, ex, rk] /
  * EXEC, as kombu writes it right after the pop. */
-static void send_record(struct rb *b, struct held *h)
+static int op_record(void *ctx, struct vsession_rec *rec)
 {
+    struct redis_broker *b = ctx;
+    struct held *h = rec->data;
     struct args c[2];
     struct buf v;
     char score[64];
-    char *tag = cr_strdup(h->tag);
+    char *tag = cr_strdup(rec->tag);
     struct cr_err err;
     int rc;
 
@@ -941,27 +899,24 @@ static void send_record(struct rb *b, struct held *h)
         args_s(&c[0], "ZADD");
         args_s(&c[0], b->k_index);
         args_s(&c[0], score);
-        args_s(&c[0], h->tag);
+        args_s(&c[0], rec->tag);
         args_s(&c[1], "HSET");
         args_s(&c[1], b->k_unacked);
-        args_s(&c[1], h->tag);
+        args_s(&c[1], rec->tag);
         args_add(&c[1], v.data, v.len);
         rc = send_multi(b, on_recorded, tag, c, 2);
     }
-    if (rc) {
+    if (rc)
         cr_free(tag);
-        h->rec = REC_PENDING;
-    } else {
-        h->rec = REC_SENT;
-    }
     buf_release(&v);
     args_release(&c[0]);
     args_release(&c[1]);
+    return rc;
 }
 
 /* Pushes a raw value back onto the key it was popped from, at the head of
  * the line: it was never delivered. */
-static void push_back(struct rb *b, const char *key, size_t klen, const char *v,
+static void push_back(struct redis_broker *b, const char *key, size_t klen, const char *v,
                       size_t vlen)
 {
     struct args a;
@@ -979,7 +934,7 @@ static void push_back(struct rb *b, const char *key, size_t klen, const char *v,
  * dead-letter queue when there is one (where `celeriac dlq` can show it), and
  * is otherwise dropped with its start in the log. Either way once, never
  * back where it came from (it would come back at once, for ever). */
-static void set_aside(struct rb *b, const char *key, size_t klen, const char *v,
+static void set_aside(struct redis_broker *b, const char *key, size_t klen, const char *v,
                       size_t vlen, const char *why)
 {
     struct args a;
@@ -1000,31 +955,23 @@ static void set_aside(struct rb *b, const char *key, size_t klen, const char *v,
 
 /* recorded: the pop script wrote the record already (nothing to keep for
  * it); otherwise it is sent now. */
-static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
+static int held_add(struct redis_broker *b, const struct kombu_msg *km, const char *queue,
                     const char *env, size_t len, int recorded)
 {
-    struct held *h = strmap_get(&b->held, km->delivery_tag);
-    if (h) {
-        /* A copy of a message we hold (a peer restored it): one record. */
-        h->copies++;
-        b->nheld++;
-        return 0;
-    }
+    struct held *h;
+    if (vsession_held(b->vs, km->delivery_tag)) /* a copy: one record */
+        return vsession_hold(b->vs, km->delivery_tag, NULL, recorded) < 0 ? CR_ENOMEM : 0;
     h = cr_calloc(1, sizeof(*h));
     if (!h)
         return CR_ENOMEM;
-    h->tag = cr_strdup(km->delivery_tag);
     h->queue = cr_strdup(queue);
     h->priority = km->priority;
-    h->copies = 1;
     if (!recorded) {
         h->env = cr_malloc(len + 1);
         h->exchange = cr_strdup(km->exchange);
         h->routing_key = cr_strdup(km->routing_key);
     }
-    if (!h->tag || !h->queue ||
-        (!recorded && (!h->env || !h->exchange || !h->routing_key)) ||
-        strmap_put(&b->held, h->tag, h)) {
+    if (!h->queue || (!recorded && (!h->env || !h->exchange || !h->routing_key))) {
         held_free(h);
         return CR_ENOMEM;
     }
@@ -1033,29 +980,22 @@ static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
         h->env[len] = '\0';
         h->env_len = len;
     }
-    h->next = b->held_head;
-    if (h->next)
-        h->next->prev = h;
-    b->held_head = h;
-    b->nheld++;
-    if (recorded)
-        h->rec = REC_DONE;
-    else if (!b->o.ack_emulation)
-        h->rec = REC_NONE;
-    else
-        send_record(b, h);
+    if (vsession_hold(b->vs, km->delivery_tag, h, recorded) < 0) {
+        held_free(h);
+        return CR_ENOMEM;
+    }
     return 0;
 }
 
 /* push_back() of a message the pop script recorded: the push and the
  * removal of its record in one MULTI, so that it is in exactly one of the
  * two places at every instant. A copy of one we hold keeps its record (ours). */
-static void push_back_rec(struct rb *b, const char *key, size_t klen, const char *v,
-                          size_t vlen, const char *tag)
+static void push_back_rec(struct redis_broker *b, const char *key, size_t klen,
+                          const char *v, size_t vlen, const char *tag)
 {
     struct args c[3];
     int rc;
-    if (!tag || strmap_get(&b->held, tag)) {
+    if (!tag || vsession_held(b->vs, tag)) {
         push_back(b, key, klen, v, vlen);
         return;
     }
@@ -1097,8 +1037,8 @@ static int same_str(const char *s, const char *p, size_t len)
 
 /* One popped message (see struct pop_rec; NULL: not recorded). rotate: the
  * cycle turns past its queue (a BRPOP's; a batch turns once, at its end). */
-static void on_popped(struct rb *b, const char *key, size_t klen, const char *env,
-                      size_t len, const struct pop_rec *pr, int rotate)
+static void on_popped(struct redis_broker *b, const char *key, size_t klen,
+                      const char *env, size_t len, const struct pop_rec *pr, int rotate)
 {
     const char *tag = pr ? pr->tag : NULL;
     char queue[KOMBU_NAME_MAX];
@@ -1114,7 +1054,7 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     c = find_cons(b, queue);
     /* Cancelled meanwhile, or stopped: back to the head of its list, as
      * kombu requeues a message that finds no consumer. */
-    if (b->freeing || b->draining || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
+    if (stopping(b) || !c || c->fanout || (!consuming(b) && !c->q.no_ack)) {
         push_back_rec(b, key, klen, env, len, tag);
         return;
     }
@@ -1131,8 +1071,8 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     }
     if (rc) {
         set_aside(b, key, klen, env, len, err.msg[0] ? err.msg : cr_strerror(rc));
-        if (tag && !strmap_get(&b->held, tag))
-            ack_push(b, tag);
+        if (tag && !vsession_held(b->vs, tag))
+            vsession_ack_tag(b->vs, tag);
         return;
     }
     if (tag && (c->q.no_ack || !km.delivery_tag || strcmp(tag, km.delivery_tag) ||
@@ -1140,8 +1080,8 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
                 !same_str(km.routing_key, pr->routing_key, pr->routing_key_len))) {
         /* Not the record we would write (cannot happen with the script's
          * flags and kombu's decoder agreeing): removed, written our way. */
-        if (!strmap_get(&b->held, tag))
-            ack_push(b, tag);
+        if (!vsession_held(b->vs, tag))
+            vsession_ack_tag(b->vs, tag);
         tag = NULL;
     }
     if (!c->q.no_ack && held_add(b, &km, queue, env, len, tag != NULL)) {
@@ -1154,29 +1094,34 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     kombu_msg_release(&km);
 }
 
-static void on_pop(struct rb *b, int status, redisReply *r, void *arg)
+static void on_pop(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
+    int popped;
     (void)arg;
-    b->pop_out = 0;
-    if (status)
-        return; /* lost or cancelled: popped again once it is back */
+    if (status) {
+        /* lost or cancelled: popped again once it is back */
+        vsession_on_block(b->vs,
+                          status == CR_ECANCELED ? VSESSION_CANCELED : VSESSION_LOST, 0,
+                          now_ms(b));
+        return;
+    }
     if (r->type == REDIS_REPLY_ERROR) {
         if (b->bad_pops++ < 10)
             LOG(LOG_ERROR, "broker: BRPOP refused: %s", r->str);
-        b->pop_pause_until = now_ms(b) + POP_PAUSE_MS;
+        vsession_on_block(b->vs, VSESSION_REFUSED, 0, now_ms(b));
         return;
     }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING) {
-        b->pop_cold = 0; /* messages again: the script takes the rest */
+    /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
+    popped = r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[1]->type == REDIS_REPLY_STRING;
+    vsession_on_block(b->vs, VSESSION_OK, popped, now_ms(b));
+    if (popped)
         on_popped(b, r->element[0]->str, r->element[0]->len, r->element[1]->str,
                   r->element[1]->len, NULL, 1);
-    }
-    /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
 }
 
-static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
+static void on_client_id(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     (void)arg;
     if (status)
@@ -1187,23 +1132,6 @@ static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
     }
 }
 
-/* The prefetch room: messages that may still be popped (LONG_MAX: no bound).
- * Script calls in flight have theirs reserved, so that popped-but-unsettled
- * messages never exceed the prefetch count. */
-static long room(const struct rb *b)
-{
-    long r;
-    if (b->prefetch <= 0)
-        return LONG_MAX;
-    r = b->prefetch - b->nheld - b->reserved;
-    return r > 0 ? r : 0;
-}
-
-static int can_consume(const struct rb *b)
-{
-    return room(b) > 0;
-}
-
 /* A pop script call's: how many it asked for, and the score it records
  * under (which finds its records again if its reply is lost). */
 struct batch_arg {
@@ -1211,7 +1139,7 @@ struct batch_arg {
     char score[32];
 };
 
-static void remember_lost(struct rb *b, const char *score)
+static void remember_lost(struct redis_broker *b, const char *score)
 {
     if (b->nlost == LOST_MAX) {
         memmove(b->lost_scores[0], b->lost_scores[1],
@@ -1221,7 +1149,7 @@ static void remember_lost(struct rb *b, const char *score)
     snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s", score);
 }
 
-static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
+static void on_lost_scan(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     char *score = arg;
     int n = 0;
@@ -1229,7 +1157,7 @@ static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
         /* Not looked at (the connection went, or Redis is still loading
          * after a restart): looked at again, or the messages stay for the
          * visibility timeout. */
-        if (!b->freeing) {
+        if (!closed(b)) {
             remember_lost(b, score);
             if (!status)
                 b->again_due = now_ms(b) + TICK_MS;
@@ -1243,7 +1171,7 @@ static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
     for (size_t i = 0; i < r->elements; i++) {
         const redisReply *t = r->element[i];
         struct rjob *j;
-        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
+        if (t->type != REDIS_REPLY_STRING || vsession_held(b->vs, t->str))
             continue;
         j = job_new(b, t->str, 'R');
         if (!j)
@@ -1262,9 +1190,9 @@ static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
  * scores of their own clock) that we do not hold go back to the head of
  * their lists, as a restore does (the CAS script: a record changed meanwhile
  * is left alone). */
-static void recover_lost(struct rb *b)
+static void recover_lost(struct redis_broker *b)
 {
-    while (b->nlost > 0 && redis_conn_up(b->cmd) && !b->freeing) {
+    while (b->nlost > 0 && redis_conn_up(b->cmd) && !closed(b)) {
         const char *s = b->lost_scores[b->nlost - 1];
         char *arg = cr_strdup(s);
         struct args a;
@@ -1285,7 +1213,7 @@ static void recover_lost(struct rb *b)
     }
 }
 
-static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
+static void on_batch(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct batch_arg *ba = arg;
     long asked = ba->asked;
@@ -1294,14 +1222,15 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
     int cut;
     char queue[KOMBU_NAME_MAX];
 
-    b->calls_out--;
-    b->reserved -= asked;
     /* Lost: what it popped, if it ran, is recorded under its score and held
      * by nobody; recover_lost() gives it back as soon as the commands
      * connection is up (a BRPOP's reply lost is lost, as in kombu).
      * Cancelled (broker_free): left to the visibility timeout. */
     if (status) {
-        if (status != CR_ECANCELED && !b->freeing) {
+        vsession_on_batch(b->vs, asked,
+                          status == CR_ECANCELED ? VSESSION_CANCELED : VSESSION_LOST,
+                          now_ms(b));
+        if (status != CR_ECANCELED && !closed(b)) {
             remember_lost(b, ba->score);
             recover_lost(b);
         }
@@ -1310,24 +1239,24 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
     }
     cr_free(ba);
     if (r->type == REDIS_REPLY_ERROR) {
-        /* NOSCRIPT: flushed meanwhile, loaded again by the next call (and
-         * counted: a server that refuses SCRIPT LOAD says NOSCRIPT for ever). */
-        if (!strncmp(r->str, "NOSCRIPT", 8))
+        /* NOSCRIPT: flushed meanwhile, loaded again by the next call */
+        int noscript = !strncmp(r->str, "NOSCRIPT", 8), fails;
+        if (noscript)
             b->script_loaded = 0;
-        else
-            b->pop_cold = 1;
-        if (++b->script_fails <= 3 || b->script_fails == POP_SCRIPT_TRIES)
+        vsession_on_batch(b->vs, asked, noscript ? VSESSION_NOSCRIPT : VSESSION_REFUSED,
+                          now_ms(b));
+        fails = vsession_script_fails(b->vs);
+        if (fails <= 3 || fails == POP_SCRIPT_TRIES)
             LOG(LOG_WARNING, "broker: pop script refused: %s%s", r->str,
-                b->script_fails >= POP_SCRIPT_TRIES
-                    ? "; popping with BRPOP alone for a minute"
-                    : "");
-        if (b->script_fails >= POP_SCRIPT_TRIES)
-            b->script_retry_at = now_ms(b) + POP_SCRIPT_RETRY_MS;
+                fails >= POP_SCRIPT_TRIES ? "; popping with BRPOP alone for a minute"
+                                          : "");
         return;
     }
-    if (r->type != REDIS_REPLY_ARRAY)
+    if (r->type != REDIS_REPLY_ARRAY) {
+        vsession_on_batch(b->vs, asked, VSESSION_MALFORMED, now_ms(b));
         return;
-    b->script_fails = 0;
+    }
+    vsession_on_batch(b->vs, asked, VSESSION_OK, now_ms(b));
     got = r->elements / 5;
     cut = r->elements % 5 == 1; /* the trailing "+" */
     for (size_t i = 0; i < got; i++) {
@@ -1352,12 +1281,11 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
      * (no queue starved by a busy one) is kept, only its grain is coarser. */
     if (last && !kombu_queue_of_key(&b->o, last, lastlen, queue, sizeof(queue)))
         kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
-    if ((long)got < asked && !cut)
-        b->pop_cold = 1; /* the queues ran dry: BRPOP waits for the next */
+    vsession_on_batch_end(b->vs, asked, (long)got, cut);
 }
 
 /* One pop script call for queues qs (n, cycle order), at most max messages. */
-static int send_batch(struct rb *b, const char **qs, int n, long max)
+static int send_batch(struct redis_broker *b, const char **qs, int n, long max)
 {
     const char *argv[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
     size_t lens[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
@@ -1427,16 +1355,39 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
         cr_free(ba);
         return CR_EBROKER;
     }
-    b->calls_out++;
-    b->reserved += max;
     return 0;
 }
 
-/* Pops while there is room: pop script calls while messages keep coming,
- * one BRPOP (alone on its connection) once a call found the queues empty,
- * and script calls again as soon as the BRPOP pops one. */
-static void maybe_pop(struct rb *b)
+static int op_link_up(void *ctx, enum vsession_link l)
 {
+    struct redis_broker *b = ctx;
+    return redis_conn_up(l == VSESSION_LINK_STORE ? b->cmd : b->pop);
+}
+
+static int op_pop_batch(void *ctx, long max, int wide)
+{
+    struct redis_broker *b = ctx;
+    const char *qs[MAX_CONSUMERS];
+    int n = 0;
+    (void)wide;
+    for (int i = 0; i < b->ncycle; i++)
+        if (find_cons(b, b->cycle[i]))
+            qs[n++] = b->cycle[i];
+    return n ? send_batch(b, qs, n, max) : CR_ENOTFOUND;
+}
+
+/* A wide window reads each reply whole; a narrow one a piece a turn. */
+static void op_pop_wide(void *ctx, int wide)
+{
+    struct redis_broker *b = ctx;
+    redis_conn_read_on(b->pop, wide);
+}
+
+/* One BRPOP, alone on its connection: a no_ack queue goes on while stopped,
+ * task queues only when the session says there is room (tasks). */
+static int op_pop_block(void *ctx, int tasks)
+{
+    struct redis_broker *b = ctx;
     const char *qs[MAX_CONSUMERS];
     const char *argv[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
     size_t lens[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
@@ -1444,38 +1395,13 @@ static void maybe_pop(struct rb *b)
     int n = 0, argc;
     double timeout = b->o.polling_interval_s > 0 ? b->o.polling_interval_s : 1;
 
-    if (b->freeing || b->pop_out || !redis_conn_up(b->pop) || !redis_conn_up(b->cmd) ||
-        now_ms(b) < b->pop_pause_until)
-        return;
-    if (!b->pop_cold && b->consuming &&
-        (b->script_fails < POP_SCRIPT_TRIES || now_ms(b) >= b->script_retry_at)) {
-        for (int i = 0; i < b->ncycle; i++)
-            if (find_cons(b, b->cycle[i]))
-                qs[n++] = b->cycle[i];
-        int wide = room(b) >= POP_WIDE_ROOM;
-        long cap = wide ? POP_WIDE_BATCH : POP_BATCH;
-        redis_conn_read_on(b->pop, wide);
-        while (n && b->calls_out < (wide ? POP_WIDE_CALLS : POP_CALLS) &&
-               can_consume(b)) {
-            long max = room(b) < cap ? room(b) : cap;
-            if (send_batch(b, qs, n, max))
-                break;
-        }
-        n = 0;
-        if (b->calls_out)
-            return;
-    }
-    if (b->calls_out)
-        return; /* their replies decide what comes next */
     for (int i = 0; i < b->ncycle; i++) {
         struct rcons *c = find_cons(b, b->cycle[i]);
-        /* A no_ack queue goes on while stopped; task queues wait for room
-         * in the prefetch window. */
-        if (c && (c->q.no_ack || (b->consuming && can_consume(b))))
+        if (c && (c->q.no_ack || tasks))
             qs[n++] = b->cycle[i];
     }
     if (!n)
-        return;
+        return CR_ENOTFOUND;
     if (b->client_id_state == 0) {
         struct args a;
         args_init(&a);
@@ -1489,186 +1415,101 @@ static void maybe_pop(struct rb *b)
     argc = kombu_brpop_args(&b->o, qs, n, timeout, &b->pop_store, argv, lens,
                             (int)(sizeof(argv) / sizeof(argv[0])));
     if (argc < 0)
-        return;
+        return CR_ENOMEM;
     o = cr_calloc(1, sizeof(*o));
     if (!o)
-        return;
+        return CR_ENOMEM;
     o->b = b;
     o->fn = on_pop;
     if (redis_conn_send(b->pop, &o->req, on_op, argc, argv, lens)) {
         cr_free(o);
-        return;
+        return CR_EBROKER;
     }
-    b->pop_out = 1;
+    return 0;
 }
 
 /* ------------------------------------------------------------ acks */
 
-static void recent_add(struct rb *b, const char *tag)
+/* An ack batch's tags, in one block (op_ack()). */
+struct ack_arg {
+    int n;
+    const char **tags;
+};
+
+static struct ack_arg *ack_arg_new(const char *const *tags, int n)
 {
-    char *t = cr_strdup(tag);
-    if (!t)
-        return; /* only a second chance is lost */
-    cr_free(b->recent[b->recent_next]);
-    b->recent[b->recent_next] = t;
-    b->recent_at[b->recent_next] = now_ms(b);
-    b->recent_next = (b->recent_next + 1) % RECENT_MAX;
-    if (b->nrecent < RECENT_MAX)
-        b->nrecent++;
+    size_t bytes = 0;
+    struct ack_arg *a;
+    char *p;
+    for (int i = 0; i < n; i++)
+        bytes += strlen(tags[i]) + 1;
+    a = cr_malloc(sizeof(*a) + (size_t)n * sizeof(*a->tags) + bytes);
+    if (!a)
+        return NULL;
+    a->n = n;
+    a->tags = (const char **)(a + 1);
+    p = (char *)(a->tags + n);
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(tags[i]) + 1;
+        memcpy(p, tags[i], len);
+        a->tags[i] = p;
+        p += len;
+    }
+    return a;
 }
 
-static void recent_clear(struct rb *b)
+static void on_acked(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
-    for (int i = 0; i < RECENT_MAX; i++) {
-        cr_free(b->recent[i]);
-        b->recent[i] = NULL;
-    }
-    b->nrecent = b->recent_next = 0;
-}
-
-/* After a reconnect: the acks confirmed in the last RECENT_REPLAY_MS go
- * again, newest first, to whichever server now answers. */
-static void replay_recent_acks(struct rb *b)
-{
-    uint64_t now = now_ms(b);
-    int n = 0;
-    for (int i = 0; i < b->nrecent; i++) {
-        int k = (b->recent_next + RECENT_MAX - 1 - i) % RECENT_MAX;
-        if (now - b->recent_at[k] > RECENT_REPLAY_MS)
-            break;
-        if (!strmap_get(&b->held, b->recent[k]) && ack_push(b, b->recent[k]) == 0)
-            n++;
-    }
-    recent_clear(b);
-    if (n)
-        LOG(LOG_INFO,
-            "broker: sending again %d ack(s) of the last %d s, which the server lost "
-            "may not have passed on",
-            n, RECENT_REPLAY_MS / 1000);
-}
-
-static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct args *tags = arg;
-    int refused = status == 0 && !exec_ok(status, r);
-    if (refused) {
-        /* A dropped ack leaves its record behind for good (restored and run
-         * again one visibility timeout later), so it is kept and sent again
-         * a tick later, to the new master when this one was demoted. */
-        if (b->ack_refused++ == 0)
-            LOG(LOG_WARNING, "broker: ack refused: %s; sent again until it is taken",
-                r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-        b->acks_hold_until = now_ms(b) + TICK_MS;
-    } else if (status == 0) {
-        if (b->ack_refused > 1)
-            LOG(LOG_INFO, "broker: acks taken again after %d refusals", b->ack_refused);
-        b->ack_refused = 0;
-        for (int i = 0; i < tags->n; i++)
-            recent_add(b, tags->store.data + tags->off[i]);
-    }
+    struct ack_arg *a = arg;
     /* CR_EBACKEND: unknown whether Redis had them; removing twice is
      * harmless. (CR_ECANCELED: the broker is being freed.) */
-    if (refused || status == CR_EBACKEND)
-        for (int i = 0; i < tags->n; i++)
-            if (ack_push(b, tags->store.data + tags->off[i]))
-                LOG(LOG_ERROR,
-                    "broker: out of memory keeping an ack of %s; it comes back after "
-                    "the visibility timeout",
-                    tags->store.data + tags->off[i]);
-    args_release(tags);
-    cr_free(tags);
-}
-
-static int ack_push(struct rb *b, const char *tag)
-{
-    char *t;
-    if (b->nacks == b->capacks) {
-        size_t cap = b->capacks ? b->capacks * 2 : 64;
-        char **p = cr_realloc(b->acks, cap * sizeof(*p));
-        if (!p)
-            return CR_ENOMEM;
-        b->acks = p;
-        b->capacks = cap;
+    enum vsession_reply rep = status == CR_EBACKEND ? VSESSION_LOST : VSESSION_CANCELED;
+    if (status == 0 && !exec_ok(status, r)) {
+        if (vsession_ack_refusals(b->vs) == 0)
+            LOG(LOG_WARNING, "broker: ack refused: %s; sent again until it is taken",
+                r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+        rep = VSESSION_REFUSED;
+    } else if (status == 0) {
+        rep = VSESSION_OK;
     }
-    t = cr_strdup(tag);
-    if (!t)
-        return CR_ENOMEM;
-    b->acks[b->nacks++] = t;
-    return 0;
+    if (b->vs)
+        vsession_on_acked(b->vs, a->tags, a->n, rep, now_ms(b));
+    cr_free(a);
 }
 
 /* One MULTI ZREM unacked_index T... / HDEL unacked T... / EXEC per batch. */
-static void flush_acks(struct rb *b)
+static int op_ack(void *ctx, const char *const *tags, int n)
 {
-    if (b->nacks && b->acks_hold_until && now_ms(b) < b->acks_hold_until)
-        return;
-    while (b->nacks && redis_conn_up(b->cmd)) {
-        size_t n = b->nacks < BATCH_MAX ? b->nacks : BATCH_MAX;
-        struct args c[2], *tags = cr_calloc(1, sizeof(*tags));
-        int rc;
-        if (!tags)
-            return;
-        args_init(tags);
-        args_init(&c[0]);
-        args_init(&c[1]);
-        args_s(&c[0], "ZREM");
-        args_s(&c[0], b->k_index);
-        args_s(&c[1], "HDEL");
-        args_s(&c[1], b->k_unacked);
-        for (size_t i = 0; i < n; i++) {
-            const char *t = b->acks[b->nacks - n + i];
-            args_s(&c[0], t);
-            args_s(&c[1], t);
-            args_s(tags, t);
-        }
-        rc = tags->oom ? CR_ENOMEM : send_multi(b, on_acked, tags, c, 2);
-        args_release(&c[0]);
-        args_release(&c[1]);
-        if (rc) {
-            args_release(tags);
-            cr_free(tags);
-            return;
-        }
-        for (size_t i = 0; i < n; i++)
-            cr_free(b->acks[b->nacks - n + i]);
-        b->nacks -= n;
+    struct redis_broker *b = ctx;
+    struct ack_arg *a = ack_arg_new(tags, n);
+    struct args c[2];
+    int rc;
+    if (!a)
+        return CR_ENOMEM;
+    args_init(&c[0]);
+    args_init(&c[1]);
+    args_s(&c[0], "ZREM");
+    args_s(&c[0], b->k_index);
+    args_s(&c[1], "HDEL");
+    args_s(&c[1], b->k_unacked);
+    for (int i = 0; i < n; i++) {
+        args_s(&c[0], tags[i]);
+        args_s(&c[1], tags[i]);
     }
+    rc = send_multi(b, on_acked, a, c, 2);
+    args_release(&c[0]);
+    args_release(&c[1]);
+    if (rc)
+        cr_free(a);
+    return rc;
 }
 
-/* The settle of one copy: the record's fate is the caller's. Returns the
- * held entry when this was its last copy (unlinked, the caller frees it),
- * else NULL. */
-static struct held *held_settle(struct rb *b, const char *tag, int *found)
+static int rb_ack(struct redis_broker *b, struct broker_msg *m)
 {
-    struct held *h = strmap_get(&b->held, tag);
-    *found = h != NULL;
-    if (!h)
-        return NULL;
-    b->nheld--;
-    if (--h->copies > 0)
-        return NULL;
-    held_unlink(b, h);
-    return h;
-}
-
-static int rb_ack(struct rb *b, struct broker_msg *m)
-{
-    struct held *h;
-    int found;
     if (m->no_ack || m->settled || !m->tag)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->tag, &found);
-    if (!found)
-        return 0;
-    /* A record never written needs no removal. */
-    if (h && (h->rec == REC_PENDING || h->rec == REC_NONE)) {
-        held_free(h);
-        return 0;
-    }
-    if (h)
-        held_free(h);
-    if (ack_push(b, m->tag)) {
+    if (vsession_ack(b->vs, m->tag)) {
         LOG(LOG_ERROR,
             "broker: out of memory acking %s; it comes back after the "
             "visibility timeout",
@@ -1680,7 +1521,7 @@ static int rb_ack(struct rb *b, struct broker_msg *m)
 
 /* ------------------------------------------------------------ restores */
 
-static struct rjob *job_new(struct rb *b, const char *tag, char side)
+static struct rjob *job_new(struct redis_broker *b, const char *tag, char side)
 {
     struct rjob *j = cr_calloc(1, sizeof(*j));
     if (!j)
@@ -1711,16 +1552,14 @@ static void job_free(struct rjob *j)
     cr_free(j);
 }
 
-static void round_job_done(struct rb *b);
-
 /* The job is over (done, or given up): ours wait for the connection when it
  * was the connection that failed. */
 static void job_end(struct rjob *j, int status)
 {
-    struct rb *b = j->b;
+    struct redis_broker *b = j->b;
     int round = j->round;
     b->njobs--;
-    if ((status == CR_EBACKEND || status == JOB_AGAIN) && !round && !b->freeing) {
+    if ((status == CR_EBACKEND || status == JOB_AGAIN) && !round && !closed(b)) {
         j->next = b->waiting;
         b->waiting = j;
         if (status == JOB_AGAIN)
@@ -1728,11 +1567,11 @@ static void job_end(struct rjob *j, int status)
         return;
     }
     job_free(j);
-    if (round)
-        round_job_done(b);
+    if (round && b->vs)
+        vsession_on_round_job(b->vs);
 }
 
-static void on_job_pushed(struct rb *b, int status, redisReply *r, void *arg)
+static void on_job_pushed(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct rjob *j = arg;
     if (!status && refused_for_now(r)) {
@@ -1775,7 +1614,7 @@ static int env_priority(const char *env, size_t len)
  * the value read), or without one (never recorded). */
 static void job_push(struct rjob *j)
 {
-    struct rb *b = j->b;
+    struct redis_broker *b = j->b;
     const char *env = j->env ? j->env : j->renv;
     size_t env_len = j->env ? j->env_len : strlen(j->renv);
     struct buf marked;
@@ -1847,7 +1686,7 @@ static const char *member_queue(const struct kombu_opts *o, const char *m, size_
     return q;
 }
 
-static void on_job_members(struct rb *b, int status, redisReply *r, void *arg)
+static void on_job_members(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct rjob *j = arg;
     const char *type;
@@ -1885,7 +1724,7 @@ static void on_job_members(struct rb *b, int status, redisReply *r, void *arg)
     job_push(j);
 }
 
-static void on_job_value(struct rb *b, int status, redisReply *r, void *arg)
+static void on_job_value(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct rjob *j = arg;
     struct cr_err err;
@@ -1951,7 +1790,7 @@ static void on_job_value(struct rb *b, int status, redisReply *r, void *arg)
 
 static void job_start(struct rjob *j)
 {
-    struct rb *b = j->b;
+    struct redis_broker *b = j->b;
     struct args a;
     int rc;
     b->njobs++;
@@ -1975,54 +1814,56 @@ static void job_start(struct rjob *j)
 
 /* Puts a held message of ours back: side 'L' for a requeue, 'R' for a
  * restore. Takes h (already unlinked). */
-static int restore_held(struct rb *b, struct held *h, char side)
+static void op_restore(void *ctx, const char *tag, void *data, enum vsession_rec_state st,
+                       char side, int round)
 {
-    struct rjob *j = job_new(b, h->tag, side);
+    struct redis_broker *b = ctx;
+    struct held *h = data;
+    struct rjob *j = job_new(b, tag, side);
     if (!j) {
+        if (h)
+            held_free(h);
+        if (round)
+            vsession_on_round_job(b->vs);
+        return;
+    }
+    j->round = round;
+    if (h) {
+        j->queue = h->queue;
+        h->queue = NULL;
+        j->priority = h->priority;
+        if (st == VSESSION_REC_POPPED || st == VSESSION_REC_UNTRACKED) {
+            /* never recorded: this is pushed as it is */
+            j->env = h->env;
+            j->env_len = h->env_len;
+            h->env = NULL;
+        }
         held_free(h);
-        return CR_ENOMEM;
+        if (!j->queue) {
+            job_free(j);
+            return;
+        }
     }
-    j->queue = h->queue;
-    h->queue = NULL;
-    j->priority = h->priority;
-    if (h->rec == REC_PENDING || h->rec == REC_NONE) {
-        j->env = h->env;
-        j->env_len = h->env_len;
-        h->env = NULL;
-    }
-    held_free(h);
-    if (!j->queue) {
-        job_free(j);
-        return CR_ENOMEM;
-    }
-    if (redis_conn_up(b->cmd)) {
+    if (round || redis_conn_up(b->cmd)) {
         job_start(j);
     } else {
         j->next = b->waiting;
         b->waiting = j;
     }
-    return 0;
 }
 
-static int rb_reject(struct rb *b, struct broker_msg *m, int requeue)
+static int rb_reject(struct redis_broker *b, struct broker_msg *m, int requeue)
 {
-    struct held *h;
-    int found;
     if (!requeue)
         return rb_ack(b, m);
     if (m->no_ack || m->settled || !m->tag)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->tag, &found);
-    if (!h)
-        return 0; /* another copy still holds it: its settle decides */
-    /* kombu's requeue goes to the tail (LPUSH); once the worker stops
-     * consuming, what it gives back goes to the head, so that the other
-     * workers take it at once. */
-    return restore_held(b, h, b->consuming ? 'L' : 'R');
+    vsession_requeue(b->vs, m->tag);
+    return 0;
 }
 
-static void start_waiting(struct rb *b)
+static void start_waiting(struct redis_broker *b)
 {
     struct rjob *j = b->waiting;
     b->waiting = NULL;
@@ -2036,76 +1877,39 @@ static void start_waiting(struct rb *b)
 
 /* ------------------------------------------------ restore_visible, leases */
 
-static void on_unlocked(struct rb *b, int status, redisReply *r, void *arg)
+static void on_stale(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
-    (void)b;
-    (void)status;
-    (void)r;
-    (void)arg;
-}
-
-static void round_end(struct rb *b)
-{
-    struct args a;
-    b->round_on = 0;
-    if (b->freeing)
-        return;
-    args_init(&a);
-    args_s(&a, "EVAL");
-    args_s(&a, unlock_lua);
-    args_s(&a, "1");
-    args_s(&a, b->k_mutex);
-    args_s(&a, b->token);
-    send_op(b, b->cmd, on_unlocked, NULL, &a);
-    args_release(&a);
-}
-
-static void round_job_done(struct rb *b)
-{
-    if (--b->round_jobs == 0 && b->round_on)
-        round_end(b);
-}
-
-static void on_stale(struct rb *b, int status, redisReply *r, void *arg)
-{
+    const char *tags[RESTORE_ROUND_MAX];
     int n = 0;
     (void)arg;
     if (status || r->type != REDIS_REPLY_ARRAY) {
-        if (!status)
-            round_end(b);
-        else
-            b->round_on = 0;
+        vsession_on_round_stale(b->vs, NULL, 0,
+                                status == CR_ECANCELED ? VSESSION_CANCELED
+                                : status               ? VSESSION_LOST
+                                                       : VSESSION_MALFORMED);
         return;
     }
-    b->round_jobs = 1; /* held while the jobs start */
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-        const redisReply *t = r->element[i];
-        struct rjob *j;
-        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
-            continue; /* ours: alive, whatever a slow refresh made it look */
-        j = job_new(b, t->str, 'R');
-        if (!j)
-            break;
-        j->round = 1;
-        b->round_jobs++;
-        n++;
-        job_start(j);
-    }
-    if (n)
-        LOG(LOG_INFO, "Restoring %d unacknowledged message(s)", n);
-    round_job_done(b);
+    for (size_t i = 0; i + 1 < r->elements && n < RESTORE_ROUND_MAX; i += 2)
+        if (r->element[i]->type == REDIS_REPLY_STRING)
+            tags[n++] = r->element[i]->str;
+    vsession_on_round_stale(b->vs, tags, n, VSESSION_OK);
 }
 
-static void on_locked(struct rb *b, int status, redisReply *r, void *arg)
+static void on_locked(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
+    (void)arg;
+    /* nil: held by another restorer */
+    vsession_on_round_locked(b->vs, !status && r->type == REDIS_REPLY_STATUS);
+}
+
+/* The records older than the visibility timeout, newest first. */
+static int op_round_scan(void *ctx)
+{
+    struct redis_broker *b = ctx;
     struct args a;
     char max[64], limit[32];
     long n = RESTORE_ROUND_MAX;
-    (void)arg;
-    if (status || r->type != REDIS_REPLY_STATUS) {
-        b->round_on = 0; /* held by another restorer (nil), or lost */
-        return;
-    }
+    int rc;
     if (b->o.unacked_restore_limit > 0 && b->o.unacked_restore_limit < n)
         n = b->o.unacked_restore_limit;
     snprintf(max, sizeof(max), "%.7f", epoch_s() - b->o.visibility_timeout_s);
@@ -2119,27 +1923,42 @@ static void on_locked(struct rb *b, int status, redisReply *r, void *arg)
     args_s(&a, "LIMIT");
     args_s(&a, "0");
     args_s(&a, limit);
-    if (send_op(b, b->cmd, on_stale, NULL, &a))
-        round_end(b);
+    rc = send_op(b, b->cmd, on_stale, NULL, &a);
+    args_release(&a);
+    return rc;
+}
+
+static void op_round_unlock(void *ctx)
+{
+    struct redis_broker *b = ctx;
+    struct args a;
+    args_init(&a);
+    args_s(&a, "EVAL");
+    args_s(&a, unlock_lua);
+    args_s(&a, "1");
+    args_s(&a, b->k_mutex);
+    args_s(&a, b->token);
+    send_op(b, b->cmd, NULL, NULL, &a);
     args_release(&a);
 }
 
 /* kombu's restore_visible(): under the mutex, the records older than the
  * visibility timeout go back to their queues. */
-static void restore_visible(struct rb *b)
+static int op_round_lock(void *ctx)
 {
+    struct redis_broker *b = ctx;
     unsigned char rnd[16];
     char px[32];
     struct args a;
-    int consumes = 0;
+    int consumes = 0, rc;
     for (int i = 0; i < b->ncycle; i++) {
         const struct rcons *c = find_cons(b, b->cycle[i]);
         consumes |= c && !c->q.no_ack;
     }
     /* Only a consumer restores (the gateway, which publishes only, does
      * not): it knows its own visibility timeout, and refreshes its leases. */
-    if (b->round_on || !consumes || !redis_conn_up(b->cmd) || !b->o.ack_emulation)
-        return;
+    if (!consumes || !redis_conn_up(b->cmd))
+        return CR_ENOTFOUND;
     random_bytes(rnd, sizeof(rnd));
     for (int i = 0; i < 16; i++)
         snprintf(b->token + 2 * i, 3, "%02x", rnd[i]);
@@ -2151,82 +1970,87 @@ static void restore_visible(struct rb *b)
     args_s(&a, "PX");
     args_s(&a, px);
     args_s(&a, "NX");
-    if (send_op(b, b->cmd, on_locked, NULL, &a) == 0)
-        b->round_on = 1;
+    rc = send_op(b, b->cmd, on_locked, NULL, &a);
     args_release(&a);
+    return rc;
 }
 
 /* ZADD unacked_index XX <now> <tag>... for every record we hold: XX, so an
  * entry removed meanwhile is not made again. */
-static void refresh_leases(struct rb *b)
+static void op_refresh(void *ctx, const char *const *tags, int n)
 {
-    struct held *h = b->held_head;
+    struct redis_broker *b = ctx;
     char score[64];
+    struct args a;
     snprintf(score, sizeof(score), "%.7f", epoch_s());
-    while (h && redis_conn_up(b->cmd)) {
-        struct args a;
-        int n = 0;
-        args_init(&a);
-        args_s(&a, "ZADD");
-        args_s(&a, b->k_index);
-        args_s(&a, "XX");
-        for (; h && n < BATCH_MAX; h = h->next) {
-            if (h->rec != REC_DONE && h->rec != REC_SENT)
-                continue;
-            args_s(&a, score);
-            args_s(&a, h->tag);
-            n++;
-        }
-        if (n)
-            send_op(b, b->cmd, NULL, NULL, &a);
-        args_release(&a);
+    args_init(&a);
+    args_s(&a, "ZADD");
+    args_s(&a, b->k_index);
+    args_s(&a, "XX");
+    for (int i = 0; i < n; i++) {
+        args_s(&a, score);
+        args_s(&a, tags[i]);
     }
+    send_op(b, b->cmd, NULL, NULL, &a);
+    args_release(&a);
 }
+
+static void op_release(void *ctx, void *data)
+{
+    (void)ctx;
+    held_free(data);
+}
+
+static const struct vsession_ops session_ops = {
+    .link_up = op_link_up,
+    .pop_batch = op_pop_batch,
+    .pop_wide = op_pop_wide,
+    .pop_block = op_pop_block,
+    .record = op_record,
+    .ack = op_ack,
+    .refresh = op_refresh,
+    .restore = op_restore,
+    .release = op_release,
+    .round_lock = op_round_lock,
+    .round_scan = op_round_scan,
+    .round_unlock = op_round_unlock,
+};
 
 static void on_tick(uv_timer_t *t)
 {
-    struct rb *b = t->data;
+    struct redis_broker *b = t->data;
     uint64_t now = now_ms(b);
-    if (b->freeing || !redis_conn_up(b->cmd))
+    if (closed(b) || !redis_conn_up(b->cmd))
         return;
-    if (now >= b->lease_due) {
-        b->lease_due = now + b->lease_ms;
-        refresh_leases(b);
-    }
-    if (now >= b->restore_due) {
-        b->restore_due = now + RESTORE_EVERY_MS;
-        restore_visible(b);
-    }
-    if (b->records_pending)
-        send_pending_records(b);
+    vsession_tick(b->vs, now);
     if (b->again_due && now >= b->again_due) {
         b->again_due = 0;
         start_waiting(b);
         recover_lost(b);
     }
-    maybe_pop(b);
+    vsession_pop(b->vs, now);
 }
 
 static void on_prepare(uv_prepare_t *p)
 {
-    struct rb *b = p->data;
-    flush_acks(b);
-    maybe_pop(b);
+    struct redis_broker *b = p->data;
+    if (b->vs)
+        vsession_pump(b->vs, now_ms(b));
 }
 
 /* ------------------------------------------------------------ pub/sub */
 
 static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr)
 {
-    struct rb *b = req->data;
+    struct redis_broker *b = req->data;
     redisReply *r = (redisReply *)rr;
     const redisReply *pat, *data;
     if (!status && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
         r->element[0]->type == REDIS_REPLY_STRING &&
         !strcmp(r->element[0]->str, "psubscribe") && b->psub_unconfirmed > 0)
         b->psub_unconfirmed--;
-    if (status || b->freeing || b->draining || r->type != REDIS_REPLY_ARRAY ||
-        r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING ||
+    if (status || stopping(b) || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
         strcmp(r->element[0]->str, "pmessage"))
         return;
     pat = r->element[1];
@@ -2256,12 +2080,12 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
         /* on_msg may cancel consumers: the loop checks the count again */
         deliver(b, &km, c->q.name, 1);
         kombu_msg_release(&km);
-        if (b->freeing)
+        if (closed(b))
             return;
     }
 }
 
-static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
+static void psubscribe(struct redis_broker *b, const struct rcons *c, const char *verb)
 {
     const char *argv[3] = {verb, c->pattern, c->pattern2};
     b->psub_req.data = b;
@@ -2274,7 +2098,7 @@ static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
 
 /* ------------------------------------------------------------ publish */
 
-static void confirm(struct rb *b, struct pubop *p)
+static void confirm(struct redis_broker *b, struct pubop *p)
 {
     if (p->cb)
         p->cb(&b->base, !p->failed, p->privdata);
@@ -2283,7 +2107,7 @@ static void confirm(struct rb *b, struct pubop *p)
     cr_free(p);
 }
 
-static void on_pushed(struct rb *b, int status, redisReply *r, void *arg)
+static void on_pushed(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct pubop *p = arg;
     if (status || is_error(r)) {
@@ -2295,7 +2119,8 @@ static void on_pushed(struct rb *b, int status, redisReply *r, void *arg)
         confirm(b, p);
 }
 
-static int push_env(struct rb *b, struct pubop *p, const char *queue, size_t qlen)
+static int push_env(struct redis_broker *b, struct pubop *p, const char *queue,
+                    size_t qlen)
 {
     struct args a;
     char q[KOMBU_NAME_MAX];
@@ -2318,7 +2143,7 @@ static int push_env(struct rb *b, struct pubop *p, const char *queue, size_t qle
 /* Pushes p to every queue of the binding members r (an SMEMBERS reply) that
  * its routing key matches, but skip (already pushed, or NULL); then confirms
  * once the pushes are answered. */
-static void push_to_members(struct rb *b, struct pubop *p, const redisReply *r,
+static void push_to_members(struct redis_broker *b, struct pubop *p, const redisReply *r,
                             const char *skip)
 {
     int pushed = skip != NULL;
@@ -2344,7 +2169,7 @@ static void push_to_members(struct rb *b, struct pubop *p, const redisReply *r,
         confirm(b, p);
 }
 
-static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
+static void on_pub_members(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct pubop *p = arg;
     if (status || r->type != REDIS_REPLY_ARRAY) {
@@ -2357,7 +2182,7 @@ static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
 
 /* The EXEC of a publish to our dead-letter exchange (publish_dlx()): binding,
  * push and the exchange's members. */
-static void on_dlx_pushed(struct rb *b, int status, redisReply *r, void *arg)
+static void on_dlx_pushed(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct pubop *p = arg;
     if (!exec_ok(status, r) || r->elements != 3 ||
@@ -2384,7 +2209,7 @@ static void on_dlx_pushed(struct rb *b, int status, redisReply *r, void *arg)
  * worker that logged "dead-lettered" would have lost it. Other queues bound
  * to the exchange get it as a routed publish would, from the members read in
  * the same step. */
-static int publish_dlx(struct rb *b, struct pubop *p)
+static int publish_dlx(struct redis_broker *b, struct pubop *p)
 {
     struct broker_queue q;
     struct buf key, member;
@@ -2414,16 +2239,16 @@ static int publish_dlx(struct rb *b, struct pubop *p)
     return rc;
 }
 
-static void on_published(struct rb *b, int status, redisReply *r, void *arg)
+static void on_published(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct pubop *p = arg;
     p->failed = status || is_error(r);
     confirm(b, p);
 }
 
-static int rb_publish(struct rb *b, const char *exchange, const char *routing_key,
-                      const struct broker_props *props, const char *body, size_t len,
-                      broker_confirm_fn *cb, void *privdata)
+static int rb_publish(struct redis_broker *b, const char *exchange,
+                      const char *routing_key, const struct broker_props *props,
+                      const char *body, size_t len, broker_confirm_fn *cb, void *privdata)
 {
     struct kombu_out ko;
     struct buf env, key;
@@ -2434,7 +2259,7 @@ static int rb_publish(struct rb *b, const char *exchange, const char *routing_ke
     struct pubop *p;
     int rc;
 
-    if (b->freeing || !redis_conn_up(b->cmd))
+    if (closed(b) || !redis_conn_up(b->cmd))
         return CR_EBROKER;
     if (!exchange)
         exchange = "";
@@ -2552,7 +2377,7 @@ fail:
 
 /* ------------------------------------------------------------ stats */
 
-static void on_stats(struct rb *b, int status, redisReply *r, void *arg)
+static void on_stats(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct statop *s = arg;
     uint64_t sum = 0;
@@ -2577,13 +2402,13 @@ static void on_stats(struct rb *b, int status, redisReply *r, void *arg)
 }
 
 /* The sum of LLEN over the queue's buckets (kombu's _size). */
-static int rb_queue_stats(struct rb *b, const char *queue, broker_queue_stats_fn *cb,
-                          void *privdata)
+static int rb_queue_stats(struct redis_broker *b, const char *queue,
+                          broker_queue_stats_fn *cb, void *privdata)
 {
     struct args c[KOMBU_MAX_STEPS];
     struct statop *s;
     int rc;
-    if (b->freeing || !redis_conn_up(b->cmd))
+    if (closed(b) || !redis_conn_up(b->cmd))
         return CR_EBROKER;
     s = cr_calloc(1, sizeof(*s));
     if (!s)
@@ -2611,7 +2436,7 @@ static int rb_queue_stats(struct rb *b, const char *queue, broker_queue_stats_fn
     return 0;
 }
 
-static void rb_queue_stats_cancel(struct rb *b, void *privdata)
+static void rb_queue_stats_cancel(struct redis_broker *b, void *privdata)
 {
     for (struct statop *s = b->stats; s; s = s->next)
         if (s->privdata == privdata)
@@ -2620,15 +2445,15 @@ static void rb_queue_stats_cancel(struct rb *b, void *privdata)
 
 /* ------------------------------------------------------------ connections */
 
-static int all_up(const struct rb *b)
+static int all_up(const struct redis_broker *b)
 {
     return redis_conn_up(b->cmd) && redis_conn_up(b->pop) && redis_conn_up(b->sub);
 }
 
-static void tell_owner(struct rb *b)
+static void tell_owner(struct redis_broker *b)
 {
     int up = all_up(b);
-    if (b->freeing || up == b->up_said)
+    if (closed(b) || up == b->up_said)
         return;
     b->up_said = up;
     if (up && b->ever_up)
@@ -2639,31 +2464,18 @@ static void tell_owner(struct rb *b)
         b->on_conn(&b->base, up, b->privdata);
 }
 
-static void send_pending_records(struct rb *b)
-{
-    b->records_pending = 0;
-    for (struct held *h = b->held_head; h; h = h->next)
-        if (h->rec == REC_PENDING)
-            send_record(b, h);
-}
-
-static void on_cmd_up(struct rb *b)
+static void on_cmd_up(struct redis_broker *b)
 {
     for (int i = 0; i < b->ncons; i++)
         send_binding(b, &b->cons[i].q, "SADD");
     send_dlq_binding(b);
-    /* Records not written yet go before the acks that may remove them. */
-    send_pending_records(b);
-    b->acks_hold_until = 0; /* perhaps a new master: no need to wait */
-    replay_recent_acks(b);
-    flush_acks(b);
-    refresh_leases(b);
-    b->lease_due = now_ms(b) + b->lease_ms;
+    /* records not written yet, the acks of the last seconds again, leases */
+    vsession_on_link(b->vs, VSESSION_LINK_STORE, 1, now_ms(b));
     start_waiting(b);
     recover_lost(b);
 }
 
-static void on_sub_up(struct rb *b)
+static void on_sub_up(struct redis_broker *b)
 {
     /* Before anything else: a fanout message sent meanwhile is lost. */
     for (int i = 0; i < b->ncons; i++) {
@@ -2681,9 +2493,9 @@ static void on_sub_up(struct rb *b)
 static void on_event(struct redis_conn *c, enum redis_conn_event ev,
                      const struct redis_conn_news *news, void *privdata)
 {
-    struct rb *b = privdata;
+    struct redis_broker *b = privdata;
     const char *role = c == b->cmd ? "commands" : c == b->pop ? "consumer" : "pub/sub";
-    if (b->freeing)
+    if (closed(b))
         return;
     switch (ev) {
     case REDIS_CONN_UP:
@@ -2694,7 +2506,7 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
         else {
             b->client_id_state = 0;
             b->script_loaded = 0;
-            b->pop_cold = 0;
+            vsession_on_link(b->vs, VSESSION_LINK_POP, 1, now_ms(b));
         }
         break;
     case REDIS_CONN_FAILED:
@@ -2720,8 +2532,8 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
     tell_owner(b);
 }
 
-static struct redis_conn *conn_new(struct rb *b, double timeout, double health, int probe,
-                                   struct cr_err *err)
+static struct redis_conn *conn_new(struct redis_broker *b, double timeout, double health,
+                                   int probe, struct cr_err *err)
 {
     struct redis_conn_config rc;
     memset(&rc, 0, sizeof(rc));
@@ -2742,7 +2554,7 @@ static struct redis_conn *conn_new(struct rb *b, double timeout, double health, 
     return redis_conn_new(b->loop, &rc, err);
 }
 
-static int rb_connect(struct rb *b, struct cr_err *err)
+static int rb_connect(struct redis_broker *b, struct cr_err *err)
 {
     int ms = (int)((b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout : 5) * 1000);
     struct redis_conn *cs[3] = {b->cmd, b->pop, b->sub};
@@ -2754,7 +2566,6 @@ static int rb_connect(struct rb *b, struct cr_err *err)
                 redis_conn_last_error(cs[i])[0] ? redis_conn_last_error(cs[i])
                                                 : cr_strerror(rc));
     }
-    b->restore_due = now_ms(b); /* a first restore round at once */
     LOG(LOG_INFO, "Connected to %s", b->shown_url);
     tell_owner(b);
     return 0;
@@ -2764,7 +2575,7 @@ static int rb_connect(struct rb *b, struct cr_err *err)
  * confirmed, the pub/sub connection goes, or timeout_ms passes: a broadcast
  * published before Redis registers a pattern never reaches us, so the worker
  * says "ready." only after this. */
-static int rb_wait_subscribed(struct rb *b, int timeout_ms)
+static int rb_wait_subscribed(struct redis_broker *b, int timeout_ms)
 {
     uv_update_time(b->loop);
     for (uint64_t until = now_ms(b) + (uint64_t)timeout_ms;
@@ -2778,30 +2589,31 @@ static int rb_wait_subscribed(struct rb *b, int timeout_ms)
     return b->psub_unconfirmed > 0 ? CR_ETIMEDOUT : 0;
 }
 
-static int rb_connected(const struct rb *b)
+static int rb_connected(const struct redis_broker *b)
 {
     return all_up(b);
 }
 
-static unsigned long rb_reconnects(const struct rb *b)
+static unsigned long rb_reconnects(const struct redis_broker *b)
 {
     return redis_conn_reconnects(b->cmd) + redis_conn_reconnects(b->pop) +
            redis_conn_reconnects(b->sub);
 }
 
-static void rb_set_prefetch(struct rb *b, int n)
+static void rb_set_prefetch(struct redis_broker *b, int n)
 {
-    b->prefetch = n < 0 ? 0 : n;
+    vsession_set_prefetch(b->vs, n);
 }
 
 /* Ends the BRPOP at once rather than at its timeout (Redis >= 5; older ones
  * refuse and the BRPOP ends by itself within its timeout). What it still
  * returns goes back to the head of its list (on_popped()). */
-static void unblock_pop(struct rb *b)
+static void unblock_pop(struct redis_broker *b)
 {
     struct args a;
     char id[32];
-    if (!b->pop_out || b->client_id_state != 2 || !redis_conn_up(b->cmd))
+    if (vsession_block_state(b->vs) != VSESSION_BLOCK_OUT || b->client_id_state != 2 ||
+        !redis_conn_up(b->cmd))
         return;
     snprintf(id, sizeof(id), "%lld", b->client_id);
     args_init(&a);
@@ -2812,11 +2624,11 @@ static void unblock_pop(struct rb *b)
     args_release(&a);
 }
 
-static void rb_stop_consuming(struct rb *b)
+static void rb_stop_consuming(struct redis_broker *b)
 {
-    if (!b->consuming)
+    if (!consuming(b))
         return;
-    b->consuming = 0;
+    vsession_stop_consuming(b->vs);
     unblock_pop(b);
 }
 
@@ -2824,7 +2636,7 @@ static void rb_stop_consuming(struct rb *b)
 
 static void on_closed(uv_handle_t *h)
 {
-    struct rb *b = h->data;
+    struct redis_broker *b = h->data;
     if (++b->nclosed < 2)
         return;
     for (int i = 0; i < b->ncons; i++)
@@ -2837,9 +2649,6 @@ static void on_closed(uv_handle_t *h)
     cr_free(b->k_index);
     cr_free(b->k_mutex);
     buf_release(&b->pop_store);
-    strmap_release(&b->held);
-    cr_free(b->acks);
-    recent_clear(b);
     cr_free(b);
 }
 
@@ -2858,50 +2667,46 @@ static void on_free_timer_closed(uv_handle_t *h)
  * ended and read (a message it popped is pushed back, never lost as kombu
  * 5.2 loses it). This runs the loop, for FREE_WAIT_MS at most: the worker's
  * loop is ending, and nothing else can wait for these replies. */
-static void drain(struct rb *b)
+static void drain(struct redis_broker *b)
 {
     uv_timer_t deadline;
     int expired = 0;
-    struct held *h;
 
-    b->draining = 1;
-    if (!redis_conn_up(b->cmd))
+    if (!redis_conn_up(b->cmd)) {
+        vsession_drain(b->vs, now_ms(b)); /* nothing reaches the owner any more */
         return;
-    b->consuming = 0;
-    unblock_pop(b);
-    while ((h = b->held_head) != NULL) {
-        b->nheld -= h->copies;
-        held_unlink(b, h);
-        restore_held(b, h, 'R');
     }
+    vsession_stop_consuming(b->vs);
+    unblock_pop(b);
+    vsession_drain(b->vs, now_ms(b)); /* held messages back, the last acks out */
     for (int i = 0; i < b->ncons; i++)
         if (b->cons[i].q.auto_delete || b->cons[i].fanout)
             send_binding(b, &b->cons[i].q, "SREM");
-    flush_acks(b);
     uv_timer_init(b->loop, &deadline);
     deadline.data = &expired;
     uv_timer_start(&deadline, on_free_deadline, FREE_WAIT_MS, 0);
     while (!expired && redis_conn_up(b->cmd) &&
            (redis_conn_inflight(b->cmd) || b->njobs ||
-            ((b->pop_out || b->calls_out) && redis_conn_up(b->pop)) || b->nacks))
+            (vsession_popping(b->vs) && redis_conn_up(b->pop)) || vsession_nacks(b->vs)))
         uv_run(b->loop, UV_RUN_ONCE);
     uv_close((uv_handle_t *)&deadline, on_free_timer_closed);
     uv_run(b->loop, UV_RUN_NOWAIT);
-    if (b->njobs || b->waiting || b->held_head)
+    if (b->njobs || b->waiting || vsession_first(b->vs))
         LOG(LOG_WARNING, "broker: some held messages could not be put back; they come "
                          "back after the visibility timeout");
 }
 
-static void rb_free(struct rb *b)
+static void rb_free(struct redis_broker *b)
 {
     struct rjob *j;
     if (!b)
         return;
-    if (b->cmd && b->pop && b->sub) {
+    if (b->cmd && b->pop && b->sub && b->vs) {
         /* Held messages are restored, not left to a visibility timeout. */
         drain(b);
     }
-    b->freeing = 1;
+    if (b->vs)
+        vsession_close(b->vs);
     redis_conn_free(b->pop);
     redis_conn_free(b->sub);
     redis_conn_free(b->cmd);
@@ -2909,14 +2714,8 @@ static void rb_free(struct rb *b)
         b->waiting = j->next;
         job_free(j);
     }
-    while (b->held_head) {
-        struct held *h = b->held_head;
-        held_unlink(b, h);
-        held_free(h);
-    }
-    for (size_t i = 0; i < b->nacks; i++)
-        cr_free(b->acks[i]);
-    b->nacks = 0;
+    vsession_free(b->vs); /* what is still held: its data freed */
+    b->vs = NULL;
     b->nclosed = 0;
     uv_close((uv_handle_t *)&b->prepare, on_closed);
     uv_close((uv_handle_t *)&b->tick, on_closed);
@@ -2933,12 +2732,13 @@ static char *prefixed(const struct kombu_opts *o, const char *name)
     return buf_detach(&k);
 }
 
-static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
-                         broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
-                         struct cr_err *err)
+static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
+                                   broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                   void *privdata, struct cr_err *err)
 {
-    struct rb *b;
+    struct redis_broker *b;
     double timeout, vt_ms;
+    struct vsession_config vc;
     struct cr_err e2;
 
     if (err)
@@ -2953,8 +2753,6 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->on_msg = on_msg;
     b->on_conn = on_conn;
     b->privdata = privdata;
-    b->consuming = 1;
-    b->prefetch = cfg->prefetch_count;
     redact_url(cfg->url, b->shown_url, sizeof(b->shown_url));
     kombu_opts_init(&b->o);
     memset(&e2, 0, sizeof(e2));
@@ -2984,12 +2782,26 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
      * strategy: the -Q order, never rotated. */
     if (cfg->per_consumer_qos && b->o.order == KOMBU_ORDER_ROUND_ROBIN)
         b->o.order = KOMBU_ORDER_PRIORITY;
-    strmap_init(&b->held);
     buf_init(&b->pop_store);
+    vsession_config_default(&vc);
+    vc.prefetch = cfg->prefetch_count;
+    vc.ack_emulation = b->o.ack_emulation;
     vt_ms = b->o.visibility_timeout_s * 1000 / 3;
-    b->lease_ms = vt_ms < LEASE_MIN_MS   ? LEASE_MIN_MS
+    vc.lease_ms = vt_ms < LEASE_MIN_MS   ? LEASE_MIN_MS
                   : vt_ms > LEASE_MAX_MS ? LEASE_MAX_MS
                                          : (uint64_t)vt_ms;
+    vc.restore_ms = RESTORE_EVERY_MS;
+    vc.retry_ms = TICK_MS;
+    vc.batch = POP_BATCH;
+    vc.calls = POP_CALLS;
+    vc.wide_room = POP_WIDE_ROOM;
+    vc.wide_batch = POP_WIDE_BATCH;
+    vc.wide_calls = POP_WIDE_CALLS;
+    vc.script_tries = POP_SCRIPT_TRIES;
+    vc.script_retry_ms = POP_SCRIPT_RETRY_MS;
+    vc.pause_ms = POP_PAUSE_MS;
+    vc.ack_batch_max = BATCH_MAX;
+    b->vs = vsession_new(&vc, &session_ops, b);
     b->k_unacked = prefixed(&b->o, b->o.unacked_key);
     b->k_index = prefixed(&b->o, b->o.unacked_index_key);
     b->k_mutex = prefixed(&b->o, b->o.unacked_mutex_key);
@@ -3006,7 +2818,7 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->tick.data = b;
     uv_timer_start(&b->tick, on_tick, TICK_MS, TICK_MS);
     uv_unref((uv_handle_t *)&b->tick);
-    if (!b->k_unacked || !b->k_index || !b->k_mutex)
+    if (!b->k_unacked || !b->k_index || !b->k_mutex || !b->vs)
         goto oom;
     /* The command timeout: a BRPOP is answered within its own timeout, so
      * the consumer connection's is that plus a margin. */
@@ -3046,8 +2858,8 @@ oom:
 
 /* ------------------------------------------------------------ the face */
 
-#define R(b) ((struct rb *)(b))
-#define CR(b) ((const struct rb *)(b))
+#define R(b) ((struct redis_broker *)(b))
+#define CR(b) ((const struct redis_broker *)(b))
 
 static int v_connect(struct broker *b, struct cr_err *err)
 {
@@ -3055,7 +2867,7 @@ static int v_connect(struct broker *b, struct cr_err *err)
 }
 static int v_wait_subscribed(struct broker *b, int timeout_ms)
 {
-    return rb_wait_subscribed((struct rb *)b, timeout_ms);
+    return rb_wait_subscribed((struct redis_broker *)b, timeout_ms);
 }
 static int v_connected(const struct broker *b)
 {
@@ -3163,7 +2975,7 @@ struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg
                                 broker_msg_fn *on_msg, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err)
 {
-    struct rb *b = rb_new(loop, cfg, on_msg, on_conn, privdata, err);
+    struct redis_broker *b = rb_new(loop, cfg, on_msg, on_conn, privdata, err);
     if (!b)
         return NULL;
     b->base.vt = &redis_vtab;

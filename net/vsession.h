@@ -17,8 +17,9 @@
  *
  * No I/O, no clock, no loop: the owner feeds it events with the time (any
  * monotonic ms) and it asks for commands through struct vsession_ops. None
- * of the ops may call back into the session from inside the call; each
- * answer comes later through the vsession_on_*() named beside it.
+ * of the ops may call back into the session from inside the call (but for
+ * the one named in ops->restore); each answer comes later through the
+ * vsession_on_*() named beside it.
  * Not thread-safe. */
 #ifndef CR_VSESSION_H
 #define CR_VSESSION_H
@@ -139,7 +140,8 @@ struct vsession_ops {
      * (restore). Takes data (the record's, or NULL for a dead consumer's) and
      * state (what the record was: a POPPED or UNTRACKED one has none in the
      * store). round: part of a restore round; vsession_on_round_job() is
-     * then owed exactly once, whatever happens. */
+     * then owed exactly once, whatever happens, and may come from inside
+     * this call (the session holds the round open while it starts them). */
     void (*restore)(void *ctx, const char *tag, void *data, enum vsession_rec_state state,
                     char side, int round);
     /* Frees data of a record that needs it no more. */
