@@ -164,6 +164,27 @@ static void set_rec(struct vsession_rec *r, enum vsession_rec_state st)
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* Redis's values, measured there.
+ *
+ * Messages per batch call, at most (within the prefetch room), and calls in
+ * flight at once, so that Redis pops the next batches while we take in the
+ * last; more of both, and each reply read whole (ops->pop_wide), while the
+ * window has wide_room free or more. A wide window then fills in a few loop
+ * turns, as RabbitMQ fills it: with 64, two calls and 16 KB read per turn, a
+ * turn long with finished calls took in a few dozen messages, and 10,000
+ * one-second calls took 1.2x AMQP's time. A narrow window turns over
+ * quickly, and there small calls whose replies come in a piece a turn,
+ * interleaved with the result writes on the same Redis, keep Redis and the
+ * worker busy at once: the wide settings cost it a third of its dispatch
+ * rate (docs/benchmarks.md).
+ *
+ * script_tries: batch call refusals in a row after which the blocking pop
+ * goes alone for script_retry_ms (a server without scripting, or one that
+ * refuses it). pause_ms: a refused blocking pop waits this long before the
+ * next. restore_ms: restore rounds of dead workers' records, at start and
+ * then this often (a Python worker scans every ~100 s). ack_batch_max: tags
+ * per ack or lease command. The replay keeps the acks of the last 10 s, at
+ * most 4096 of them. */
 void vsession_config_default(struct vsession_config *c)
 {
     memset(c, 0, sizeof(*c));

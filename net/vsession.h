@@ -173,7 +173,7 @@ struct vsession_config {
     uint64_t replay_ms; /* ... for this long */
 };
 
-/* Redis's values (net/redis_broker.c explains each). */
+/* Redis's values (net/vsession.c says why each). */
 void vsession_config_default(struct vsession_config *c);
 
 /* Returns a new session, or NULL on OOM. ctx is passed to every op. */
