@@ -9,8 +9,9 @@ same services, fake LLM server and tools, alternating the order from one repetit
 the next (new, baseline; baseline, new; ...) so that a drift of the machine falls on both:
 
   dispatch  N pre-published celery.accumulate(1), then llm.generate against the fake with
-            0 ms latency and 16 tokens: tasks/s, and worker CPU per task (user + system
-            CPU over the tasks done)
+            0 ms latency and 16 tokens, over RabbitMQ and then over the Redis broker (what
+            the worker pops per second there): tasks/s, and worker CPU per task (user +
+            system CPU over the tasks done)
   memory    idle RSS after `ready.`, and RSS per held stream: (RSS while all N streams
             are open at the server - idle RSS) / N, at the top memory level
 
@@ -63,15 +64,18 @@ class AB:
     def dispatch(self):
         run.log("A/B dispatch: %d pre-published tasks, ready -> last result stored, "
                 "%d repetitions" % (run.N_DISPATCH, run.REPEAT))
-        for label, task, args, kwargs in (
-                ("accumulate", "celery.accumulate", [1], {}),
-                ("llm_zero", "llm.generate", ["bench"], {"model": run.LLM_ZERO})):
+        for label, broker, task, args, kwargs in (
+                ("accumulate", "amqp", "celery.accumulate", [1], {}),
+                ("llm_zero", "amqp", "llm.generate", ["bench"], {"model": run.LLM_ZERO}),
+                ("accumulate over Redis", "redis", "celery.accumulate", [1], {}),
+                ("llm_zero over Redis", "redis", "llm.generate", ["bench"],
+                 {"model": run.LLM_ZERO})):
             for rep in range(run.REPEAT):
                 for side in self.order(rep):
                     self.use(side)
-                    run.log("  [%s]" % side)
+                    run.log("  [%s] %s" % (side, label))
                     r = self.b.run_tasks("celeriac", "libuv", run.DISPATCH_C, task, args,
-                                         kwargs, run.N_DISPATCH, 120)
+                                         kwargs, run.N_DISPATCH, 120, broker=broker)
                     r["side"] = side
                     r.pop("timeline", None)
                     self.runs[side]["dispatch"].setdefault(label, []).append(r)
@@ -109,7 +113,7 @@ class AB:
     def figures(self):
         """[(name, unit, higher_is_better, {side: median}, {side: [values]})]"""
         rows = []
-        for label in ("accumulate", "llm_zero"):
+        for label in ("accumulate", "llm_zero", "accumulate over Redis", "llm_zero over Redis"):
             per = {s: self.runs[s]["dispatch"].get(label, []) for s in self.bins}
             if not all(per.values()):
                 continue

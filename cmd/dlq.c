@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "net/amqp_url.h"
+#include "net/rmq_url.h"
 #include "commands.h"
 #include "dlq_int.h"
 #include "net/broker.h"
 #include "worker/config.h"
-#include "protocol/amqp_json.h"
+#include "protocol/rmq_json.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/esc.h"
@@ -87,7 +87,7 @@ static int rpc_ok(amqp_connection_state_t c, const char *what)
 
 static amqp_connection_state_t open_one(const char *url)
 {
-    struct amqp_url u;
+    struct rmq_url u;
     struct cr_err err;
     char red[512];
     amqp_connection_state_t c;
@@ -95,7 +95,7 @@ static amqp_connection_state_t open_one(const char *url)
     struct timeval tv = {10, 0};
 
     config_redact_url(url, red, sizeof(red));
-    if (amqp_url_parse(url, &u, &err)) {
+    if (rmq_url_parse(url, &u, &err)) {
         fprintf(stderr, "celeriac dlq: invalid broker URL '%s': %s\n", red, err.msg);
         return NULL;
     }
@@ -124,13 +124,13 @@ static amqp_connection_state_t open_one(const char *url)
 /* A failover list: the first node that answers, in the order given. */
 static amqp_connection_state_t open_conn(const char *url)
 {
-    struct amqp_url_list *l = cr_malloc(sizeof(*l));
+    struct rmq_url_list *l = cr_malloc(sizeof(*l));
     struct cr_err err;
     amqp_connection_state_t c = NULL;
 
     if (!l)
         return NULL;
-    if (amqp_url_list_parse(url, l, &err)) {
+    if (rmq_url_list_parse(url, l, &err)) {
         fprintf(stderr, "celeriac dlq: %s\n", err.msg);
         free(l);
         return NULL;
@@ -222,7 +222,7 @@ static int replay_one(amqp_connection_state_t c, const amqp_message_t *msg, cJSO
     }
     dlq__reset_headers(h);
     init_amqp_pool(&pool, 4096);
-    if (amqp_json_to_table(h, &pool, &p.headers, &err)) {
+    if (rmq_json_to_table(h, &pool, &p.headers, &err)) {
         empty_amqp_pool(&pool);
         cr_free(exchange);
         cr_free(rk);
@@ -363,7 +363,7 @@ static int run(const struct dlq_opts *o, enum dlq_action a)
         seen++;
         /* A bad entry leaves out only itself (replay then drops it). */
         if ((msg.properties._flags & AMQP_BASIC_HEADERS_FLAG) &&
-            amqp_json_from_table_partial(&msg.properties.headers, &h, &err) == CR_ENOMEM)
+            rmq_json_from_table_partial(&msg.properties.headers, &h, &err) == CR_ENOMEM)
             h = NULL;
         if (!h)
             h = cJSON_CreateObject();

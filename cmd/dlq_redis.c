@@ -384,7 +384,7 @@ static int target_key(struct rdlq *r, const char *exchange, const char *rk, int 
 
 static int replay(struct rdlq *r, const struct entry *e, struct kombu_msg *m)
 {
-    struct kombu_out o;
+    struct outbound o;
     struct buf env, dst;
     unsigned char rnd[16];
     char tag[CR_UUID_LEN + 1];
@@ -423,8 +423,7 @@ static int replay(struct rdlq *r, const struct entry *e, struct kombu_msg *m)
     o.priority = m->priority;
     o.exchange = exchange;
     o.routing_key = rk;
-    o.delivery_tag = tag;
-    if (kombu_msg_encode(&o, &env))
+    if (kombu_msg_encode(&o, tag, &env))
         goto out;
     {
         const char *argv[7] = {"EVAL", MOVE_LUA, "2", e->key, dst.data, e->env, env.data};

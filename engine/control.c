@@ -172,7 +172,7 @@ int engine_set_rate_limit(struct engine *e, struct engine_now now, const char *t
     engine__enter(e, now);
     tl->has_rate = r > 0;
     snprintf(tl->rate_text, sizeof(tl->rate_text), "%s", r > 0 ? rate : "");
-    token_bucket_init(&tl->bucket, r, (int64_t)now.loop_ms);
+    ratelimit_init(&tl->bucket, r, (int64_t)now.loop_ms);
     engine__leave(e);
     return 0;
 }

@@ -909,7 +909,7 @@ int engine__park(struct job *j, struct delivery *d, int release_job, int mark_ru
     cJSON *h;
     int rc;
 
-    if (!(d->caps & DELIVERY_CAP_PARK) ||
+    if (!(d->caps & MSG_CAP_PARK) ||
         !park_queue_name(e, d->queue, queue, sizeof(queue)) ||
         (d->flags & DELIVERY_F_PARKING))
         return CR_EINVAL;
@@ -952,7 +952,7 @@ static int delay_eta_job(struct job *j)
     cJSON *h;
     int known = 0, rc;
 
-    if (!d || !(d->caps & DELIVERY_CAP_DELAYED) || !d->queue ||
+    if (!d || !(d->caps & MSG_CAP_DELAYED) || !d->queue ||
         (d->flags & DELIVERY_F_PARKING))
         return -1;
     /* Only the start-up queues are bound to celery_delayed_delivery. */
@@ -963,7 +963,7 @@ static int delay_eta_job(struct job *j)
      * QoS: quorum queues, RabbitMQ 4.3) every eta a second or more away goes
      * through the broker, or a few held tasks would starve ready ones until
      * their eta (a -c 1 worker holding one task for 3 s serves nothing). */
-    horizon = (d->caps & DELIVERY_CAP_PREFETCH) ? e->cfg->delayed_horizon_s : 0;
+    horizon = (d->caps & MSG_CAP_PREFETCH) ? e->cfg->delayed_horizon_s : 0;
     s = known ? delayed_delay_s(j->tm.eta_us, e->now.epoch_us, horizon) : 0;
     if (s == 0 || delayed_routing_key(s, d->queue, key, sizeof(key)) < 0)
         return -1;
@@ -1669,7 +1669,7 @@ void engine__schedule(struct engine *e)
         next = j->next;
         /* A rate-limited task waits in the queue (the tick tries again) and
          * does not hold up the tasks behind it. */
-        if (tl && tl->has_rate && token_bucket_take(&tl->bucket, now) > 0) {
+        if (tl && tl->has_rate && ratelimit_take(&tl->bucket, now) > 0) {
             j = next;
             continue;
         }

@@ -24,9 +24,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "delivery.h"
 #include "job.h"
+#include "protocol/message.h"
 #include "util/err.h"
+
+/* struct delivery's flags, the engine's own. */
+#define DELIVERY_F_PARKING 1u /* a parked copy is on its way (unconfirmed) */
 
 /* The time, given by the caller: the loop's monotonic milliseconds and the
  * wall clock (for etas, expiry and dates in metas). */
@@ -80,7 +83,7 @@ struct engine_config {
     const char *dead_letter_exchange; /* "" or NULL: no dead letters */
     double park_after;                /* seconds; 0: never park */
     /* Native delayed delivery (protocol/delayed.h): a delivery whose transport
-     * has DELIVERY_CAP_DELAYED and whose eta is further than this many seconds
+     * has MSG_CAP_DELAYED and whose eta is further than this many seconds
      * away is republished through celery_delayed_27 (confirmed, then acked)
      * instead of held; a nearer one is held. */
     double delayed_horizon_s;

@@ -14,7 +14,7 @@ struct task_limits {
     double soft, hard; /* 0: not set */
     int has_rate;
     char rate_text[32];
-    struct token_bucket bucket;
+    struct ratelimit bucket;
 };
 
 struct engine {
@@ -90,6 +90,24 @@ void engine__succeed(struct job *j, cJSON *result);
 int engine__job_live(const struct job *j);
 
 /* fanout.c: celery.map, celery.starmap and celery.chunks */
+
+/* A map's life (struct fanout). Only fanout.c's fan_set_state() changes it,
+ * along engine__fan_state_legal(). */
+enum fan_state {
+    FAN_RUNNING,   /* handing out items, or waiting for them */
+    FAN_TIMED_OUT, /* its time limit: fails with the limit's exception */
+    FAN_REVOKED,   /* revoke with terminate: settles as REVOKED */
+    FAN_LOST,      /* cold shutdown or its delivery lost: left unsettled */
+    FAN_SETTLING,  /* nothing of it under way: the parent job settles */
+};
+#define FAN_NSTATES (FAN_SETTLING + 1)
+/* kept in sync with enum fan_state */
+extern const char *const engine__fan_state_names[FAN_NSTATES];
+/* 1 when a map may go from state a to state b, else 0. */
+int engine__fan_state_legal(enum fan_state a, enum fan_state b);
+/* The state of the map j is, or whose item j is (j->fan is set). */
+enum fan_state engine__fanout_state(const struct job *j);
+
 void engine__fanout_start(struct job *j);
 int engine__fanout_is_item(const struct job *j);
 void engine__fanout_run_item(struct job *j);
@@ -164,6 +182,28 @@ int engine__comes_back(const struct job *j);
  * done after it is stored (engine__followup_store() in place of the plain
  * store), and the ack comes last (engine__finish()). */
 struct followup;
+
+/* The step of a plan under way, in the order of followup.c's opening comment.
+ * Only followup.c's fu_set_step() changes it, along engine__fu_step_legal(). */
+enum fu_step {
+    FU_NONE,       /* nothing sent yet */
+    FU_SIZES,      /* chord sizes of the plan */
+    FU_MSGS,       /* messages of the plan, until all are confirmed */
+    FU_STORES,     /* FAILURE of later chain steps, and the job's outcome */
+    FU_PART,       /* parts[cur]'s part-return */
+    FU_JOIN_SIZES, /* chord sizes of the plan of parts[cur]'s join */
+    FU_JOIN_MSGS,  /* messages of that plan (the body or its errbacks) */
+    FU_BODY,       /* a failed chord's ChordError, stored for its body */
+    FU_CLEAR,      /* the joined chord's keys deleted */
+};
+#define FU_NSTEPS (FU_CLEAR + 1)
+/* kept in sync with enum fu_step */
+extern const char *const engine__fu_step_names[FU_NSTEPS];
+/* 1 when a plan may go from step a to step b, else 0. */
+int engine__fu_step_legal(enum fu_step a, enum fu_step b);
+/* j's step: FU_NONE when j has no plan. */
+enum fu_step engine__followup_step(const struct job *j);
+
 /* j succeeded with result (borrowed). 0, or CR_ENOMEM: the job was let go. */
 int engine__followup_success(struct job *j, const cJSON *result);
 /* j failed for good (not a retry) with this exception. */

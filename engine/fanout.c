@@ -44,7 +44,13 @@
  * Reentrancy: run_item() is called from inside engine__schedule(), which walks
  * the ready queue; from there the queued siblings are never unlinked (the walk
  * holds a pointer to the next one): they are dropped when they come up, or by
- * the next tick's sweep. Everywhere else they are dropped at once. */
+ * the next tick's sweep. Everywhere else they are dropped at once.
+ *
+ * A map's state is enum fan_state (engine_int.h): RUNNING until it stops
+ * (TIMED_OUT, REVOKED, LOST) or has nothing left under way (SETTLING);
+ * fan_set_state() is the one place it changes, and asserts that fan_next[]
+ * allows the move. */
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,13 +58,6 @@
 #include "llm/policy.h"
 #include "util/alloc.h"
 #include "util/log.h"
-
-enum fan_stop {
-    FAN_RUNNING,
-    FAN_TIMED_OUT, /* its time limit: fails with abort_exc */
-    FAN_REVOKED,   /* revoke with terminate */
-    FAN_LOST,      /* cold shutdown or its delivery lost: left unsettled */
-};
 
 struct fanout {
     struct job *parent;
@@ -72,14 +71,53 @@ struct fanout {
     cJSON **results;     /* per item; NULL until it succeeded */
     int fail_index;      /* the first failed item, or nitems */
     char exc_type[64], exc_module[48], exc_message[512];
-    enum fan_stop stop;
-    char stop_exc[32], stop_msg[128];
+    enum fan_state state;             /* only fan_set_state() changes it */
+    char stop_exc[32], stop_msg[128]; /* FAN_TIMED_OUT: its exception */
     struct job *waiting; /* items waiting for their retry, linked through next */
     int sweep;           /* queued items to drop at the next tick */
-    int finishing;       /* the parent is settling */
 };
 
 static void check(struct fanout *f);
+
+/* ---------------------------------------------------------------- state */
+
+const char *const engine__fan_state_names[FAN_NSTATES] = {
+    [FAN_RUNNING] = "RUNNING", [FAN_TIMED_OUT] = "TIMED_OUT", [FAN_REVOKED] = "REVOKED",
+    [FAN_LOST] = "LOST",       [FAN_SETTLING] = "SETTLING",
+};
+
+#define FAN_BIT(s) (1u << (s))
+
+/* Where each state may go: a running map stops once, for the first of its
+ * reasons, or settles; a stopped one may still be lost (its delivery gone, a
+ * cold shutdown) before it settles; a settling one goes nowhere. */
+static const unsigned fan_next[FAN_NSTATES] = {
+    [FAN_RUNNING] = FAN_BIT(FAN_TIMED_OUT) | FAN_BIT(FAN_REVOKED) | FAN_BIT(FAN_LOST) |
+                    FAN_BIT(FAN_SETTLING),
+    [FAN_TIMED_OUT] = FAN_BIT(FAN_LOST) | FAN_BIT(FAN_SETTLING),
+    [FAN_REVOKED] = FAN_BIT(FAN_LOST) | FAN_BIT(FAN_SETTLING),
+    [FAN_LOST] = FAN_BIT(FAN_SETTLING),
+    [FAN_SETTLING] = 0,
+};
+
+int engine__fan_state_legal(enum fan_state a, enum fan_state b)
+{
+    if ((unsigned)a >= FAN_NSTATES || (unsigned)b >= FAN_NSTATES)
+        return 0;
+    return (fan_next[a] & FAN_BIT(b)) != 0;
+}
+
+/* The one place a map's state changes. */
+static void fan_set_state(struct fanout *f, enum fan_state s)
+{
+    assert(engine__fan_state_legal(f->state, s));
+    f->state = s;
+}
+
+enum fan_state engine__fanout_state(const struct job *j)
+{
+    return j->fan->state;
+}
 
 int engine__fanout_is_item(const struct job *j)
 {
@@ -222,9 +260,10 @@ static void lose(struct fanout *f, int eager)
 {
     struct job *p = f->parent;
     struct engine *e = p->e;
-    if (f->stop == FAN_LOST)
+    /* A settling map has no item left to stop: its parent settles already. */
+    if (f->state == FAN_LOST || f->state == FAN_SETTLING)
         return;
-    f->stop = FAN_LOST;
+    fan_set_state(f, FAN_LOST);
     /* A redelivery must start a new map, not join this one. */
     if (p->in_map && p->tm.id && strmap_get(&e->jobs, p->tm.id) == p) {
         strmap_del(&e->jobs, p->tm.id);
@@ -240,7 +279,8 @@ static void spawn(struct fanout *f)
     struct engine *e = p->e;
     int window = e->concurrency > 0 ? e->concurrency : 1;
 
-    while (!f->stop && f->nspawned < f->fail_index && f->nspawned < f->nitems &&
+    while (f->state == FAN_RUNNING && f->nspawned < f->fail_index &&
+           f->nspawned < f->nitems &&
            (f->inner_kind == TASK_ACCUMULATE || f->live < window)) {
         int idx = f->nspawned++;
         const cJSON *item = f->cursor;
@@ -313,16 +353,17 @@ static void finish(struct fanout *f)
     struct job *p = f->parent;
     struct engine *e = p->e;
     int limit = f->fail_index < f->nitems ? f->fail_index : f->nitems;
+    enum fan_state why = f->state;
     cJSON *list;
 
-    if (f->finishing || f->live > 0 || (!f->stop && f->nspawned < limit))
+    if (why == FAN_SETTLING || f->live > 0 || (why == FAN_RUNNING && f->nspawned < limit))
         return;
-    f->finishing = 1;
+    fan_set_state(f, FAN_SETTLING);
     /* Off the running list; the slot it gave back at the start is not given
      * back twice. */
     e->active++;
     engine__release_slot(p);
-    switch (f->stop) {
+    switch (why) {
     case FAN_LOST:
         engine__abandon(p);
         return;
@@ -335,6 +376,8 @@ static void finish(struct fanout *f)
         return;
     case FAN_RUNNING:
         break;
+    case FAN_SETTLING: /* returned above */
+        return;
     }
     if (f->fail_index < f->nitems) {
         LOG(LOG_ERROR, "Task %s[%s] raised unexpected: %s('%s') (item %d of %d)",
@@ -443,14 +486,14 @@ void engine__fanout_run_item(struct job *c)
     struct fanout *f = c->fan;
     struct engine *e = c->e;
 
-    if (!f->stop && parent_lost(f->parent)) {
+    if (f->state == FAN_RUNNING && parent_lost(f->parent)) {
         LOG(LOG_WARNING,
             "Task %s[%s] stops: its delivery went with the broker connection (it "
             "runs again once redelivered)",
             job_name(f->parent), parent_id(f));
         lose(f, 0);
     }
-    if (f->stop || c->fan_index > f->fail_index) {
+    if (f->state != FAN_RUNNING || c->fan_index > f->fail_index) {
         item_end(c);
         check(f);
         return;
@@ -463,7 +506,7 @@ void engine__fanout_run_item(struct job *c)
 int engine__fanout_fall_back(struct job *c, const struct llm_result *res)
 {
     struct fanout *f = c->fan;
-    if (f->stop || c->fan_index > f->fail_index)
+    if (f->state != FAN_RUNNING || c->fan_index > f->fail_index)
         return -1;
     /* An item has no id, events or progress stream of its own: the line
      * names its map. */
@@ -523,7 +566,7 @@ void engine__fanout_item_done(struct job *c, const struct llm_result *res)
 
     if (e->shutdown == 2)
         lose(f, 1);
-    if (f->stop || idx > f->fail_index) {
+    if (f->state != FAN_RUNNING || idx > f->fail_index) {
         item_end(c);
         check(f);
         return;
@@ -563,12 +606,12 @@ void engine__fanout_item_done(struct job *c, const struct llm_result *res)
 int engine__fanout_terminate(struct job *j)
 {
     struct fanout *f = j->fan;
-    if (!f || f->parent != j || f->finishing)
+    if (!f || f->parent != j || f->state == FAN_SETTLING)
         return 0;
-    if (f->stop)
+    if (f->state != FAN_RUNNING)
         return 1;
     LOG(LOG_INFO, "Terminating %s[%s] and its running items", job_name(j), j->tm.id);
-    f->stop = FAN_REVOKED;
+    fan_set_state(f, FAN_REVOKED);
     cancel_after(f, -1, "TaskRevokedError", "terminated", 1);
     check(f);
     return 1;
@@ -588,17 +631,17 @@ static void tick_one(struct fanout *f)
             engine__ready_push(e, c);
         }
     }
-    if (!f->stop && p->hard_deadline && now >= p->hard_deadline) {
+    if (f->state == FAN_RUNNING && p->hard_deadline && now >= p->hard_deadline) {
         LOG(LOG_ERROR, "Hard time limit (%gs) exceeded for %s[%s]", p->hard_limit_s,
             job_name(p), parent_id(f));
-        f->stop = FAN_TIMED_OUT;
+        fan_set_state(f, FAN_TIMED_OUT);
         snprintf(f->stop_exc, sizeof(f->stop_exc), "TimeLimitExceeded");
         snprintf(f->stop_msg, sizeof(f->stop_msg), "%g", p->hard_limit_s);
         cancel_after(f, -1, f->stop_exc, f->stop_msg, 1);
-    } else if (!f->stop && p->soft_deadline && now >= p->soft_deadline) {
+    } else if (f->state == FAN_RUNNING && p->soft_deadline && now >= p->soft_deadline) {
         LOG(LOG_WARNING, "Soft time limit (%gs) exceeded for %s[%s]", p->soft_limit_s,
             job_name(p), parent_id(f));
-        f->stop = FAN_TIMED_OUT;
+        fan_set_state(f, FAN_TIMED_OUT);
         snprintf(f->stop_exc, sizeof(f->stop_exc), "SoftTimeLimitExceeded");
         snprintf(f->stop_msg, sizeof(f->stop_msg), "soft time limit (%gs) exceeded",
                  p->soft_limit_s);
@@ -606,7 +649,7 @@ static void tick_one(struct fanout *f)
     }
     if (f->sweep) {
         f->sweep = 0;
-        drop_queued(f, f->stop ? -1 : f->fail_index);
+        drop_queued(f, f->state != FAN_RUNNING ? -1 : f->fail_index);
     }
     check(f);
 }
@@ -616,7 +659,7 @@ void engine__fanout_tick(struct engine *e)
     struct job *j, *next;
     for (j = e->run_head; j; j = next) {
         next = j->rnext;
-        if (j->fan && j->fan->parent == j && !j->fan->finishing)
+        if (j->fan && j->fan->parent == j && j->fan->state != FAN_SETTLING)
             tick_one(j->fan);
     }
 }
@@ -626,7 +669,7 @@ void engine__fanout_release(struct engine *e)
     struct job *j, *next;
     for (j = e->run_head; j; j = next) {
         next = j->rnext;
-        if (j->fan && j->fan->parent == j && !j->fan->finishing) {
+        if (j->fan && j->fan->parent == j && j->fan->state != FAN_SETTLING) {
             /* Its waiting and queued items go; it follows once none is left. */
             lose(j->fan, 1);
             finish(j->fan);

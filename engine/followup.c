@@ -11,8 +11,9 @@
  *   STORES  the FAILURE of later chain steps, then the job's own outcome
  *   PART    each chord part-return (the job's own chord; on failure also a
  *           later chain step's), one atomic script; when it completes the
- *           chord, the join's plan runs the same SIZES and MSGS steps (the
- *           body, or the body's errbacks), then
+ *           chord, the join's plan runs as JOIN_SIZES and JOIN_MSGS, the
+ *           same work as SIZES and MSGS (the body, or the body's errbacks),
+ *           then
  *   BODY    a failed chord's ChordError stored for the body id, then
  *   CLEAR   the chord's keys deleted
  *           -> engine__finish(): the ack.
@@ -24,7 +25,11 @@
  * part-returns again from the stored meta, where ZADD of the same member is a
  * no-op, so a crash between the store and the ack still completes the chord
  * and never publishes callbacks or the chain twice. No I/O: every effect goes
- * through engine_ops. */
+ * through engine_ops.
+ *
+ * The steps are enum fu_step (engine_int.h); fu_set_step() is the one place a
+ * plan's step changes, and asserts that fu_next[] allows the move. */
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,16 +42,6 @@
 #include "util/rand.h"
 #include "util/uuid.h"
 
-enum fu_step {
-    FU_NONE,
-    FU_SIZES,  /* chord sizes of the plan */
-    FU_MSGS,   /* messages of the plan, until all are confirmed */
-    FU_STORES, /* FAILURE of later chain steps, and the job's outcome */
-    FU_PART,   /* parts[cur]'s part-return */
-    FU_BODY,   /* a failed chord's ChordError, stored for its body */
-    FU_CLEAR,  /* the joined chord's keys deleted */
-};
-
 /* One part-return to do: member added to group_id's sorted set. */
 struct fu_part {
     char *group_id;
@@ -57,9 +52,8 @@ struct fu_part {
 
 struct followup {
     struct canvas_plan plan; /* under way: its sizes, then its messages */
-    enum fu_step step;
-    size_t waiting; /* completions of the step still to come */
-    int joining;    /* plan is the join of parts[cur] */
+    enum fu_step step;       /* only fu_set_step() changes it */
+    size_t waiting;          /* completions of the step still to come */
     /* a failure's exception and traceback, stored for plan.fails too */
     cJSON *exc;
     char *traceback;
@@ -71,8 +65,55 @@ struct followup {
 };
 
 static void step_done(struct job *j);
-static void run_plan(struct job *j);
+static void run_plan(struct job *j, int join);
 static void next_part(struct job *j);
+
+/* ------------------------------------------------------------- the steps */
+
+const char *const engine__fu_step_names[FU_NSTEPS] = {
+    [FU_NONE] = "NONE",           [FU_SIZES] = "SIZES", [FU_MSGS] = "MSGS",
+    [FU_STORES] = "STORES",       [FU_PART] = "PART",   [FU_JOIN_SIZES] = "JOIN_SIZES",
+    [FU_JOIN_MSGS] = "JOIN_MSGS", [FU_BODY] = "BODY",   [FU_CLEAR] = "CLEAR",
+};
+
+#define FU_BIT(s) (1u << (s))
+
+/* Where each step may go. The own plan's steps come first, the outcome's
+ * stores after them (NONE: the plan had nothing to send), then the
+ * part-returns one after another (NONE: a redelivery's), each either done or
+ * completing its chord, whose join's plan, ChordError and clear follow it. A
+ * part-return refused goes on to the next part (PART to PART). */
+static const unsigned fu_next[FU_NSTEPS] = {
+    [FU_NONE] = FU_BIT(FU_SIZES) | FU_BIT(FU_MSGS) | FU_BIT(FU_STORES) | FU_BIT(FU_PART),
+    [FU_SIZES] = FU_BIT(FU_MSGS) | FU_BIT(FU_STORES),
+    [FU_MSGS] = FU_BIT(FU_STORES),
+    [FU_STORES] = FU_BIT(FU_PART),
+    [FU_PART] = FU_BIT(FU_PART) | FU_BIT(FU_JOIN_SIZES) | FU_BIT(FU_JOIN_MSGS) |
+                FU_BIT(FU_BODY) | FU_BIT(FU_CLEAR),
+    [FU_JOIN_SIZES] = FU_BIT(FU_JOIN_MSGS) | FU_BIT(FU_BODY) | FU_BIT(FU_CLEAR),
+    [FU_JOIN_MSGS] = FU_BIT(FU_BODY) | FU_BIT(FU_CLEAR),
+    [FU_BODY] = FU_BIT(FU_CLEAR),
+    [FU_CLEAR] = FU_BIT(FU_PART),
+};
+
+int engine__fu_step_legal(enum fu_step a, enum fu_step b)
+{
+    if ((unsigned)a >= FU_NSTEPS || (unsigned)b >= FU_NSTEPS)
+        return 0;
+    return (fu_next[a] & FU_BIT(b)) != 0;
+}
+
+/* The one place a plan's step changes. */
+static void fu_set_step(struct followup *fu, enum fu_step s)
+{
+    assert(engine__fu_step_legal(fu->step, s));
+    fu->step = s;
+}
+
+enum fu_step engine__followup_step(const struct job *j)
+{
+    return j->fu ? j->fu->step : FU_NONE;
+}
 
 /* ------------------------------------------------------------- the plan */
 
@@ -304,11 +345,11 @@ static void one_back(struct job *j)
         step_done(j);
 }
 
-static void send_sizes(struct job *j)
+static void send_sizes(struct job *j, int join)
 {
     struct followup *fu = j->fu;
     struct engine *e = j->e;
-    fu->step = FU_SIZES;
+    fu_set_step(fu, join ? FU_JOIN_SIZES : FU_SIZES);
     fu->waiting = 0;
     for (size_t i = 0; i < fu->plan.nsizes; i++) {
         struct engine_chord_cmd c;
@@ -349,10 +390,10 @@ static int publish_msg(struct job *j, const struct canvas_msg *m)
     return engine__publish(j, &o, PUBLISH_FOLLOWUP);
 }
 
-static void send_msgs(struct job *j)
+static void send_msgs(struct job *j, int join)
 {
     struct followup *fu = j->fu;
-    fu->step = FU_MSGS;
+    fu_set_step(fu, join ? FU_JOIN_MSGS : FU_MSGS);
     fu->waiting = 0;
     for (size_t i = 0; i < fu->plan.nmsgs; i++) {
         int rc = publish_msg(j, &fu->plan.msgs[i]);
@@ -367,12 +408,13 @@ static void send_msgs(struct job *j)
         step_done(j);
 }
 
-static void run_plan(struct job *j)
+/* The plan in j->fu: the job's own (join 0), or a join's. */
+static void run_plan(struct job *j, int join)
 {
     if (j->fu->plan.nsizes)
-        send_sizes(j);
+        send_sizes(j, join);
     else
-        send_msgs(j);
+        send_msgs(j, join);
 }
 
 int engine__followup_publish(struct job *j)
@@ -380,7 +422,7 @@ int engine__followup_publish(struct job *j)
     struct followup *fu = j->fu;
     if (!fu || (!fu->plan.nsizes && !fu->plan.nmsgs))
         return 0;
-    run_plan(j);
+    run_plan(j, 0);
     return 1;
 }
 
@@ -412,7 +454,7 @@ static int store_for(struct job *j, const char *task_id, char *meta)
 void engine__followup_store(struct job *j)
 {
     struct followup *fu = j->fu;
-    fu->step = FU_STORES;
+    fu_set_step(fu, FU_STORES);
     fu->waiting = 0;
     /* The later steps first: Redis runs one connection's commands in order,
      * so once the job's own FAILURE is in (what a redelivery trusts), theirs
@@ -470,7 +512,7 @@ static void send_part(struct job *j)
     c.member = p->member.data;
     c.member_len = p->member.len;
     c.task_id = j->tm.id;
-    fu->step = FU_PART;
+    fu_set_step(fu, FU_PART);
     fu->waiting = 1;
     if (e->ops->chord(e->ctx, j, &c) == 0) {
         j->pending++;
@@ -492,7 +534,7 @@ static void send_clear(struct job *j)
     memset(&c, 0, sizeof(c));
     c.op = ENGINE_CHORD_CLEAR;
     c.group_id = fu->parts[fu->cur].group_id;
-    fu->step = FU_CLEAR;
+    fu_set_step(fu, FU_CLEAR);
     fu->waiting = 1;
     if (e->ops->chord(e->ctx, j, &c) == 0) {
         j->pending++;
@@ -515,7 +557,7 @@ static void send_body_failure(struct job *j)
     struct buf tb;
     char *meta;
 
-    fu->step = FU_BODY;
+    fu_set_step(fu, FU_BODY);
     fu->waiting = 0;
     buf_init(&tb);
     if (result_traceback(&tb, cJSON_IsString(task) ? task->valuestring : NULL,
@@ -537,7 +579,6 @@ static void joined(struct job *j)
     struct followup *fu = j->fu;
     canvas_plan_release(&fu->plan);
     canvas_plan_init(&fu->plan);
-    fu->joining = 0;
     if (fu->body_id && fu->body_exc)
         send_body_failure(j);
     else
@@ -574,7 +615,6 @@ static void join(struct job *j, const char *const *members, const size_t *lens, 
         out_of_memory(j);
         return;
     }
-    fu->joining = 1;
     if (rc) {
         /* Celery's "Join error": the body fails, the keys go. */
         char msg[300];
@@ -596,7 +636,7 @@ static void join(struct job *j, const char *const *members, const size_t *lens, 
             n);
     }
     if (fu->plan.nsizes || fu->plan.nmsgs)
-        run_plan(j);
+        run_plan(j, 1);
     else
         joined(j);
 }
@@ -617,15 +657,21 @@ static void step_done(struct job *j)
     switch (fu->step) {
     case FU_SIZES:
         if (fu->plan.nmsgs) {
-            send_msgs(j);
+            send_msgs(j, 0);
             break;
         }
         /* fall through */
     case FU_MSGS:
-        if (fu->joining)
-            joined(j);
-        else
-            engine__settle_resume(j);
+        engine__settle_resume(j);
+        break;
+    case FU_JOIN_SIZES:
+        if (fu->plan.nmsgs) {
+            send_msgs(j, 1);
+            break;
+        }
+        /* fall through */
+    case FU_JOIN_MSGS:
+        joined(j);
         break;
     case FU_STORES:
         fu->cur = 0;

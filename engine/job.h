@@ -12,10 +12,10 @@
 #include <stdint.h>
 #include <cjson/cJSON.h>
 
-#include "delivery.h"
 #include "engine/tasks.h"
 #include "llm/llm_types.h"
 #include "protocol/celery_msg.h"
+#include "protocol/message.h"
 
 struct engine;
 struct fanout;

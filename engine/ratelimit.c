@@ -1,4 +1,4 @@
-/* ratelimit.c -- token buckets (no I/O, no clock). */
+/* ratelimit.c -- rate limits as token buckets (no I/O, no clock). */
 #include "ratelimit.h"
 
 #include <math.h>
@@ -23,30 +23,30 @@ double ratelimit_parse(const char *s)
     return -1;
 }
 
-void token_bucket_init(struct token_bucket *tb, double rate, int64_t now_ms)
+void ratelimit_init(struct ratelimit *rl, double rate, int64_t now_ms)
 {
-    tb->rate = rate;
-    tb->capacity = rate > 1 ? rate : 1;
-    tb->tokens = tb->capacity;
-    tb->last_ms = now_ms;
+    rl->rate = rate;
+    rl->capacity = rate > 1 ? rate : 1;
+    rl->tokens = rl->capacity;
+    rl->last_ms = now_ms;
 }
 
-int64_t token_bucket_take(struct token_bucket *tb, int64_t now_ms)
+int64_t ratelimit_take(struct ratelimit *rl, int64_t now_ms)
 {
     double wait;
-    if (tb->rate <= 0)
+    if (rl->rate <= 0)
         return 0;
-    if (now_ms > tb->last_ms) {
-        tb->tokens += (double)(now_ms - tb->last_ms) * tb->rate / 1000.0;
-        if (tb->tokens > tb->capacity)
-            tb->tokens = tb->capacity;
-        tb->last_ms = now_ms;
+    if (now_ms > rl->last_ms) {
+        rl->tokens += (double)(now_ms - rl->last_ms) * rl->rate / 1000.0;
+        if (rl->tokens > rl->capacity)
+            rl->tokens = rl->capacity;
+        rl->last_ms = now_ms;
     }
-    if (tb->tokens >= 1) {
-        tb->tokens -= 1;
+    if (rl->tokens >= 1) {
+        rl->tokens -= 1;
         return 0;
     }
     /* The epsilon keeps float error from adding a whole extra millisecond. */
-    wait = ceil((1 - tb->tokens) * 1000.0 / tb->rate - 1e-6);
+    wait = ceil((1 - rl->tokens) * 1000.0 / rl->rate - 1e-6);
     return wait < 1 ? 1 : (int64_t)wait;
 }

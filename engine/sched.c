@@ -75,11 +75,11 @@ static unsigned tier_of(const struct engine *e, const char *queue)
     return (unsigned)cfg->nqueues;
 }
 
-/* d's priority on the engine's scale: 0 without DELIVERY_CAP_PRIORITY (or
+/* d's priority on the engine's scale: 0 without MSG_CAP_PRIORITY (or
  * without a delivery: a job made inside the engine), clamped otherwise. */
 static int priority_of(const struct delivery *d)
 {
-    if (!d || !(d->caps & DELIVERY_CAP_PRIORITY) || d->priority < 0)
+    if (!d || !(d->caps & MSG_CAP_PRIORITY) || d->priority < 0)
         return 0;
     return d->priority > ENGINE_PRIORITY_MAX ? ENGINE_PRIORITY_MAX : d->priority;
 }

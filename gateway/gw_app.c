@@ -137,7 +137,7 @@ static void submit(struct gw_app *app, struct gw_conn *c)
     struct gw_error e;
     struct task_msg tm;
     struct gw_props gp;
-    struct broker_props p;
+    struct outbound p;
     struct publish_ctx *pc = NULL;
     struct buf body;
     cJSON *headers = NULL;
@@ -209,9 +209,12 @@ static void submit(struct gw_app *app, struct gw_conn *c)
     p.priority = gp.priority;
     p.expiration = gp.expiration[0] ? gp.expiration : NULL;
     p.headers = headers;
+    p.exchange = "";
+    p.routing_key = s.queue;
+    p.body = body.data;
+    p.body_len = body.len;
     gw_conn_ref(c);
-    rc =
-        broker_publish(app->broker, "", s.queue, &p, body.data, body.len, on_confirm, pc);
+    rc = broker_publish(app->broker, &p, on_confirm, pc);
     if (rc) {
         gw_conn_unref(c);
         cr_free(pc);
@@ -666,11 +669,11 @@ static void on_cron(uv_timer_t *t)
     gw_hub_tick(app->hub, (int64_t)uv_now(app->loop));
 }
 
-static void on_broker_msg(struct broker *b, struct broker_msg *m, void *privdata)
+static void on_broker_msg(struct broker *b, struct delivery *m, void *privdata)
 {
     (void)b;
     (void)privdata;
-    broker_msg_free(m); /* nothing is consumed; never called */
+    delivery_free(m); /* nothing is consumed; never called */
 }
 
 static const struct gw_server_handlers server_handlers = {on_request, on_ws_open,

@@ -11,7 +11,7 @@
 #include "protocol/isotime.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
-#include "util/hex.h"
+#include "util/pct.h"
 
 int gw_error_set(struct gw_error *e, int status, const char *code, const char *fmt, ...)
 {
@@ -114,22 +114,8 @@ int gw_query_get(const char *query, const char *name, char *out, size_t size)
         if ((size_t)(end - p) >= nlen && !strncmp(p, name, nlen) &&
             (p + nlen == end || p[nlen] == '=')) {
             const char *v = p + nlen + (p + nlen < end);
-            size_t o = 0;
-            while (v < end) {
-                char c = *v++;
-                if (c == '+') {
-                    c = ' ';
-                } else if (c == '%' && end - v >= 2 && cr_hexval(v[0]) >= 0 &&
-                           cr_hexval(v[1]) >= 0) {
-                    c = (char)(cr_hexval(v[0]) * 16 + cr_hexval(v[1]));
-                    v += 2;
-                }
-                if (o + 1 >= size)
-                    return CR_ERANGE;
-                out[o++] = c;
-            }
-            if (size)
-                out[o] = '\0';
+            if (pct_decode(out, size, v, (size_t)(end - v), PCT_PLUS, NULL))
+                return CR_ERANGE;
             return 1;
         }
         p = amp ? amp + 1 : NULL;

@@ -1,31 +1,9 @@
 /* broker.c -- the broker face: picks a transport by URL scheme and forwards
- * every call through its table (broker_int.h). */
+ * every call to its table (broker_int.h) in one hop. */
 #include "broker_int.h"
 
 #include <string.h>
 #include <strings.h>
-
-#include "util/alloc.h"
-
-void broker_msg_free(struct broker_msg *m)
-{
-    if (!m)
-        return;
-    cr_free(m->exchange);
-    cr_free(m->routing_key);
-    cr_free(m->queue);
-    cr_free(m->content_type);
-    cr_free(m->content_encoding);
-    cr_free(m->correlation_id);
-    cr_free(m->reply_to);
-    cr_free(m->expiration);
-    cr_free(m->message_id);
-    cJSON_Delete(m->headers);
-    cr_free(m->headers_err);
-    cr_free(m->body);
-    cr_free(m->tag);
-    cr_free(m);
-}
 
 void broker_task_queue(struct broker_queue *q, const char *name)
 {
@@ -52,17 +30,17 @@ int broker_url_is_redis(const char *url)
 }
 
 struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
-                          struct cr_err *err)
+                          broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                          void *privdata, struct cr_err *err)
 {
     if (broker_url_is_redis(cfg->url))
-        return redis_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
+        return redis_broker_new(loop, cfg, on_delivery, on_conn, privdata, err);
     if (cfg->transport_options && *cfg->transport_options) {
         cr_err_set(err, CR_EINVAL,
                    "broker transport options are for a Redis broker; this one is AMQP");
         return NULL;
     }
-    return amqp_broker_new(loop, cfg, on_msg, on_conn, privdata, err);
+    return rmq_broker_new(loop, cfg, on_delivery, on_conn, privdata, err);
 }
 
 const char *broker_transport(const struct broker *b)
@@ -76,7 +54,7 @@ unsigned broker_delivery_caps(const struct broker *b)
     /* A per-consumer window is fixed when its consumer starts: set_prefetch
      * does not move it. */
     if (broker_qos_per_consumer(b))
-        caps &= ~BROKER_CAP_PREFETCH;
+        caps &= ~MSG_CAP_PREFETCH;
     return caps;
 }
 
@@ -115,21 +93,25 @@ int broker_blocked(const struct broker *b, const char **why)
     return b->vt->blocked(b, why);
 }
 
-int broker_ack(struct broker *b, struct broker_msg *m)
+int broker_ack(struct broker *b, struct delivery *d)
 {
-    return b->vt->ack(b, m);
+    return b->vt->ack(b, d);
 }
 
-int broker_reject(struct broker *b, struct broker_msg *m, int requeue)
+int broker_reject(struct broker *b, struct delivery *d, int requeue)
 {
-    return b->vt->reject(b, m, requeue);
+    return b->vt->reject(b, d, requeue);
 }
 
-int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
-                   const struct broker_props *props, const char *body, size_t len,
-                   broker_confirm_fn *cb, void *privdata)
+int broker_live(const struct broker *b, const struct delivery *d)
 {
-    return b->vt->publish(b, exchange, routing_key, props, body, len, cb, privdata);
+    return b->vt->live(b, d);
+}
+
+int broker_publish(struct broker *b, const struct outbound *o, broker_confirm_fn *cb,
+                   void *privdata)
+{
+    return b->vt->publish(b, o, cb, privdata);
 }
 
 int broker_add_consumer(struct broker *b, const struct broker_queue *q)

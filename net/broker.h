@@ -1,15 +1,16 @@
 /* broker.h -- the broker face: one API over the transports that carry Celery's
  * messages, chosen by the URL's scheme.
  *
- * - amqp:// and amqps:// (net/amqp.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
+ * - amqp:// and amqps:// (net/rmq_broker.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
  * - redis://, rediss://, redis+socket://, unix:// and sentinel:// (net/redis_broker.c):
  *   kombu's Redis transport, as Python producers and workers write it.
  *
  * Callers (the worker's switchboard, remote control, events, metrics, the
- * gateway, the dlq tool) see only this header. A transport fills the same
- * struct broker_msg for every delivery, with the priority already on the
- * engine's scale (higher = more urgent, see engine/delivery.h), and says what it
- * can do through broker_delivery_caps(). Not thread-safe: loop thread only. */
+ * gateway, the dlq tool) see only this header. A transport allocates and fills
+ * a struct delivery (protocol/message.h) for every message it receives, with
+ * the priority already on the engine's scale (higher = more urgent) and its
+ * capabilities in caps, and keeps its own record of it in d->rec. Not
+ * thread-safe: loop thread only. */
 #ifndef CR_BROKER_H
 #define CR_BROKER_H
 
@@ -18,61 +19,8 @@
 #include <uv.h>
 #include <cjson/cJSON.h>
 
+#include "protocol/message.h"
 #include "util/err.h"
-
-/* One delivery. The receiver owns it and frees it with broker_msg_free(). */
-struct broker_msg {
-    uint64_t delivery_tag; /* AMQP's; 0 on Redis */
-    /* AMQP: the connection it arrived on; acks on another are dropped.
-     * Redis: always 1 (a delivery's record lives in Redis, not in a
-     * connection, so it stays settleable across reconnects). */
-    unsigned generation;
-    int redelivered;
-    char *exchange;
-    char *routing_key;
-    char *queue;          /* the queue whose consumer received it */
-    int no_ack;           /* consumed without acks: broker_ack/reject do nothing */
-    int settled;          /* acked or rejected already: later calls do nothing */
-    uint64_t received_ms; /* loop time the delivery completed */
-    unsigned owner_flags; /* free for the receiver's own bookkeeping */
-    char *content_type;
-    char *content_encoding;
-    char *correlation_id;
-    char *reply_to;
-    char *expiration;
-    char *message_id;
-    int delivery_mode;
-    /* On the engine's scale: higher = more urgent (Redis: kombu's 0..9, where
-     * 0 is the most urgent, inverted). */
-    int priority;
-    int wire_priority; /* as the message carried it, on the transport's own scale */
-    cJSON *headers;    /* application headers as JSON, or NULL */
-    int headers_bad;   /* an entry of the header table could not be converted
-                        * (headers holds the others) */
-    char *headers_err; /* why, or NULL */
-    char *body;        /* NUL-terminated for convenience; body_len excludes it */
-    size_t body_len;
-    char *tag; /* Redis: kombu's delivery tag (the unacked entry's key); NULL on AMQP */
-};
-
-void broker_msg_free(struct broker_msg *m);
-
-/* Properties for broker_publish(); every pointer borrowed for the call, NULL to
- * omit the property. */
-struct broker_props {
-    const char *content_type;
-    const char *content_encoding;
-    const char *correlation_id;
-    const char *reply_to;
-    const char *expiration;
-    int delivery_mode; /* 0 omits */
-    int priority;      /* the transport's own scale (what a Celery producer writes on
-                        * that broker: kombu's 0..9 on Redis); < 0 omits */
-    const cJSON *headers;
-    /* Refused (CR_EBROKER) rather than held while the broker blocks
-     * publishing: for messages worth nothing late, such as events. */
-    int no_hold;
-};
 
 struct broker_config {
     const char *url; /* amqp://user:pass@host:port/vhost, or redis://...; AMQP
@@ -106,7 +54,7 @@ struct broker_config {
      * celery_delayed_delivery, as a Celery 5.5+ worker declares them), with
      * every consumed task queue bound to celery_delayed_delivery by
      * "#.<queue>". BROKER_DELAYED_AUTO: only while QoS is per consumer.
-     * While it is declared, deliveries have BROKER_CAP_DELAYED. */
+     * While it is declared, deliveries have MSG_CAP_DELAYED. */
     int delayed_delivery; /* BROKER_DELAYED_* */
     /* Redis: Celery's broker_transport_options as a JSON object (visibility
      * timeout, priority steps, global_keyprefix, master_name, ...), or NULL.
@@ -125,8 +73,8 @@ struct broker_config {
 
 struct broker;
 
-/* Takes m. Called for each complete delivery. */
-typedef void broker_msg_fn(struct broker *b, struct broker_msg *m, void *privdata);
+/* Takes d (free it with delivery_free()). Called for each complete delivery. */
+typedef void broker_delivery_fn(struct broker *b, struct delivery *d, void *privdata);
 /* up = 1 after every successful (re)connect, 0 when the connection is lost. */
 typedef void broker_conn_fn(struct broker *b, int up, void *privdata);
 /* Publisher confirm for one broker_publish(): ok = 1 when the broker took the
@@ -139,8 +87,8 @@ typedef void broker_confirm_fn(struct broker *b, int ok, void *privdata);
  * line, password redacted), CR_ENOMEM. The config strings are borrowed and must
  * outlive the broker. */
 struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                          broker_msg_fn *on_msg, broker_conn_fn *on_conn, void *privdata,
-                          struct cr_err *err);
+                          broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                          void *privdata, struct cr_err *err);
 
 /* 1 when url names a Redis transport (redis, rediss, redis+socket, unix,
  * sentinel), else 0 (AMQP). */
@@ -150,15 +98,11 @@ int broker_url_is_redis(const char *url);
  * to a fanout exchange on Redis, as Celery switches them). */
 const char *broker_transport(const struct broker *b);
 
-/* What this transport's deliveries can do: DELIVERY_CAP_* of engine/delivery.h
- * (same values, repeated here so net/ needs no engine header). */
-#define BROKER_CAP_CONFIRMS 1u
-#define BROKER_CAP_PRIORITY 2u
-#define BROKER_CAP_PREFETCH 4u
-#define BROKER_CAP_PARK 8u
-/* Native delayed delivery is declared on this connection, the consumed task
- * queues bound to it (AMQP only, see broker_config.delayed_delivery). */
-#define BROKER_CAP_DELAYED 16u
+/* What this transport's deliveries can do now: MSG_CAP_* of
+ * protocol/message.h, the value a new delivery carries in d->caps. AMQP has
+ * MSG_CAP_DELAYED while native delayed delivery is declared on the
+ * connection, the consumed task queues bound to it (see
+ * broker_config.delayed_delivery). */
 unsigned broker_delivery_caps(const struct broker *b);
 /* 1 when the task consumers have a window each (per_consumer_qos, quorum, or
  * the broker refused global QoS), so broker_set_prefetch() cannot raise it
@@ -193,9 +137,11 @@ unsigned long broker_reconnects(const struct broker *b);
  * write fails its publish instead). */
 int broker_blocked(const struct broker *b, const char **why);
 
-/* Acks or rejects a delivery. A message from an older connection generation is
- * silently skipped (the broker already requeued it), and so is a second settle
- * of the same delivery (m->settled). m is not kept: it may be freed on return.
+/* Acks or rejects a delivery this broker handed over, and marks it settled
+ * (d->settled). A delivery from an older connection generation is silently
+ * skipped (the broker already requeued it), and so is a second settle of the
+ * same delivery, or one consumed no_ack. d is not kept: it may be freed on
+ * return.
  *
  * An ack is batched: it is recorded now and sent before the loop next waits for
  * I/O, together with the other acks of the iteration, as one basic.ack with
@@ -213,13 +159,19 @@ int broker_blocked(const struct broker *b, const char **why);
  * record, and only if the record is unchanged: at the tail (LPUSH, kombu's
  * requeue) while consuming, at the head (RPUSH, kombu's restore) after
  * broker_stop_consuming(), so that other workers take it at once. */
-int broker_ack(struct broker *b, struct broker_msg *m);
-int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
+int broker_ack(struct broker *b, struct delivery *d);
+int broker_reject(struct broker *b, struct delivery *d, int requeue);
 
-/* Publishes with publisher confirms. Returns 0 (cb will be called exactly once)
- * or an error (cb never called). While the broker blocks publishing the
- * message is copied and held, in order, and sent when it unblocks (cb waits);
- * held past a bound (or with props->no_hold) it is refused with CR_EBROKER.
+/* Whether d (handed over by b, not yet settled) can still be settled: AMQP
+ * while the connection it came on is up; Redis always (its record lives in
+ * Redis, and an ack made while a connection is down waits for it). */
+int broker_live(const struct broker *b, const struct delivery *d);
+
+/* Publishes o (borrowed for the call) to o->exchange with o->routing_key,
+ * with publisher confirms. Returns 0 (cb will be called exactly once) or an
+ * error (cb never called). While the broker blocks publishing the message is
+ * copied and held, in order, and sent when it unblocks (cb waits); held past a
+ * bound (or with o->no_hold) it is refused with CR_EBROKER.
  *
  * Redis: a kombu envelope with a fresh uuid4 delivery tag. Exchange "": LPUSH
  * to the routing key's queue (its priority bucket); a fanout exchange
@@ -228,9 +180,8 @@ int broker_reject(struct broker *b, struct broker_msg *m, int requeue);
  * match), none matching drops it as kombu does (ok = 1). The confirm is
  * Redis's reply (ok = 0 on an error reply or a lost connection); nothing is
  * ever held. CR_EBROKER while the commands connection is down. */
-int broker_publish(struct broker *b, const char *exchange, const char *routing_key,
-                   const struct broker_props *props, const char *body, size_t len,
-                   broker_confirm_fn *cb, void *privdata);
+int broker_publish(struct broker *b, const struct outbound *o, broker_confirm_fn *cb,
+                   void *privdata);
 
 /* A queue to declare (with its exchange and binding) and consume. */
 struct broker_queue {

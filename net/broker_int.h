@@ -1,9 +1,11 @@
 /* broker_int.h -- what a transport implements behind net/broker.h. For the
- * transports (net/amqp.c, net/redis_broker.c) and net/broker.c only.
+ * transports (net/rmq_broker.c, net/redis_broker.c) and net/broker.c only.
  *
- * A transport's handle begins with a struct broker whose vt points at its
- * table; broker.c forwards every broker_*() call through it. Each entry has the
- * contract of the broker_*() function of the same name in broker.h. */
+ * A transport's handle begins with a struct broker whose vt points at its one
+ * static table. Each entry is the transport's own function: it takes the
+ * struct broker and casts it once to the transport's handle, and has the
+ * contract of the broker_*() function of the same name in broker.h, which
+ * calls it directly. */
 #ifndef CR_BROKER_INT_H
 #define CR_BROKER_INT_H
 
@@ -23,11 +25,11 @@ struct broker_vtab {
     unsigned (*generation)(const struct broker *b);
     unsigned long (*reconnects)(const struct broker *b);
     int (*blocked)(const struct broker *b, const char **why);
-    int (*ack)(struct broker *b, struct broker_msg *m);
-    int (*reject)(struct broker *b, struct broker_msg *m, int requeue);
-    int (*publish)(struct broker *b, const char *exchange, const char *routing_key,
-                   const struct broker_props *props, const char *body, size_t len,
-                   broker_confirm_fn *cb, void *privdata);
+    int (*ack)(struct broker *b, struct delivery *d);
+    int (*reject)(struct broker *b, struct delivery *d, int requeue);
+    int (*live)(const struct broker *b, const struct delivery *d);
+    int (*publish)(struct broker *b, const struct outbound *o, broker_confirm_fn *cb,
+                   void *privdata);
     int (*add_consumer)(struct broker *b, const struct broker_queue *q);
     int (*cancel_consumer)(struct broker *b, const char *queue);
     void (*each_consumer)(const struct broker *b,
@@ -48,11 +50,11 @@ struct broker {
 
 /* The transports' constructors (broker_new() picks one by URL). Same contract
  * as broker_new(). */
-struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                               broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                               void *privdata, struct cr_err *err);
+struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                              broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                              void *privdata, struct cr_err *err);
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err);
 
 #endif

@@ -17,6 +17,7 @@
 #include "net/tls_pump.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/pct.h"
 
 /* ------------------------------------------------------------ URL (pure) */
 
@@ -41,36 +42,6 @@ static int copy_part(char *out, size_t size, const char *s, size_t n)
         return -1;
     memcpy(out, s, n);
     out[n] = '\0';
-    return 0;
-}
-
-static int hexval(int ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    ch = tolower(ch);
-    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-}
-
-/* Copies the query value [s, s+n) into out, %XX and '+' decoded as Python's
- * parse_qs does; 0, or -1 when it does not fit. */
-static int copy_decoded(char *out, size_t size, const char *s, size_t n)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ch = (unsigned char)s[i];
-        if (ch == '%' && i + 2 < n && hexval((unsigned char)s[i + 1]) >= 0 &&
-            hexval((unsigned char)s[i + 2]) >= 0) {
-            ch = hexval((unsigned char)s[i + 1]) * 16 + hexval((unsigned char)s[i + 2]);
-            i += 2;
-        } else if (ch == '+') {
-            ch = ' ';
-        }
-        if (o + 1 >= size)
-            return -1;
-        out[o++] = (char)ch;
-    }
-    out[o] = '\0';
     return 0;
 }
 
@@ -101,7 +72,8 @@ static int query_pair(struct redis_url *out, const char *k, size_t kn, const cha
                       size_t vn, const char *what, const char *shown, struct cr_err *err)
 {
     char val[512];
-    if (copy_decoded(val, sizeof(val), v, vn))
+    /* %XX and '+' decoded as Python's parse_qs does */
+    if (pct_decode(val, sizeof(val), v, vn, PCT_PLUS, NULL))
         return cr_err_set(err, CR_EINVAL, "%s URL option '%.*s' too long in '%s'", what,
                           (int)kn, k, shown);
     if (out->kind == REDIS_URL_UNIX) {

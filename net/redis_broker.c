@@ -282,12 +282,12 @@ static char *opt_take(char **s)
 void redis_broker__deliver(struct redis_broker *b, struct kombu_msg *km,
                            const char *queue, int no_ack)
 {
-    struct broker_msg *m = cr_calloc(1, sizeof(*m));
+    struct delivery *m = delivery_new();
     if (!m) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message");
         return;
     }
-    m->generation = 1;
+    m->rec.generation = 1;
     m->redelivered = km->redelivered;
     m->exchange = km->exchange;
     km->exchange = NULL;
@@ -309,14 +309,15 @@ void redis_broker__deliver(struct redis_broker *b, struct kombu_msg *km,
     m->body = km->body;
     m->body_len = km->body_len;
     km->body = NULL;
-    m->tag = km->delivery_tag;
+    m->rec.id = km->delivery_tag;
     km->delivery_tag = NULL;
+    m->caps = broker_delivery_caps(&b->base);
     if (!m->queue) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message");
-        broker_msg_free(m);
+        delivery_free(m);
         return;
     }
-    b->on_msg(&b->base, m, b->privdata);
+    b->on_delivery(&b->base, m, b->privdata);
 }
 
 /* What a popped value may weigh. Twice the body limit and some: a body
@@ -846,16 +847,17 @@ static int op_ack(void *ctx, const char *const *tags, int n)
     return rc;
 }
 
-static int rb_ack(struct redis_broker *b, struct broker_msg *m)
+static int rb_ack(struct broker *base, struct delivery *m)
 {
-    if (m->no_ack || m->settled || !m->tag)
+    struct redis_broker *b = (struct redis_broker *)base;
+    if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    if (vsession_ack(b->vs, m->tag)) {
+    if (vsession_ack(b->vs, m->rec.id)) {
         LOG(LOG_ERROR,
             "broker: out of memory acking %s; it comes back after the "
             "visibility timeout",
-            m->tag);
+            m->rec.id);
         return CR_ENOMEM;
     }
     return 0;
@@ -863,14 +865,15 @@ static int rb_ack(struct redis_broker *b, struct broker_msg *m)
 
 /* ------------------------------------------------------------ restores */
 
-static int rb_reject(struct redis_broker *b, struct broker_msg *m, int requeue)
+static int rb_reject(struct broker *base, struct delivery *m, int requeue)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     if (!requeue)
-        return rb_ack(b, m);
-    if (m->no_ack || m->settled || !m->tag)
+        return rb_ack(base, m);
+    if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    vsession_requeue(b->vs, m->tag);
+    vsession_requeue(b->vs, m->rec.id);
     return 0;
 }
 
@@ -1050,8 +1053,9 @@ static struct redis_conn *conn_new(struct redis_broker *b, double timeout, doubl
     return redis_conn_new(b->loop, &rc, err);
 }
 
-static int rb_connect(struct redis_broker *b, struct cr_err *err)
+static int rb_connect(struct broker *base, struct cr_err *err)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     int ms = (int)((b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout : 5) * 1000);
     struct redis_conn *cs[3] = {b->cmd, b->pop, b->sub};
     for (int i = 0; i < 3; i++) {
@@ -1071,8 +1075,9 @@ static int rb_connect(struct redis_broker *b, struct cr_err *err)
  * confirmed, the pub/sub connection goes, or timeout_ms passes: a broadcast
  * published before Redis registers a pattern never reaches us, so the worker
  * says "ready." only after this. */
-static int rb_wait_subscribed(struct redis_broker *b, int timeout_ms)
+static int rb_wait_subscribed(struct broker *base, int timeout_ms)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     uv_update_time(b->loop);
     for (uint64_t until = redis_broker__now_ms(b) + (uint64_t)timeout_ms;
          b->psub_unconfirmed > 0 && redis_conn_up(b->sub) &&
@@ -1086,19 +1091,22 @@ static int rb_wait_subscribed(struct redis_broker *b, int timeout_ms)
     return b->psub_unconfirmed > 0 ? CR_ETIMEDOUT : 0;
 }
 
-static int rb_connected(const struct redis_broker *b)
+static int rb_connected(const struct broker *base)
 {
+    const struct redis_broker *b = (const struct redis_broker *)base;
     return all_up(b);
 }
 
-static unsigned long rb_reconnects(const struct redis_broker *b)
+static unsigned long rb_reconnects(const struct broker *base)
 {
+    const struct redis_broker *b = (const struct redis_broker *)base;
     return redis_conn_reconnects(b->cmd) + redis_conn_reconnects(b->pop) +
            redis_conn_reconnects(b->sub);
 }
 
-static void rb_set_prefetch(struct redis_broker *b, int n)
+static void rb_set_prefetch(struct broker *base, int n)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     vsession_set_prefetch(b->vs, n);
 }
 
@@ -1121,8 +1129,9 @@ static void unblock_pop(struct redis_broker *b)
     redis_args_release(&a);
 }
 
-static void rb_stop_consuming(struct redis_broker *b)
+static void rb_stop_consuming(struct broker *base)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     if (!redis_broker__consuming(b))
         return;
     vsession_stop_consuming(b->vs);
@@ -1195,8 +1204,9 @@ static void drain(struct redis_broker *b)
                          "back after the visibility timeout");
 }
 
-static void rb_free(struct redis_broker *b)
+static void rb_free(struct broker *base)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     struct rjob *j;
     if (!b)
         return;
@@ -1232,8 +1242,9 @@ static char *prefixed(const struct kombu_opts *o, const char *name)
 }
 
 static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                   broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                                   void *privdata, struct cr_err *err)
+                                   broker_delivery_fn *on_delivery,
+                                   broker_conn_fn *on_conn, void *privdata,
+                                   struct cr_err *err)
 {
     struct redis_broker *b;
     double timeout, vt_ms;
@@ -1249,7 +1260,7 @@ static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *
     }
     b->loop = loop;
     b->cfg = *cfg;
-    b->on_msg = on_msg;
+    b->on_delivery = on_delivery;
     b->on_conn = on_conn;
     b->privdata = privdata;
     redact_url(cfg->url, b->shown_url, sizeof(b->shown_url));
@@ -1323,7 +1334,7 @@ static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *
     if (!b->sub) {
         /* Not only memory: a rediss:// CA or key that cannot be loaded. */
         if (err && err->code && err->code != CR_ENOMEM) {
-            rb_free(b);
+            rb_free(&b->base);
             return NULL;
         }
         goto oom;
@@ -1331,141 +1342,79 @@ static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
-        if (redis_broker__add_consumer(b, &q))
+        if (redis_broker__add_consumer(&b->base, &q))
             goto oom;
     }
     if (b->o.order == KOMBU_ORDER_SORTED)
         kombu_initial_order(&b->o, b->cycle, b->ncycle);
-    if (cfg->dlx && redis_broker__declare_exchange(b, cfg->dlx, "topic", 1))
+    if (cfg->dlx && redis_broker__declare_exchange(&b->base, cfg->dlx, "topic", 1))
         goto oom;
     return b;
 oom:
     cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
-    rb_free(b);
+    rb_free(&b->base);
     return NULL;
 }
 
 /* ------------------------------------------------------------ the face */
 
-#define R(b) ((struct redis_broker *)(b))
-#define CR(b) ((const struct redis_broker *)(b))
-
-static int v_connect(struct broker *b, struct cr_err *err)
-{
-    return rb_connect(R(b), err);
-}
-static int v_wait_subscribed(struct broker *b, int timeout_ms)
-{
-    return rb_wait_subscribed((struct redis_broker *)b, timeout_ms);
-}
-static int v_connected(const struct broker *b)
-{
-    return rb_connected(CR(b));
-}
 /* Never changes: see the top of the file. */
-static unsigned v_generation(const struct broker *b)
+static unsigned rb_generation(const struct broker *base)
 {
-    (void)b;
+    (void)base;
     return 1;
 }
-static unsigned long v_reconnects(const struct broker *b)
-{
-    return rb_reconnects(CR(b));
-}
+
 /* Redis never blocks publishing (an OOM refusal fails the publish). */
-static int v_blocked(const struct broker *b, const char **why)
+static int rb_blocked(const struct broker *base, const char **why)
 {
-    (void)b;
+    (void)base;
     if (why)
         *why = NULL;
     return 0;
 }
-static int v_ack(struct broker *b, struct broker_msg *m)
+
+/* A delivery's record lives in Redis, not in a connection: it can be settled
+ * whatever became of the connections (an ack made while one is down waits for
+ * it). */
+static int rb_live(const struct broker *base, const struct delivery *d)
 {
-    return rb_ack(R(b), m);
-}
-static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
-{
-    return rb_reject(R(b), m, requeue);
-}
-static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
-                     const struct broker_props *props, const char *body, size_t len,
-                     broker_confirm_fn *cb, void *privdata)
-{
-    return redis_broker__publish(R(b), exchange, routing_key, props, body, len, cb,
-                                 privdata);
-}
-static int v_add_consumer(struct broker *b, const struct broker_queue *q)
-{
-    return redis_broker__add_consumer(R(b), q);
-}
-static int v_cancel_consumer(struct broker *b, const char *queue)
-{
-    return redis_broker__cancel_consumer(R(b), queue);
-}
-static void v_each_consumer(const struct broker *b,
-                            void (*fn)(const struct broker_queue *q, void *arg),
-                            void *arg)
-{
-    redis_broker__each_consumer(CR(b), fn, arg);
-}
-static int v_declare_exchange(struct broker *b, const char *name, const char *type,
-                              int durable)
-{
-    return redis_broker__declare_exchange(R(b), name, type, durable);
-}
-static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
-                         void *privdata)
-{
-    return redis_broker__queue_stats(R(b), queue, cb, privdata);
-}
-static void v_queue_stats_cancel(struct broker *b, void *privdata)
-{
-    redis_broker__queue_stats_cancel(R(b), privdata);
-}
-static void v_set_prefetch(struct broker *b, int prefetch_count)
-{
-    rb_set_prefetch(R(b), prefetch_count);
-}
-static void v_stop_consuming(struct broker *b)
-{
-    rb_stop_consuming(R(b));
-}
-static void v_free(struct broker *b)
-{
-    rb_free(R(b));
+    (void)base;
+    (void)d;
+    return 1;
 }
 
-/* No BROKER_CAP_PARK: a held eta task keeps its record, whose lease is
+/* No MSG_CAP_PARK: a held eta task keeps its record, whose lease is
  * refreshed, instead of a parked copy. */
 static const struct broker_vtab redis_vtab = {
     .name = "redis",
-    .caps = BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH,
-    .connect = v_connect,
-    .connected = v_connected,
-    .wait_subscribed = v_wait_subscribed,
-    .generation = v_generation,
-    .reconnects = v_reconnects,
-    .blocked = v_blocked,
-    .ack = v_ack,
-    .reject = v_reject,
-    .publish = v_publish,
-    .add_consumer = v_add_consumer,
-    .cancel_consumer = v_cancel_consumer,
-    .each_consumer = v_each_consumer,
-    .declare_exchange = v_declare_exchange,
-    .queue_stats = v_queue_stats,
-    .queue_stats_cancel = v_queue_stats_cancel,
-    .set_prefetch = v_set_prefetch,
-    .stop_consuming = v_stop_consuming,
-    .free = v_free,
+    .caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH,
+    .connect = rb_connect,
+    .connected = rb_connected,
+    .wait_subscribed = rb_wait_subscribed,
+    .generation = rb_generation,
+    .reconnects = rb_reconnects,
+    .blocked = rb_blocked,
+    .ack = rb_ack,
+    .reject = rb_reject,
+    .live = rb_live,
+    .publish = redis_broker__publish,
+    .add_consumer = redis_broker__add_consumer,
+    .cancel_consumer = redis_broker__cancel_consumer,
+    .each_consumer = redis_broker__each_consumer,
+    .declare_exchange = redis_broker__declare_exchange,
+    .queue_stats = redis_broker__queue_stats,
+    .queue_stats_cancel = redis_broker__queue_stats_cancel,
+    .set_prefetch = rb_set_prefetch,
+    .stop_consuming = rb_stop_consuming,
+    .free = rb_free,
 };
 
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                broker_msg_fn *on_msg, broker_conn_fn *on_conn,
+                                broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err)
 {
-    struct redis_broker *b = rb_new(loop, cfg, on_msg, on_conn, privdata, err);
+    struct redis_broker *b = rb_new(loop, cfg, on_delivery, on_conn, privdata, err);
     if (!b)
         return NULL;
     b->base.vt = &redis_vtab;

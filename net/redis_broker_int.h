@@ -117,7 +117,7 @@ struct redis_broker {
     struct broker base; /* first: the face */
     uv_loop_t *loop;
     struct broker_config cfg;
-    broker_msg_fn *on_msg;
+    broker_delivery_fn *on_delivery;
     broker_conn_fn *on_conn;
     void *privdata;
     struct kombu_opts o;
@@ -241,12 +241,12 @@ int redis_broker__binding_of(struct redis_broker *b, const struct broker_queue *
 int redis_broker__sentinel_compat(const struct redis_broker *b);
 /* broker_add_consumer(), broker_cancel_consumer(), broker_each_consumer(),
  * broker_declare_exchange(). */
-int redis_broker__add_consumer(struct redis_broker *b, const struct broker_queue *q);
-int redis_broker__cancel_consumer(struct redis_broker *b, const char *queue);
-void redis_broker__each_consumer(const struct redis_broker *b,
+int redis_broker__add_consumer(struct broker *base, const struct broker_queue *q);
+int redis_broker__cancel_consumer(struct broker *base, const char *queue);
+void redis_broker__each_consumer(const struct broker *base,
                                  void (*fn)(const struct broker_queue *q, void *arg),
                                  void *arg);
-int redis_broker__declare_exchange(struct redis_broker *b, const char *name,
+int redis_broker__declare_exchange(struct broker *base, const char *name,
                                    const char *type, int durable);
 
 /* ------------------------------------------------ redis_publish.c */
@@ -257,13 +257,11 @@ int redis_broker__member_matches(const struct kombu_opts *o, const char *m, size
 const char *redis_broker__member_queue(const struct kombu_opts *o, const char *m,
                                        size_t n, size_t *len);
 /* broker_publish(), broker_queue_stats(), broker_queue_stats_cancel(). */
-int redis_broker__publish(struct redis_broker *b, const char *exchange,
-                          const char *routing_key, const struct broker_props *props,
-                          const char *body, size_t len, broker_confirm_fn *cb,
-                          void *privdata);
-int redis_broker__queue_stats(struct redis_broker *b, const char *queue,
+int redis_broker__publish(struct broker *base, const struct outbound *o,
+                          broker_confirm_fn *cb, void *privdata);
+int redis_broker__queue_stats(struct broker *base, const char *queue,
                               broker_queue_stats_fn *cb, void *privdata);
-void redis_broker__queue_stats_cancel(struct redis_broker *b, void *privdata);
+void redis_broker__queue_stats_cancel(struct broker *base, void *privdata);
 
 /* ------------------------------------------------ redis_restore.c */
 

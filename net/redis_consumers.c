@@ -141,8 +141,9 @@ void redis_broker__cons_release(struct rcons *c)
     memset(c, 0, sizeof(*c));
 }
 
-int redis_broker__add_consumer(struct redis_broker *b, const struct broker_queue *q)
+int redis_broker__add_consumer(struct broker *base, const struct broker_queue *q)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     struct rcons *c;
     if (redis_broker__find_cons(b, q->name))
         return 0;
@@ -200,8 +201,9 @@ static int pattern_used(const struct redis_broker *b, const char *pattern)
 /* A fanout or auto-delete queue goes with its binding, as kombu's queue
  * deletion removes it; a task queue's binding stays, since restores of its
  * messages through a named exchange need it whoever consumes. */
-int redis_broker__cancel_consumer(struct redis_broker *b, const char *queue)
+int redis_broker__cancel_consumer(struct broker *base, const char *queue)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     struct rcons *c = redis_broker__find_cons(b, queue), gone;
     int i;
     if (!c)
@@ -220,18 +222,20 @@ int redis_broker__cancel_consumer(struct redis_broker *b, const char *queue)
     return 0;
 }
 
-void redis_broker__each_consumer(const struct redis_broker *b,
+void redis_broker__each_consumer(const struct broker *base,
                                  void (*fn)(const struct broker_queue *q, void *arg),
                                  void *arg)
 {
+    const struct redis_broker *b = (const struct redis_broker *)base;
     for (int i = 0; i < b->ncons; i++)
         if (!b->cons[i].q.no_consume)
             fn(&b->cons[i].q, arg);
 }
 
-int redis_broker__declare_exchange(struct redis_broker *b, const char *name,
+int redis_broker__declare_exchange(struct broker *base, const char *name,
                                    const char *type, int durable)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     (void)durable; /* kombu keeps exchanges in memory only: nothing is written */
     for (int i = 0; i < b->nex; i++)
         if (!strcmp(b->ex[i].name, name))
@@ -289,7 +293,7 @@ static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr
                     err.msg[0] ? err.msg : cr_strerror(rc));
             return;
         }
-        /* on_msg may cancel consumers: the loop checks the count again */
+        /* on_delivery may cancel consumers: the loop checks the count again */
         redis_broker__deliver(b, &km, c->q.name, 1);
         kombu_msg_release(&km);
         if (redis_broker__closed(b))

@@ -185,12 +185,12 @@ static void on_published(struct redis_broker *b, int status, redisReply *r, void
     confirm(b, p);
 }
 
-int redis_broker__publish(struct redis_broker *b, const char *exchange,
-                          const char *routing_key, const struct broker_props *props,
-                          const char *body, size_t len, broker_confirm_fn *cb,
-                          void *privdata)
+int redis_broker__publish(struct broker *base, const struct outbound *o,
+                          broker_confirm_fn *cb, void *privdata)
 {
-    struct kombu_out ko;
+    struct redis_broker *b = (struct redis_broker *)base;
+    const char *exchange = o->exchange ? o->exchange : "";
+    const char *routing_key = o->routing_key ? o->routing_key : "";
     struct buf env, key;
     struct redis_args a;
     unsigned char rnd[16];
@@ -201,37 +201,19 @@ int redis_broker__publish(struct redis_broker *b, const char *exchange,
 
     if (redis_broker__closed(b) || !redis_conn_up(b->cmd))
         return CR_EBROKER;
-    if (!exchange)
-        exchange = "";
-    if (!routing_key)
-        routing_key = "";
     redis_broker__random_bytes(rnd, sizeof(rnd));
     cr_uuid4(rnd, tag);
-    memset(&ko, 0, sizeof(ko));
-    ko.body = body;
-    ko.body_len = len;
-    ko.content_type = props->content_type;
-    ko.content_encoding = props->content_encoding;
-    ko.headers = props->headers;
-    ko.correlation_id = props->correlation_id;
-    ko.reply_to = props->reply_to;
-    ko.expiration = props->expiration;
-    ko.delivery_mode = props->delivery_mode;
-    /* already kombu's scale (broker_props); none given is kombu's 0 */
-    ko.priority = props->priority < 0 ? 0 : props->priority;
-    ko.exchange = exchange;
-    ko.routing_key = routing_key;
-    ko.delivery_tag = tag;
     buf_init(&env);
     buf_init(&key);
     redis_args_init(&a);
     p = cr_calloc(1, sizeof(*p));
-    rc = p ? kombu_msg_encode(&ko, &env) : CR_ENOMEM;
+    rc = p ? kombu_msg_encode(o, tag, &env) : CR_ENOMEM;
     if (rc)
         goto fail;
     p->cb = cb;
     p->privdata = privdata;
-    p->priority = ko.priority;
+    /* already kombu's scale; none given is kombu's 0 */
+    p->priority = o->priority < 0 ? 0 : o->priority;
     p->routing_key = cr_strdup(routing_key);
     if (!p->routing_key) {
         rc = CR_ENOMEM;
@@ -342,9 +324,10 @@ static void on_stats(struct redis_broker *b, int status, redisReply *r, void *ar
 }
 
 /* The sum of LLEN over the queue's buckets (kombu's _size). */
-int redis_broker__queue_stats(struct redis_broker *b, const char *queue,
+int redis_broker__queue_stats(struct broker *base, const char *queue,
                               broker_queue_stats_fn *cb, void *privdata)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     struct redis_args c[KOMBU_MAX_STEPS];
     struct statop *s;
     int rc;
@@ -376,8 +359,9 @@ int redis_broker__queue_stats(struct redis_broker *b, const char *queue,
     return 0;
 }
 
-void redis_broker__queue_stats_cancel(struct redis_broker *b, void *privdata)
+void redis_broker__queue_stats_cancel(struct broker *base, void *privdata)
 {
+    struct redis_broker *b = (struct redis_broker *)base;
     for (struct statop *s = b->stats; s; s = s->next)
         if (s->privdata == privdata)
             s->cb = NULL;

@@ -2,7 +2,7 @@
  * struct task_msg. Pure: no I/O, no clock.
  *
  * The decoder is given what the broker delivered (properties, headers already
- * converted to JSON by amqp_json, body bytes) and keeps the whole message, so a
+ * converted to JSON by rmq_json, body bytes) and keeps the whole message, so a
  * later retry or dead-letter can republish it unchanged. */
 #ifndef CR_CELERY_MSG_H
 #define CR_CELERY_MSG_H

@@ -543,7 +543,7 @@ static int put_str_member(struct buf *out, const char *key, const char *val, int
     return rc ? rc : py_json_string(out, val ? val : "");
 }
 
-int kombu_msg_encode(const struct kombu_out *o, struct buf *out)
+int kombu_msg_encode(const struct outbound *o, const char *delivery_tag, struct buf *out)
 {
     size_t start = out->len;
     int comma = 0;
@@ -593,7 +593,7 @@ int kombu_msg_encode(const struct kombu_out *o, struct buf *out)
     if (rc == 0)
         rc = buf_printf(out, "}, \"priority\": %d, \"body_encoding\": \"base64\"", prio);
     if (rc == 0)
-        rc = put_str_member(out, "delivery_tag", o->delivery_tag, 1);
+        rc = put_str_member(out, "delivery_tag", delivery_tag, 1);
     if (rc == 0)
         rc = buf_puts(out, "}}");
     if (rc < 0) {

@@ -19,6 +19,7 @@
 
 #include "../util/buf.h"
 #include "../util/err.h"
+#include "message.h"
 
 /* ------------------------------------------------------------ options */
 
@@ -112,27 +113,13 @@ int kombu_msg_decode(struct kombu_msg *m, const char *env, size_t len,
                      size_t max_body_bytes, struct cr_err *err);
 void kombu_msg_release(struct kombu_msg *m);
 
-/* A message to write (everything borrowed for the call; NULL strings are
- * written as kombu writes absent ones). */
-struct kombu_out {
-    const char *body;
-    size_t body_len;
-    const char *content_type;     /* NULL: "application/json" */
-    const char *content_encoding; /* NULL: "utf-8" */
-    const cJSON *headers;         /* NULL: {} */
-    const char *correlation_id;
-    const char *reply_to;
-    const char *expiration;
-    int delivery_mode; /* 0: 2 */
-    int priority;      /* kombu's scale; clamped to 0..9 */
-    const char *exchange;
-    const char *routing_key;
-    const char *delivery_tag; /* a fresh uuid4 per publish (the caller's) */
-};
-
-/* Appends the envelope of o as kombu writes it (json.dumps spacing, body in
- * base64, body_encoding "base64"). Returns 0 or CR_ENOMEM. */
-int kombu_msg_encode(const struct kombu_out *o, struct buf *out);
+/* Appends the envelope of o (borrowed for the call) as kombu writes it
+ * (json.dumps spacing, body in base64, body_encoding "base64"), with
+ * delivery_tag (a fresh uuid4 per publish, the caller's). A property o omits
+ * is written as kombu writes an absent one: content type "application/json",
+ * encoding "utf-8", headers {}, delivery mode 2; exchange and routing key "";
+ * the priority is kombu's scale, clamped to 0..9. Returns 0 or CR_ENOMEM. */
+int kombu_msg_encode(const struct outbound *o, const char *delivery_tag, struct buf *out);
 
 /* Appends env (len bytes) with headers.redelivered and
  * properties.delivery_info.redelivered set to true, everything else kept, as

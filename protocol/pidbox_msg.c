@@ -12,7 +12,7 @@
 #include "celery_events.h"
 #include "pyjson.h"
 #include "../util/alloc.h"
-#include "../util/hex.h"
+#include "../util/pct.h"
 #include "../util/strmap.h"
 
 /* ------------------------------------------------------------- requests */
@@ -862,19 +862,11 @@ cJSON *pidbox_queue_info_new(const struct pidbox_queue_info *q)
     return o;
 }
 
-/* Copies [s, e) into out (size bytes), %XX-decoded, cut to fit. */
+/* Copies [s, e) into out (size bytes), %XX-decoded, cut to fit: what is
+ * shown in a reply, where a long name cut is better than none. */
 static void copy_decoded(const char *s, const char *e, char *out, size_t size)
 {
-    size_t n = 0;
-    for (; s < e && n + 1 < size; s++) {
-        if (*s == '%' && e - s >= 3 && cr_hexval(s[1]) >= 0 && cr_hexval(s[2]) >= 0) {
-            out[n++] = (char)(cr_hexval(s[1]) * 16 + cr_hexval(s[2]));
-            s += 2;
-        } else {
-            out[n++] = *s;
-        }
-    }
-    out[n] = '\0';
+    (void)pct_decode(out, size, s, e > s ? (size_t)(e - s) : 0, 0, NULL);
 }
 
 int pidbox_broker_info_parse(const char *url, struct pidbox_broker_info *out)

@@ -27,7 +27,7 @@
  * max_bytes + 3 bytes are added. */
 int py_repr(const cJSON *v, struct buf *out, size_t max_bytes);
 
-/* ---- Python-flavoured JSON (shared by celery_msg and amqp_json) ----
+/* ---- Python-flavoured JSON (shared by celery_msg and rmq_json) ----
  *
  * cJSON keeps every number as a double, so "1.0" and "1" would look the same and
  * a float argument would come back to Python as an int. The functions below keep

@@ -6,7 +6,7 @@
  * global=true without error but applies the window to each consumer, and only
  * to consumers started after it (seen on RabbitMQ 4.0.5 with the feature
  * denied in its configuration). The version cannot say which: it only says
- * whether the question is worth asking the broker (net/amqp.c probes). */
+ * whether the question is worth asking the broker (net/rmq_broker.c probes). */
 #ifndef CR_RMQ_CAPS_H
 #define CR_RMQ_CAPS_H
 

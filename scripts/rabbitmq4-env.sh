@@ -102,11 +102,23 @@ up)
     ;;
 down)
     # A node still running from ROOT would lose its /tmp under it.
-    for pid in $(pgrep -x beam.smp || true) $(pgrep -x epmd || true); do
+    for pid in $(pgrep -x beam.smp || true); do
         if [ "$(readlink "/proc/$pid/root")" = "$ROOT" ]; then
             echo "rabbitmq4-env: process $pid still runs inside $ROOT" >&2
             exit 1
         fi
+    done
+    # The first node to start runs epmd, so the tier's may have started the
+    # one every node of the machine uses. Stopped only when no node is
+    # registered with it any more (a host node may be, and needs it).
+    for pid in $(pgrep -x epmd || true); do
+        [ "$(readlink "/proc/$pid/root")" = "$ROOT" ] || continue
+        if epmd -names 2>/dev/null | grep -q '^name '; then
+            echo "rabbitmq4-env: epmd ($pid) inside $ROOT still serves nodes" >&2
+            exit 1
+        fi
+        kill "$pid" 2>/dev/null
+        for _ in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
     done
     for m in tmp dev proc; do
         if mountpoint -q "$ROOT/$m"; then umount "$ROOT/$m"; fi

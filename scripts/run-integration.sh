@@ -40,9 +40,10 @@ for a in "$@"; do
 done
 xdist=()
 if [ "$workers" -gt 0 ]; then
-    # loadfile: a file's tests share one worker, so that its module fixtures
-    # (TLS servers, nginx) start once.
-    xdist=(-n "$workers" --dist loadfile)
+    # loadgroup: tests are handed out one by one, heaviest first (conftest.py),
+    # except a file marked xdist_group (its module fixtures, TLS servers and
+    # nginx, start once), whose tests share one worker.
+    xdist=(-n "$workers" --dist "${CELERIAC_IT_DIST:-loadgroup}")
 else
     bash scripts/services.sh start "$dir" >/dev/null || { echo "integration: cannot start services"; exit 1; }
 fi

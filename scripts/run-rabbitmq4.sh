@@ -32,8 +32,8 @@ FILES=(test_rabbitmq43.py test_core.py test_reliability.py test_monitoring.py te
     test_quorum.py)
 [ $# -gt 0 ] && FILES=("$@")
 # Redis-broker variants of the same tests say nothing new here.
-# Three xdist workers, each with its own 4.x node (the files are spread by
-# file, as in the main suite).
-PATH=$bin:$PATH CELERIAC_RABBITMQ_43=1 CELERIAC_IT_WORKERS=${CELERIAC_IT_WORKERS:-3} \
+# Four xdist workers, each with its own 4.x node (the tests are spread one
+# by one, as in the main suite).
+PATH=$bin:$PATH CELERIAC_RABBITMQ_43=1 CELERIAC_IT_WORKERS=${CELERIAC_IT_WORKERS:-4} \
     PYTHONPATH="$root/tests/integration/celery57${PYTHONPATH:+:$PYTHONPATH}" \
     bash scripts/run-integration.sh -k "not redis" "${FILES[@]}"

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "llm/llm_client.h"
-#include "net/amqp_url.h"
+#include "net/rmq_url.h"
 #include "net/broker.h"
 #include "net/redis.h"
 #include "net/results.h"
@@ -15,6 +15,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "util/opts.h"
+#include "util/pct.h"
 
 #define OFF(f) offsetof(struct config, f)
 
@@ -305,12 +306,12 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         return cr_err_set(err, CR_EINVAL,
                           "unsupported broker URL scheme (want amqp:// or redis://)");
     if (!broker_url_is_redis(cfg->broker)) {
-        struct amqp_url_list *l = cr_malloc(sizeof(*l));
-        enum amqp_failover f;
+        struct rmq_url_list *l = cr_malloc(sizeof(*l));
+        enum rmq_failover f;
         int rc = !l ? cr_err_set(err, CR_ENOMEM, "out of memory")
-                    : amqp_url_list_parse(cfg->broker, l, err);
+                    : rmq_url_list_parse(cfg->broker, l, err);
         free(l);
-        if (rc || amqp_failover_parse(cfg->broker_failover_strategy, &f, err))
+        if (rc || rmq_failover_parse(cfg->broker_failover_strategy, &f, err))
             return err->code;
     }
     if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))
@@ -341,32 +342,16 @@ void config_redact_url(const char *url, char *out, size_t size)
     redact_url(url, out, size);
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    c |= 0x20;
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* Adds s[0..n) and, when it holds %XX escapes, its percent-decoded form. */
 static int add_secret(struct redact *r, const char *s, size_t n)
 {
     char dec[512];
-    size_t o = 0;
+    size_t o;
     int rc = redact_add(r, s, n);
     if (rc || !memchr(s, '%', n) || n >= sizeof(dec))
         return rc;
-    for (size_t i = 0; i < n; i++) {
-        int hi = s[i] == '%' && i + 2 < n ? hexval(s[i + 1]) : -1;
-        int lo = hi >= 0 ? hexval(s[i + 2]) : -1;
-        if (lo >= 0) {
-            dec[o++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            dec[o++] = s[i];
-        }
-    }
+    /* never cut: the decoded form is no longer than s */
+    (void)pct_decode(dec, sizeof(dec), s, n, 0, &o);
     return redact_add(r, dec, o);
 }
 

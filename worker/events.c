@@ -64,7 +64,7 @@ static void fill_common(struct events *ev, struct cev_common *c)
 
 static void publish(struct events *ev, const char *type, const struct buf *body)
 {
-    struct broker_props p;
+    struct outbound p;
     char key[64];
     if (cev_routing_key(type, key, sizeof(key)))
         return;
@@ -75,8 +75,11 @@ static void publish(struct events *ev, const char *type, const struct buf *body)
     p.priority = 0;
     p.headers = ev->headers;
     p.no_hold = 1; /* an event held through a broker alarm would be stale news */
-    if (broker_publish(ev->w->broker, EVENT_EXCHANGE, key, &p, body->data, body->len,
-                       on_confirm, NULL))
+    p.exchange = EVENT_EXCHANGE;
+    p.routing_key = key;
+    p.body = body->data;
+    p.body_len = body->len;
+    if (broker_publish(ev->w->broker, &p, on_confirm, NULL))
         ev->dropped++;
 }
 

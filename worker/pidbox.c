@@ -1342,7 +1342,7 @@ static void send_reply(struct pidbox *pb, const struct pidbox_request *rq,
                        const cJSON *reply)
 {
     const struct worker_ctx *w = pb->w;
-    struct broker_props p;
+    struct outbound p;
     struct buf body;
     cJSON *headers;
     int ok;
@@ -1371,8 +1371,11 @@ static void send_reply(struct pidbox *pb, const struct pidbox_request *rq,
         p.delivery_mode = 1;
         p.priority = -1;
         p.headers = headers;
-        if (broker_publish(w->broker, rq->reply_exchange, rq->reply_routing_key, &p,
-                           body.data, body.len, on_reply_confirm, NULL))
+        p.exchange = rq->reply_exchange;
+        p.routing_key = rq->reply_routing_key;
+        p.body = body.data;
+        p.body_len = body.len;
+        if (broker_publish(w->broker, &p, on_reply_confirm, NULL))
             LOG(LOG_WARNING, "pidbox: cannot send the reply to %s", rq->method);
     } else {
         LOG(LOG_ERROR, "pidbox: out of memory replying to %s", rq->method);
@@ -1381,7 +1384,7 @@ static void send_reply(struct pidbox *pb, const struct pidbox_request *rq,
     buf_release(&body);
 }
 
-void pidbox_on_message(struct pidbox *pb, struct broker_msg *m)
+void pidbox_on_message(struct pidbox *pb, struct delivery *m)
 {
     struct pidbox_request rq;
     struct cr_err err;
@@ -1391,7 +1394,7 @@ void pidbox_on_message(struct pidbox *pb, struct broker_msg *m)
     int rc;
 
     if (!pb) {
-        broker_msg_free(m);
+        delivery_free(m);
         return;
     }
     memset(&err, 0, sizeof(err));
@@ -1440,10 +1443,10 @@ void pidbox_on_message(struct pidbox *pb, struct broker_msg *m)
     cJSON_Delete(reply);
 out:
     pidbox_request_release(&rq);
-    broker_msg_free(m);
+    delivery_free(m);
 }
 
-int pidbox_owns(const struct pidbox *pb, const struct broker_msg *m)
+int pidbox_owns(const struct pidbox *pb, const struct delivery *m)
 {
     (void)pb;
     return m->no_ack;

@@ -10,16 +10,16 @@
 #define CR_PIDBOX_H
 
 struct worker_ctx;
-struct broker_msg;
+struct delivery;
 struct pidbox;
 
 /* Returns a new mailbox for w: loads --statedb (blocking; call at start-up)
  * and adds the mailbox consumer. NULL on OOM. w must outlive it. */
 struct pidbox *pidbox_new(const struct worker_ctx *w);
 /* Handles one control message. Takes m (frees it), also when pb is NULL. */
-void pidbox_on_message(struct pidbox *pb, struct broker_msg *m);
+void pidbox_on_message(struct pidbox *pb, struct delivery *m);
 /* Whether m came from the mailbox queue (a delivery without acks). */
-int pidbox_owns(const struct pidbox *pb, const struct broker_msg *m);
+int pidbox_owns(const struct pidbox *pb, const struct delivery *m);
 /* Writes the state file one last time and frees. A state-file write still
  * running in the thread pool finishes (and frees its memory) when the loop runs
  * again. NULL is a no-op. */

@@ -3,7 +3,7 @@
  *
  * Every decision about a delivery and its job is the engine's (engine/); this
  * file owns the libuv loop's timer and signals, implements struct engine_ops
- * with the broker (net/amqp.h), the result store (net/results.h) and the LLM
+ * with the broker (net/rmq_broker.h), the result store (net/results.h) and the LLM
  * client, feeds every completion back into the engine with the time, and fans
  * the engine's notifications out to events, metrics and progress. See
  * docs/internals/worker.md for the way of one task. */
@@ -92,90 +92,35 @@ static struct worker *worker_of(const struct job *j)
 static void op_ack(void *ctx, struct delivery *d)
 {
     struct worker *w = ctx;
-    struct broker_msg *m = d->tag;
     if (w->broker)
-        broker_ack(w->broker, m);
-    d->settled = m->settled;
+        broker_ack(w->broker, d);
 }
 
 static void op_reject(void *ctx, struct delivery *d, int requeue)
 {
     struct worker *w = ctx;
-    struct broker_msg *m = d->tag;
     if (w->broker)
-        broker_reject(w->broker, m, requeue);
-    d->settled = m->settled;
+        broker_reject(w->broker, d, requeue);
 }
 
 static int op_delivery_live(void *ctx, const struct delivery *d)
 {
     struct worker *w = ctx;
-    const struct broker_msg *m = d->tag;
-    /* A Redis delivery (m->tag) stays settleable while a connection is down:
-     * its record lives in Redis and the ack waits for the reconnect. */
-    return w->broker && (m->tag || broker_connected(w->broker)) &&
-           m->generation == broker_generation(w->broker);
+    return w->broker && broker_live(w->broker, d);
 }
 
 static void op_release(void *ctx, struct delivery *d)
 {
     (void)ctx;
-    cJSON_Delete(d->headers);
-    broker_msg_free(d->tag);
-    cr_free(d);
+    delivery_free(d);
 }
 
-/* A delivery as the engine sees it: its fields borrowed from m, which it
- * keeps as its tag, and m's header tree moved over. NULL on OOM. */
-static struct delivery *delivery_of(const struct broker *b, struct broker_msg *m)
-{
-    struct delivery *d = cr_calloc(1, sizeof(*d));
-    if (!d)
-        return NULL;
-    d->body = m->body;
-    d->body_len = m->body_len;
-    d->content_type = m->content_type;
-    d->content_encoding = m->content_encoding;
-    d->correlation_id = m->correlation_id;
-    d->reply_to = m->reply_to;
-    d->delivery_mode = m->delivery_mode;
-    d->priority = m->priority;
-    d->wire_priority = m->wire_priority;
-    d->exchange = m->exchange;
-    d->routing_key = m->routing_key;
-    d->queue = m->queue;
-    d->redelivered = m->redelivered;
-    d->received_ms = m->received_ms;
-    _Static_assert(DELIVERY_CAP_CONFIRMS == BROKER_CAP_CONFIRMS &&
-                       DELIVERY_CAP_PRIORITY == BROKER_CAP_PRIORITY &&
-                       DELIVERY_CAP_PREFETCH == BROKER_CAP_PREFETCH &&
-                       DELIVERY_CAP_PARK == BROKER_CAP_PARK &&
-                       DELIVERY_CAP_DELAYED == BROKER_CAP_DELAYED,
-                   "broker.h repeats the delivery caps");
-    d->caps = broker_delivery_caps(b);
-    d->headers = m->headers;
-    m->headers = NULL;
-    d->headers_bad = m->headers_bad;
-    d->headers_err = m->headers_err;
-    d->settled = m->settled;
-    d->tag = m;
-    return d;
-}
-
-static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
+static void on_delivery(struct broker *b, struct delivery *d, void *privdata)
 {
     struct worker *w = privdata;
-    struct delivery *d;
-
-    if (m->no_ack) {
-        pidbox_on_message(w->pidbox, m);
-        return;
-    }
-    d = delivery_of(b, m);
-    if (!d) {
-        LOG(LOG_ERROR, "out of memory receiving a message; requeueing it");
-        broker_reject(b, m, 1);
-        broker_msg_free(m);
+    (void)b;
+    if (d->no_ack) {
+        pidbox_on_message(w->pidbox, d);
         return;
     }
     engine_on_delivery(w->engine, now_of(w), d);
@@ -191,20 +136,9 @@ static void on_confirm(struct broker *b, int ok, void *privdata)
 static int op_publish(void *ctx, const struct outbound *o, struct engine_publish *p)
 {
     struct worker *w = ctx;
-    struct broker_props props;
-    memset(&props, 0, sizeof(props));
-    props.content_type = o->content_type;
-    props.content_encoding = o->content_encoding;
-    props.correlation_id = o->correlation_id;
-    props.reply_to = o->reply_to;
-    props.delivery_mode = o->delivery_mode;
-    props.priority = o->priority;
-    props.headers = o->headers;
-    props.expiration = o->expiration;
     if (!w->broker)
         return CR_EBROKER;
-    return broker_publish(w->broker, o->exchange, o->routing_key, &props, o->body,
-                          o->body_len, on_confirm, p);
+    return broker_publish(w->broker, o, on_confirm, p);
 }
 
 static void op_set_prefetch(void *ctx, int n)
@@ -871,10 +805,10 @@ static int clients_new(struct worker *w, struct cr_err *err)
      * makes the park always come first, whatever the node's setting. */
     if (cfg->park_after > 0)
         w->bcfg.consumer_timeout_ms = (int64_t)((cfg->park_after + 60) * 1000);
-    w->broker = broker_new(w->loop, &w->bcfg, on_msg, NULL, w, err);
+    w->broker = broker_new(w->loop, &w->bcfg, on_delivery, NULL, w, err);
     if (!w->broker)
         return err->code;
-    if (cfg->park_after > 0 && (broker_delivery_caps(w->broker) & BROKER_CAP_PARK) &&
+    if (cfg->park_after > 0 && (broker_delivery_caps(w->broker) & MSG_CAP_PARK) &&
         declare_park_queues(w))
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     return 0;
@@ -1061,7 +995,7 @@ int worker_start(struct worker *w, struct cr_err *err)
         return err->code;
     /* The mailbox before the connection, so that it is declared at set-up
      * with the task queues, where an exclusive queue still held by our own
-     * earlier connection (405) is answered (see net/amqp.c). */
+     * earlier connection (405) is answered (see net/rmq_broker.c). */
     w->pidbox = pidbox_new(&w->ctx);
     if (connect_at_startup(w, attempt_broker, err))
         return err->code;

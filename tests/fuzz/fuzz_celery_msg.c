@@ -2,7 +2,7 @@
  *
  * Build (from the repo root):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_celery_msg.c \
- *       protocol/celery_msg.c protocol/pyjson.c protocol/isotime.c protocol/amqp_json.c \
+ *       protocol/celery_msg.c protocol/pyjson.c protocol/isotime.c protocol/rmq_json.c \
  *       util/alloc.c util/buf.c util/err.c -lcjson -lrabbitmq -lm
  * Run:
  *   ./a.out -max_total_time=60 tests/fuzz/corpus/celery_msg/

@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void round_trip(const struct kombu_msg *m)
 {
-    struct kombu_out o;
+    struct outbound o;
     struct kombu_msg back;
     struct buf out;
     memset(&o, 0, sizeof o);
@@ -36,9 +36,8 @@ static void round_trip(const struct kombu_msg *m)
     o.priority = m->priority;
     o.exchange = m->exchange;
     o.routing_key = m->routing_key;
-    o.delivery_tag = m->delivery_tag;
     buf_init(&out);
-    if (kombu_msg_encode(&o, &out) == 0 &&
+    if (kombu_msg_encode(&o, m->delivery_tag, &out) == 0 &&
         kombu_msg_decode(&back, out.data, out.len, 0, NULL) == 0) {
         if (back.body_len != m->body_len ||
             memcmp(back.body, m->body, m->body_len) != 0 ||

@@ -455,17 +455,23 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Under pytest-xdist (--dist loadfile: whole files, handed out in collection
-    order), the heaviest files first, so that a long file does not start last and
-    keep one worker busy after the others are done. A file weighs one a test and
-    fifteen a test marked slow; the order within a file is kept."""
+    """Under pytest-xdist (--dist loadgroup: tests handed out one by one in
+    collection order, a file marked xdist_group as one unit), the heaviest first,
+    so that a long test or group does not start last and keep one worker busy
+    after the others are done. A test weighs one, fifteen when marked slow; a
+    group weighs the sum of its tests and keeps its order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+
+    def unit(it):
+        m = it.get_closest_marker("xdist_group")
+        return ("group", m.args[0] if m and m.args else m.kwargs.get("name")) if m else it.nodeid
+
     weight = {}
     for it in items:
-        f = it.nodeid.split("::", 1)[0]
-        weight[f] = weight.get(f, 0) + (15 if it.get_closest_marker("slow") else 1)
-    items.sort(key=lambda it: -weight[it.nodeid.split("::", 1)[0]])
+        u = unit(it)
+        weight[u] = weight.get(u, 0) + (15 if it.get_closest_marker("slow") else 1)
+    items.sort(key=lambda it: -weight[unit(it)])
 
 
 def pytest_generate_tests(metafunc):

@@ -14,6 +14,9 @@ from conftest import ROOT, wait_until
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from tls_front import TlsFront  # noqa: E402
 
+# Its module fixtures (a TLS front) start once: the file runs on one worker.
+pytestmark = pytest.mark.xdist_group("llm_tls")
+
 N_CALLS = 50
 
 

@@ -16,6 +16,9 @@ from celery import Celery
 
 from conftest import free_port, wait_until
 
+# Its module fixtures (certificates, a TLS Redis) start once: the file runs on one worker.
+pytestmark = pytest.mark.xdist_group("redis_tls")
+
 
 def _openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)

@@ -90,16 +90,7 @@ static void f_release(void *ctx, struct delivery *d)
     f->released++;
     if (f->log_releases)
         fake_note(f, "release", num(f, d));
-    cJSON_Delete(d->headers);
-    free(m->body);
-    free(m->ct);
-    free(m->ce);
-    free(m->corr);
-    free(m->reply);
-    free(m->exchange);
-    free(m->rk);
-    free(m->queue);
-    free(m);
+    delivery_free(d);
 }
 
 static int f_read_state(void *ctx, struct job *j)
@@ -366,19 +357,18 @@ struct fake_msg *fake_msg_new(struct fake *f, const char *body, const char *queu
     ck_assert_ptr_nonnull(m);
     ck_assert_int_lt(f->ndeliveries + 1, FAKE_MAXOPS);
     m->n = ++f->ndeliveries;
-    m->body = strdup(body);
-    m->queue = strdup(queue);
-    ck_assert(m->body && m->queue);
-    m->d.body = m->body;
-    m->d.body_len = strlen(m->body);
-    m->d.content_type = "application/json";
-    m->d.content_encoding = "utf-8";
+    m->d.body = strdup(body);
+    m->d.body_len = strlen(body);
+    m->d.content_type = strdup("application/json");
+    m->d.content_encoding = strdup("utf-8");
     m->d.delivery_mode = 2;
-    m->d.exchange = "";
-    m->d.routing_key = m->queue;
-    m->d.queue = m->queue;
+    m->d.exchange = strdup("");
+    m->d.routing_key = strdup(queue);
+    m->d.queue = strdup(queue);
+    ck_assert(m->d.body && m->d.content_type && m->d.content_encoding && m->d.exchange &&
+              m->d.routing_key && m->d.queue);
     m->d.received_ms = f->now.loop_ms;
-    m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PREFETCH;
+    m->d.caps = MSG_CAP_CONFIRMS | MSG_CAP_PREFETCH;
     m->d.headers = headers;
     return m;
 }

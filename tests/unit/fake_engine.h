@@ -29,13 +29,12 @@
 /* Slots of each kind of request, and deliveries, one fake may see. */
 #define FAKE_MAXOPS 512
 
-/* A delivery made by fake_msg_new(); every string here is the message's own
- * (freed on release, NULL or not). The delivery's pointers may point at them
- * or at literals. */
+/* A delivery made by fake_msg_new(): d first, so that release frees the
+ * whole with delivery_free(), as the worker does; every string of d is its own
+ * (malloc'd: replace one with free() and strdup()). */
 struct fake_msg {
     struct delivery d;
     int n; /* 1, 2, ... in the order fake_msg_new() made them */
-    char *body, *ct, *ce, *corr, *reply, *exchange, *rk, *queue;
 };
 
 /* A publish waiting for its confirm (p NULL once answered). */

@@ -14,6 +14,7 @@
 #include "tests/unit/unit.h"
 #include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "protocol/delayed.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
@@ -67,24 +68,21 @@ static struct delivery *fixture(struct fake *f, const char *name, const char *ta
     m = fake_msg_new(
         f, body ? body : cJSON_GetObjectItemCaseSensitive(root, "body")->valuestring,
         "celery", h);
-    m->ct = opt_dup(root, "content_type");
-    m->ce = opt_dup(root, "content_encoding");
-    m->corr = opt_dup(props, "correlation_id");
-    m->reply = opt_dup(props, "reply_to");
-    m->exchange = opt_dup(info, "exchange");
-    m->rk = opt_dup(info, "routing_key");
-    m->d.content_type = m->ct;
-    m->d.content_encoding = m->ce;
-    m->d.correlation_id = m->corr;
-    m->d.reply_to = m->reply;
+    free(m->d.content_type);
+    free(m->d.content_encoding);
+    free(m->d.exchange);
+    free(m->d.routing_key);
+    m->d.content_type = opt_dup(root, "content_type");
+    m->d.content_encoding = opt_dup(root, "content_encoding");
+    m->d.correlation_id = opt_dup(props, "correlation_id");
+    m->d.reply_to = opt_dup(props, "reply_to");
+    m->d.exchange = opt_dup(info, "exchange");
+    m->d.routing_key = opt_dup(info, "routing_key");
     m->d.delivery_mode =
         cJSON_GetObjectItemCaseSensitive(props, "delivery_mode")->valueint;
     m->d.priority = m->d.wire_priority =
         cJSON_GetObjectItemCaseSensitive(props, "priority")->valueint;
-    m->d.exchange = m->exchange;
-    m->d.routing_key = m->rk;
-    m->d.caps = DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH |
-                DELIVERY_CAP_PARK;
+    m->d.caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH | MSG_CAP_PARK;
     cJSON_Delete(root);
     return &m->d;
 }
@@ -792,7 +790,7 @@ START_TEST(test_delayed_far_eta)
     f.cfg.delayed_horizon_s = 3;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     cJSON_AddNumberToObject(d->headers, "x-delivery-count", 2);
     deliver(&f, d);
     log_is(&f, "publish:celery_delayed_27");
@@ -820,7 +818,7 @@ START_TEST(test_delayed_nack_holds_it)
     f.cfg.delayed_horizon_s = 3;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     deliver(&f, d);
     log_is(&f, "publish:celery_delayed_27");
     confirm(&f, 0, 0);
@@ -846,20 +844,21 @@ START_TEST(test_delayed_near_or_unbound_eta_is_held)
     f.now.epoch_us = ETA_FIXTURE_US - 2500000;
     fake_start(&f);
     d = generate(&f, "eta");
-    d->caps |= DELIVERY_CAP_DELAYED;
+    d->caps |= MSG_CAP_DELAYED;
     deliver(&f, d);
     log_is(&f, "");
     f.now.epoch_us = ETA_FIXTURE_US - 60000000;
     d = generate(&f, "eta");
     cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
                                            cJSON_CreateString("other-id-1"));
-    deliver(&f, d); /* no DELIVERY_CAP_DELAYED */
+    deliver(&f, d); /* no MSG_CAP_DELAYED */
     log_is(&f, "");
     d = generate(&f, "eta");
     cJSON_ReplaceItemInObjectCaseSensitive(d->headers, "id",
                                            cJSON_CreateString("other-id-2"));
-    d->caps |= DELIVERY_CAP_DELAYED;
-    d->queue = "added-later";
+    d->caps |= MSG_CAP_DELAYED;
+    free(d->queue);
+    d->queue = strdup("added-later");
     deliver(&f, d);
     log_is(&f, "");
     fake_release(&f);
@@ -1172,6 +1171,18 @@ END_TEST
 
 /* ---------------------------------------------------------------- canvas */
 
+/* Asserts j's canvas plan is at step want, reached from *at by a move
+ * engine__fu_step_legal() allows (or still there), and notes it in *at. */
+static void step_is(struct job *j, enum fu_step want, enum fu_step *at)
+{
+    enum fu_step s = engine__followup_step(j);
+    ck_assert_msg(s == want, "step %s, want %s", engine__fu_step_names[s],
+                  engine__fu_step_names[want]);
+    ck_assert_msg(s == *at || engine__fu_step_legal(*at, s), "%s -> %s is not a move",
+                  engine__fu_step_names[*at], engine__fu_step_names[s]);
+    *at = s;
+}
+
 #define CHORD_GID "bc6f0b24-2613-4ad2-ba83-c4e89f89676f"
 #define CHORD_MEMBER "[1, \"0f0b8c1e-0013-4000-8000-000000000013\", \"SUCCESS\", [1, 1]]"
 
@@ -1357,17 +1368,24 @@ START_TEST(test_chord_member_completes)
     static const char *const members[] = {
         CHORD_MEMBER, "[1, \"0f0b8c1e-0014-4000-8000-000000000014\", \"SUCCESS\", 4]"};
     struct fake f;
+    enum fu_step at = FU_NONE;
+    struct job *j;
     fake_init(&f, NULL);
     fake_start(&f);
     deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    j = f.stores[0];
+    step_is(j, FU_STORES, &at);
     stored(&f, 0, 0);
+    step_is(j, FU_PART, &at);
     chord_done(&f, 0, 0, members, 2);
+    step_is(j, FU_JOIN_MSGS, &at);
     log_is(&f, "store-SUCCESS stored chord-part complete publish:celery");
     ck_assert_str_eq(pub_header(&f, 0, "id"), "0f0b8c1e-0813-4000-8000-000000000813");
     ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.tsum");
     ck_assert_msg(!strncmp(f.pubs[0].body, "[[[[1, 1], 4]], {}", 18), "%s",
                   f.pubs[0].body);
     confirm(&f, 0, 1);
+    step_is(j, FU_CLEAR, &at);
     log_is(&f, "confirm chord-clear");
     ck_assert_str_eq(f.chords[1].group_id, CHORD_GID);
     chord_done(&f, 1, 0, NULL, 0);
@@ -1386,15 +1404,22 @@ START_TEST(test_chord_member_failed)
                       "{\"exc_type\": \"ValueError\", \"exc_message\": [\"x\"], "
                       "\"exc_module\": \"builtins\"}]"};
     struct fake f;
+    enum fu_step at = FU_NONE;
+    struct job *j;
     fake_init(&f, NULL);
     fake_start(&f);
     deliver(&f, fixture(&f, "chord_header", NULL, NULL));
+    j = f.stores[0];
+    step_is(j, FU_STORES, &at);
     stored(&f, 0, 0);
+    step_is(j, FU_PART, &at);
     chord_done(&f, 0, 0, members, 2);
+    step_is(j, FU_BODY, &at);
     log_is(&f, "store-SUCCESS stored chord-part complete store-for-FAILURE:0813");
     ck_assert_ptr_nonnull(strstr(f.metas[1], "ChordError"));
     ck_assert_ptr_nonnull(strstr(f.metas[1], "0f0b8c1e-0014"));
     stored(&f, 1, 0);
+    step_is(j, FU_CLEAR, &at);
     log_is(&f, "stored chord-clear");
     chord_done(&f, 1, 0, NULL, 0);
     log_is(&f, "chord-done ack1 release1");
@@ -1436,6 +1461,7 @@ static void redelivered_chord_member(int completes)
     struct fake f;
     struct delivery *d;
     struct job *j;
+    enum fu_step at = FU_NONE;
     fake_init(&f, NULL);
     fake_start(&f);
     d = fixture(&f, "chord_header", NULL, NULL);
@@ -1444,7 +1470,9 @@ static void redelivered_chord_member(int completes)
     log_is(&f, "read1");
     j = f.reads[0];
     f.reads[0] = NULL;
+    step_is(j, FU_NONE, &at);
     engine_on_state(f.e, f.now, j, 0, meta, strlen(meta));
+    step_is(j, FU_PART, &at);
     log_is(&f, "chord-part");
     ck_assert_str_eq(f.chords[0].member, CHORD_MEMBER);
     if (!completes) {
@@ -1453,9 +1481,11 @@ static void redelivered_chord_member(int completes)
         ck_assert_int_eq(f.npubs, 0);
     } else {
         chord_done(&f, 0, 0, members, 1);
+        step_is(j, FU_JOIN_MSGS, &at);
         log_is(&f, "complete publish:celery");
         ck_assert_str_eq(pub_header(&f, 0, "task"), "proj.tsum");
         confirm(&f, 0, 1);
+        step_is(j, FU_CLEAR, &at);
         chord_done(&f, 1, 0, NULL, 0);
         log_is(&f, "confirm chord-clear chord-done ack1 release1");
         ck_assert_int_eq(f.npubs, 1);
@@ -1609,20 +1639,27 @@ START_TEST(test_chain_launches_a_chord)
 {
     struct fake f;
     char *body = canvas_body("chain_chord");
+    enum fu_step at = FU_NONE;
+    struct job *j;
     fake_init(&f, NULL);
     fake_start(&f);
     deliver(&f, fixture(&f, "chain", NULL, body));
     free(body);
     log_is(&f, "chord-size");
+    j = f.chords[0].j;
+    step_is(j, FU_SIZES, &at);
     /* a fresh group id, as Celery 5.2.6 draws one for a chord in a chain */
     ck_assert_int_eq(strlen(f.chords[0].group_id), 36);
     ck_assert_int_eq(f.chords[0].size, 2);
     chord_done(&f, 0, 0, NULL, 0);
+    step_is(j, FU_MSGS, &at);
     log_is(&f, "chord-done publish:celery publish:celery");
     ck_assert_str_eq(pub_header(&f, 0, "id"), "c11e0000-0000-4000-8000-000000001002");
     ck_assert_str_eq(pub_header(&f, 1, "group"), f.chords[0].group_id);
     confirm(&f, 1, 1);
+    step_is(j, FU_MSGS, &at);
     confirm(&f, 0, 1);
+    step_is(j, FU_STORES, &at);
     stored(&f, 0, 0);
     log_is(&f, "confirm confirm store-SUCCESS stored ack1 release1");
     check_once(&f);
@@ -1642,6 +1679,89 @@ START_TEST(test_chord_size_refused)
     /* nothing published, nothing stored: the redelivery tries again */
     log_is(&f, "chord-size chord-done release1");
     ck_assert_int_eq(f.npubs + f.nstores, 0);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+/* Every step has its own name, and the moves are exactly these. */
+START_TEST(test_followup_step_names_and_moves)
+{
+    static const struct {
+        enum fu_step a, b;
+    } moves[] = {
+        {FU_NONE, FU_SIZES},      {FU_NONE, FU_MSGS},
+        {FU_NONE, FU_STORES},     {FU_NONE, FU_PART},
+        {FU_SIZES, FU_MSGS},      {FU_SIZES, FU_STORES},
+        {FU_MSGS, FU_STORES},     {FU_STORES, FU_PART},
+        {FU_PART, FU_PART},       {FU_PART, FU_JOIN_SIZES},
+        {FU_PART, FU_JOIN_MSGS},  {FU_PART, FU_BODY},
+        {FU_PART, FU_CLEAR},      {FU_JOIN_SIZES, FU_JOIN_MSGS},
+        {FU_JOIN_SIZES, FU_BODY}, {FU_JOIN_SIZES, FU_CLEAR},
+        {FU_JOIN_MSGS, FU_BODY},  {FU_JOIN_MSGS, FU_CLEAR},
+        {FU_BODY, FU_CLEAR},      {FU_CLEAR, FU_PART},
+    };
+    for (int a = 0; a < FU_NSTEPS; a++) {
+        ck_assert_ptr_nonnull(engine__fu_step_names[a]);
+        ck_assert_int_gt(strlen(engine__fu_step_names[a]), 0);
+        for (int b = 0; b < a; b++)
+            ck_assert_str_ne(engine__fu_step_names[a], engine__fu_step_names[b]);
+        for (int b = 0; b < FU_NSTEPS; b++) {
+            int want = 0;
+            for (size_t k = 0; k < sizeof(moves) / sizeof(moves[0]); k++)
+                want |= moves[k].a == (enum fu_step)a && moves[k].b == (enum fu_step)b;
+            ck_assert_msg(engine__fu_step_legal(a, b) == want, "%s -> %s",
+                          engine__fu_step_names[a], engine__fu_step_names[b]);
+        }
+    }
+    ck_assert_str_eq(engine__fu_step_names[FU_CLEAR], "CLEAR");
+    ck_assert_int_eq(engine__fu_step_legal(FU_NSTEPS, FU_NONE), 0);
+    ck_assert_int_eq(engine__fu_step_legal(FU_NONE, FU_NSTEPS), 0);
+}
+END_TEST
+
+/* A chord whose body is a chord: its join sets the inner chord's size, then
+ * publishes its header, then the keys go: the join's plan has both steps. */
+START_TEST(test_chord_body_is_a_chord)
+{
+    static const char *const members[] = {CHORD_MEMBER};
+    struct fake f;
+    enum fu_step at = FU_NONE;
+    char *inner = canvas_body("chain_chord"), *body;
+    cJSON *in = cJSON_Parse(inner), *own;
+    struct job *j;
+    ck_assert_ptr_nonnull(in);
+    /* the header member's message, its chord body the chain's chord step */
+    own = cJSON_Parse("[[1, 1], {}, {\"callbacks\": null, \"errbacks\": null, "
+                      "\"chain\": null}]");
+    cJSON_AddItemToObject(
+        cJSON_GetArrayItem(own, 2), "chord",
+        cJSON_DetachItemFromArray(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(in, 2), "chain"), 0));
+    body = cJSON_PrintUnformatted(own);
+    cJSON_Delete(own);
+    cJSON_Delete(in);
+    free(inner);
+    fake_init(&f, NULL);
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chord_header", NULL, body));
+    cJSON_free(body);
+    j = f.stores[0];
+    stored(&f, 0, 0);
+    step_is(j, FU_PART, &at);
+    chord_done(&f, 0, 0, members, 1);
+    step_is(j, FU_JOIN_SIZES, &at);
+    log_is(&f, "store-SUCCESS stored chord-part complete chord-size");
+    ck_assert_int_eq(f.chords[1].size, 2);
+    chord_done(&f, 1, 0, NULL, 0);
+    step_is(j, FU_JOIN_MSGS, &at);
+    log_is(&f, "chord-done publish:celery publish:celery");
+    confirm(&f, 0, 1);
+    confirm(&f, 1, 1);
+    step_is(j, FU_CLEAR, &at);
+    log_is(&f, "confirm confirm chord-clear");
+    chord_done(&f, 2, 0, NULL, 0);
+    log_is(&f, "chord-done ack1 release1");
     check_once(&f);
     fake_release(&f);
 }
@@ -1870,6 +1990,8 @@ Suite *suite(void)
     tcase_add_test(tc, test_chain_launches_a_chord);
     tcase_add_test(tc, test_chord_size_refused);
     tcase_add_test(tc, test_chain_step_in_a_chord_header_fails);
+    tcase_add_test(tc, test_chord_body_is_a_chord);
+    tcase_add_test(tc, test_followup_step_names_and_moves);
     tcase_add_loop_test(tc, test_canvas_oom_sweep, 0, sizeof(sweeps) / sizeof(sweeps[0]));
     suite_add_tcase(s, tc);
     return s;

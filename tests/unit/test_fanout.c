@@ -13,6 +13,7 @@
 #include "tests/unit/unit.h"
 #include "tests/unit/fake_engine.h"
 #include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "protocol/result.h"
 #include "util/buf.h"
 
@@ -153,15 +154,30 @@ static void tick(struct fake *f, uint64_t ms)
     engine_on_tick(f->e, f->now);
 }
 
+/* Asserts the map j is (or whose item j is) is in state want, reached from
+ * *at by a move engine__fan_state_legal() allows (or still there), and notes
+ * it in *at. */
+static void state_is(const struct job *j, enum fan_state want, enum fan_state *at)
+{
+    enum fan_state s = engine__fanout_state(j);
+    ck_assert_msg(s == want, "state %s, want %s", engine__fan_state_names[s],
+                  engine__fan_state_names[want]);
+    ck_assert_msg(s == *at || engine__fan_state_legal(*at, s), "%s -> %s is not a move",
+                  engine__fan_state_names[*at], engine__fan_state_names[s]);
+    *at = s;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 START_TEST(test_map_in_order_up_to_concurrency)
 {
     struct fake f;
+    enum fan_state at = FAN_RUNNING;
     fake_init(&f, 2);
     fake_start(&f);
     deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\", \"c\", \"d\", \"e\"]");
     log_is(&f, "call call");
+    state_is(engine_find_job(f.e, TASK_ID), FAN_RUNNING, &at);
     ck_assert_int_eq(active(&f), 2); /* the map itself holds no slot */
     ck_assert_int_eq(f.notes[TEV_STARTED], 1);
     /* Each item is the bare task with the item: the signature's kwargs
@@ -179,8 +195,10 @@ START_TEST(test_map_in_order_up_to_concurrency)
     ck_assert_int_eq(active(&f), 2);
     ok(&f, 4, "E");
     log_is(&f, "done");
+    state_is(f.calls[0], FAN_RUNNING, &at);
     ok(&f, 0, "A");
     log_is(&f, "done store-SUCCESS");
+    state_is(f.stores[0], FAN_SETTLING, &at);
     result_is(&f, 0, "[\"A\",\"B\",\"C\",\"D\",\"E\"]");
     ck_assert_int_eq(f.ncalls, 5);
     ck_assert_int_eq(f.notes[TEV_SUCCEEDED], 1);
@@ -466,6 +484,7 @@ END_TEST
 START_TEST(test_revoke_terminate_aborts_items)
 {
     struct fake f;
+    enum fan_state at = FAN_RUNNING;
     fake_init(&f, 2);
     fake_start(&f);
     deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\", \"c\", \"d\"]");
@@ -474,10 +493,16 @@ START_TEST(test_revoke_terminate_aborts_items)
     log_is(&f, "done call");
     ck_assert_int_eq(engine_revoke(f.e, f.now, TASK_ID, 1), 1);
     log_is(&f, "abort abort");
+    state_is(f.calls[1], FAN_REVOKED, &at);
+    /* a second terminate finds it stopped */
+    ck_assert_int_eq(engine_revoke(f.e, f.now, TASK_ID, 1), 1);
+    log_is(&f, "");
     llm_done(&f, 1, LLM_PERMANENT, "TaskRevokedError", -1, NULL);
     log_is(&f, "done");
+    state_is(f.calls[2], FAN_REVOKED, &at);
     llm_done(&f, 2, LLM_PERMANENT, "TaskRevokedError", -1, NULL);
     log_is(&f, "done store-REVOKED");
+    state_is(f.stores[0], FAN_SETTLING, &at);
     ck_assert_int_eq(f.ncalls, 3); /* item 3 never started */
     ck_assert_int_eq(f.notes[TEV_REVOKED], 1);
     stored(&f, 0);
@@ -500,6 +525,7 @@ END_TEST
 START_TEST(test_time_limit_aborts_items)
 {
     struct fake f;
+    enum fan_state at = FAN_RUNNING;
     fake_init(&f, 2);
     f.cfg.time_limit = 10;
     fake_start(&f);
@@ -511,9 +537,11 @@ START_TEST(test_time_limit_aborts_items)
     log_is(&f, "done call");
     tick(&f, 5001);
     log_is(&f, "abort abort");
+    state_is(f.calls[1], FAN_TIMED_OUT, &at);
     llm_done(&f, 1, LLM_PERMANENT, "TimeLimitExceeded", -1, NULL);
     llm_done(&f, 2, LLM_PERMANENT, "TimeLimitExceeded", -1, NULL);
     log_is(&f, "done done store-FAILURE");
+    state_is(f.stores[0], FAN_SETTLING, &at);
     failure_is(&f, 0, "TimeLimitExceeded", "10");
     stored(&f, 0);
     ck_assert_uint_eq(live(&f), 0);
@@ -716,6 +744,68 @@ START_TEST(test_lost_delivery_stops_the_map)
 }
 END_TEST
 
+/* The connection goes while two items run: the next item to start finds the
+ * map's delivery gone, the map is LOST and aborts the other; it lets go once
+ * that call is back, unsettled. */
+START_TEST(test_lost_map_waits_for_its_running_items)
+{
+    struct fake f;
+    enum fan_state at = FAN_RUNNING;
+    struct job *b;
+    fake_init(&f, 2);
+    fake_start(&f);
+    deliver_map(&f, "celery.map", "llm.generate", "[\"a\", \"b\", \"c\"]");
+    log_is(&f, "call call");
+    b = f.calls[1];
+    state_is(b, FAN_RUNNING, &at);
+    f.connected = 0;
+    ok(&f, 0, "A");
+    log_is(&f, "done abort"); /* b, as the map is lost */
+    state_is(b, FAN_LOST, &at);
+    ck_assert_ptr_null(engine_find_job(f.e, TASK_ID));
+    ck_assert_uint_eq(live(&f), 2); /* the map and b */
+    llm_done(&f, 1, LLM_PERMANENT, "WorkerLostError", -1, NULL);
+    log_is(&f, "done");
+    ck_assert_int_eq(f.ncalls, 2);
+    ck_assert_uint_eq(live(&f), 0);
+    ck_assert_int_eq(f.acked + f.rejected, 0);
+    ck_assert_int_eq(f.released, 1);
+    fake_release(&f);
+}
+END_TEST
+
+/* Every state has its own name, and the moves are exactly these. */
+START_TEST(test_map_state_names_and_moves)
+{
+    static const struct {
+        enum fan_state a, b;
+    } moves[] = {
+        {FAN_RUNNING, FAN_TIMED_OUT}, {FAN_RUNNING, FAN_REVOKED},
+        {FAN_RUNNING, FAN_LOST},      {FAN_RUNNING, FAN_SETTLING},
+        {FAN_TIMED_OUT, FAN_LOST},    {FAN_TIMED_OUT, FAN_SETTLING},
+        {FAN_REVOKED, FAN_LOST},      {FAN_REVOKED, FAN_SETTLING},
+        {FAN_LOST, FAN_SETTLING},
+    };
+    for (int a = 0; a < FAN_NSTATES; a++) {
+        ck_assert_ptr_nonnull(engine__fan_state_names[a]);
+        ck_assert_int_gt(strlen(engine__fan_state_names[a]), 0);
+        for (int b = 0; b < a; b++)
+            ck_assert_str_ne(engine__fan_state_names[a], engine__fan_state_names[b]);
+        for (int b = 0; b < FAN_NSTATES; b++) {
+            int want = 0;
+            for (size_t k = 0; k < sizeof(moves) / sizeof(moves[0]); k++)
+                want |=
+                    moves[k].a == (enum fan_state)a && moves[k].b == (enum fan_state)b;
+            ck_assert_msg(engine__fan_state_legal(a, b) == want, "%s -> %s",
+                          engine__fan_state_names[a], engine__fan_state_names[b]);
+        }
+    }
+    ck_assert_str_eq(engine__fan_state_names[FAN_SETTLING], "SETTLING");
+    ck_assert_int_eq(engine__fan_state_legal(FAN_NSTATES, FAN_RUNNING), 0);
+    ck_assert_int_eq(engine__fan_state_legal(FAN_RUNNING, FAN_NSTATES), 0);
+}
+END_TEST
+
 START_TEST(test_map_waits_for_a_slot_like_a_task)
 {
     struct fake f;
@@ -762,6 +852,8 @@ Suite *suite(void)
     tcase_add_test(tc, test_cold_stop_mid_map_leaves_it_unacked);
     tcase_add_test(tc, test_lost_delivery_stops_the_map);
     tcase_add_test(tc, test_map_waits_for_a_slot_like_a_task);
+    tcase_add_test(tc, test_lost_map_waits_for_its_running_items);
+    tcase_add_test(tc, test_map_state_names_and_moves);
     suite_add_tcase(s, tc);
     return s;
 }

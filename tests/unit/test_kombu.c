@@ -102,7 +102,7 @@ END_TEST
 
 static int encode_from(const struct kombu_msg *m, struct buf *out)
 {
-    struct kombu_out o;
+    struct outbound o;
     memset(&o, 0, sizeof o);
     o.body = m->body;
     o.body_len = m->body_len;
@@ -118,8 +118,7 @@ static int encode_from(const struct kombu_msg *m, struct buf *out)
     o.priority = m->priority;
     o.exchange = m->exchange;
     o.routing_key = m->routing_key;
-    o.delivery_tag = m->delivery_tag;
-    return kombu_msg_encode(&o, out);
+    return kombu_msg_encode(&o, m->delivery_tag, out);
 }
 
 /* Every captured envelope comes out of our encoder byte for byte. */
@@ -489,13 +488,13 @@ END_TEST
 
 START_TEST(test_encode_defaults)
 {
-    struct kombu_out o;
+    struct outbound o;
     struct buf out;
     cJSON *h = NULL;
     memset(&o, 0, sizeof o);
     buf_init(&out);
     o.priority = 12;
-    ck_assert_int_eq(kombu_msg_encode(&o, &out), 0);
+    ck_assert_int_eq(kombu_msg_encode(&o, NULL, &out), 0);
     ck_assert_str_eq(
         out.data, "{\"body\": \"\", \"content-encoding\": \"utf-8\", \"content-type\": "
                   "\"application/json\", \"headers\": {}, \"properties\": "
@@ -510,7 +509,7 @@ START_TEST(test_encode_defaults)
     o.reply_to = "";
     o.priority = -1;
     o.delivery_mode = 1;
-    ck_assert_int_eq(kombu_msg_encode(&o, &out), 0);
+    ck_assert_int_eq(kombu_msg_encode(&o, NULL, &out), 0);
     ck_assert_str_eq(
         out.data,
         "{\"body\": \"AP8=\", \"content-encoding\": \"utf-8\", \"content-type\": "

@@ -132,8 +132,12 @@ START_TEST(test_memory_stays_small)
 }
 END_TEST
 
+/* Every allocation failing in turn: CR_ENOMEM on each failing pass (from
+ * new, feed or the sticky error of next/finish), never a crash or a leak,
+ * and on the first clean pass the three lines, reached within the bound. */
 START_TEST(test_oom_sweep)
 {
+    static const char *const want[] = {"{\"a\":1}", "{\"b\":2}", "{\"c\":3}"};
     const char *wire = "{\"a\":1}\n{\"b\":2}\n{\"c\":3}";
     long k;
 
@@ -141,16 +145,29 @@ START_TEST(test_oom_sweep)
         struct ndjson_parser *p;
         const char *line;
         size_t n;
+        long failed;
+        int rc, got = 0;
         cr_alloc_fail_after(k);
         p = ndjson_parser_new(0);
-        if (p) {
-            if (ndjson_feed(p, wire, strlen(wire)) == 0)
-                while (ndjson_finish(p, &line, &n) == 1)
-                    ;
-            ndjson_parser_free(p);
+        rc = p ? ndjson_feed(p, wire, strlen(wire)) : CR_ENOMEM;
+        while (rc == 0 && (rc = ndjson_finish(p, &line, &n)) == 1) {
+            ck_assert_int_lt(got, 3);
+            ck_assert_str_eq(line, want[got]);
+            ck_assert_uint_eq(n, strlen(want[got]));
+            got++;
+            rc = 0;
         }
+        failed = cr_alloc_failed();
         cr_alloc_fail_after(0);
+        ndjson_parser_free(p);
+        if (failed == 0) {
+            ck_assert_int_eq(rc, 0);
+            ck_assert_int_eq(got, 3);
+            break;
+        }
+        ck_assert_int_eq(rc, CR_ENOMEM);
     }
+    ck_assert_int_lt(k, 20);
 }
 END_TEST
 

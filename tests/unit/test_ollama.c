@@ -409,6 +409,9 @@ START_TEST(test_embed_parse)
 }
 END_TEST
 
+/* Every allocation failing in turn: an error on each failing pass, never a
+ * crash or a leak (ASan checks the leaks), and on the first pass where
+ * nothing failed the whole reply, reached well within the bound. */
 START_TEST(test_oom_sweep)
 {
     size_t len;
@@ -418,13 +421,32 @@ START_TEST(test_oom_sweep)
     for (n = 1; n < 300; n++) {
         struct llm_stream s;
         struct cr_err err = {0};
+        long failed;
+        int init, rc;
         cr_alloc_fail_after(n);
-        if (llm_stream_init(&s, &llm_provider_ollama, LLM_OP_CHAT) == 0) {
-            drive(&s, LLM_FRAMING_NDJSON, wire, len, 0, NULL, &err);
-            llm_stream_release(&s);
-        }
+        rc = init = llm_stream_init(&s, &llm_provider_ollama, LLM_OP_CHAT);
+        if (init == 0)
+            rc = drive(&s, LLM_FRAMING_NDJSON, wire, len, 0, NULL, &err);
+        failed = cr_alloc_failed();
         cr_alloc_fail_after(0);
+        if (failed == 0) {
+            ck_assert_int_eq(rc, 0);
+            ck_assert_uint_eq(s.reply.ntools, 1);
+            ck_assert_str_eq(s.reply.tools[0].name, "get_weather");
+            ck_assert_str_eq(s.reply.tools[0].arguments.data,
+                             "{\"city\":\"Oslo\",\"days\":2}");
+            ck_assert_str_eq(s.reply.finish_reason, "tool_calls");
+            ck_assert_int_eq(llm_stream_complete(&s), 1);
+            llm_stream_release(&s);
+            break;
+        }
+        /* An error on every failing pass: CR_ENOMEM, or the protocol error
+         * a failed cJSON parse reports. */
+        ck_assert_int_ne(rc, 0);
+        if (init == 0)
+            llm_stream_release(&s);
     }
+    ck_assert_int_lt(n, 300);
     free(wire);
 }
 END_TEST

@@ -605,6 +605,7 @@ static const struct {
     {"amqp://", 0, "localhost", "guest", "/", 5672, 0},
     {"pyamqp://u@h:1/v%2Fx?heartbeat=5", 0, "h", "u", "v/x", 1, 0},
     {"amqps://us%40r:p@ss@[::1]:5999/", 0, "::1", "us@r", "/", 5999, 1},
+    {"amqp://u+%zz@h/v%4", 0, "h", "u+%zz", "v%4", 5672, 0},
     {"amqps://h", 0, "h", "guest", "/", 5671, 1},
     {"amqp://h:notaport/", 0, "h", "guest", "/", 5672, 0},
     {"redis://h/3", 0, "h", "", "3", 6379, 0},

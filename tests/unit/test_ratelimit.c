@@ -22,18 +22,18 @@ END_TEST
 
 START_TEST(test_bucket_rate)
 {
-    struct token_bucket tb;
+    struct ratelimit tb;
     int64_t now = 1000;
     int taken = 0;
-    token_bucket_init(&tb, 2, now); /* 2/s, burst 2 */
-    ck_assert_int_eq(token_bucket_take(&tb, now), 0);
-    ck_assert_int_eq(token_bucket_take(&tb, now), 0);
-    ck_assert_int_eq(token_bucket_take(&tb, now), 500);
-    ck_assert_int_eq(token_bucket_take(&tb, now + 499), 1);
-    ck_assert_int_eq(token_bucket_take(&tb, now + 500), 0);
+    ratelimit_init(&tb, 2, now); /* 2/s, burst 2 */
+    ck_assert_int_eq(ratelimit_take(&tb, now), 0);
+    ck_assert_int_eq(ratelimit_take(&tb, now), 0);
+    ck_assert_int_eq(ratelimit_take(&tb, now), 500);
+    ck_assert_int_eq(ratelimit_take(&tb, now + 499), 1);
+    ck_assert_int_eq(ratelimit_take(&tb, now + 500), 0);
     /* over 10 s of fake time, about 20 tokens are given */
     for (int64_t t = now + 501; t < now + 10500; t += 10)
-        if (token_bucket_take(&tb, t) == 0)
+        if (ratelimit_take(&tb, t) == 0)
             taken++;
     ck_assert_int_ge(taken, 19);
     ck_assert_int_le(taken, 21);
@@ -42,19 +42,19 @@ END_TEST
 
 START_TEST(test_bucket_slow_and_unlimited)
 {
-    struct token_bucket tb;
-    token_bucket_init(&tb, 1.0 / 60, 0); /* 1/m */
-    ck_assert_int_eq(token_bucket_take(&tb, 0), 0);
-    ck_assert_int_eq(token_bucket_take(&tb, 0), 60000);
-    ck_assert_int_eq(token_bucket_take(&tb, 30000), 30000);
-    ck_assert_int_eq(token_bucket_take(&tb, 60000), 0);
-    token_bucket_init(&tb, 0, 0);
+    struct ratelimit tb;
+    ratelimit_init(&tb, 1.0 / 60, 0); /* 1/m */
+    ck_assert_int_eq(ratelimit_take(&tb, 0), 0);
+    ck_assert_int_eq(ratelimit_take(&tb, 0), 60000);
+    ck_assert_int_eq(ratelimit_take(&tb, 30000), 30000);
+    ck_assert_int_eq(ratelimit_take(&tb, 60000), 0);
+    ratelimit_init(&tb, 0, 0);
     for (int i = 0; i < 1000; i++)
-        ck_assert_int_eq(token_bucket_take(&tb, 0), 0);
+        ck_assert_int_eq(ratelimit_take(&tb, 0), 0);
     /* the clock going backwards never adds tokens */
-    token_bucket_init(&tb, 1, 5000);
-    ck_assert_int_eq(token_bucket_take(&tb, 5000), 0);
-    ck_assert_int_gt(token_bucket_take(&tb, 1000), 0);
+    ratelimit_init(&tb, 1, 5000);
+    ck_assert_int_eq(ratelimit_take(&tb, 5000), 0);
+    ck_assert_int_gt(ratelimit_take(&tb, 1000), 0);
 }
 END_TEST
 

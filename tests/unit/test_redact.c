@@ -138,6 +138,15 @@ START_TEST(test_config_secrets)
     ck_assert_str_eq(s, "*** *** *** *** *** *** guest x=1");
     redact_release(&r);
 
+    /* the decoded form too, with a '%' that starts no escape kept */
+    cfg.broker = (char *)"amqp://guest:p%zz%41w%4@localhost:5672//";
+    redact_init(&r);
+    ck_assert_int_eq(config_secrets(&cfg, &r), 0);
+    snprintf(s, sizeof(s), "p%%zzAw%%4 p%%zz%%41w%%4");
+    redact_str(&r, s);
+    ck_assert_str_eq(s, "*** ***");
+    redact_release(&r);
+
     /* redis://password@host, and an amqp user name alone is not a secret */
     cfg.llm_api_key = (char *)"";
     cfg.broker = (char *)"amqp://someuser@localhost//";

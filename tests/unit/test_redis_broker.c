@@ -1,6 +1,7 @@
 /* test_redis_broker.c -- the Redis transport's face without a server: what
  * broker_new() refuses, what the transport says of itself, a publish or a
- * depth poll refused while not connected, and a free that never connected.
+ * depth poll refused while not connected, settling and liveness of a delivery
+ * on both transports, and a free that never connected.
  * The wire behaviour is tested against real Redis and Celery in
  * tests/integration/test_redis_broker.py. */
 #include <check.h>
@@ -9,11 +10,11 @@
 
 #include "net/broker.h"
 
-static void on_msg(struct broker *b, struct broker_msg *m, void *privdata)
+static void on_delivery(struct broker *b, struct delivery *d, void *privdata)
 {
     (void)b;
     (void)privdata;
-    broker_msg_free(m);
+    delivery_free(d);
 }
 
 static int confirms;
@@ -42,7 +43,7 @@ static struct broker *make(uv_loop_t *loop, const char *url, const char *opts,
     cfg.dlq = "celeriac.dead";
     cfg.transport_options = opts;
     memset(err, 0, sizeof(*err));
-    return broker_new(loop, &cfg, on_msg, NULL, NULL, err);
+    return broker_new(loop, &cfg, on_delivery, NULL, NULL, err);
 }
 
 static void free_and_drain(uv_loop_t *loop, struct broker *b)
@@ -90,7 +91,7 @@ START_TEST(test_face_before_connecting)
     uv_loop_t loop;
     struct cr_err err;
     struct broker *b;
-    struct broker_props p;
+    struct outbound p;
     const char *why = "x";
     struct broker_queue q;
 
@@ -100,16 +101,18 @@ START_TEST(test_face_before_connecting)
     ck_assert_ptr_nonnull(b);
     ck_assert_str_eq(broker_transport(b), "redis");
     ck_assert_uint_eq(broker_delivery_caps(b),
-                      BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH);
+                      MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH);
     ck_assert_int_eq(broker_connected(b), 0);
     ck_assert_uint_eq(broker_generation(b), 1);
     ck_assert_int_eq(broker_blocked(b, &why), 0);
     ck_assert_ptr_null(why);
     memset(&p, 0, sizeof(p));
     p.priority = -1;
+    p.routing_key = "celery";
+    p.body = "[]";
+    p.body_len = 2;
     confirms = 0;
-    ck_assert_int_eq(broker_publish(b, "", "celery", &p, "[]", 2, on_confirm, NULL),
-                     CR_EBROKER);
+    ck_assert_int_eq(broker_publish(b, &p, on_confirm, NULL), CR_EBROKER);
     ck_assert_int_eq(broker_queue_stats(b, "celery", NULL, NULL), CR_EBROKER);
     /* consumers: the two task queues, then a fanout mailbox and its cancel */
     memset(&q, 0, sizeof(q));
@@ -132,6 +135,59 @@ START_TEST(test_face_before_connecting)
     broker_stop_consuming(b);
     free_and_drain(&loop, b);
     ck_assert_int_eq(confirms, 0);
+}
+END_TEST
+
+/* What the face answers for a delivery, whatever the connections: a Redis
+ * record lives in Redis, so its delivery stays live and settles once while
+ * no connection is up; an AMQP delivery of a connection that is not up is
+ * neither live nor settled (the broker has it back). */
+START_TEST(test_settle_and_live)
+{
+    uv_loop_t loop;
+    struct cr_err err;
+    struct broker *b;
+    struct delivery *d;
+
+    uv_loop_init(&loop);
+    b = make(&loop, "redis://127.0.0.1:1/3", NULL, &err);
+    ck_assert_ptr_nonnull(b);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.id = strdup("tag-1");
+    d->rec.generation = broker_generation(b);
+    ck_assert_int_eq(broker_live(b, d), 1);
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 1);
+    ck_assert_int_eq(broker_reject(b, d, 1), 0); /* settled: nothing more */
+    ck_assert_int_eq(d->settled, 1);
+    delivery_free(d);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.id = strdup("tag-2");
+    d->no_ack = 1;
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 0); /* consumed without acks: nothing to settle */
+    delivery_free(d);
+    free_and_drain(&loop, b);
+
+    uv_loop_init(&loop);
+    b = make(&loop, "amqp://guest:guest@127.0.0.1:1//", NULL, &err);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_str_eq(broker_transport(b), "amqp");
+    ck_assert_uint_eq(broker_delivery_caps(b), MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY |
+                                                   MSG_CAP_PREFETCH | MSG_CAP_PARK);
+    d = delivery_new();
+    ck_assert_ptr_nonnull(d);
+    d->rec.seq = 1;
+    d->rec.generation = broker_generation(b);
+    ck_assert_int_eq(broker_live(b, d), 0);
+    ck_assert_int_eq(broker_ack(b, d), 0);
+    ck_assert_int_eq(d->settled, 0);
+    ck_assert_int_eq(broker_reject(b, d, 1), 0);
+    ck_assert_int_eq(d->settled, 0);
+    delivery_free(d);
+    free_and_drain(&loop, b);
 }
 END_TEST
 
@@ -159,6 +215,7 @@ Suite *suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_face_before_connecting);
+    tcase_add_test(tc, test_settle_and_live);
     tcase_add_test(tc, test_connect_times_out);
     suite_add_tcase(s, tc);
     return s;

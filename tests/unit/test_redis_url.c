@@ -233,6 +233,9 @@ START_TEST(test_tls)
     ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_ca_path=%2Fetc%2Fcas", "b", &e),
                      0);
     ck_assert_str_eq(u.tls.ca_path, "/etc/cas");
+    /* '+' is a space in a query, a '%' that starts no whole escape is kept */
+    ck_assert_int_eq(redis_url_parse(&u, "rediss://h?ssl_ca_path=/a+b%zz%4", "b", &e), 0);
+    ck_assert_str_eq(u.tls.ca_path, "/a b%zz%4");
     /* keys that are not ssl_ still mean nothing */
     ck_assert_int_eq(redis_url_parse(&u, "rediss://h?sslx=1&ssl=1&timeout=3", "b", &e),
                      0);

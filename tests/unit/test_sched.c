@@ -71,7 +71,7 @@ static void deliver_task(struct fake *f, const char *id, const char *queue, int 
     engine_on_delivery(f->e, f->now, &m->d);
 }
 
-#define CAPS_ALL (DELIVERY_CAP_CONFIRMS | DELIVERY_CAP_PRIORITY | DELIVERY_CAP_PREFETCH)
+#define CAPS_ALL (MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH)
 
 static void deliver(struct fake *f, const char *id, const char *queue, int prio)
 {
@@ -137,9 +137,9 @@ START_TEST(priority_needs_the_cap)
     struct fake f;
     fake_init(&f, ENGINE_QUEUE_FAIR);
     deliver(&f, "hold", "premium", 0);
-    deliver_full(&f, "a9", "premium", 9, DELIVERY_CAP_CONFIRMS, -1);
-    deliver_full(&f, "b0", "premium", 0, DELIVERY_CAP_CONFIRMS, -1);
-    deliver_full(&f, "c200", "premium", 200, DELIVERY_CAP_CONFIRMS, -1);
+    deliver_full(&f, "a9", "premium", 9, MSG_CAP_CONFIRMS, -1);
+    deliver_full(&f, "b0", "premium", 0, MSG_CAP_CONFIRMS, -1);
+    deliver_full(&f, "c200", "premium", 200, MSG_CAP_CONFIRMS, -1);
     deliver(&f, "d1", "premium", 1); /* one that counts */
     ready_is(&f, "d1 a9 b0 c200");
     start_all_is(&f, "d1 a9 b0 c200");

@@ -3,6 +3,6 @@
 #include <uv.h>
 
 #include "engine.h"
-#include "net/amqp.h"
+#include "net/rmq_broker.h"
 #include "../llm/llm_client.h"
 #include "llm/policy.h"

@@ -1,5 +1,5 @@
 /* net.c -- fixture: net/ reaches into llm/ and engine/. */
-#include "amqp.h"
+#include "rmq_broker.h"
 #include "util/alloc.h"
 #include "llm/policy.h"
 #include "engine/tasks.h"

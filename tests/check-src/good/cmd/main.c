@@ -2,4 +2,4 @@
 #include "worker/worker.h"
 #include "gateway/gw_app.h"
 #include "engine/engine.h"
-#include "net/amqp.h"
+#include "net/rmq_broker.h"

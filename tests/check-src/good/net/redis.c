@@ -4,6 +4,6 @@
 #include <uv.h>
 
 #include "redis.h"
-#include "amqp_url.h"
-#include "protocol/amqp_json.h"
+#include "rmq_url.h"
+#include "protocol/rmq_json.h"
 #include "../util/err.h"

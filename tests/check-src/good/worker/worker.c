@@ -4,7 +4,7 @@
 #include "worker.h"
 #include "pidbox.h"
 #include "../engine/engine.h"
-#include "net/amqp.h"
+#include "net/rmq_broker.h"
 #include "llm/llm_client.h"
 #include "protocol/celery_msg.h"
 #include "util/log.h"

@@ -1,4 +1,4 @@
-/* amqp.c -- rabbitmq-c connections pumped from the libuv loop.
+/* rmq_broker.c -- rabbitmq-c connections pumped from the libuv loop.
  *
  * rabbitmq-c owns a non-blocking socket per connection; we watch each fd with
  * a uv_poll_t and, when it is readable, pull frames with a zero timeout until
@@ -13,7 +13,7 @@
  * heartbeats (see link_open), and no write ever waits for the socket
  * (rmq_sock.h): either would stop the loop, and that timer with it, on a path
  * that stopped forwarding while the worker is busy. */
-#include "amqp.h"
+#include "rmq_broker.h"
 #include "broker_int.h"
 
 #include <amqp.h>
@@ -29,9 +29,9 @@
 #include "ack_batch.h"
 #include "util/log.h"
 #include "util/redact.h"
-#include "amqp_url.h"
+#include "rmq_url.h"
 #include "rmq_sock.h"
-#include "protocol/amqp_json.h"
+#include "protocol/rmq_json.h"
 #include "protocol/delayed.h"
 #include "protocol/rmq_caps.h"
 #include "util/alloc.h"
@@ -119,7 +119,7 @@ struct exchange_decl {
 
 /* One AMQP connection: the consuming one or the publishing one. */
 struct link {
-    struct amqp_broker *b;
+    struct rmq_broker *b;
     const char *role;             /* "consume" or "publish" */
     amqp_connection_state_t conn; /* NULL while disconnected */
     uv_poll_t *poll;              /* heap: closed asynchronously */
@@ -137,11 +137,11 @@ struct link {
 #define MAX_CONSUMERS 64
 #define MAX_EXCHANGES 16
 
-struct amqp_broker {
+struct rmq_broker {
     struct broker base; /* first: the face (broker_int.h) */
     uv_loop_t *loop;
     struct broker_config cfg;
-    broker_msg_fn *on_msg;
+    broker_delivery_fn *on_delivery;
     broker_conn_fn *on_conn;
     void *privdata;
 
@@ -174,9 +174,9 @@ struct amqp_broker {
     /* The failover list (one URL when not a cluster): urls.url[node] is the
      * node used now or tried next; a failed attempt or a lost connection
      * moves on, as kombu's Connection does with its alternates. */
-    struct amqp_url_list urls;
+    struct rmq_url_list urls;
     int node;
-    enum amqp_failover failover;
+    enum rmq_failover failover;
     uint64_t rng;
 
     struct consumer consumers[MAX_CONSUMERS];
@@ -200,11 +200,11 @@ struct amqp_broker {
     /* Set by a declaration that found its queue with other arguments and used
      * it as it is; read into consumer.as_is right after. */
     int declared_as_is;
-    /* Native delayed delivery declared on this connection (BROKER_CAP_DELAYED). */
+    /* Native delayed delivery declared on this connection (MSG_CAP_DELAYED). */
     int delayed_live;
 
     /* delivery being assembled */
-    struct broker_msg *cur;
+    struct delivery *cur;
     uint64_t cur_body_size;
 
     /* publisher confirms, in publish order */
@@ -226,11 +226,11 @@ struct amqp_broker {
 };
 
 static void pump(struct link *l);
-static void connection_lost(struct amqp_broker *b, const char *why);
-static int check_status(struct amqp_broker *b, int rc, const char *what);
+static void connection_lost(struct rmq_broker *b, const char *why);
+static int check_status(struct rmq_broker *b, int rc, const char *what);
 static void on_prepare(uv_prepare_t *p);
-static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q);
-static void rmq_free(struct amqp_broker *b);
+static int rmq_add_consumer(struct broker *base, const struct broker_queue *q);
+static void rmq_free(struct broker *base);
 static int is_task_queue(const struct broker_queue *q);
 
 static char *bytes_dup(amqp_bytes_t b)
@@ -314,7 +314,7 @@ static void login_error(amqp_rpc_reply_t r, int sys_errno, char *out, size_t siz
 
 /* After a channel-level error (406, 404) rabbitmq-c has not answered the close;
  * answer it and open the channel again so connecting can go on. */
-static int reopen_channel_on(struct amqp_broker *b, int ch, struct cr_err *err)
+static int reopen_channel_on(struct rmq_broker *b, int ch, struct cr_err *err)
 {
     amqp_channel_close_ok_t ok = {0};
     amqp_send_method(b->cons.conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
@@ -322,14 +322,14 @@ static int reopen_channel_on(struct amqp_broker *b, int ch, struct cr_err *err)
     return reply_error(amqp_get_rpc_reply(b->cons.conn), "cannot reopen channel", err);
 }
 
-static int reopen_channel(struct amqp_broker *b, struct cr_err *err)
+static int reopen_channel(struct rmq_broker *b, struct cr_err *err)
 {
     return reopen_channel_on(b, CHANNEL, err);
 }
 
 /* -------------------------------------------------------------- confirms */
 
-static void confirm_push_failed(struct amqp_broker *b, struct pending_confirm pc)
+static void confirm_push_failed(struct rmq_broker *b, struct pending_confirm pc)
 {
     if (b->nfailed == b->capfailed) {
         size_t cap = b->capfailed ? b->capfailed * 2 : 16;
@@ -347,7 +347,7 @@ static void confirm_push_failed(struct amqp_broker *b, struct pending_confirm pc
 
 static void on_confirm_timer(uv_timer_t *t)
 {
-    struct amqp_broker *b = t->data;
+    struct rmq_broker *b = t->data;
     while (b->nfailed) {
         struct pending_confirm pc = b->failed[0];
         memmove(b->failed, b->failed + 1, (b->nfailed - 1) * sizeof(pc));
@@ -357,7 +357,7 @@ static void on_confirm_timer(uv_timer_t *t)
 }
 
 /* Resolves every pending confirm with seq <= tag (multiple) or == tag. */
-static void resolve_confirms(struct amqp_broker *b, uint64_t tag, int multiple, int ok)
+static void resolve_confirms(struct rmq_broker *b, uint64_t tag, int multiple, int ok)
 {
     /* RabbitMQ may confirm out of publish order (a transient message routed to
      * a non-durable queue, such as an event, is confirmed before an earlier
@@ -395,7 +395,7 @@ static void held_release(struct held_publish *h)
 }
 
 /* The held publishes, oldest first, become failed confirms. */
-static void fail_held(struct amqp_broker *b)
+static void fail_held(struct rmq_broker *b)
 {
     for (size_t i = b->held_head; i < b->nheld; i++) {
         struct pending_confirm pc = {0, b->held[i].cb, b->held[i].privdata};
@@ -405,7 +405,7 @@ static void fail_held(struct amqp_broker *b)
     b->held_head = b->nheld = b->held_bytes = 0;
 }
 
-static void fail_all_confirms(struct amqp_broker *b)
+static void fail_all_confirms(struct rmq_broker *b)
 {
     for (size_t i = b->confirm_head; i < b->nconfirms; i++)
         if (b->confirms[i].cb) /* NULL: confirmed out of order already */
@@ -438,7 +438,7 @@ static amqp_table_t queue_type_args(int quorum, amqp_table_entry_t *entry)
  * quorum: when the task queues are, by configuration or as the broker's
  * refusal of global QoS showed (a classic queue lives on one node, and with
  * that node gone no other node lets the worker declare it). */
-static int own_quorum(const struct amqp_broker *b)
+static int own_quorum(const struct rmq_broker *b)
 {
     return b->cfg.quorum || b->qos_refused || b->quorum_seen;
 }
@@ -465,7 +465,7 @@ static cJSON *quorum_args(const cJSON *args)
  * delivery: with RabbitMQ 4's default limit (20) the 21st listing would make
  * the broker drop them all. (-1, 4.x's "no limit", is a limit of 0 on 3.10.)
  * entries is the table's storage. */
-static amqp_table_t dead_letter_queue_args(const struct amqp_broker *b,
+static amqp_table_t dead_letter_queue_args(const struct rmq_broker *b,
                                            amqp_table_entry_t entries[2])
 {
     amqp_table_t t = queue_type_args(own_quorum(b), &entries[0]);
@@ -483,7 +483,7 @@ static amqp_table_t dead_letter_queue_args(const struct amqp_broker *b,
  * queues): declared with args, or, when it exists with other arguments
  * (classic from before a switch to quorum, or the reverse), used as it is,
  * with one warning. */
-static int declare_queue_or_use(struct amqp_broker *b, int ch, const char *name,
+static int declare_queue_or_use(struct rmq_broker *b, int ch, const char *name,
                                 amqp_table_t args, struct cr_err *err)
 {
     amqp_queue_declare(b->cons.conn, ch, cstr(name), 0, 1, 0, 0, args);
@@ -503,7 +503,7 @@ static int declare_queue_or_use(struct amqp_broker *b, int ch, const char *name,
 /* Declares a custom queue (pidbox, add_consumer) with its arguments. With
  * wait = 0 the methods go out without waiting (run time, never blocks); a
  * refusal then closes the channel and the reconnect declares again. */
-static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, int wait,
+static int declare_custom(struct rmq_broker *b, const struct broker_queue *q, int wait,
                           struct cr_err *err)
 {
     amqp_pool_t pool;
@@ -523,7 +523,7 @@ static int declare_custom(struct amqp_broker *b, const struct broker_queue *q, i
     init_amqp_pool(&pool, 1024);
     if (is_task_queue(q))
         args = queue_type_args(b->cfg.quorum, &qt);
-    rc = json ? amqp_json_to_table(json, &pool, &args, err) : 0;
+    rc = json ? rmq_json_to_table(json, &pool, &args, err) : 0;
     cJSON_Delete(own);
     if (rc) {
         empty_amqp_pool(&pool);
@@ -592,7 +592,7 @@ out:
 
 /* A task queue as Celery declares it, tolerating one the application declared
  * with other arguments. */
-static int declare_task_queue(struct amqp_broker *b, const char *q, struct cr_err *err)
+static int declare_task_queue(struct rmq_broker *b, const char *q, struct cr_err *err)
 {
     amqp_rpc_reply_t r;
     struct cr_err e2;
@@ -648,7 +648,7 @@ static int is_task_queue(const struct broker_queue *q)
            !strcmp(q->exchange_type, "direct");
 }
 
-static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q, int wait,
+static int declare_consumer(struct rmq_broker *b, const struct broker_queue *q, int wait,
                             struct cr_err *err)
 {
     if (wait && is_task_queue(q))
@@ -656,7 +656,7 @@ static int declare_consumer(struct amqp_broker *b, const struct broker_queue *q,
     return declare_custom(b, q, wait, err);
 }
 
-static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
+static int declare_dead_letters(struct rmq_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
     amqp_table_entry_t qt[2];
@@ -686,7 +686,7 @@ static int declare_dead_letters(struct amqp_broker *b, struct cr_err *err)
 /* One level's queue, declared as kombu declares it for Celery 5.5+ (a quorum
  * queue by default: broker_native_delayed_delivery_queue_type), so that a
  * Celery worker and celeriac declare the same thing. */
-static int declare_delayed_level(struct amqp_broker *b, int level, struct cr_err *err)
+static int declare_delayed_level(struct rmq_broker *b, int level, struct cr_err *err)
 {
     char name[40], next[40], key[64];
     amqp_pool_t pool;
@@ -707,7 +707,7 @@ static int declare_delayed_level(struct amqp_broker *b, int level, struct cr_err
         return cr_err_set(err, CR_ENOMEM, "out of memory");
     }
     init_amqp_pool(&pool, 1024);
-    rc = amqp_json_to_table(a, &pool, &args, err);
+    rc = rmq_json_to_table(a, &pool, &args, err);
     cJSON_Delete(a);
     if (rc)
         goto out;
@@ -726,7 +726,7 @@ out:
     return rc;
 }
 
-static int exchange_bind(struct amqp_broker *b, const char *dest, const char *src,
+static int exchange_bind(struct rmq_broker *b, const char *dest, const char *src,
                          const char *key, struct cr_err *err)
 {
     amqp_exchange_bind(b->cons.conn, CHANNEL, cstr(dest), cstr(src), cstr(key),
@@ -738,7 +738,7 @@ static int exchange_bind(struct amqp_broker *b, const char *dest, const char *sr
  * (see protocol/delayed.h), then a "#.<queue>" binding of every task
  * consumer to celery_delayed_delivery. Start-up and reconnect only
  * (blocking, like every declaration there). */
-static int declare_delayed(struct amqp_broker *b, struct cr_err *err)
+static int declare_delayed(struct rmq_broker *b, struct cr_err *err)
 {
     char name[40], next[40], key[64];
     int rc;
@@ -775,14 +775,15 @@ static int declare_delayed(struct amqp_broker *b, struct cr_err *err)
     return 0;
 }
 
-static int qos_per_consumer(const struct amqp_broker *b)
+static int rmq_qos_per_consumer(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->cfg.per_consumer_qos || b->cfg.quorum || b->qos_refused || b->qos_denied;
 }
 
 /* The version the node announced in connection.start (borrowed from the
  * connection), or an empty one. */
-static amqp_bytes_t server_version(const struct amqp_broker *b)
+static amqp_bytes_t server_version(const struct rmq_broker *b)
 {
     const amqp_table_t *props = amqp_get_server_properties(b->cons.conn);
     for (int i = 0; props && i < props->num_entries; i++) {
@@ -797,7 +798,7 @@ static amqp_bytes_t server_version(const struct amqp_broker *b)
 
 /* Whether the node connected to may deny global QoS, by its version:
  * RabbitMQ 3.x never does, and is not asked. */
-static int qos_deniable(const struct amqp_broker *b)
+static int qos_deniable(const struct rmq_broker *b)
 {
     amqp_bytes_t v = server_version(b);
     return rmq_global_qos_deniable(v.len ? v.bytes : NULL, v.len);
@@ -806,7 +807,7 @@ static int qos_deniable(const struct amqp_broker *b)
 /* The arguments of a task consumer's basic.consume: x-consumer-timeout when
  * configured and the node takes it (see broker_config.consumer_timeout_ms),
  * else none. entry is the table's storage. */
-static amqp_table_t consume_args(const struct amqp_broker *b, const struct consumer *c,
+static amqp_table_t consume_args(const struct rmq_broker *b, const struct consumer *c,
                                  amqp_table_entry_t *entry)
 {
     amqp_table_t t = amqp_empty_table;
@@ -831,7 +832,7 @@ static amqp_table_t consume_args(const struct amqp_broker *b, const struct consu
  * what it can before it answers anything asked after the consume. Returns 1
  * (denied), 0 (honoured) or an error; the probe channel is closed again and
  * its deliveries are dropped by on_frame. Set-up only (blocking). */
-static int probe_global_qos(struct amqp_broker *b, struct cr_err *err)
+static int probe_global_qos(struct rmq_broker *b, struct cr_err *err)
 {
     amqp_connection_state_t c = b->cons.conn;
     amqp_queue_declare_ok_t *ok;
@@ -898,7 +899,7 @@ static int probe_global_qos(struct amqp_broker *b, struct cr_err *err)
  * per-consumer windows and delayed delivery (auto) instead, as on quorum. A
  * probe that fails says nothing and keeps what works on RabbitMQ 3.x (a
  * quorum queue's 540 still switches). */
-static void decide_qos(struct amqp_broker *b)
+static void decide_qos(struct rmq_broker *b)
 {
     struct cr_err e;
     int rc;
@@ -925,16 +926,17 @@ static void decide_qos(struct amqp_broker *b)
 }
 
 /* Whether this connection should carry delayed delivery. */
-static int want_delayed(const struct amqp_broker *b)
+static int want_delayed(const struct rmq_broker *b)
 {
     return b->cfg.delayed_delivery == BROKER_DELAYED_ON ||
-           (b->cfg.delayed_delivery == BROKER_DELAYED_AUTO && qos_per_consumer(b));
+           (b->cfg.delayed_delivery == BROKER_DELAYED_AUTO &&
+            rmq_qos_per_consumer(&b->base));
 }
 
 /* Declares delayed delivery when wanted. A refusal (a level declared by
  * someone else with other arguments, an old broker without quorum queues) is
  * not fatal: one warning, and far etas are held here as before. */
-static int setup_delayed(struct amqp_broker *b, struct cr_err *err)
+static int setup_delayed(struct rmq_broker *b, struct cr_err *err)
 {
     struct cr_err e2;
     int rc;
@@ -957,7 +959,7 @@ static int setup_delayed(struct amqp_broker *b, struct cr_err *err)
 static void on_poll(uv_poll_t *p, int status, int events)
 {
     struct link *l = p->data;
-    struct amqp_broker *b;
+    struct rmq_broker *b;
     char buf[128];
     int soerr = 0;
     socklen_t len = sizeof(soerr);
@@ -990,8 +992,7 @@ static void on_poll_closed(uv_handle_t *h)
 
 /* Answers the oldest pending queue-depth poll. The entry leaves the queue
  * before its callback runs, so the callback may poll again. */
-static void stats_pop(struct amqp_broker *b, int ok, uint32_t messages,
-                      uint32_t consumers)
+static void stats_pop(struct rmq_broker *b, int ok, uint32_t messages, uint32_t consumers)
 {
     struct pending_stats ps;
     if (b->stats_head >= b->nstats)
@@ -1003,7 +1004,7 @@ static void stats_pop(struct amqp_broker *b, int ok, uint32_t messages,
         ps.cb(&b->base, ok, messages, consumers, ps.privdata);
 }
 
-static void fail_stats(struct amqp_broker *b)
+static void fail_stats(struct rmq_broker *b)
 {
     b->stats_open = 0;
     while (b->stats_head < b->nstats)
@@ -1029,12 +1030,12 @@ static void link_close(struct link *l)
     l->blocked_why[0] = '\0';
 }
 
-static void teardown(struct amqp_broker *b)
+static void teardown(struct rmq_broker *b)
 {
     b->up = 0;
     link_close(&b->pub);
     link_close(&b->cons);
-    broker_msg_free(b->cur);
+    delivery_free(b->cur);
     b->cur = NULL;
     /* Delivery tags are per channel and start again on the next connection:
      * an ack still pending for this one must never be sent on the next (it
@@ -1060,7 +1061,7 @@ static amqp_table_entry_t bool_entry(const char *key)
  * of RabbitMQ's extensions we handle (connection.blocked above all: without
  * it RabbitMQ blocks silently) and name the connection. Returns 0 or an error
  * with the reason alone in err. */
-static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_url *u,
+static int link_open(struct rmq_broker *b, struct link *l, const struct rmq_url *u,
                      struct cr_err *err)
 {
     amqp_table_entry_t caps[5], props[2];
@@ -1137,7 +1138,7 @@ static int link_open(struct amqp_broker *b, struct link *l, const struct amqp_ur
     return 0;
 }
 
-static int link_watch(struct amqp_broker *b, struct link *l, struct cr_err *err)
+static int link_watch(struct rmq_broker *b, struct link *l, struct cr_err *err)
 {
     l->poll = cr_malloc(sizeof(*l->poll));
     if (!l->poll || uv_poll_init(b->loop, l->poll, amqp_get_sockfd(l->conn)) != 0) {
@@ -1155,7 +1156,7 @@ static int link_watch(struct amqp_broker *b, struct link *l, struct cr_err *err)
 
 /* The publishing connection: its channel in confirm mode and the exchanges
  * publishes go to, declared on it so that none is overtaken by a publish. */
-static int setup_pub(struct amqp_broker *b, struct cr_err *err)
+static int setup_pub(struct rmq_broker *b, struct cr_err *err)
 {
     amqp_connection_state_t c = b->pub.conn;
     amqp_channel_open(c, PUB_CHANNEL);
@@ -1176,7 +1177,7 @@ static int setup_pub(struct amqp_broker *b, struct cr_err *err)
 }
 
 /* The window as basic.qos carries it (16 bits; 0 would mean no limit). */
-static uint16_t prefetch_u16(const struct amqp_broker *b)
+static uint16_t prefetch_u16(const struct rmq_broker *b)
 {
     return (uint16_t)(b->prefetch > 65535 ? 65535 : b->prefetch < 0 ? 0 : b->prefetch);
 }
@@ -1211,7 +1212,7 @@ static int resource_locked(const struct cr_err *e)
  * this connection's instead: the mailbox exchange is a fanout, and every
  * queue bound to it gets every command. The next connection tries the
  * proper name again. */
-static int declare_at_setup(struct amqp_broker *b, struct consumer *c, struct cr_err *err)
+static int declare_at_setup(struct rmq_broker *b, struct consumer *c, struct cr_err *err)
 {
     struct broker_queue q = c->q;
     char alias[300];
@@ -1241,7 +1242,7 @@ static int declare_at_setup(struct amqp_broker *b, struct consumer *c, struct cr
     return 0;
 }
 
-static int setup_cons(struct amqp_broker *b, struct cr_err *err)
+static int setup_cons(struct rmq_broker *b, struct cr_err *err)
 {
     amqp_bytes_t version = server_version(b);
     amqp_table_entry_t arg;
@@ -1271,7 +1272,7 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
      * per_consumer_qos each consumer of CHANNEL gets its own window instead,
      * set just before its basic.consume, and no channel-wide limit caps the
      * sum (that cap is what would let one queue crowd out another). */
-    if (!qos_per_consumer(b)) {
+    if (!rmq_qos_per_consumer(&b->base)) {
         amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 1);
         if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
             return err->code;
@@ -1280,7 +1281,7 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
         struct consumer *c = &b->consumers[i];
         if (c->q.no_consume)
             continue;
-        if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+        if (rmq_qos_per_consumer(&b->base) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
             amqp_basic_qos(b->cons.conn, CHANNEL, 0, prefetch_u16(b), 0);
             if (reply_error(amqp_get_rpc_reply(b->cons.conn), "basic.qos", err))
                 return err->code;
@@ -1289,7 +1290,7 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
                                 cstr(consumer_queue(c)), cstr(c->tag), 0, c->q.no_ack, 0,
                                 consume_args(b, c, &arg))) {
             amqp_rpc_reply_t r = amqp_get_rpc_reply(b->cons.conn);
-            if (!qos_per_consumer(b) && refused_global_qos(r))
+            if (!rmq_qos_per_consumer(&b->base) && refused_global_qos(r))
                 return cr_err_set(err, CR_EQOS, "queue '%s' refused global QoS",
                                   c->q.name);
             if (!reply_error(r, "basic.consume", err))
@@ -1315,20 +1316,20 @@ static int setup_cons(struct amqp_broker *b, struct cr_err *err)
 static void on_timer(uv_timer_t *t);
 
 /* After a failed attempt or a lost connection: the next node of the list. */
-static void next_node(struct amqp_broker *b)
+static void next_node(struct rmq_broker *b)
 {
-    b->node = amqp_failover_next(b->failover, b->urls.n, b->node, cr_xorshift64(&b->rng));
+    b->node = rmq_failover_next(b->failover, b->urls.n, b->node, cr_xorshift64(&b->rng));
 }
 
-static int rmq_connect(struct amqp_broker *b, struct cr_err *err)
+static int connect_node(struct rmq_broker *b, struct cr_err *err)
 {
-    struct amqp_url u;
+    struct rmq_url u;
     char redacted[512];
     struct cr_err e2;
 
     redact_url(b->urls.url[b->node], redacted, sizeof(redacted));
     teardown(b);
-    if (amqp_url_parse(b->urls.url[b->node], &u, &e2))
+    if (rmq_url_parse(b->urls.url[b->node], &u, &e2))
         return cr_err_set(err, CR_EINVAL, "invalid broker URL '%s': %s", redacted,
                           e2.msg);
     snprintf(b->peer, sizeof(b->peer), "%s:%d", u.host, u.port);
@@ -1384,7 +1385,7 @@ fail:
                       e2.msg);
 }
 
-static void lost_heartbeats(struct amqp_broker *b, const struct link *l)
+static void lost_heartbeats(struct rmq_broker *b, const struct link *l)
 {
     char why[400];
     snprintf(why, sizeof(why), "no heartbeat from %s for %llu s", b->peer,
@@ -1395,7 +1396,7 @@ static void lost_heartbeats(struct amqp_broker *b, const struct link *l)
 /* Takes the time of the last byte read: now, if any came since the last
  * look. Called after every read (pump) and before every check, so the time is
  * that of the loop turn that read it. */
-static void note_rx(struct amqp_broker *b, struct link *l)
+static void note_rx(struct rmq_broker *b, struct link *l)
 {
     uint64_t rx;
     if (!l->sock)
@@ -1429,7 +1430,7 @@ static void watch_writes(struct link *l)
  * go out every half interval, as RabbitMQ sends its own, whatever else was
  * written; when the broker stops reading they wait in rmq_sock's queue with
  * everything else. */
-static void link_heartbeat(struct amqp_broker *b, struct link *l, uint64_t now)
+static void link_heartbeat(struct rmq_broker *b, struct link *l, uint64_t now)
 {
     amqp_frame_t f;
 
@@ -1451,7 +1452,7 @@ static void link_heartbeat(struct amqp_broker *b, struct link *l, uint64_t now)
 
 static void on_timer(uv_timer_t *t)
 {
-    struct amqp_broker *b = t->data;
+    struct rmq_broker *b = t->data;
     struct cr_err err;
 
     if (b->up) {
@@ -1465,7 +1466,7 @@ static void on_timer(uv_timer_t *t)
     }
     if (b->stopping)
         return;
-    if (rmq_connect(b, &err) == 0) {
+    if (connect_node(b, &err) == 0) {
         b->reconnects++;
         return;
     }
@@ -1483,7 +1484,7 @@ static void on_timer(uv_timer_t *t)
 /* Either connection lost is the broker lost: both close (the broker requeues
  * the unacked deliveries), pending confirms fail, and both open again. Only
  * the first cause is said: later errors are its consequences. */
-static void connection_lost(struct amqp_broker *b, const char *why)
+static void connection_lost(struct rmq_broker *b, const char *why)
 {
     if (!b->up)
         return;
@@ -1501,11 +1502,11 @@ static void connection_lost(struct amqp_broker *b, const char *why)
 
 /* ---------------------------------------------------------------- frames */
 
-static void start_delivery(struct amqp_broker *b, amqp_channel_t channel,
+static void start_delivery(struct rmq_broker *b, amqp_channel_t channel,
                            const amqp_basic_deliver_t *d)
 {
-    struct broker_msg *m = cr_calloc(1, sizeof(*m));
-    broker_msg_free(b->cur);
+    struct delivery *m = delivery_new();
+    delivery_free(b->cur);
     b->cur = m;
     if (channel == CHANNEL) {
         int rc = ack_batch_received(&b->acks, d->delivery_tag);
@@ -1527,8 +1528,8 @@ static void start_delivery(struct amqp_broker *b, amqp_channel_t channel,
     }
     if (!m)
         return;
-    m->delivery_tag = d->delivery_tag;
-    m->generation = b->generation;
+    m->rec.seq = d->delivery_tag;
+    m->rec.generation = b->generation;
     m->redelivered = d->redelivered;
     m->exchange = bytes_dup(d->exchange);
     m->routing_key = bytes_dup(d->routing_key);
@@ -1547,7 +1548,7 @@ static void start_delivery(struct amqp_broker *b, amqp_channel_t channel,
         m->no_ack = 1;
 }
 
-static void take_properties(struct broker_msg *m, const amqp_basic_properties_t *p)
+static void take_properties(struct delivery *m, const amqp_basic_properties_t *p)
 {
     struct cr_err err;
     if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
@@ -1569,26 +1570,27 @@ static void take_properties(struct broker_msg *m, const amqp_basic_properties_t 
     if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
         /* A bad entry drops only itself: the others (id, task...) stay in
          * m->headers for the dead letter and the FAILURE. */
-        if (amqp_json_from_table_partial(&p->headers, &m->headers, &err)) {
+        if (rmq_json_from_table_partial(&p->headers, &m->headers, &err)) {
             m->headers_bad = 1;
             m->headers_err = cr_strdup(err.msg); /* NULL on OOM: said as unknown */
         }
     }
 }
 
-static void finish_delivery(struct amqp_broker *b)
+static void finish_delivery(struct rmq_broker *b)
 {
-    struct broker_msg *m = b->cur;
+    struct delivery *m = b->cur;
     b->cur = NULL;
     if (!m->body)
         m->body = cr_strdup("");
     m->received_ms = uv_now(b->loop);
-    b->on_msg(&b->base, m, b->privdata);
+    m->caps = broker_delivery_caps(&b->base);
+    b->on_delivery(&b->base, m, b->privdata);
 }
 
-static void send_held(struct amqp_broker *b);
+static void send_held(struct rmq_broker *b);
 
-static void on_blocked(struct amqp_broker *b, struct link *l, const amqp_bytes_t *reason)
+static void on_blocked(struct rmq_broker *b, struct link *l, const amqp_bytes_t *reason)
 {
     if (reason) {
         int was = b->cons.blocked || b->pub.blocked;
@@ -1614,7 +1616,7 @@ static void on_blocked(struct amqp_broker *b, struct link *l, const amqp_bytes_t
 }
 
 /* Methods both connections may receive. Returns 1 when f was one. */
-static int on_connection_method(struct amqp_broker *b, struct link *l, amqp_frame_t *f)
+static int on_connection_method(struct rmq_broker *b, struct link *l, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
     case AMQP_CHANNEL_CLOSE_METHOD: {
@@ -1652,7 +1654,7 @@ static int on_connection_method(struct amqp_broker *b, struct link *l, amqp_fram
 
 /* Frames of the publishing connection: confirms, and returns (whose content
  * frames are dropped; nothing is published mandatory). */
-static void on_pub_frame(struct amqp_broker *b, amqp_frame_t *f)
+static void on_pub_frame(struct rmq_broker *b, amqp_frame_t *f)
 {
     if (f->frame_type != AMQP_FRAME_METHOD)
         return;
@@ -1681,8 +1683,8 @@ static void on_pub_frame(struct amqp_broker *b, amqp_frame_t *f)
     }
 }
 
-static void send_consume(struct amqp_broker *b, struct consumer *c);
-static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue *q);
+static void send_consume(struct rmq_broker *b, struct consumer *c);
+static void bind_delayed_nowait(struct rmq_broker *b, const struct broker_queue *q);
 
 /* The broker cancelled one of our consumers (consumer_cancel_notify): its
  * queue was deleted, or, on RabbitMQ 4.3, a delivery outlived the quorum
@@ -1693,7 +1695,7 @@ static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue
  * is) and consume again under the same tag, all without waiting. A refusal
  * closes the channel, and the reconnect declares everything again, as before.
  * Deliveries already held stay held and are acked as usual. */
-static void consume_again(struct amqp_broker *b, amqp_channel_t ch,
+static void consume_again(struct rmq_broker *b, amqp_channel_t ch,
                           const amqp_basic_cancel_t *m)
 {
     struct consumer *c = NULL;
@@ -1735,7 +1737,7 @@ static void consume_again(struct amqp_broker *b, amqp_channel_t ch,
     send_consume(b, c);
 }
 
-static void on_method(struct amqp_broker *b, amqp_frame_t *f)
+static void on_method(struct rmq_broker *b, amqp_frame_t *f)
 {
     switch (f->payload.method.id) {
     case AMQP_BASIC_DELIVER_METHOD:
@@ -1758,7 +1760,7 @@ static void on_method(struct amqp_broker *b, amqp_frame_t *f)
  * close (a polled queue is missing), which is answered and the channel opened
  * again; the broker drops whatever else was sent on it meanwhile, so every
  * poll still pending fails. */
-static void on_stats_frame(struct amqp_broker *b, amqp_frame_t *f)
+static void on_stats_frame(struct rmq_broker *b, amqp_frame_t *f)
 {
     if (f->frame_type != AMQP_FRAME_METHOD)
         return;
@@ -1789,7 +1791,7 @@ static void on_stats_frame(struct amqp_broker *b, amqp_frame_t *f)
     }
 }
 
-static void on_frame(struct amqp_broker *b, amqp_frame_t *f)
+static void on_frame(struct rmq_broker *b, amqp_frame_t *f)
 {
     if (f->channel == PROBE_CHANNEL)
         return; /* what the set-up probe was sent, given back when it closed */
@@ -1840,7 +1842,7 @@ static void on_frame(struct amqp_broker *b, amqp_frame_t *f)
 
 static void pump(struct link *l)
 {
-    struct amqp_broker *b = l->b;
+    struct rmq_broker *b = l->b;
     struct timeval zero = {0, 0};
     char buf[128];
     if (l->in_pump)
@@ -1874,7 +1876,7 @@ static void pump(struct link *l)
 
 static void on_check(uv_check_t *c)
 {
-    struct amqp_broker *b = c->data;
+    struct rmq_broker *b = c->data;
     struct link *links[2] = {&b->cons, &b->pub};
     for (int i = 0; i < 2; i++)
         if (links[i]->conn &&
@@ -1884,11 +1886,11 @@ static void on_check(uv_check_t *c)
 
 /* ------------------------------------------------------------ public API */
 
-static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *cfg,
-                                   broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                                   void *privdata)
+static struct rmq_broker *rmq_new(uv_loop_t *loop, const struct broker_config *cfg,
+                                  broker_delivery_fn *on_delivery,
+                                  broker_conn_fn *on_conn, void *privdata)
 {
-    struct amqp_broker *b = cr_calloc(1, sizeof(*b));
+    struct rmq_broker *b = cr_calloc(1, sizeof(*b));
     if (!b)
         return NULL;
     b->loop = loop;
@@ -1896,7 +1898,7 @@ static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *
     b->cons.b = b->pub.b = b;
     b->cons.role = "consume";
     b->pub.role = "publish";
-    b->on_msg = on_msg;
+    b->on_delivery = on_delivery;
     b->on_conn = on_conn;
     b->privdata = privdata;
     uv_timer_init(loop, &b->timer);
@@ -1919,8 +1921,8 @@ static struct amqp_broker *rmq_new(uv_loop_t *loop, const struct broker_config *
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
-        if (rmq_add_consumer(b, &q)) {
-            rmq_free(b);
+        if (rmq_add_consumer(&b->base, &q)) {
+            rmq_free(&b->base);
             return NULL;
         }
     }
@@ -1939,11 +1941,11 @@ static void consumer_release(struct consumer *c)
     memset(c, 0, sizeof(*c));
 }
 
-static void send_consume(struct amqp_broker *b, struct consumer *c)
+static void send_consume(struct rmq_broker *b, struct consumer *c)
 {
     amqp_basic_consume_t req;
     amqp_table_entry_t arg;
-    if (qos_per_consumer(b) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
+    if (rmq_qos_per_consumer(&b->base) && CONSUMER_CHANNEL(&c->q) == CHANNEL) {
         /* the new consumer's own window (its qos-ok is ignored on arrival) */
         amqp_basic_qos_t qos;
         memset(&qos, 0, sizeof(qos));
@@ -1967,7 +1969,7 @@ static void send_consume(struct amqp_broker *b, struct consumer *c)
  * celery_delayed_delivery, sent without waiting on the channel that declared
  * it, so it is in place before the consume. A refusal closes the channel and
  * the reconnect binds it again with the others. */
-static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue *q)
+static void bind_delayed_nowait(struct rmq_broker *b, const struct broker_queue *q)
 {
     char bkey[300];
     amqp_queue_bind_t qb;
@@ -1981,8 +1983,9 @@ static void bind_delayed_nowait(struct amqp_broker *b, const struct broker_queue
     amqp_send_method(b->cons.conn, CONSUMER_CHANNEL(q), AMQP_QUEUE_BIND_METHOD, &qb);
 }
 
-static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q)
+static int rmq_add_consumer(struct broker *base, const struct broker_queue *q)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     struct consumer *c;
     char tag[96];
     struct cr_err err;
@@ -2019,8 +2022,9 @@ static int rmq_add_consumer(struct amqp_broker *b, const struct broker_queue *q)
     return 0;
 }
 
-static int rmq_cancel_consumer(struct amqp_broker *b, const char *queue)
+static int rmq_cancel_consumer(struct broker *base, const char *queue)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     for (int i = 0; i < b->nconsumers; i++) {
         struct consumer *c = &b->consumers[i];
         if (strcmp(c->q.name, queue))
@@ -2040,18 +2044,20 @@ static int rmq_cancel_consumer(struct amqp_broker *b, const char *queue)
     return CR_ENOTFOUND;
 }
 
-static void rmq_each_consumer(const struct amqp_broker *b,
+static void rmq_each_consumer(const struct broker *base,
                               void (*fn)(const struct broker_queue *q, void *arg),
                               void *arg)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     for (int i = 0; i < b->nconsumers; i++)
         if (!b->consumers[i].q.no_consume)
             fn(&b->consumers[i].q, arg);
 }
 
-static int rmq_declare_exchange(struct amqp_broker *b, const char *name, const char *type,
+static int rmq_declare_exchange(struct broker *base, const char *name, const char *type,
                                 int durable)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     struct exchange_decl *e;
     for (int i = 0; i < b->nexchanges; i++)
         if (!strcmp(b->exchanges[i].name, name))
@@ -2085,9 +2091,10 @@ static int rmq_declare_exchange(struct amqp_broker *b, const char *name, const c
     return 0;
 }
 
-static int rmq_queue_stats(struct amqp_broker *b, const char *queue,
+static int rmq_queue_stats(struct broker *base, const char *queue,
                            broker_queue_stats_fn *cb, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     amqp_queue_declare_t qd;
     int rc;
     if (!b->up || b->stats_open != 1)
@@ -2113,15 +2120,17 @@ static int rmq_queue_stats(struct amqp_broker *b, const char *queue,
     return 0;
 }
 
-static void rmq_queue_stats_cancel(struct amqp_broker *b, void *privdata)
+static void rmq_queue_stats_cancel(struct broker *base, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     for (size_t i = b->stats_head; i < b->nstats; i++)
         if (b->stats[i].privdata == privdata)
             b->stats[i].cb = NULL;
 }
 
-static void rmq_set_prefetch(struct amqp_broker *b, int prefetch_count)
+static void rmq_set_prefetch(struct broker *base, int prefetch_count)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     amqp_basic_qos_t req;
     if (prefetch_count > 65535)
         prefetch_count = 65535;
@@ -2132,7 +2141,7 @@ static void rmq_set_prefetch(struct amqp_broker *b, int prefetch_count)
      * new count waits for the next consume (see send_consume(), setup_cons()).
      * NEEDSWORK: so held eta tasks count against their queue's window under
      * strict order; parking (--park-after) bounds how long they hold it. */
-    if (!b->up || qos_per_consumer(b))
+    if (!b->up || rmq_qos_per_consumer(&b->base))
         return;
     memset(&req, 0, sizeof(req));
     req.prefetch_count = (uint16_t)prefetch_count;
@@ -2140,23 +2149,27 @@ static void rmq_set_prefetch(struct amqp_broker *b, int prefetch_count)
     amqp_send_method(b->cons.conn, CHANNEL, AMQP_BASIC_QOS_METHOD, &req);
 }
 
-static int rmq_connected(const struct amqp_broker *b)
+static int rmq_connected(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->up;
 }
 
-static unsigned rmq_generation(const struct amqp_broker *b)
+static unsigned rmq_generation(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->generation;
 }
 
-static unsigned long rmq_reconnects(const struct amqp_broker *b)
+static unsigned long rmq_reconnects(const struct broker *base)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     return b->reconnects;
 }
 
-static int rmq_blocked(const struct amqp_broker *b, const char **why)
+static int rmq_blocked(const struct broker *base, const char **why)
 {
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
     const struct link *l = b->pub.blocked ? &b->pub : b->cons.blocked ? &b->cons : NULL;
     if (why)
         *why = l ? l->blocked_why : NULL;
@@ -2165,7 +2178,7 @@ static int rmq_blocked(const struct amqp_broker *b, const char **why)
 
 /* rc of a write: a failure loses the connection, said once with its cause.
  * Called right after the write, so errno is still the write's. */
-static int check_status(struct amqp_broker *b, int rc, const char *what)
+static int check_status(struct rmq_broker *b, int rc, const char *what)
 {
     int e = errno;
     char buf[128], why[200];
@@ -2181,7 +2194,7 @@ static int check_status(struct amqp_broker *b, int rc, const char *what)
  * multiple = 1, plus one frame per ack above a delivery still in progress.
  * Returns 0 or the rabbitmq-c status of the first write that failed; the
  * caller decides whether that loses the connection. */
-static int flush_acks(struct amqp_broker *b)
+static int flush_acks(struct rmq_broker *b)
 {
     uint64_t upto;
     const uint64_t *singles;
@@ -2206,55 +2219,62 @@ static int flush_acks(struct amqp_broker *b)
 
 static void on_prepare(uv_prepare_t *p)
 {
-    struct amqp_broker *b = p->data;
+    struct rmq_broker *b = p->data;
     check_status(b, flush_acks(b), "ack");
     watch_writes(&b->cons);
     watch_writes(&b->pub);
 }
 
-static int rmq_ack(struct amqp_broker *b, struct broker_msg *m)
+static int rmq_ack(struct broker *base, struct delivery *d)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     int rc;
-    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
+    if (!b->up || d->rec.generation != b->generation || d->no_ack || d->settled)
         return 0;
-    m->settled = 1;
+    d->settled = 1;
     /* Usually only recorded here and sent by on_prepare() with the other acks
      * of this loop iteration. The delivery's outcome is already durable, so
      * the short delay loses nothing: a crash before the flush redelivers it,
      * exactly as a crash before a direct ack would. */
-    rc = ack_batch_ack(&b->acks, m->delivery_tag);
+    rc = ack_batch_ack(&b->acks, d->rec.seq);
     if (rc == 0)
         return 0;
     if (rc < 0) {
         LOG(LOG_ERROR, "broker: delivery %llu acked twice; second ack not sent",
-            (unsigned long long)m->delivery_tag);
+            (unsigned long long)d->rec.seq);
         return 0;
     }
-    return check_status(b, amqp_basic_ack(b->cons.conn, CHANNEL, m->delivery_tag, 0),
-                        "ack");
+    return check_status(b, amqp_basic_ack(b->cons.conn, CHANNEL, d->rec.seq, 0), "ack");
 }
 
-static int rmq_reject(struct amqp_broker *b, struct broker_msg *m, int requeue)
+static int rmq_reject(struct broker *base, struct delivery *d, int requeue)
 {
-    if (!b->up || m->generation != b->generation || m->no_ack || m->settled)
+    struct rmq_broker *b = (struct rmq_broker *)base;
+    if (!b->up || d->rec.generation != b->generation || d->no_ack || d->settled)
         return 0;
-    m->settled = 1;
+    d->settled = 1;
     /* Sent at once. The acks still pending need not go first: see
      * ack_batch_reject(). */
-    if (ack_batch_reject(&b->acks, m->delivery_tag) < 0) {
+    if (ack_batch_reject(&b->acks, d->rec.seq) < 0) {
         LOG(LOG_ERROR, "broker: delivery %llu settled twice; reject not sent",
-            (unsigned long long)m->delivery_tag);
+            (unsigned long long)d->rec.seq);
         return 0;
     }
-    return check_status(
-        b, amqp_basic_reject(b->cons.conn, CHANNEL, m->delivery_tag, requeue), "reject");
+    return check_status(b, amqp_basic_reject(b->cons.conn, CHANNEL, d->rec.seq, requeue),
+                        "reject");
+}
+
+/* A delivery of a lost connection is back in its queue already: the broker
+ * requeued it when the connection closed. */
+static int rmq_live(const struct broker *base, const struct delivery *d)
+{
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
+    return b->up && d->rec.generation == b->generation;
 }
 
 /* Writes one publish on the publishing channel and queues its confirm. */
-static int send_publish(struct amqp_broker *b, const char *exchange,
-                        const char *routing_key, const struct broker_props *props,
-                        const char *body, size_t len, broker_confirm_fn *cb,
-                        void *privdata)
+static int send_publish(struct rmq_broker *b, const struct outbound *o,
+                        broker_confirm_fn *cb, void *privdata)
 {
     amqp_basic_properties_t p;
     amqp_pool_t pool;
@@ -2273,9 +2293,9 @@ static int send_publish(struct amqp_broker *b, const char *exchange,
     memset(&p, 0, sizeof(p));
     init_amqp_pool(&pool, 4096);
 #define SETS(field, flag)                                                                \
-    if (props->field) {                                                                  \
+    if (o->field) {                                                                      \
         p._flags |= flag;                                                                \
-        p.field = cstr(props->field);                                                    \
+        p.field = cstr(o->field);                                                        \
     }
     SETS(content_type, AMQP_BASIC_CONTENT_TYPE_FLAG)
     SETS(content_encoding, AMQP_BASIC_CONTENT_ENCODING_FLAG)
@@ -2283,25 +2303,26 @@ static int send_publish(struct amqp_broker *b, const char *exchange,
     SETS(reply_to, AMQP_BASIC_REPLY_TO_FLAG)
     SETS(expiration, AMQP_BASIC_EXPIRATION_FLAG)
 #undef SETS
-    if (props->delivery_mode) {
+    if (o->delivery_mode) {
         p._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
-        p.delivery_mode = (uint8_t)props->delivery_mode;
+        p.delivery_mode = (uint8_t)o->delivery_mode;
     }
-    if (props->priority >= 0) {
+    if (o->priority >= 0) {
         p._flags |= AMQP_BASIC_PRIORITY_FLAG;
-        p.priority = (uint8_t)props->priority;
+        p.priority = (uint8_t)o->priority;
     }
-    if (props->headers) {
-        if (amqp_json_to_table(props->headers, &pool, &p.headers, &err)) {
+    if (o->headers) {
+        if (rmq_json_to_table(o->headers, &pool, &p.headers, &err)) {
             empty_amqp_pool(&pool);
             return err.code;
         }
         p._flags |= AMQP_BASIC_HEADERS_FLAG;
     }
-    bb.bytes = (void *)body;
-    bb.len = len;
-    rc = amqp_basic_publish(b->pub.conn, PUB_CHANNEL, cstr(exchange), cstr(routing_key),
-                            0, 0, &p, bb);
+    bb.bytes = (void *)o->body;
+    bb.len = o->body_len;
+    rc =
+        amqp_basic_publish(b->pub.conn, PUB_CHANNEL, cstr(o->exchange ? o->exchange : ""),
+                           cstr(o->routing_key ? o->routing_key : ""), 0, 0, &p, bb);
     empty_amqp_pool(&pool);
     if (check_status(b, rc, "publish"))
         return CR_EBROKER;
@@ -2321,16 +2342,15 @@ static int dup_opt(char **dst, const char *src)
 /* Keeps a copy of the publish until the broker unblocks. RabbitMQ would not
  * read it anyway, and written into a socket it does not read it would fill
  * the send buffer, and the next write would block the whole loop. */
-static int hold_publish(struct amqp_broker *b, const char *exchange,
-                        const char *routing_key, const struct broker_props *props,
-                        const char *body, size_t len, broker_confirm_fn *cb,
-                        void *privdata)
+static int hold_publish(struct rmq_broker *b, const struct outbound *o,
+                        broker_confirm_fn *cb, void *privdata)
 {
     struct held_publish *h;
+    size_t len = o->body_len;
     size_t cost = len + 512;
     int oom;
 
-    if (props->no_hold || b->held_bytes + cost > HELD_MAX_BYTES)
+    if (o->no_hold || b->held_bytes + cost > HELD_MAX_BYTES)
         return CR_EBROKER;
     if (b->held_head > 0 && b->held_head == b->nheld)
         b->held_head = b->nheld = 0;
@@ -2344,13 +2364,12 @@ static int hold_publish(struct amqp_broker *b, const char *exchange,
     }
     h = &b->held[b->nheld];
     memset(h, 0, sizeof(*h));
-    oom = dup_opt(&h->exchange, exchange) | dup_opt(&h->routing_key, routing_key) |
-          dup_opt(&h->content_type, props->content_type) |
-          dup_opt(&h->content_encoding, props->content_encoding) |
-          dup_opt(&h->correlation_id, props->correlation_id) |
-          dup_opt(&h->reply_to, props->reply_to) |
-          dup_opt(&h->expiration, props->expiration);
-    if (props->headers && !(h->headers = cJSON_Duplicate(props->headers, 1)))
+    oom = dup_opt(&h->exchange, o->exchange) | dup_opt(&h->routing_key, o->routing_key) |
+          dup_opt(&h->content_type, o->content_type) |
+          dup_opt(&h->content_encoding, o->content_encoding) |
+          dup_opt(&h->correlation_id, o->correlation_id) |
+          dup_opt(&h->reply_to, o->reply_to) | dup_opt(&h->expiration, o->expiration);
+    if (o->headers && !(h->headers = cJSON_Duplicate(o->headers, 1)))
         oom = 1;
     if (!(h->body = cr_malloc(len + 1)))
         oom = 1;
@@ -2358,10 +2377,10 @@ static int hold_publish(struct amqp_broker *b, const char *exchange,
         held_release(h);
         return CR_ENOMEM;
     }
-    memcpy(h->body, body, len);
+    memcpy(h->body, o->body, len);
     h->len = len;
-    h->delivery_mode = props->delivery_mode;
-    h->priority = props->priority;
+    h->delivery_mode = o->delivery_mode;
+    h->priority = o->priority;
     h->cb = cb;
     h->privdata = privdata;
     b->nheld++;
@@ -2371,13 +2390,17 @@ static int hold_publish(struct amqp_broker *b, const char *exchange,
 
 /* Publishing unblocked: the held publishes go out in order. A failed write
  * loses the connection, which fails the rest. */
-static void send_held(struct amqp_broker *b)
+static void send_held(struct rmq_broker *b)
 {
     while (b->up && !b->pub.blocked && b->held_head < b->nheld) {
         struct held_publish h = b->held[b->held_head++];
-        struct broker_props p;
+        struct outbound p;
         int rc;
         memset(&p, 0, sizeof(p));
+        p.exchange = h.exchange;
+        p.routing_key = h.routing_key;
+        p.body = h.body;
+        p.body_len = h.len;
         p.content_type = h.content_type;
         p.content_encoding = h.content_encoding;
         p.correlation_id = h.correlation_id;
@@ -2387,9 +2410,7 @@ static void send_held(struct amqp_broker *b)
         p.priority = h.priority;
         p.headers = h.headers;
         b->held_bytes -= h.len + 512;
-        rc = send_publish(b, h.exchange ? h.exchange : "",
-                          h.routing_key ? h.routing_key : "", &p, h.body, h.len, h.cb,
-                          h.privdata);
+        rc = send_publish(b, &p, h.cb, h.privdata);
         held_release(&h);
         if (rc) {
             struct pending_confirm pc = {0, h.cb, h.privdata};
@@ -2401,21 +2422,21 @@ static void send_held(struct amqp_broker *b)
         b->held_head = b->nheld = b->held_bytes = 0;
 }
 
-static int rmq_publish(struct amqp_broker *b, const char *exchange,
-                       const char *routing_key, const struct broker_props *props,
-                       const char *body, size_t len, broker_confirm_fn *cb,
-                       void *privdata)
+static int rmq_publish(struct broker *base, const struct outbound *o,
+                       broker_confirm_fn *cb, void *privdata)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b->up)
         return CR_EBROKER;
     /* Behind the held ones too, so that publishes keep their order. */
     if (b->pub.blocked || b->held_head < b->nheld)
-        return hold_publish(b, exchange, routing_key, props, body, len, cb, privdata);
-    return send_publish(b, exchange, routing_key, props, body, len, cb, privdata);
+        return hold_publish(b, o, cb, privdata);
+    return send_publish(b, o, cb, privdata);
 }
 
-static void rmq_stop_consuming(struct amqp_broker *b)
+static void rmq_stop_consuming(struct broker *base)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b->up || !b->consuming)
         return;
     for (int i = 0; i < b->nconsumers; i++) {
@@ -2432,7 +2453,7 @@ static void rmq_stop_consuming(struct amqp_broker *b)
 
 static void on_handle_closed(uv_handle_t *h)
 {
-    struct amqp_broker *b = h->data;
+    struct rmq_broker *b = h->data;
     /* Four handles are closed; the last one frees. */
     if (++b->nclosed == 4) {
         for (int i = 0; i < b->nconsumers; i++)
@@ -2450,8 +2471,9 @@ static void on_handle_closed(uv_handle_t *h)
     }
 }
 
-static void rmq_free(struct amqp_broker *b)
+static void rmq_free(struct broker *base)
 {
+    struct rmq_broker *b = (struct rmq_broker *)base;
     if (!b)
         return;
     b->stopping = 1;
@@ -2491,140 +2513,66 @@ static void rmq_free(struct amqp_broker *b)
 
 /* ------------------------------------------------------------ the face */
 
-#define A(b) ((struct amqp_broker *)(b))
-#define CA(b) ((const struct amqp_broker *)(b))
-
 /* At start-up every node of a failover list gets one try, in the strategy's
  * order, before the worker gives up: a cluster with one node down still
  * starts. Each failure is said; the last one is returned. */
-static int v_connect(struct broker *b, struct cr_err *err)
+static int rmq_connect(struct broker *base, struct cr_err *err)
 {
-    int n = A(b)->urls.n;
+    struct rmq_broker *b = (struct rmq_broker *)base;
+    int n = b->urls.n;
     for (int i = 0;; i++) {
-        if (rmq_connect(A(b), err) == 0)
+        if (connect_node(b, err) == 0)
             return 0;
         if (i + 1 >= n)
             return err->code;
         LOG(LOG_ERROR, "consumer: %s; trying the next node", err->msg);
     }
 }
-static int v_connected(const struct broker *b)
+
+static unsigned rmq_live_caps(const struct broker *base)
 {
-    return rmq_connected(CA(b));
-}
-static unsigned v_generation(const struct broker *b)
-{
-    return rmq_generation(CA(b));
-}
-static unsigned long v_reconnects(const struct broker *b)
-{
-    return rmq_reconnects(CA(b));
-}
-static int v_blocked(const struct broker *b, const char **why)
-{
-    return rmq_blocked(CA(b), why);
-}
-static int v_ack(struct broker *b, struct broker_msg *m)
-{
-    return rmq_ack(A(b), m);
-}
-static int v_reject(struct broker *b, struct broker_msg *m, int requeue)
-{
-    return rmq_reject(A(b), m, requeue);
-}
-static int v_publish(struct broker *b, const char *exchange, const char *routing_key,
-                     const struct broker_props *props, const char *body, size_t len,
-                     broker_confirm_fn *cb, void *privdata)
-{
-    return rmq_publish(A(b), exchange, routing_key, props, body, len, cb, privdata);
-}
-static int v_add_consumer(struct broker *b, const struct broker_queue *q)
-{
-    return rmq_add_consumer(A(b), q);
-}
-static int v_cancel_consumer(struct broker *b, const char *queue)
-{
-    return rmq_cancel_consumer(A(b), queue);
-}
-static void v_each_consumer(const struct broker *b,
-                            void (*fn)(const struct broker_queue *q, void *arg),
-                            void *arg)
-{
-    rmq_each_consumer(CA(b), fn, arg);
-}
-static int v_declare_exchange(struct broker *b, const char *name, const char *type,
-                              int durable)
-{
-    return rmq_declare_exchange(A(b), name, type, durable);
-}
-static int v_queue_stats(struct broker *b, const char *queue, broker_queue_stats_fn *cb,
-                         void *privdata)
-{
-    return rmq_queue_stats(A(b), queue, cb, privdata);
-}
-static void v_queue_stats_cancel(struct broker *b, void *privdata)
-{
-    rmq_queue_stats_cancel(A(b), privdata);
-}
-static void v_set_prefetch(struct broker *b, int prefetch_count)
-{
-    rmq_set_prefetch(A(b), prefetch_count);
-}
-static void v_stop_consuming(struct broker *b)
-{
-    rmq_stop_consuming(A(b));
-}
-static void v_free(struct broker *b)
-{
-    rmq_free(A(b));
-}
-static unsigned v_live_caps(const struct broker *b)
-{
-    return CA(b)->up && CA(b)->delayed_live ? BROKER_CAP_DELAYED : 0;
-}
-static int v_qos_per_consumer(const struct broker *b)
-{
-    return qos_per_consumer(CA(b));
+    const struct rmq_broker *b = (const struct rmq_broker *)base;
+    return b->up && b->delayed_live ? MSG_CAP_DELAYED : 0;
 }
 
-static const struct broker_vtab amqp_vtab = {
+static const struct broker_vtab rmq_vtab = {
     .name = "amqp",
-    .caps =
-        BROKER_CAP_CONFIRMS | BROKER_CAP_PRIORITY | BROKER_CAP_PREFETCH | BROKER_CAP_PARK,
-    .live_caps = v_live_caps,
-    .qos_per_consumer = v_qos_per_consumer,
-    .connect = v_connect,
-    .connected = v_connected,
-    .generation = v_generation,
-    .reconnects = v_reconnects,
-    .blocked = v_blocked,
-    .ack = v_ack,
-    .reject = v_reject,
-    .publish = v_publish,
-    .add_consumer = v_add_consumer,
-    .cancel_consumer = v_cancel_consumer,
-    .each_consumer = v_each_consumer,
-    .declare_exchange = v_declare_exchange,
-    .queue_stats = v_queue_stats,
-    .queue_stats_cancel = v_queue_stats_cancel,
-    .set_prefetch = v_set_prefetch,
-    .stop_consuming = v_stop_consuming,
-    .free = v_free,
+    .caps = MSG_CAP_CONFIRMS | MSG_CAP_PRIORITY | MSG_CAP_PREFETCH | MSG_CAP_PARK,
+    .live_caps = rmq_live_caps,
+    .qos_per_consumer = rmq_qos_per_consumer,
+    .connect = rmq_connect,
+    .connected = rmq_connected,
+    .generation = rmq_generation,
+    .reconnects = rmq_reconnects,
+    .blocked = rmq_blocked,
+    .ack = rmq_ack,
+    .reject = rmq_reject,
+    .live = rmq_live,
+    .publish = rmq_publish,
+    .add_consumer = rmq_add_consumer,
+    .cancel_consumer = rmq_cancel_consumer,
+    .each_consumer = rmq_each_consumer,
+    .declare_exchange = rmq_declare_exchange,
+    .queue_stats = rmq_queue_stats,
+    .queue_stats_cancel = rmq_queue_stats_cancel,
+    .set_prefetch = rmq_set_prefetch,
+    .stop_consuming = rmq_stop_consuming,
+    .free = rmq_free,
 };
 
-struct broker *amqp_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
-                               broker_msg_fn *on_msg, broker_conn_fn *on_conn,
-                               void *privdata, struct cr_err *err)
+struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                              broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                              void *privdata, struct cr_err *err)
 {
-    struct amqp_broker *b = rmq_new(loop, cfg, on_msg, on_conn, privdata);
+    struct rmq_broker *b = rmq_new(loop, cfg, on_delivery, on_conn, privdata);
     if (!b) {
         cr_err_set(err, CR_ENOMEM, "out of memory creating the broker");
         return NULL;
     }
-    b->base.vt = &amqp_vtab;
-    if (amqp_url_list_parse(cfg->url, &b->urls, err) ||
-        amqp_failover_parse(cfg->failover_strategy, &b->failover, err)) {
-        rmq_free(b);
+    b->base.vt = &rmq_vtab;
+    if (rmq_url_list_parse(cfg->url, &b->urls, err) ||
+        rmq_failover_parse(cfg->failover_strategy, &b->failover, err)) {
+        rmq_free(&b->base);
         return NULL;
     }
     b->rng = uv_hrtime() ^ ((uint64_t)(uintptr_t)b << 16);

@@ -1,5 +1,5 @@
-/* amqp_json.c -- AMQP field tables (rabbitmq-c) to and from cJSON trees. */
-#include "amqp_json.h"
+/* rmq_json.c -- AMQP field tables (rabbitmq-c) to and from cJSON trees. */
+#include "rmq_json.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -199,13 +199,13 @@ static int table_to_json(const amqp_table_t *t, int depth, cJSON **out,
     return 0;
 }
 
-int amqp_json_from_table(const amqp_table_t *t, cJSON **out, struct cr_err *err)
+int rmq_json_from_table(const amqp_table_t *t, cJSON **out, struct cr_err *err)
 {
     static const amqp_table_t empty = {0, NULL};
     return table_to_json(t ? t : &empty, 1, out, err);
 }
 
-int amqp_json_from_table_partial(const amqp_table_t *t, cJSON **out, struct cr_err *err)
+int rmq_json_from_table_partial(const amqp_table_t *t, cJSON **out, struct cr_err *err)
 {
     cJSON *obj = cJSON_CreateObject();
     int dropped = 0;
@@ -355,8 +355,8 @@ static int obj_to_table(const cJSON *obj, amqp_pool_t *pool, int depth, amqp_tab
     return 0;
 }
 
-int amqp_json_to_table(const cJSON *obj, amqp_pool_t *pool, amqp_table_t *out,
-                       struct cr_err *err)
+int rmq_json_to_table(const cJSON *obj, amqp_pool_t *pool, amqp_table_t *out,
+                      struct cr_err *err)
 {
     out->num_entries = 0;
     out->entries = NULL;

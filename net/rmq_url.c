@@ -1,32 +1,13 @@
-/* amqp_url.c -- broker URL parsing (no I/O). */
-#include "amqp_url.h"
+/* rmq_url.c -- broker URL parsing (no I/O). */
+#include "rmq_url.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/hex.h"
+#include "util/pct.h"
 
-/* Copies [s, s+n) percent-decoded into out (size bytes). 0 or CR_EINVAL. */
-static int pct_decode(const char *s, size_t n, char *out, size_t size)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%' && i + 2 < n && cr_hexval(s[i + 1]) >= 0 &&
-            cr_hexval(s[i + 2]) >= 0) {
-            c = (char)(cr_hexval(s[i + 1]) * 16 + cr_hexval(s[i + 2]));
-            i += 2;
-        }
-        if (o + 1 >= size)
-            return CR_EINVAL;
-        out[o++] = c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
+int rmq_url_parse(const char *url, struct rmq_url *out, struct cr_err *err)
 {
     const char *p, *at, *hostend, *path;
     size_t n;
@@ -48,11 +29,11 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     at = memchr(p, '@', n);
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (pct_decode(p, colon ? (size_t)(colon - p) : (size_t)(at - p), out->user,
-                       sizeof(out->user)))
+        if (pct_decode(out->user, sizeof(out->user), p,
+                       colon ? (size_t)(colon - p) : (size_t)(at - p), 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL user name too long");
-        if (colon && pct_decode(colon + 1, (size_t)(at - colon - 1), out->password,
-                                sizeof(out->password)))
+        if (colon && pct_decode(out->password, sizeof(out->password), colon + 1,
+                                (size_t)(at - colon - 1), 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL password too long");
         n -= (size_t)(at + 1 - p);
         p = at + 1;
@@ -86,15 +67,15 @@ int amqp_url_parse(const char *url, struct amqp_url *out, struct cr_err *err)
     }
     if (path && path[1]) {
         size_t vn = strcspn(path + 1, "?");
-        if (vn && pct_decode(path + 1, vn, out->vhost, sizeof(out->vhost)))
+        if (vn && pct_decode(out->vhost, sizeof(out->vhost), path + 1, vn, 0, NULL))
             return cr_err_set(err, CR_EINVAL, "broker URL vhost too long");
     }
     return 0;
 }
 
-int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err *err)
+int rmq_url_list_parse(const char *s, struct rmq_url_list *out, struct cr_err *err)
 {
-    struct amqp_url u;
+    struct rmq_url u;
     struct cr_err e2;
 
     out->n = 0;
@@ -107,14 +88,14 @@ int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err 
             e--;
         if (b == e)
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is empty", i);
-        if (out->n == AMQP_URL_LIST_MAX)
+        if (out->n == RMQ_URL_LIST_MAX)
             return cr_err_set(err, CR_EINVAL, "broker URL list: more than %d URLs",
-                              AMQP_URL_LIST_MAX);
-        if ((size_t)(e - b) >= AMQP_URL_MAX_LEN)
+                              RMQ_URL_LIST_MAX);
+        if ((size_t)(e - b) >= RMQ_URL_MAX_LEN)
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d is too long", i);
         memcpy(out->url[out->n], b, (size_t)(e - b));
         out->url[out->n][e - b] = '\0';
-        if (amqp_url_parse(out->url[out->n], &u, &e2))
+        if (rmq_url_parse(out->url[out->n], &u, &e2))
             return cr_err_set(err, CR_EINVAL, "broker URL list: entry %d: %s", i, e2.msg);
         out->n++;
         if (!s[n])
@@ -123,14 +104,14 @@ int amqp_url_list_parse(const char *s, struct amqp_url_list *out, struct cr_err 
     }
 }
 
-int amqp_failover_parse(const char *name, enum amqp_failover *out, struct cr_err *err)
+int rmq_failover_parse(const char *name, enum rmq_failover *out, struct cr_err *err)
 {
     if (!name || !*name || !strcmp(name, "round-robin") || !strcmp(name, "round_robin")) {
-        *out = AMQP_FAILOVER_ROUND_ROBIN;
+        *out = RMQ_FAILOVER_ROUND_ROBIN;
         return 0;
     }
     if (!strcmp(name, "shuffle")) {
-        *out = AMQP_FAILOVER_SHUFFLE;
+        *out = RMQ_FAILOVER_SHUFFLE;
         return 0;
     }
     return cr_err_set(err, CR_EINVAL,
@@ -138,11 +119,11 @@ int amqp_failover_parse(const char *name, enum amqp_failover *out, struct cr_err
                       name);
 }
 
-int amqp_failover_next(enum amqp_failover s, int n, int cur, uint64_t rnd)
+int rmq_failover_next(enum rmq_failover s, int n, int cur, uint64_t rnd)
 {
     if (n <= 1)
         return 0;
-    if (s == AMQP_FAILOVER_SHUFFLE)
+    if (s == RMQ_FAILOVER_SHUFFLE)
         return (int)((cur + 1 + (int)(rnd % (uint64_t)(n - 1))) % n);
     return (cur + 1) % n;
 }

@@ -1,6 +1,6 @@
-/* amqp.h -- the AMQP 0-9-1 transport behind net/broker.h: RabbitMQ through
+/* rmq_broker.h -- the AMQP 0-9-1 transport behind net/broker.h: RabbitMQ through
  * rabbitmq-c, on the worker's libuv loop. broker_new() makes one for an
- * amqp:// URL (amqp_broker_new() in broker_int.h).
+ * amqp:// URL (rmq_broker_new() in broker_int.h).
  *
  * Two connections, as RabbitMQ advises: one consumes and acks, the other
  * publishes (in confirm mode). RabbitMQ stops reading a connection that
@@ -14,8 +14,8 @@
  * into whole deliveries; acks and publishes are small writes. A connection that
  * hears nothing from the broker for two heartbeat intervals is lost. Not
  * thread-safe: use on the loop thread only. */
-#ifndef CR_AMQP_H
-#define CR_AMQP_H
+#ifndef CR_RMQ_BROKER_H
+#define CR_RMQ_BROKER_H
 
 #include "broker.h"
 

@@ -1,9 +1,9 @@
-/* test_amqp_json.c -- AMQP field tables <-> JSON, including py-amqp's wire bytes. */
+/* test_rmq_json.c -- AMQP field tables <-> JSON, including py-amqp's wire bytes. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "protocol/amqp_json.h"
+#include "protocol/rmq_json.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -91,7 +91,7 @@ START_TEST(test_py_amqp_wire)
     init_amqp_pool(&pool, 4096);
     ck_assert_int_eq(amqp_decode_table(in, &pool, &t, &off), 0);
     ck_assert_uint_eq(off, sizeof(wire_py) - 1);
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     s = dumps(j);
     ck_assert_str_eq(s, want_json);
     cr_free(s);
@@ -112,7 +112,7 @@ START_TEST(test_json_to_wire)
 
     ck_assert_int_eq(py_json_parse(want_json, strlen(want_json), &j, NULL), 0);
     init_amqp_pool(&pool, 4096);
-    ck_assert_int_eq(amqp_json_to_table(j, &pool, &t, NULL), 0);
+    ck_assert_int_eq(rmq_json_to_table(j, &pool, &t, NULL), 0);
     ck_assert_int_eq(amqp_encode_table(enc, &t, &off), 0);
     ck_assert_uint_eq(off, sizeof(wire_json) - 1);
     ck_assert(memcmp(out, wire_json, off) == 0);
@@ -222,7 +222,7 @@ START_TEST(test_every_kind)
 
     memset(e, 0, sizeof(e));
     every_kind(e, arr, sub);
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     s = dumps(j);
     ck_assert_str_eq(s, every_json);
     cr_free(s);
@@ -256,7 +256,7 @@ START_TEST(test_to_table_kinds)
 
     ck_assert_int_eq(py_json_parse(text, strlen(text), &j, NULL), 0);
     init_amqp_pool(&pool, 512);
-    ck_assert_int_eq(amqp_json_to_table(j, &pool, &t, NULL), 0);
+    ck_assert_int_eq(rmq_json_to_table(j, &pool, &t, NULL), 0);
     ck_assert_int_eq(t.num_entries, 13);
     for (int i = 0; i < t.num_entries; i++) {
         ck_assert(t.entries[i].key.len == strlen(want[i].key));
@@ -267,7 +267,7 @@ START_TEST(test_to_table_kinds)
     ck_assert_int_eq(t.entries[5].value.value.i32, -2147483647);
     ck_assert_int_eq(
         t.entries[11].value.value.table.entries[0].value.value.array.num_entries, 3);
-    ck_assert_int_eq(amqp_json_from_table(&t, &back, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &back, NULL), 0);
     s = dumps(back);
     ck_assert_str_eq(
         s, "{\"s\": \"x\", \"e\": \"\", \"t\": true, \"f\": false, \"n\": null, "
@@ -290,17 +290,17 @@ START_TEST(test_to_table_errors)
     char key[300];
 
     init_amqp_pool(&pool, 512);
-    ck_assert_int_eq(amqp_json_to_table(arr, &pool, &t, &err), CR_EINVAL);
-    ck_assert_int_eq(amqp_json_to_table(NULL, &pool, &t, &err), CR_EINVAL);
+    ck_assert_int_eq(rmq_json_to_table(arr, &pool, &t, &err), CR_EINVAL);
+    ck_assert_int_eq(rmq_json_to_table(NULL, &pool, &t, &err), CR_EINVAL);
     memset(key, 'k', sizeof(key) - 1);
     key[sizeof(key) - 1] = '\0';
     cJSON_AddNullToObject(obj, key);
-    ck_assert_int_eq(amqp_json_to_table(obj, &pool, &t, &err), CR_EINVAL);
+    ck_assert_int_eq(rmq_json_to_table(obj, &pool, &t, &err), CR_EINVAL);
     key[255] = '\0';
     cJSON_Delete(obj);
     obj = cJSON_CreateObject();
     cJSON_AddNullToObject(obj, key);
-    ck_assert_int_eq(amqp_json_to_table(obj, &pool, &t, &err), 0);
+    ck_assert_int_eq(rmq_json_to_table(obj, &pool, &t, &err), 0);
     ck_assert_uint_eq(t.entries[0].key.len, 255);
     cJSON_Delete(obj);
     cJSON_Delete(arr);
@@ -341,23 +341,23 @@ START_TEST(test_nested_depth)
     cJSON *j = NULL;
 
     t = deep_table(e, 64);
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     ck_assert_int_eq(json_depth(j), 64);
     cJSON_Delete(j);
     t = deep_table(e, 65);
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), CR_EDECODE);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), CR_EDECODE);
     ck_assert_ptr_null(j);
     /* an array level counts too: 63 tables + an empty array = 64 ... */
     t = deep_table(e, 63);
     e[61].value.kind = AMQP_FIELD_KIND_ARRAY;
     e[61].value.value.array.num_entries = 0;
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     ck_assert_int_eq(json_depth(j), 63);
     cJSON_Delete(j);
     t = deep_table(e, 64);
     e[62].value.kind = AMQP_FIELD_KIND_ARRAY;
     e[62].value.value.array.num_entries = 0;
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     ck_assert_int_eq(json_depth(j), 64);
     cJSON_Delete(j);
     /* ... and a 65th level inside an array fails */
@@ -365,7 +365,7 @@ START_TEST(test_nested_depth)
     e[62].value.value.array.entries = arr;
     arr[0].kind = AMQP_FIELD_KIND_ARRAY;
     arr[0].value.array.num_entries = 0;
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), CR_EDECODE);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), CR_EDECODE);
 }
 END_TEST
 
@@ -378,9 +378,9 @@ START_TEST(test_json_depth_limit)
     init_amqp_pool(&pool, 4096);
     for (int i = 1; i < 64; i++)
         cur = cJSON_AddObjectToObject(cur, "k");
-    ck_assert_int_eq(amqp_json_to_table(root, &pool, &t, NULL), 0);
+    ck_assert_int_eq(rmq_json_to_table(root, &pool, &t, NULL), 0);
     cJSON_AddArrayToObject(cur, "k");
-    ck_assert_int_eq(amqp_json_to_table(root, &pool, &t, NULL), CR_EINVAL);
+    ck_assert_int_eq(rmq_json_to_table(root, &pool, &t, NULL), CR_EINVAL);
     cJSON_Delete(root);
     empty_amqp_pool(&pool);
 }
@@ -394,7 +394,7 @@ START_TEST(test_unknown_kind)
     struct cr_err err;
     e[0].key = bytes("q");
     e[0].value.kind = 'Q';
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, &err), CR_EDECODE);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, &err), CR_EDECODE);
     ck_assert_ptr_null(j);
     ck_assert(strstr(err.msg, "0x51") != NULL);
 }
@@ -428,9 +428,9 @@ START_TEST(test_partial_keeps_good_entries)
     e[4].value.kind = AMQP_FIELD_KIND_I32;
     e[4].value.value.i32 = 2;
     /* the whole-table form still fails as a whole */
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), CR_EDECODE);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), CR_EDECODE);
     ck_assert_ptr_null(j);
-    ck_assert_int_eq(amqp_json_from_table_partial(&t, &j, &err), CR_EDECODE);
+    ck_assert_int_eq(rmq_json_from_table_partial(&t, &j, &err), CR_EDECODE);
     ck_assert_ptr_nonnull(j);
     s = dumps(j);
     ck_assert_str_eq(s, "{\"id\": \"abc\", \"task\": \"llm.generate\", \"retries\": 2}");
@@ -441,9 +441,9 @@ START_TEST(test_partial_keeps_good_entries)
                   "%s", err.msg);
     /* nothing bad: 0, as the whole-table form */
     t.num_entries = 1;
-    ck_assert_int_eq(amqp_json_from_table_partial(&t, &j, &err), 0);
+    ck_assert_int_eq(rmq_json_from_table_partial(&t, &j, &err), 0);
     cJSON_Delete(j);
-    ck_assert_int_eq(amqp_json_from_table_partial(NULL, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table_partial(NULL, &j, NULL), 0);
     ck_assert(cJSON_IsObject(j) && j->child == NULL);
     cJSON_Delete(j);
     /* out of memory anywhere: CR_ENOMEM and nothing to free */
@@ -451,7 +451,7 @@ START_TEST(test_partial_keeps_good_entries)
     for (n = 1;; n++) {
         int rc;
         cr_alloc_fail_after(n);
-        rc = amqp_json_from_table_partial(&t, &j, NULL);
+        rc = rmq_json_from_table_partial(&t, &j, NULL);
         cr_alloc_fail_after(0);
         if (rc == CR_EDECODE) {
             cJSON_Delete(j);
@@ -479,7 +479,7 @@ START_TEST(test_duplicate_keys)
     e[2].key = bytes("a");
     e[2].value.kind = AMQP_FIELD_KIND_I32;
     e[2].value.value.i32 = 2;
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     s = dumps(j);
     ck_assert_str_eq(s, "{\"a\": 2, \"b\": null}");
     cr_free(s);
@@ -491,10 +491,10 @@ START_TEST(test_null_and_empty)
 {
     cJSON *j = NULL;
     amqp_table_t t = {0, NULL};
-    ck_assert_int_eq(amqp_json_from_table(NULL, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(NULL, &j, NULL), 0);
     ck_assert(cJSON_IsObject(j) && j->child == NULL);
     cJSON_Delete(j);
-    ck_assert_int_eq(amqp_json_from_table(&t, &j, NULL), 0);
+    ck_assert_int_eq(rmq_json_from_table(&t, &j, NULL), 0);
     ck_assert(cJSON_IsObject(j) && j->child == NULL);
     cJSON_Delete(j);
 }
@@ -520,7 +520,7 @@ START_TEST(test_oom_from_table)
             cJSON *j = (cJSON *)1;
             int rc;
             cr_alloc_fail_after(n);
-            rc = amqp_json_from_table(which ? &every : &t, &j, NULL);
+            rc = rmq_json_from_table(which ? &every : &t, &j, NULL);
             cr_alloc_fail_after(0);
             if (rc == 0) {
                 char *s = dumps(j);
@@ -540,7 +540,7 @@ END_TEST
 
 Suite *suite(void)
 {
-    Suite *s = suite_create("amqp_json");
+    Suite *s = suite_create("rmq_json");
     TCase *tc = tcase_create("core");
 
     tcase_add_test(tc, test_py_amqp_wire);
