@@ -16,6 +16,7 @@
 
 #include "net/tls_pump.h"
 #include "util/alloc.h"
+#include "util/buf.h"
 #include "util/pct.h"
 
 /* ------------------------------------------------------------ URL (pure) */
@@ -1463,4 +1464,65 @@ void redis_conn_free(struct redis_conn *c)
         redisAsyncFree(ac);
     }
     uv_close((uv_handle_t *)&c->timer, on_closed_free);
+}
+
+/* ------------------------------------------------------------ arguments */
+
+void redis_args_init(struct redis_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    buf_init(&a->store);
+}
+
+void redis_args_release(struct redis_args *a)
+{
+    buf_release(&a->store);
+    cr_free(a->off);
+    cr_free(a->len);
+    cr_free(a->argv);
+}
+
+void redis_args_add(struct redis_args *a, const void *p, size_t n)
+{
+    if (a->oom)
+        return;
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 8;
+        size_t *off = cr_realloc(a->off, (size_t)cap * sizeof(*off));
+        size_t *len = off ? cr_realloc(a->len, (size_t)cap * sizeof(*len)) : NULL;
+        if (off)
+            a->off = off;
+        if (!off || !len) {
+            a->oom = 1;
+            return;
+        }
+        a->len = len;
+        a->cap = cap;
+    }
+    a->off[a->n] = a->store.len;
+    a->len[a->n] = n;
+    /* A NUL after each, so that an empty argument still has a byte. */
+    if (buf_append(&a->store, p, n) || buf_putc(&a->store, '\0')) {
+        a->oom = 1;
+        return;
+    }
+    a->n++;
+}
+
+void redis_args_s(struct redis_args *a, const char *s)
+{
+    redis_args_add(a, s, strlen(s));
+}
+
+const char **redis_args_argv(struct redis_args *a)
+{
+    if (a->oom)
+        return NULL;
+    cr_free(a->argv);
+    a->argv = cr_malloc((size_t)(a->n ? a->n : 1) * sizeof(*a->argv));
+    if (!a->argv)
+        return NULL;
+    for (int i = 0; i < a->n; i++)
+        a->argv[i] = a->store.data + a->off[i];
+    return a->argv;
 }

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "util/buf.h"
 #include "util/err.h"
 
 /* ------------------------------------------------------------ URL (pure) */
@@ -302,5 +303,31 @@ uint64_t redis_conn_timeout_ms(const struct redis_conn *c);
  * returns; no event afterwards. The memory goes at the next loop turn.
  * NULL is a no-op. */
 void redis_conn_free(struct redis_conn *c);
+
+/* The arguments of one command, gathered in one buffer for
+ * redis_conn_send(). Embed it: redis_args_init() / redis_args_release(). An
+ * allocation that fails marks it (oom), and later adds do nothing: a caller
+ * checks once, at redis_args_argv(). */
+struct redis_args {
+    /* read-only */
+    size_t *len; /* each argument's length */
+    int n;
+    int oom;
+    /* private */
+    struct buf store;
+    size_t *off;
+    const char **argv;
+    int cap;
+};
+
+void redis_args_init(struct redis_args *a);
+void redis_args_release(struct redis_args *a);
+/* Adds n bytes at p (copied) as one argument. */
+void redis_args_add(struct redis_args *a, const void *p, size_t n);
+/* Adds a NUL-terminated string as one argument. */
+void redis_args_s(struct redis_args *a, const char *s);
+/* The argv of the arguments gathered, or NULL on OOM. Valid until the next
+ * redis_args_add() or redis_args_release(). */
+const char **redis_args_argv(struct redis_args *a);
 
 #endif

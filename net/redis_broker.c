@@ -1,9 +1,15 @@
-/* redis_broker.c -- kombu's Redis transport behind net/broker.h.
+/* redis_broker.c -- kombu's Redis transport behind net/broker.h: the
+ * connections, the replies, the Lua text and the face.
  *
  * Three connections (net/redis.h), as kombu keeps them: one blocked in BRPOP,
  * one for every other command (records, acks, restores, publishes, bindings,
  * depth polls), one subscribed (PSUBSCRIBE) for fanout queues. The wire format
  * is protocol/kombu.h's; the facts are in docs/internals/redis-broker.md.
+ * When to pop and how much, what is held, when it is acked, refreshed or
+ * restored is net/vsession.c's to decide (a pure module, unit-tested); this
+ * file sends what it asks for and feeds it the replies. The queues and
+ * bindings are in redis_consumers.c, the restores in redis_restore.c, what
+ * is sent out in redis_publish.c (redis_broker_int.h joins them).
  *
  * The life of a task message: a Lua script (pop_lua) pops it and records it
  * (ZADD unacked_index, HSET unacked) in one atomic step, a batch at a time,
@@ -14,36 +20,24 @@
  * in unacked_index is refreshed, so no restorer anywhere (a Python worker,
  * `celery inspect`) takes it back. An ack removes the record; a requeue or a
  * restore moves the record back onto its list in one Lua script that checks
- * the record is still the one read. Dead workers' records are moved back by
- * restore_visible() under kombu's mutex.
+ * the record is still the one read. Dead workers' records are moved back in
+ * restore rounds under kombu's mutex.
  *
  * Deliveries stay settleable across reconnects: a record lives in Redis, not
  * in a connection, so broker_generation() never changes and acks made while
  * a connection is down are sent when it is back. */
-#include "broker_int.h"
+#include "redis_broker_int.h" /* hiredis, kombu, redis, vsession */
 
-#include <hiredis/hiredis.h>
-#include <limits.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "protocol/kombu.h"
-#include "redis.h"
 #include "util/alloc.h"
-#include "util/buf.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/redact.h"
-#include "util/sha1.h"
-#include "util/strmap.h"
-#include "util/uuid.h"
 
-#define MAX_CONSUMERS 64
-#define MAX_EXCHANGES 32
-#define TICK_MS 250
 /* The lease refresh runs every visibility_timeout / 3, but at least once a
  * minute: a peer with a shorter visibility timeout than ours (Python workers
  * and every `celery inspect` client restore with their own) then still sees
@@ -52,52 +46,22 @@
  * message per period, pipelined. */
 #define LEASE_MIN_MS 1000
 #define LEASE_MAX_MS 60000
-/* restore_visible() of dead workers' records: at start and then this often
- * (a Python worker scans every ~100 s). */
-#define RESTORE_EVERY_MS 60000
-/* Records looked at per restore round, at most (unacked_restore_limit, if
- * set, is used when smaller): a backlog is worked through over rounds. */
-#define RESTORE_ROUND_MAX 1000
-/* Binding members read per named-exchange publish or restore, at most. */
-#define MEMBERS_MAX 4096
-/* Tags per ack or lease command. */
-#define BATCH_MAX 512
 /* broker_free() waits this long, at most, for its restores and last acks. */
 #define FREE_WAIT_MS 3000
-/* A BRPOP answered with an error waits this long before the next one. */
-#define POP_PAUSE_MS 1000
-/* Messages per pop script call, at most (within the prefetch room), and
- * calls in flight at once, so that Redis pops the next batches while we take
- * in the last; more of both, and each reply read whole (redis_conn_read_on()),
- * while the window has POP_WIDE_ROOM free or more. A wide window then fills
- * in a few loop turns, as RabbitMQ fills it: with 64, two calls and 16 KB read
- * per turn, a turn long with finished calls took in a few dozen messages, and
- * 10,000 one-second calls took 1.2x AMQP's time. A narrow window turns over
- * quickly, and there small calls whose replies come in a piece a turn,
- * interleaved with the result writes on the same Redis, keep Redis and the
- * worker busy at once: the wide settings cost it a third of its dispatch rate
- * (docs/benchmarks.md). The byte bound of a call's envelopes (past its first)
- * keeps what is in flight near 4 MB whatever they weigh. */
-#define POP_BATCH 64
-#define POP_CALLS 2
-#define POP_WIDE_ROOM 1024
-#define POP_WIDE_BATCH 256
-#define POP_WIDE_CALLS 4
+/* The bytes of envelopes one pop script call returns (past its first): what
+ * is in flight stays near 4 MB whatever they weigh. The window, the batch
+ * sizes and the calls in flight are vsession_config_default()'s. */
 #define POP_BATCH_BYTES (1024 * 1024)
-/* Script failures in a row after which we keep to BRPOP alone for a while:
- * a server without scripting, or one that refuses it. */
-#define POP_SCRIPT_TRIES 10
-#define POP_SCRIPT_RETRY_MS 60000
 
 /* Deletes the lock only while it still holds our token. */
-static const char unlock_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                                 "return redis.call('DEL', KEYS[1]) end return 0";
+const char redis_broker__unlock_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                                        "return redis.call('DEL', KEYS[1]) end return 0";
 /* kombu's restore as one script: the record is removed and the message pushed
  * only if the record is still the value we read (nobody acked, restored or
  * re-recorded it meanwhile). KEYS: unacked, unacked_index, target lists.
  * ARGV: tag, value read, envelope to push, "R" (RPUSH: head of the line) or
  * "L" (LPUSH: the tail). */
-static const char restore_lua[] =
+const char redis_broker__restore_lua[] =
     "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end "
     "redis.call('ZREM', KEYS[2], ARGV[1]) redis.call('HDEL', KEYS[1], ARGV[1]) "
     "for i = 3, #KEYS do if ARGV[4] == 'R' then redis.call('RPUSH', KEYS[i], ARGV[3]) "
@@ -180,287 +144,12 @@ static const char pop_lua[] =
     "if cut then out[#out + 1] = '+' end "
     "return out";
 
-struct rb;
-
-/* Pop script calls whose lost replies are remembered, at most (POP_WIDE_CALLS
- * are in flight at a time; older ones are left to the visibility timeout). */
-#define LOST_MAX 8
-
-/* Acks Redis confirmed, kept this long (at most RECENT_MAX of them) to be
- * sent again after a reconnect: Redis replicates and fsyncs after it
- * answers, so a failover (a replica promoted before the last writes reached
- * it) or a crash under appendfsync everysec can lose confirmed acks, which
- * would leave their records to be restored and run again. Removing twice is
- * harmless; a tag we hold again (popped anew) is left alone. */
-#define RECENT_MAX 4096
-#define RECENT_REPLAY_MS 10000
-
-/* A job_end() status: Redis refused a step for now (LOADING after a
- * restart, READONLY, NOREPLICAS...: redis_refusal_passes()); the job waits
- * and starts over a tick later, with the connection still up. */
-#define JOB_AGAIN 1
-
-/* ------------------------------------------------------------ commands */
-
-/* One command's registration; freed after its reply. fn gets CR_ECANCELED
- * (and no reply) from inside broker_free(). */
-typedef void op_fn(struct rb *b, int status, redisReply *r, void *arg);
-struct op {
-    struct redis_req req; /* first: the reply callback casts back */
-    struct rb *b;
-    op_fn *fn;
-    void *arg;
-};
-
-/* Arguments of one command, gathered in one buffer. */
-struct args {
-    struct buf store;
-    size_t *off, *len;
-    const char **argv;
-    int n, cap;
-    int oom;
-};
-
-static void args_init(struct args *a)
-{
-    memset(a, 0, sizeof(*a));
-    buf_init(&a->store);
-}
-
-static void args_release(struct args *a)
-{
-    buf_release(&a->store);
-    cr_free(a->off);
-    cr_free(a->len);
-    cr_free(a->argv);
-}
-
-static void args_add(struct args *a, const void *p, size_t n)
-{
-    if (a->oom)
-        return;
-    if (a->n == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 8;
-        size_t *off = cr_realloc(a->off, (size_t)cap * sizeof(*off));
-        size_t *len = off ? cr_realloc(a->len, (size_t)cap * sizeof(*len)) : NULL;
-        if (off)
-            a->off = off;
-        if (!off || !len) {
-            a->oom = 1;
-            return;
-        }
-        a->len = len;
-        a->cap = cap;
-    }
-    a->off[a->n] = a->store.len;
-    a->len[a->n] = n;
-    /* A NUL after each, so that an empty argument still has a byte. */
-    if (buf_append(&a->store, p, n) || buf_putc(&a->store, '\0')) {
-        a->oom = 1;
-        return;
-    }
-    a->n++;
-}
-
-static void args_s(struct args *a, const char *s)
-{
-    args_add(a, s, strlen(s));
-}
-
-/* The argv of the arguments gathered, or NULL on OOM. Valid until the next
- * args_add(). */
-static const char **args_argv(struct args *a)
-{
-    if (a->oom)
-        return NULL;
-    cr_free(a->argv);
-    a->argv = cr_malloc((size_t)(a->n ? a->n : 1) * sizeof(*a->argv));
-    if (!a->argv)
-        return NULL;
-    for (int i = 0; i < a->n; i++)
-        a->argv[i] = a->store.data + a->off[i];
-    return a->argv;
-}
-
-/* ------------------------------------------------------------ state */
-
-struct rcons {
-    struct broker_queue q; /* owned copies */
-    int fanout;            /* consumed through PSUBSCRIBE */
-    char *pattern;         /* its PSUBSCRIBE pattern (fanout only) */
-    /* Sentinel: kombu < 5.4 never formats the fanout prefix there, so its
-     * peers use "/{db}." literally: that spelling too, or NULL. */
-    char *pattern2;
-};
-
-enum rec_state {
-    REC_PENDING, /* not sent yet (the command connection was down) */
-    REC_SENT,    /* MULTI ZADD HSET EXEC sent, not answered */
-    REC_DONE,    /* in Redis */
-    REC_NONE,    /* never recorded: ack_emulation off */
-};
-
-/* A popped delivery with acks, not settled yet. */
-struct held {
-    char *tag;
-    char *queue;  /* the queue it was popped from */
-    int priority; /* kombu's scale: the bucket of its restore */
-    enum rec_state rec;
-    int copies; /* a restored copy of a message we hold has the same tag */
-    /* What the record needs, kept until it is in Redis (and for good
-     * without ack_emulation, for a requeue). */
-    char *env;
-    size_t env_len;
-    char *exchange, *routing_key;
-    struct held *prev, *next;
-};
-
-/* One requeue or restore, ours or a dead worker's. */
-struct rjob {
-    struct rb *b;
-    char *tag;
-    char *queue;  /* NULL: routed by the record's exchange and routing key */
-    int priority; /* kombu's; -1: read from the envelope */
-    char side;    /* 'L' requeue (tail), 'R' restore (head of the line) */
-    int round;    /* part of a restore_visible() round */
-    char *env;    /* never recorded: this is pushed as it is */
-    size_t env_len;
-    char *value; /* the record read */
-    size_t value_len;
-    char *renv; /* its envelope */
-    char *exchange, *routing_key;
-    char **targets;
-    int ntargets;
-    struct rjob *next; /* waiting for the command connection */
-};
-
-struct pubop {
-    broker_confirm_fn *cb;
-    void *privdata;
-    char *env;
-    size_t env_len;
-    int priority; /* kombu's */
-    char *routing_key;
-    int topic; /* the exchange was declared topic */
-    int pending, failed;
-};
-
-struct statop {
-    struct rb *b;
-    broker_queue_stats_fn *cb; /* NULL once cancelled */
-    void *privdata;
-    int nkeys;
-    struct statop *prev, *next;
-};
-
-struct exch {
-    char *name;
-    char *type;
-};
-
-struct rb {
-    struct broker base; /* first: the face */
-    uv_loop_t *loop;
-    struct broker_config cfg;
-    broker_delivery_fn *on_delivery;
-    broker_conn_fn *on_conn;
-    void *privdata;
-    struct kombu_opts o;
-    struct redis_url url;
-    char shown_url[512];
-    struct redis_conn *cmd, *pop, *sub;
-    struct redis_req psub_req; /* every PSUBSCRIBE's: replies name the pattern */
-    /* Patterns PSUBSCRIBEd on this pub/sub connection and not yet confirmed:
-     * start-up waits for them, so that a control request sent right after
-     * "ready." is heard. */
-    int psub_unconfirmed;
-    char probe_channel[KOMBU_NAME_MAX + 32];
-    const char *probe_argv[2];
-    int up_said; /* what on_conn heard last */
-    int ever_up;
-    int consuming;
-    int freeing;
-    int draining; /* inside broker_free(): nothing more reaches the owner */
-    int prefetch;
-    char *k_unacked, *k_index, *k_mutex;
-
-    struct rcons cons[MAX_CONSUMERS];
-    int ncons;
-    const char *cycle[MAX_CONSUMERS]; /* BRPOP order (names borrowed from cons) */
-    int ncycle;
-    struct exch ex[MAX_EXCHANGES];
-    int nex;
-
-    /* BRPOP */
-    struct buf pop_store;
-    int pop_out;
-    int client_id_state; /* 0 unknown, 1 asked, 2 known (on this connection) */
-    long long client_id;
-    uint64_t pop_pause_until;
-    unsigned long bad_pops;
-    /* the pop script (pop_lua), on the same connection as the BRPOP, never
-     * both at once */
-    char pop_sha[SHA1_HEX_LEN + 1];
-    int script_loaded; /* SCRIPT LOAD sent on this connection */
-    int calls_out;     /* script calls in flight */
-    /* The scores of pop script calls whose reply was lost (the connection
-     * went): if the script ran, its messages are recorded under that exact
-     * score and held by nobody. recover_lost() gives them back at once
-     * rather than after the visibility timeout. */
-    char lost_scores[LOST_MAX][32];
-    int nlost;
-    uint64_t again_due;       /* refused jobs or scans go again then (0: none) */
-    long reserved;            /* the prefetch room they were given */
-    int pop_cold;             /* the last call found the queues empty: BRPOP next */
-    int script_fails;         /* failures in a row; POP_SCRIPT_TRIES: BRPOP only */
-    uint64_t script_retry_at; /* ... until then */
-
-    /* held deliveries */
-    struct strmap held;
-    struct held *held_head;
-    long nheld; /* copies counted against the prefetch window */
-
-    /* acks not yet sent (tags owned) */
-    char **acks;
-    size_t nacks, capacks;
-    /* Redis refused the last batch (a demoted master's READONLY, NOREPLICAS
-     * while its replica is away, LOADING): not sent again before this. */
-    uint64_t acks_hold_until;
-    int ack_refused;     /* refusals in a row: the log says the first */
-    int records_pending; /* a record was refused: sent again on the tick */
-    /* acks Redis confirmed lately (tags owned), a ring: see RECENT_MAX */
-    char *recent[RECENT_MAX];
-    uint64_t recent_at[RECENT_MAX];
-    int recent_next, nrecent;
-
-    /* our restores waiting for the command connection */
-    struct rjob *waiting;
-    int njobs; /* restore jobs in flight */
-
-    struct statop *stats;
-
-    uv_prepare_t prepare;
-    uv_timer_t tick;
-    int nclosed;
-    uint64_t lease_ms, lease_due, restore_due;
-    int round_on;   /* a restore_visible() round in progress */
-    int round_jobs; /* its jobs in flight */
-    char token[33]; /* its mutex token */
-};
-
-static void maybe_pop(struct rb *b);
-static int ack_push(struct rb *b, const char *tag);
-static void job_start(struct rjob *j);
-static struct rjob *job_new(struct rb *b, const char *tag, char side);
-static void job_free(struct rjob *j);
-static void send_pending_records(struct rb *b);
-
-static uint64_t now_ms(const struct rb *b)
+uint64_t redis_broker__now_ms(const struct redis_broker *b)
 {
     return uv_now(b->loop);
 }
 
-static double epoch_s(void)
+double redis_broker__epoch_s(void)
 {
     return (double)clock_epoch_us() / 1e6;
 }
@@ -475,10 +164,10 @@ static void on_op(struct redis_req *req, int status, struct redisReply *r)
 
 /* Sends one command on c. Returns 0 (fn, if any, is called exactly once,
  * later) or CR_EBROKER / CR_ENOMEM (never called). */
-static int send_op(struct rb *b, struct redis_conn *c, op_fn *fn, void *arg,
-                   struct args *a)
+int redis_broker__send_op(struct redis_broker *b, struct redis_conn *c, op_fn *fn,
+                          void *arg, struct redis_args *a)
 {
-    const char **argv = args_argv(a);
+    const char **argv = redis_args_argv(a);
     struct op *o;
     if (!argv)
         return CR_ENOMEM;
@@ -495,45 +184,47 @@ static int send_op(struct rb *b, struct redis_conn *c, op_fn *fn, void *arg,
     return 0;
 }
 
-/* MULTI, the commands, EXEC: fn gets EXEC's reply. Same return as send_op().
- * The commands are queued in hiredis in one go, so either all or none go. */
-static int send_multi(struct rb *b, op_fn *fn, void *arg, struct args *cmds, int n)
+/* MULTI, the commands, EXEC: fn gets EXEC's reply. Same return as
+ * redis_broker__send_op(). The commands are queued in hiredis in one go, so either all or
+ * none go. */
+int redis_broker__send_multi(struct redis_broker *b, op_fn *fn, void *arg,
+                             struct redis_args *cmds, int n)
 {
-    struct args m;
+    struct redis_args m;
     int rc;
     for (int i = 0; i < n; i++)
-        if (!args_argv(&cmds[i]))
+        if (!redis_args_argv(&cmds[i]))
             return CR_ENOMEM;
     if (!redis_conn_up(b->cmd))
         return CR_EBROKER;
-    args_init(&m);
-    args_s(&m, "MULTI");
-    rc = send_op(b, b->cmd, NULL, NULL, &m);
-    args_release(&m);
+    redis_args_init(&m);
+    redis_args_s(&m, "MULTI");
+    rc = redis_broker__send_op(b, b->cmd, NULL, NULL, &m);
+    redis_args_release(&m);
     if (rc)
         return rc;
     for (int i = 0; i < n; i++)
-        send_op(b, b->cmd, NULL, NULL, &cmds[i]);
-    args_init(&m);
-    args_s(&m, "EXEC");
-    rc = send_op(b, b->cmd, fn, arg, &m);
-    args_release(&m);
+        redis_broker__send_op(b, b->cmd, NULL, NULL, &cmds[i]);
+    redis_args_init(&m);
+    redis_args_s(&m, "EXEC");
+    rc = redis_broker__send_op(b, b->cmd, fn, arg, &m);
+    redis_args_release(&m);
     return rc;
 }
 
-static int is_error(const redisReply *r)
+int redis_broker__is_error(const redisReply *r)
 {
     return !r || r->type == REDIS_REPLY_ERROR;
 }
 
 /* An error reply that says "not now" rather than "never". */
-static int refused_for_now(const redisReply *r)
+int redis_broker__refused_for_now(const redisReply *r)
 {
     return r && r->type == REDIS_REPLY_ERROR && redis_refusal_passes(r->str);
 }
 
 /* An EXEC reply whose every command succeeded. */
-static int exec_ok(int status, const redisReply *r)
+int redis_broker__exec_ok(int status, const redisReply *r)
 {
     if (status || !r || r->type != REDIS_REPLY_ARRAY)
         return 0;
@@ -543,24 +234,25 @@ static int exec_ok(int status, const redisReply *r)
     return 1;
 }
 
-static int key_of(struct rb *b, struct buf *out, const char *queue, int bucket)
+static int key_of(struct redis_broker *b, struct buf *out, const char *queue, int bucket)
 {
     buf_reset(out);
     return kombu_queue_key(&b->o, queue, bucket, out);
 }
 
-static void args_key(struct rb *b, struct args *a, const char *queue, int bucket)
+void redis_broker__args_key(struct redis_broker *b, struct redis_args *a,
+                            const char *queue, int bucket)
 {
     struct buf k;
     buf_init(&k);
     if (key_of(b, &k, queue, bucket))
         a->oom = 1;
     else
-        args_add(a, k.data, k.len);
+        redis_args_add(a, k.data, k.len);
     buf_release(&k);
 }
 
-static void random_bytes(unsigned char *p, size_t n)
+void redis_broker__random_bytes(unsigned char *p, size_t n)
 {
     if (uv_random(NULL, NULL, p, n, 0, NULL) != 0) {
         uint64_t x = uv_hrtime() ^ ((uint64_t)(uintptr_t)p << 16);
@@ -571,247 +263,6 @@ static void random_bytes(unsigned char *p, size_t n)
             p[i] = (unsigned char)(x >> 24);
         }
     }
-}
-
-/* ------------------------------------------------------------ consumers */
-
-/* Whether fanout channels are also spelt the way kombu < 5.4 spells them on
- * Sentinel ("/{db}." unformatted): subscribed both ways, published both
- * ways, so Python peers of either age hear us and we hear them. */
-static int sentinel_compat(const struct rb *b)
-{
-    return b->url.kind == REDIS_URL_SENTINEL && b->o.fanout_prefix == 1;
-}
-
-static struct rcons *find_cons(struct rb *b, const char *queue)
-{
-    for (int i = 0; i < b->ncons; i++)
-        if (!strcmp(b->cons[i].q.name, queue))
-            return &b->cons[i];
-    return NULL;
-}
-
-static const char *exchange_type(const struct rb *b, const char *name)
-{
-    for (int i = 0; i < b->nex; i++)
-        if (!strcmp(b->ex[i].name, name))
-            return b->ex[i].type;
-    /* kombu's own fanouts, whoever declared them */
-    if (!strcmp(name, "celery.pidbox") || !strcmp(name, "celeryev"))
-        return "fanout";
-    return NULL;
-}
-
-/* The binding a queue's declaration writes: exchange (the queue's name for
- * Celery's default direct exchange, as kombu names it) and member. */
-static int binding_of(struct rb *b, const struct broker_queue *q, struct buf *key,
-                      struct buf *member)
-{
-    const char *ex = q->exchange && *q->exchange ? q->exchange : q->name;
-    const char *type = q->exchange_type ? q->exchange_type : "direct";
-    const char *rk = q->routing_key ? q->routing_key : "";
-    struct buf pat;
-    int rc;
-    buf_init(&pat);
-    buf_reset(key);
-    buf_reset(member);
-    rc = kombu_binding_key(&b->o, ex, key);
-    if (!rc && !strcmp(type, "topic"))
-        rc = kombu_topic_pattern(rk, &pat);
-    if (!rc)
-        rc = kombu_binding_member(&b->o, rk, pat.data ? pat.data : "", q->name, member);
-    buf_release(&pat);
-    return rc;
-}
-
-static void send_binding(struct rb *b, const struct broker_queue *q, const char *verb)
-{
-    struct buf key, member;
-    struct args a;
-    buf_init(&key);
-    buf_init(&member);
-    args_init(&a);
-    if (binding_of(b, q, &key, &member) == 0) {
-        args_s(&a, verb);
-        args_add(&a, key.data, key.len);
-        args_add(&a, member.data, member.len);
-        if (send_op(b, b->cmd, NULL, NULL, &a) == CR_ENOMEM)
-            LOG(LOG_ERROR, "broker: out of memory binding queue '%s'", q->name);
-    }
-    args_release(&a);
-    buf_release(&key);
-    buf_release(&member);
-}
-
-/* The dead-letter queue's binding: topic "#", so every dead letter and every
- * restore through the dead-letter exchange reaches it. */
-static void dlq_binding(const struct rb *b, struct broker_queue *q)
-{
-    memset(q, 0, sizeof(*q));
-    q->name = b->cfg.dlq;
-    q->exchange = b->cfg.dlx;
-    q->exchange_type = "topic";
-    q->routing_key = "#";
-}
-
-static void send_dlq_binding(struct rb *b)
-{
-    struct broker_queue q;
-    if (!b->cfg.dlx || !b->cfg.dlq)
-        return;
-    dlq_binding(b, &q);
-    send_binding(b, &q, "SADD");
-}
-
-static void psubscribe(struct rb *b, const struct rcons *c, const char *verb);
-
-static void rebuild_cycle(struct rb *b)
-{
-    const char *old[MAX_CONSUMERS];
-    int nold = b->ncycle, n = 0;
-    memcpy(old, b->cycle, sizeof(old));
-    /* Keep the current order of the queues still consumed, then the new. */
-    for (int i = 0; i < nold; i++) {
-        struct rcons *c = find_cons(b, old[i]);
-        if (c && !c->fanout && !c->q.no_consume)
-            b->cycle[n++] = c->q.name;
-    }
-    for (int i = 0; i < b->ncons; i++) {
-        struct rcons *c = &b->cons[i];
-        int seen = 0;
-        if (c->fanout || c->q.no_consume)
-            continue;
-        for (int k = 0; k < n; k++)
-            if (b->cycle[k] == c->q.name)
-                seen = 1;
-        if (!seen)
-            b->cycle[n++] = c->q.name;
-    }
-    b->ncycle = n;
-    if (b->o.order == KOMBU_ORDER_SORTED)
-        kombu_initial_order(&b->o, b->cycle, n);
-}
-
-static void cons_release(struct rcons *c)
-{
-    cr_free((char *)c->q.name);
-    cr_free((char *)c->q.exchange);
-    cr_free((char *)c->q.exchange_type);
-    cr_free((char *)c->q.routing_key);
-    cJSON_Delete((cJSON *)c->q.arguments);
-    cr_free(c->pattern);
-    cr_free(c->pattern2);
-    memset(c, 0, sizeof(*c));
-}
-
-static int rb_add_consumer(struct broker *base, const struct broker_queue *q)
-{
-    struct rb *b = (struct rb *)base;
-    struct rcons *c;
-    if (find_cons(b, q->name))
-        return 0;
-    if (b->ncons == MAX_CONSUMERS)
-        return CR_ERANGE;
-    if (strlen(q->name) >= KOMBU_NAME_MAX)
-        return CR_ERANGE;
-    c = &b->cons[b->ncons];
-    memset(c, 0, sizeof(*c));
-    c->q = *q;
-    c->q.name = cr_strdup(q->name);
-    c->q.exchange = q->exchange ? cr_strdup(q->exchange) : NULL;
-    c->q.exchange_type = q->exchange_type ? cr_strdup(q->exchange_type) : NULL;
-    c->q.routing_key = q->routing_key ? cr_strdup(q->routing_key) : NULL;
-    c->q.arguments = q->arguments ? cJSON_Duplicate(q->arguments, 1) : NULL;
-    c->fanout = q->exchange_type && !strcmp(q->exchange_type, "fanout");
-    if (c->fanout) {
-        struct buf p;
-        const char *ex = c->q.exchange ? c->q.exchange : "";
-        const char *rk = c->q.routing_key ? c->q.routing_key : "";
-        buf_init(&p);
-        if (kombu_channel_pattern(&b->o, b->url.db, ex, rk, &p) == 0)
-            c->pattern = buf_detach(&p);
-        buf_reset(&p);
-        if (sentinel_compat(b) && kombu_channel_pattern(&b->o, -1, ex, rk, &p) == 0)
-            c->pattern2 = buf_detach(&p);
-        buf_release(&p);
-    }
-    if (!c->q.name || (q->exchange && !c->q.exchange) ||
-        (q->exchange_type && !c->q.exchange_type) ||
-        (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments) ||
-        (c->fanout && (!c->pattern || (sentinel_compat(b) && !c->pattern2)))) {
-        cons_release(c);
-        return CR_ENOMEM;
-    }
-    b->ncons++;
-    rebuild_cycle(b);
-    if (redis_conn_up(b->cmd))
-        send_binding(b, &c->q, "SADD");
-    if (c->fanout && redis_conn_up(b->sub))
-        psubscribe(b, c, "PSUBSCRIBE");
-    return 0;
-}
-
-static int pattern_used(const struct rb *b, const char *pattern)
-{
-    for (int i = 0; i < b->ncons; i++)
-        if (b->cons[i].fanout && !strcmp(b->cons[i].pattern, pattern))
-            return 1;
-    return 0;
-}
-
-/* A fanout or auto-delete queue goes with its binding, as kombu's queue
- * deletion removes it; a task queue's binding stays, since restores of its
- * messages through a named exchange need it whoever consumes. */
-static int rb_cancel_consumer(struct broker *base, const char *queue)
-{
-    struct rb *b = (struct rb *)base;
-    struct rcons *c = find_cons(b, queue), gone;
-    int i;
-    if (!c)
-        return CR_ENOTFOUND;
-    i = (int)(c - b->cons);
-    gone = *c;
-    memmove(c, c + 1, (size_t)(b->ncons - i - 1) * sizeof(*c));
-    b->ncons--;
-    if ((gone.fanout || gone.q.auto_delete) && redis_conn_up(b->cmd))
-        send_binding(b, &gone.q, "SREM");
-    if (gone.fanout && !pattern_used(b, gone.pattern) && redis_conn_up(b->sub))
-        psubscribe(b, &gone, "PUNSUBSCRIBE");
-    /* the cycle borrows the names: rebuilt before the strings go */
-    rebuild_cycle(b);
-    cons_release(&gone);
-    return 0;
-}
-
-static void rb_each_consumer(const struct broker *base,
-                             void (*fn)(const struct broker_queue *q, void *arg),
-                             void *arg)
-{
-    const struct rb *b = (const struct rb *)base;
-    for (int i = 0; i < b->ncons; i++)
-        if (!b->cons[i].q.no_consume)
-            fn(&b->cons[i].q, arg);
-}
-
-static int rb_declare_exchange(struct broker *base, const char *name, const char *type,
-                               int durable)
-{
-    struct rb *b = (struct rb *)base;
-    (void)durable; /* kombu keeps exchanges in memory only: nothing is written */
-    for (int i = 0; i < b->nex; i++)
-        if (!strcmp(b->ex[i].name, name))
-            return 0;
-    if (b->nex == MAX_EXCHANGES)
-        return CR_ERANGE;
-    b->ex[b->nex].name = cr_strdup(name);
-    b->ex[b->nex].type = cr_strdup(type);
-    if (!b->ex[b->nex].name || !b->ex[b->nex].type) {
-        cr_free(b->ex[b->nex].name);
-        cr_free(b->ex[b->nex].type);
-        return CR_ENOMEM;
-    }
-    b->nex++;
-    return 0;
 }
 
 /* ------------------------------------------------------------ deliveries */
@@ -828,7 +279,8 @@ static char *opt_take(char **s)
     return v;
 }
 
-static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int no_ack)
+void redis_broker__deliver(struct redis_broker *b, struct kombu_msg *km,
+                           const char *queue, int no_ack)
 {
     struct delivery *m = delivery_new();
     if (!m) {
@@ -843,7 +295,7 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
     km->routing_key = NULL;
     m->queue = cr_strdup(queue);
     m->no_ack = no_ack;
-    m->received_ms = now_ms(b);
+    m->received_ms = redis_broker__now_ms(b);
     m->content_type = opt_take(&km->content_type);
     m->content_encoding = opt_take(&km->content_encoding);
     m->correlation_id = opt_take(&km->correlation_id);
@@ -872,15 +324,14 @@ static void deliver(struct rb *b, struct kombu_msg *km, const char *queue, int n
  * just over the limit still reaches the engine, which refuses it the way it
  * refuses one from RabbitMQ (a stored FAILURE, a dead letter); only what is far
  * beyond is set aside here, unread. */
-static size_t body_bound(const struct rb *b)
+size_t redis_broker__body_bound(const struct redis_broker *b)
 {
     size_t m = b->cfg.max_message_bytes;
     return m ? 2 * m + 65536 : 0;
 }
 
-static void held_free(struct held *h)
+void redis_broker__held_free(struct held *h)
 {
-    cr_free(h->tag);
     cr_free(h->queue);
     cr_free(h->env);
     cr_free(h->exchange);
@@ -888,37 +339,23 @@ static void held_free(struct held *h)
     cr_free(h);
 }
 
-static void held_unlink(struct rb *b, struct held *h)
-{
-    strmap_del(&b->held, h->tag);
-    if (h->prev)
-        h->prev->next = h->next;
-    else
-        b->held_head = h->next;
-    if (h->next)
-        h->next->prev = h->prev;
-}
-
-static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
+static void on_recorded(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     char *tag = arg;
-    struct held *h;
-    if (status != CR_ECANCELED) {
-        h = strmap_get(&b->held, tag);
-        if (h && h->rec == REC_SENT) {
-            if (exec_ok(status, r)) {
-                h->rec = REC_DONE;
-                cr_free(h->env);
-                h->env = NULL;
-            } else {
-                /* sent again on the next tick, or once the connection is
-                 * back */
-                h->rec = REC_PENDING;
-                b->records_pending = 1;
-                if (!status)
-                    LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
-                        r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-            }
+    if (status != CR_ECANCELED && b->vs) {
+        int ok = redis_broker__exec_ok(status, r);
+        struct vsession_rec *h = vsession_on_recorded(b->vs, tag,
+                                                      ok       ? VSESSION_OK
+                                                      : status ? VSESSION_LOST
+                                                               : VSESSION_REFUSED);
+        if (h && ok) {
+            struct held *d = h->data;
+            cr_free(d->env);
+            d->env = NULL;
+        } else if (h && !status) {
+            /* sent again on the next tick, or once the connection is back */
+            LOG(LOG_WARNING, "broker: cannot record delivery %s: %s", tag,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
         }
     }
     cr_free(tag);
@@ -926,111 +363,63 @@ static void on_recorded(struct rb *b, int status, redisReply *r, void *arg)
 
 /* MULTI ZADD unacked_index <now> <tag> / HSET unacked <tag> [env, ex, rk] /
  * EXEC, as kombu writes it right after the pop. */
-static void send_record(struct rb *b, struct held *h)
+static int op_record(void *ctx, struct vsession_rec *rec)
 {
-    struct args c[2];
+    struct redis_broker *b = ctx;
+    struct held *h = rec->data;
+    struct redis_args c[2];
     struct buf v;
     char score[64];
-    char *tag = cr_strdup(h->tag);
+    char *tag = cr_strdup(rec->tag);
     struct cr_err err;
     int rc;
 
     buf_init(&v);
-    args_init(&c[0]);
-    args_init(&c[1]);
-    snprintf(score, sizeof(score), "%.7f", epoch_s());
+    redis_args_init(&c[0]);
+    redis_args_init(&c[1]);
+    snprintf(score, sizeof(score), "%.7f", redis_broker__epoch_s());
     rc = tag ? kombu_unacked_encode(h->env, h->env_len, h->exchange, h->routing_key, &v,
                                     &err)
              : CR_ENOMEM;
     if (!rc) {
-        args_s(&c[0], "ZADD");
-        args_s(&c[0], b->k_index);
-        args_s(&c[0], score);
-        args_s(&c[0], h->tag);
-        args_s(&c[1], "HSET");
-        args_s(&c[1], b->k_unacked);
-        args_s(&c[1], h->tag);
-        args_add(&c[1], v.data, v.len);
-        rc = send_multi(b, on_recorded, tag, c, 2);
+        redis_args_s(&c[0], "ZADD");
+        redis_args_s(&c[0], b->k_index);
+        redis_args_s(&c[0], score);
+        redis_args_s(&c[0], rec->tag);
+        redis_args_s(&c[1], "HSET");
+        redis_args_s(&c[1], b->k_unacked);
+        redis_args_s(&c[1], rec->tag);
+        redis_args_add(&c[1], v.data, v.len);
+        rc = redis_broker__send_multi(b, on_recorded, tag, c, 2);
     }
-    if (rc) {
+    if (rc)
         cr_free(tag);
-        h->rec = REC_PENDING;
-    } else {
-        h->rec = REC_SENT;
-    }
     buf_release(&v);
-    args_release(&c[0]);
-    args_release(&c[1]);
-}
-
-/* Pushes a raw value back onto the key it was popped from, at the head of
- * the line: it was never delivered. */
-static void push_back(struct rb *b, const char *key, size_t klen, const char *v,
-                      size_t vlen)
-{
-    struct args a;
-    args_init(&a);
-    args_s(&a, "RPUSH");
-    args_add(&a, key, klen);
-    args_add(&a, v, vlen);
-    if (send_op(b, b->cmd, NULL, NULL, &a))
-        LOG(LOG_ERROR, "broker: cannot push a message back to '%.*s'; it is lost",
-            (int)klen, key);
-    args_release(&a);
-}
-
-/* A popped value that is no envelope we can deliver: it goes whole to the
- * dead-letter queue when there is one (where `celeriac dlq` can show it), and
- * is otherwise dropped with its start in the log. Either way once, never
- * back where it came from (it would come back at once, for ever). */
-static void set_aside(struct rb *b, const char *key, size_t klen, const char *v,
-                      size_t vlen, const char *why)
-{
-    struct args a;
-    if (b->bad_pops++ < 10 || b->bad_pops % 1000 == 0)
-        LOG(LOG_ERROR, "broker: bad message on '%.*s' (%s)%s: %.120s", (int)klen, key,
-            why, b->cfg.dlq ? "; moved to the dead-letter queue" : "; dropped", v);
-    if (!b->cfg.dlq)
-        return;
-    args_init(&a);
-    args_s(&a, "LPUSH");
-    args_key(b, &a, b->cfg.dlq, 0);
-    args_add(&a, v, vlen);
-    if (send_op(b, b->cmd, NULL, NULL, &a))
-        LOG(LOG_ERROR, "broker: cannot move a bad message to '%s'; it is lost",
-            b->cfg.dlq);
-    args_release(&a);
+    redis_args_release(&c[0]);
+    redis_args_release(&c[1]);
+    return rc;
 }
 
 /* recorded: the pop script wrote the record already (nothing to keep for
  * it); otherwise it is sent now. */
-static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
+static int held_add(struct redis_broker *b, const struct kombu_msg *km, const char *queue,
                     const char *env, size_t len, int recorded)
 {
-    struct held *h = strmap_get(&b->held, km->delivery_tag);
-    if (h) {
-        /* A copy of a message we hold (a peer restored it): one record. */
-        h->copies++;
-        b->nheld++;
-        return 0;
-    }
+    struct held *h;
+    if (vsession_held(b->vs, km->delivery_tag)) /* a copy: one record */
+        return vsession_hold(b->vs, km->delivery_tag, NULL, recorded) < 0 ? CR_ENOMEM : 0;
     h = cr_calloc(1, sizeof(*h));
     if (!h)
         return CR_ENOMEM;
-    h->tag = cr_strdup(km->delivery_tag);
     h->queue = cr_strdup(queue);
     h->priority = km->priority;
-    h->copies = 1;
     if (!recorded) {
         h->env = cr_malloc(len + 1);
         h->exchange = cr_strdup(km->exchange);
         h->routing_key = cr_strdup(km->routing_key);
     }
-    if (!h->tag || !h->queue ||
-        (!recorded && (!h->env || !h->exchange || !h->routing_key)) ||
-        strmap_put(&b->held, h->tag, h)) {
-        held_free(h);
+    if (!h->queue || (!recorded && (!h->env || !h->exchange || !h->routing_key))) {
+        redis_broker__held_free(h);
         return CR_ENOMEM;
     }
     if (!recorded) {
@@ -1038,51 +427,11 @@ static int held_add(struct rb *b, const struct kombu_msg *km, const char *queue,
         h->env[len] = '\0';
         h->env_len = len;
     }
-    h->next = b->held_head;
-    if (h->next)
-        h->next->prev = h;
-    b->held_head = h;
-    b->nheld++;
-    if (recorded)
-        h->rec = REC_DONE;
-    else if (!b->o.ack_emulation)
-        h->rec = REC_NONE;
-    else
-        send_record(b, h);
-    return 0;
-}
-
-/* push_back() of a message the pop script recorded: the push and the
- * removal of its record in one MULTI, so that it is in exactly one of the
- * two places at every instant. A copy of one we hold keeps its record (ours). */
-static void push_back_rec(struct rb *b, const char *key, size_t klen, const char *v,
-                          size_t vlen, const char *tag)
-{
-    struct args c[3];
-    int rc;
-    if (!tag || strmap_get(&b->held, tag)) {
-        push_back(b, key, klen, v, vlen);
-        return;
+    if (vsession_hold(b->vs, km->delivery_tag, h, recorded) < 0) {
+        redis_broker__held_free(h);
+        return CR_ENOMEM;
     }
-    for (int i = 0; i < 3; i++)
-        args_init(&c[i]);
-    args_s(&c[0], "RPUSH");
-    args_add(&c[0], key, klen);
-    args_add(&c[0], v, vlen);
-    args_s(&c[1], "ZREM");
-    args_s(&c[1], b->k_index);
-    args_s(&c[1], tag);
-    args_s(&c[2], "HDEL");
-    args_s(&c[2], b->k_unacked);
-    args_s(&c[2], tag);
-    rc = send_multi(b, NULL, NULL, c, 3);
-    if (rc)
-        LOG(LOG_WARNING,
-            "broker: cannot push %s back to '%.*s'; it comes back after the "
-            "visibility timeout",
-            tag, (int)klen, key);
-    for (int i = 0; i < 3; i++)
-        args_release(&c[i]);
+    return 0;
 }
 
 /* What the pop script recorded for a message: its tag (NULL: not recorded,
@@ -1102,8 +451,8 @@ static int same_str(const char *s, const char *p, size_t len)
 
 /* One popped message (see struct pop_rec; NULL: not recorded). rotate: the
  * cycle turns past its queue (a BRPOP's; a batch turns once, at its end). */
-static void on_popped(struct rb *b, const char *key, size_t klen, const char *env,
-                      size_t len, const struct pop_rec *pr, int rotate)
+static void on_popped(struct redis_broker *b, const char *key, size_t klen,
+                      const char *env, size_t len, const struct pop_rec *pr, int rotate)
 {
     const char *tag = pr ? pr->tag : NULL;
     char queue[KOMBU_NAME_MAX];
@@ -1113,31 +462,33 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
     int rc;
 
     if (kombu_queue_of_key(&b->o, key, klen, queue, sizeof(queue))) {
-        push_back_rec(b, key, klen, env, len, tag);
+        redis_broker__push_back_rec(b, key, klen, env, len, tag);
         return;
     }
-    c = find_cons(b, queue);
+    c = redis_broker__find_cons(b, queue);
     /* Cancelled meanwhile, or stopped: back to the head of its list, as
      * kombu requeues a message that finds no consumer. */
-    if (b->freeing || b->draining || !c || c->fanout || (!b->consuming && !c->q.no_ack)) {
-        push_back_rec(b, key, klen, env, len, tag);
+    if (redis_broker__stopping(b) || !c || c->fanout ||
+        (!redis_broker__consuming(b) && !c->q.no_ack)) {
+        redis_broker__push_back_rec(b, key, klen, env, len, tag);
         return;
     }
     if (rotate)
         kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
     memset(&err, 0, sizeof(err));
-    rc = body_bound(b) && len > body_bound(b)
+    rc = redis_broker__body_bound(b) && len > redis_broker__body_bound(b)
              ? CR_ETOOBIG
-             : kombu_msg_decode(&km, env, len, body_bound(b), &err);
+             : kombu_msg_decode(&km, env, len, redis_broker__body_bound(b), &err);
     if (rc == CR_ENOMEM) {
         LOG(LOG_ERROR, "broker: out of memory decoding a message; pushing it back");
-        push_back_rec(b, key, klen, env, len, tag);
+        redis_broker__push_back_rec(b, key, klen, env, len, tag);
         return;
     }
     if (rc) {
-        set_aside(b, key, klen, env, len, err.msg[0] ? err.msg : cr_strerror(rc));
-        if (tag && !strmap_get(&b->held, tag))
-            ack_push(b, tag);
+        redis_broker__set_aside(b, key, klen, env, len,
+                                err.msg[0] ? err.msg : cr_strerror(rc));
+        if (tag && !vsession_held(b->vs, tag))
+            vsession_ack_tag(b->vs, tag);
         return;
     }
     if (tag && (c->q.no_ack || !km.delivery_tag || strcmp(tag, km.delivery_tag) ||
@@ -1145,43 +496,48 @@ static void on_popped(struct rb *b, const char *key, size_t klen, const char *en
                 !same_str(km.routing_key, pr->routing_key, pr->routing_key_len))) {
         /* Not the record we would write (cannot happen with the script's
          * flags and kombu's decoder agreeing): removed, written our way. */
-        if (!strmap_get(&b->held, tag))
-            ack_push(b, tag);
+        if (!vsession_held(b->vs, tag))
+            vsession_ack_tag(b->vs, tag);
         tag = NULL;
     }
     if (!c->q.no_ack && held_add(b, &km, queue, env, len, tag != NULL)) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message; pushing it back");
         kombu_msg_release(&km);
-        push_back_rec(b, key, klen, env, len, tag);
+        redis_broker__push_back_rec(b, key, klen, env, len, tag);
         return;
     }
-    deliver(b, &km, queue, c->q.no_ack);
+    redis_broker__deliver(b, &km, queue, c->q.no_ack);
     kombu_msg_release(&km);
 }
 
-static void on_pop(struct rb *b, int status, redisReply *r, void *arg)
+static void on_pop(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
+    int popped;
     (void)arg;
-    b->pop_out = 0;
-    if (status)
-        return; /* lost or cancelled: popped again once it is back */
+    if (status) {
+        /* lost or cancelled: popped again once it is back */
+        vsession_on_block(b->vs,
+                          status == CR_ECANCELED ? VSESSION_CANCELED : VSESSION_LOST, 0,
+                          redis_broker__now_ms(b));
+        return;
+    }
     if (r->type == REDIS_REPLY_ERROR) {
         if (b->bad_pops++ < 10)
             LOG(LOG_ERROR, "broker: BRPOP refused: %s", r->str);
-        b->pop_pause_until = now_ms(b) + POP_PAUSE_MS;
+        vsession_on_block(b->vs, VSESSION_REFUSED, 0, redis_broker__now_ms(b));
         return;
     }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING) {
-        b->pop_cold = 0; /* messages again: the script takes the rest */
+    /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
+    popped = r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[1]->type == REDIS_REPLY_STRING;
+    vsession_on_block(b->vs, VSESSION_OK, popped, redis_broker__now_ms(b));
+    if (popped)
         on_popped(b, r->element[0]->str, r->element[0]->len, r->element[1]->str,
                   r->element[1]->len, NULL, 1);
-    }
-    /* nil: the timeout or CLIENT UNBLOCK; the next BRPOP goes from prepare */
 }
 
-static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
+static void on_client_id(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     (void)arg;
     if (status)
@@ -1192,23 +548,6 @@ static void on_client_id(struct rb *b, int status, redisReply *r, void *arg)
     }
 }
 
-/* The prefetch room: messages that may still be popped (LONG_MAX: no bound).
- * Script calls in flight have theirs reserved, so that popped-but-unsettled
- * messages never exceed the prefetch count. */
-static long room(const struct rb *b)
-{
-    long r;
-    if (b->prefetch <= 0)
-        return LONG_MAX;
-    r = b->prefetch - b->nheld - b->reserved;
-    return r > 0 ? r : 0;
-}
-
-static int can_consume(const struct rb *b)
-{
-    return room(b) > 0;
-}
-
 /* A pop script call's: how many it asked for, and the score it records
  * under (which finds its records again if its reply is lost). */
 struct batch_arg {
@@ -1216,81 +555,7 @@ struct batch_arg {
     char score[32];
 };
 
-static void remember_lost(struct rb *b, const char *score)
-{
-    if (b->nlost == LOST_MAX) {
-        memmove(b->lost_scores[0], b->lost_scores[1],
-                sizeof(b->lost_scores[0]) * (LOST_MAX - 1));
-        b->nlost--;
-    }
-    snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s", score);
-}
-
-static void on_lost_scan(struct rb *b, int status, redisReply *r, void *arg)
-{
-    char *score = arg;
-    int n = 0;
-    if (status == CR_EBACKEND || (!status && refused_for_now(r))) {
-        /* Not looked at (the connection went, or Redis is still loading
-         * after a restart): looked at again, or the messages stay for the
-         * visibility timeout. */
-        if (!b->freeing) {
-            remember_lost(b, score);
-            if (!status)
-                b->again_due = now_ms(b) + TICK_MS;
-        }
-        cr_free(score);
-        return;
-    }
-    cr_free(score);
-    if (status || r->type != REDIS_REPLY_ARRAY)
-        return;
-    for (size_t i = 0; i < r->elements; i++) {
-        const redisReply *t = r->element[i];
-        struct rjob *j;
-        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
-            continue;
-        j = job_new(b, t->str, 'R');
-        if (!j)
-            break;
-        n++;
-        job_start(j);
-    }
-    if (n)
-        LOG(LOG_INFO,
-            "broker: giving back %d message(s) popped by a call whose reply was "
-            "lost",
-            n);
-}
-
-/* The records of lost pop calls (their exact score; a peer's records have
- * scores of their own clock) that we do not hold go back to the head of
- * their lists, as a restore does (the CAS script: a record changed meanwhile
- * is left alone). */
-static void recover_lost(struct rb *b)
-{
-    while (b->nlost > 0 && redis_conn_up(b->cmd) && !b->freeing) {
-        const char *s = b->lost_scores[b->nlost - 1];
-        char *arg = cr_strdup(s);
-        struct args a;
-        if (!arg)
-            return;
-        args_init(&a);
-        args_s(&a, "ZRANGEBYSCORE");
-        args_s(&a, b->k_index);
-        args_s(&a, s);
-        args_s(&a, s);
-        if (send_op(b, b->cmd, on_lost_scan, arg, &a)) {
-            cr_free(arg);
-            args_release(&a);
-            return;
-        }
-        args_release(&a);
-        b->nlost--;
-    }
-}
-
-static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
+static void on_batch(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     struct batch_arg *ba = arg;
     long asked = ba->asked;
@@ -1299,40 +564,42 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
     int cut;
     char queue[KOMBU_NAME_MAX];
 
-    b->calls_out--;
-    b->reserved -= asked;
     /* Lost: what it popped, if it ran, is recorded under its score and held
-     * by nobody; recover_lost() gives it back as soon as the commands
+     * by nobody; redis_broker__recover_lost() gives it back as soon as the commands
      * connection is up (a BRPOP's reply lost is lost, as in kombu).
      * Cancelled (broker_free): left to the visibility timeout. */
     if (status) {
-        if (status != CR_ECANCELED && !b->freeing) {
-            remember_lost(b, ba->score);
-            recover_lost(b);
+        vsession_on_batch(b->vs, asked,
+                          status == CR_ECANCELED ? VSESSION_CANCELED : VSESSION_LOST,
+                          redis_broker__now_ms(b));
+        if (status != CR_ECANCELED && !redis_broker__closed(b)) {
+            redis_broker__remember_lost(b, ba->score);
+            redis_broker__recover_lost(b);
         }
         cr_free(ba);
         return;
     }
     cr_free(ba);
     if (r->type == REDIS_REPLY_ERROR) {
-        /* NOSCRIPT: flushed meanwhile, loaded again by the next call (and
-         * counted: a server that refuses SCRIPT LOAD says NOSCRIPT for ever). */
-        if (!strncmp(r->str, "NOSCRIPT", 8))
+        /* NOSCRIPT: flushed meanwhile, loaded again by the next call */
+        int noscript = !strncmp(r->str, "NOSCRIPT", 8), fails, off;
+        int was_off = vsession_script_state(b->vs) == VSESSION_SCRIPT_OFF;
+        if (noscript)
             b->script_loaded = 0;
-        else
-            b->pop_cold = 1;
-        if (++b->script_fails <= 3 || b->script_fails == POP_SCRIPT_TRIES)
+        vsession_on_batch(b->vs, asked, noscript ? VSESSION_NOSCRIPT : VSESSION_REFUSED,
+                          redis_broker__now_ms(b));
+        fails = vsession_script_fails(b->vs);
+        off = vsession_script_state(b->vs) == VSESSION_SCRIPT_OFF;
+        if (fails <= 3 || (off && !was_off))
             LOG(LOG_WARNING, "broker: pop script refused: %s%s", r->str,
-                b->script_fails >= POP_SCRIPT_TRIES
-                    ? "; popping with BRPOP alone for a minute"
-                    : "");
-        if (b->script_fails >= POP_SCRIPT_TRIES)
-            b->script_retry_at = now_ms(b) + POP_SCRIPT_RETRY_MS;
+                off ? "; popping with BRPOP alone for a minute" : "");
         return;
     }
-    if (r->type != REDIS_REPLY_ARRAY)
+    if (r->type != REDIS_REPLY_ARRAY) {
+        vsession_on_batch(b->vs, asked, VSESSION_MALFORMED, redis_broker__now_ms(b));
         return;
-    b->script_fails = 0;
+    }
+    vsession_on_batch(b->vs, asked, VSESSION_OK, redis_broker__now_ms(b));
     got = r->elements / 5;
     cut = r->elements % 5 == 1; /* the trailing "+" */
     for (size_t i = 0; i < got; i++) {
@@ -1357,12 +624,11 @@ static void on_batch(struct rb *b, int status, redisReply *r, void *arg)
      * (no queue starved by a busy one) is kept, only its grain is coarser. */
     if (last && !kombu_queue_of_key(&b->o, last, lastlen, queue, sizeof(queue)))
         kombu_rotate(&b->o, b->cycle, b->ncycle, queue);
-    if ((long)got < asked && !cut)
-        b->pop_cold = 1; /* the queues ran dry: BRPOP waits for the next */
+    vsession_on_batch_end(b->vs, asked, (long)got, cut);
 }
 
 /* One pop script call for queues qs (n, cycle order), at most max messages. */
-static int send_batch(struct rb *b, const char **qs, int n, long max)
+static int send_batch(struct redis_broker *b, const char **qs, int n, long max)
 {
     const char *argv[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
     size_t lens[2 * MAX_CONSUMERS * KOMBU_MAX_STEPS + 16];
@@ -1375,14 +641,14 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
 
     if (!b->script_loaded) {
         /* Pipelined ahead of the calls: Redis answers in order. */
-        struct args a;
-        args_init(&a);
-        args_s(&a, "SCRIPT");
-        args_s(&a, "LOAD");
-        args_s(&a, pop_lua);
-        if (send_op(b, b->pop, NULL, NULL, &a) == 0)
+        struct redis_args a;
+        redis_args_init(&a);
+        redis_args_s(&a, "SCRIPT");
+        redis_args_s(&a, "LOAD");
+        redis_args_s(&a, pop_lua);
+        if (redis_broker__send_op(b, b->pop, NULL, NULL, &a) == 0)
             b->script_loaded = 1;
-        args_release(&a);
+        redis_args_release(&a);
         if (!b->script_loaded)
             return CR_EBROKER;
     }
@@ -1394,8 +660,8 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
     nk -= 2; /* BRPOP and the timeout */
     snprintf(nkeys_s, sizeof(nkeys_s), "%d", nk + 2);
     snprintf(max_s, sizeof(max_s), "%ld", max);
-    snprintf(score, sizeof(score), "%.7f", epoch_s());
-    snprintf(lim, sizeof(lim), "%zu", body_bound(b));
+    snprintf(score, sizeof(score), "%.7f", redis_broker__epoch_s());
+    snprintf(lim, sizeof(lim), "%zu", redis_broker__body_bound(b));
     snprintf(bytes, sizeof(bytes), "%d", POP_BATCH_BYTES);
 #define ARG(p, l) (argv[argc] = (p), lens[argc] = (l), argc++)
     ARG("EVALSHA", 7);
@@ -1411,7 +677,7 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
     ARG(bytes, strlen(bytes));
     /* kombu_brpop_args(): key i is queue qs[i % n]'s, step i / n. */
     for (int i = 0; i < nk; i++) {
-        const struct rcons *c = find_cons(b, qs[i % n]);
+        const struct rcons *c = redis_broker__find_cons(b, qs[i % n]);
         ARG(c && !c->q.no_ack && b->o.ack_emulation ? "1" : "0", 1);
     }
 #undef ARG
@@ -1432,16 +698,39 @@ static int send_batch(struct rb *b, const char **qs, int n, long max)
         cr_free(ba);
         return CR_EBROKER;
     }
-    b->calls_out++;
-    b->reserved += max;
     return 0;
 }
 
-/* Pops while there is room: pop script calls while messages keep coming,
- * one BRPOP (alone on its connection) once a call found the queues empty,
- * and script calls again as soon as the BRPOP pops one. */
-static void maybe_pop(struct rb *b)
+static int op_link_up(void *ctx, enum vsession_link l)
 {
+    struct redis_broker *b = ctx;
+    return redis_conn_up(l == VSESSION_LINK_STORE ? b->cmd : b->pop);
+}
+
+static int op_pop_batch(void *ctx, long max, int wide)
+{
+    struct redis_broker *b = ctx;
+    const char *qs[MAX_CONSUMERS];
+    int n = 0;
+    (void)wide;
+    for (int i = 0; i < b->ncycle; i++)
+        if (redis_broker__find_cons(b, b->cycle[i]))
+            qs[n++] = b->cycle[i];
+    return n ? send_batch(b, qs, n, max) : CR_ENOTFOUND;
+}
+
+/* A wide window reads each reply whole; a narrow one a piece a turn. */
+static void op_pop_wide(void *ctx, int wide)
+{
+    struct redis_broker *b = ctx;
+    redis_conn_read_on(b->pop, wide);
+}
+
+/* One BRPOP, alone on its connection: a no_ack queue goes on while stopped,
+ * task queues only when the session says there is room (tasks). */
+static int op_pop_block(void *ctx, int tasks)
+{
+    struct redis_broker *b = ctx;
     const char *qs[MAX_CONSUMERS];
     const char *argv[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
     size_t lens[MAX_CONSUMERS * KOMBU_MAX_STEPS + 2];
@@ -1449,232 +738,122 @@ static void maybe_pop(struct rb *b)
     int n = 0, argc;
     double timeout = b->o.polling_interval_s > 0 ? b->o.polling_interval_s : 1;
 
-    if (b->freeing || b->pop_out || !redis_conn_up(b->pop) || !redis_conn_up(b->cmd) ||
-        now_ms(b) < b->pop_pause_until)
-        return;
-    if (!b->pop_cold && b->consuming &&
-        (b->script_fails < POP_SCRIPT_TRIES || now_ms(b) >= b->script_retry_at)) {
-        for (int i = 0; i < b->ncycle; i++)
-            if (find_cons(b, b->cycle[i]))
-                qs[n++] = b->cycle[i];
-        int wide = room(b) >= POP_WIDE_ROOM;
-        long cap = wide ? POP_WIDE_BATCH : POP_BATCH;
-        redis_conn_read_on(b->pop, wide);
-        while (n && b->calls_out < (wide ? POP_WIDE_CALLS : POP_CALLS) &&
-               can_consume(b)) {
-            long max = room(b) < cap ? room(b) : cap;
-            if (send_batch(b, qs, n, max))
-                break;
-        }
-        n = 0;
-        if (b->calls_out)
-            return;
-    }
-    if (b->calls_out)
-        return; /* their replies decide what comes next */
     for (int i = 0; i < b->ncycle; i++) {
-        struct rcons *c = find_cons(b, b->cycle[i]);
-        /* A no_ack queue goes on while stopped; task queues wait for room
-         * in the prefetch window. */
-        if (c && (c->q.no_ack || (b->consuming && can_consume(b))))
+        struct rcons *c = redis_broker__find_cons(b, b->cycle[i]);
+        if (c && (c->q.no_ack || tasks))
             qs[n++] = b->cycle[i];
     }
     if (!n)
-        return;
+        return CR_ENOTFOUND;
     if (b->client_id_state == 0) {
-        struct args a;
-        args_init(&a);
-        args_s(&a, "CLIENT");
-        args_s(&a, "ID");
-        if (send_op(b, b->pop, on_client_id, NULL, &a) == 0)
+        struct redis_args a;
+        redis_args_init(&a);
+        redis_args_s(&a, "CLIENT");
+        redis_args_s(&a, "ID");
+        if (redis_broker__send_op(b, b->pop, on_client_id, NULL, &a) == 0)
             b->client_id_state = 1;
-        args_release(&a);
+        redis_args_release(&a);
     }
     buf_reset(&b->pop_store);
     argc = kombu_brpop_args(&b->o, qs, n, timeout, &b->pop_store, argv, lens,
                             (int)(sizeof(argv) / sizeof(argv[0])));
     if (argc < 0)
-        return;
+        return CR_ENOMEM;
     o = cr_calloc(1, sizeof(*o));
     if (!o)
-        return;
+        return CR_ENOMEM;
     o->b = b;
     o->fn = on_pop;
     if (redis_conn_send(b->pop, &o->req, on_op, argc, argv, lens)) {
         cr_free(o);
-        return;
+        return CR_EBROKER;
     }
-    b->pop_out = 1;
+    return 0;
 }
 
 /* ------------------------------------------------------------ acks */
 
-static void recent_add(struct rb *b, const char *tag)
+/* An ack batch's tags, in one block (op_ack()). */
+struct ack_arg {
+    int n;
+    const char **tags;
+};
+
+static struct ack_arg *ack_arg_new(const char *const *tags, int n)
 {
-    char *t = cr_strdup(tag);
-    if (!t)
-        return; /* only a second chance is lost */
-    cr_free(b->recent[b->recent_next]);
-    b->recent[b->recent_next] = t;
-    b->recent_at[b->recent_next] = now_ms(b);
-    b->recent_next = (b->recent_next + 1) % RECENT_MAX;
-    if (b->nrecent < RECENT_MAX)
-        b->nrecent++;
+    size_t bytes = 0;
+    struct ack_arg *a;
+    char *p;
+    for (int i = 0; i < n; i++)
+        bytes += strlen(tags[i]) + 1;
+    a = cr_malloc(sizeof(*a) + (size_t)n * sizeof(*a->tags) + bytes);
+    if (!a)
+        return NULL;
+    a->n = n;
+    a->tags = (const char **)(a + 1);
+    p = (char *)(a->tags + n);
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(tags[i]) + 1;
+        memcpy(p, tags[i], len);
+        a->tags[i] = p;
+        p += len;
+    }
+    return a;
 }
 
-static void recent_clear(struct rb *b)
+static void on_acked(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
-    for (int i = 0; i < RECENT_MAX; i++) {
-        cr_free(b->recent[i]);
-        b->recent[i] = NULL;
-    }
-    b->nrecent = b->recent_next = 0;
-}
-
-/* After a reconnect: the acks confirmed in the last RECENT_REPLAY_MS go
- * again, newest first, to whichever server now answers. */
-static void replay_recent_acks(struct rb *b)
-{
-    uint64_t now = now_ms(b);
-    int n = 0;
-    for (int i = 0; i < b->nrecent; i++) {
-        int k = (b->recent_next + RECENT_MAX - 1 - i) % RECENT_MAX;
-        if (now - b->recent_at[k] > RECENT_REPLAY_MS)
-            break;
-        if (!strmap_get(&b->held, b->recent[k]) && ack_push(b, b->recent[k]) == 0)
-            n++;
-    }
-    recent_clear(b);
-    if (n)
-        LOG(LOG_INFO,
-            "broker: sending again %d ack(s) of the last %d s, which the server lost "
-            "may not have passed on",
-            n, RECENT_REPLAY_MS / 1000);
-}
-
-static void on_acked(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct args *tags = arg;
-    int refused = status == 0 && !exec_ok(status, r);
-    if (refused) {
-        /* A dropped ack leaves its record behind for good (restored and run
-         * again one visibility timeout later), so it is kept and sent again
-         * a tick later, to the new master when this one was demoted. */
-        if (b->ack_refused++ == 0)
-            LOG(LOG_WARNING, "broker: ack refused: %s; sent again until it is taken",
-                r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-        b->acks_hold_until = now_ms(b) + TICK_MS;
-    } else if (status == 0) {
-        if (b->ack_refused > 1)
-            LOG(LOG_INFO, "broker: acks taken again after %d refusals", b->ack_refused);
-        b->ack_refused = 0;
-        for (int i = 0; i < tags->n; i++)
-            recent_add(b, tags->store.data + tags->off[i]);
-    }
+    struct ack_arg *a = arg;
     /* CR_EBACKEND: unknown whether Redis had them; removing twice is
      * harmless. (CR_ECANCELED: the broker is being freed.) */
-    if (refused || status == CR_EBACKEND)
-        for (int i = 0; i < tags->n; i++)
-            if (ack_push(b, tags->store.data + tags->off[i]))
-                LOG(LOG_ERROR,
-                    "broker: out of memory keeping an ack of %s; it comes back after "
-                    "the visibility timeout",
-                    tags->store.data + tags->off[i]);
-    args_release(tags);
-    cr_free(tags);
-}
-
-static int ack_push(struct rb *b, const char *tag)
-{
-    char *t;
-    if (b->nacks == b->capacks) {
-        size_t cap = b->capacks ? b->capacks * 2 : 64;
-        char **p = cr_realloc(b->acks, cap * sizeof(*p));
-        if (!p)
-            return CR_ENOMEM;
-        b->acks = p;
-        b->capacks = cap;
+    enum vsession_reply rep = status == CR_EBACKEND ? VSESSION_LOST : VSESSION_CANCELED;
+    if (status == 0 && !redis_broker__exec_ok(status, r)) {
+        if (vsession_ack_refusals(b->vs) == 0)
+            LOG(LOG_WARNING, "broker: ack refused: %s; sent again until it is taken",
+                r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+        rep = VSESSION_REFUSED;
+    } else if (status == 0) {
+        rep = VSESSION_OK;
     }
-    t = cr_strdup(tag);
-    if (!t)
-        return CR_ENOMEM;
-    b->acks[b->nacks++] = t;
-    return 0;
+    if (b->vs)
+        vsession_on_acked(b->vs, a->tags, a->n, rep, redis_broker__now_ms(b));
+    cr_free(a);
 }
 
 /* One MULTI ZREM unacked_index T... / HDEL unacked T... / EXEC per batch. */
-static void flush_acks(struct rb *b)
+static int op_ack(void *ctx, const char *const *tags, int n)
 {
-    if (b->nacks && b->acks_hold_until && now_ms(b) < b->acks_hold_until)
-        return;
-    while (b->nacks && redis_conn_up(b->cmd)) {
-        size_t n = b->nacks < BATCH_MAX ? b->nacks : BATCH_MAX;
-        struct args c[2], *tags = cr_calloc(1, sizeof(*tags));
-        int rc;
-        if (!tags)
-            return;
-        args_init(tags);
-        args_init(&c[0]);
-        args_init(&c[1]);
-        args_s(&c[0], "ZREM");
-        args_s(&c[0], b->k_index);
-        args_s(&c[1], "HDEL");
-        args_s(&c[1], b->k_unacked);
-        for (size_t i = 0; i < n; i++) {
-            const char *t = b->acks[b->nacks - n + i];
-            args_s(&c[0], t);
-            args_s(&c[1], t);
-            args_s(tags, t);
-        }
-        rc = tags->oom ? CR_ENOMEM : send_multi(b, on_acked, tags, c, 2);
-        args_release(&c[0]);
-        args_release(&c[1]);
-        if (rc) {
-            args_release(tags);
-            cr_free(tags);
-            return;
-        }
-        for (size_t i = 0; i < n; i++)
-            cr_free(b->acks[b->nacks - n + i]);
-        b->nacks -= n;
+    struct redis_broker *b = ctx;
+    struct ack_arg *a = ack_arg_new(tags, n);
+    struct redis_args c[2];
+    int rc;
+    if (!a)
+        return CR_ENOMEM;
+    redis_args_init(&c[0]);
+    redis_args_init(&c[1]);
+    redis_args_s(&c[0], "ZREM");
+    redis_args_s(&c[0], b->k_index);
+    redis_args_s(&c[1], "HDEL");
+    redis_args_s(&c[1], b->k_unacked);
+    for (int i = 0; i < n; i++) {
+        redis_args_s(&c[0], tags[i]);
+        redis_args_s(&c[1], tags[i]);
     }
-}
-
-/* The settle of one copy: the record's fate is the caller's. Returns the
- * held entry when this was its last copy (unlinked, the caller frees it),
- * else NULL. */
-static struct held *held_settle(struct rb *b, const char *tag, int *found)
-{
-    struct held *h = strmap_get(&b->held, tag);
-    *found = h != NULL;
-    if (!h)
-        return NULL;
-    b->nheld--;
-    if (--h->copies > 0)
-        return NULL;
-    held_unlink(b, h);
-    return h;
+    rc = redis_broker__send_multi(b, on_acked, a, c, 2);
+    redis_args_release(&c[0]);
+    redis_args_release(&c[1]);
+    if (rc)
+        cr_free(a);
+    return rc;
 }
 
 static int rb_ack(struct broker *base, struct delivery *m)
 {
-    struct rb *b = (struct rb *)base;
-    struct held *h;
-    int found;
+    struct redis_broker *b = (struct redis_broker *)base;
     if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->rec.id, &found);
-    if (!found)
-        return 0;
-    /* A record never written needs no removal. */
-    if (h && (h->rec == REC_PENDING || h->rec == REC_NONE)) {
-        held_free(h);
-        return 0;
-    }
-    if (h)
-        held_free(h);
-    if (ack_push(b, m->rec.id)) {
+    if (vsession_ack(b->vs, m->rec.id)) {
         LOG(LOG_ERROR,
             "broker: out of memory acking %s; it comes back after the "
             "visibility timeout",
@@ -1686,941 +865,94 @@ static int rb_ack(struct broker *base, struct delivery *m)
 
 /* ------------------------------------------------------------ restores */
 
-static struct rjob *job_new(struct rb *b, const char *tag, char side)
-{
-    struct rjob *j = cr_calloc(1, sizeof(*j));
-    if (!j)
-        return NULL;
-    j->b = b;
-    j->side = side;
-    j->priority = -1;
-    j->tag = cr_strdup(tag);
-    if (!j->tag) {
-        cr_free(j);
-        return NULL;
-    }
-    return j;
-}
-
-static void job_free(struct rjob *j)
-{
-    cr_free(j->tag);
-    cr_free(j->queue);
-    cr_free(j->env);
-    cr_free(j->value);
-    cr_free(j->renv);
-    cr_free(j->exchange);
-    cr_free(j->routing_key);
-    for (int i = 0; i < j->ntargets; i++)
-        cr_free(j->targets[i]);
-    cr_free(j->targets);
-    cr_free(j);
-}
-
-static void round_job_done(struct rb *b);
-
-/* The job is over (done, or given up): ours wait for the connection when it
- * was the connection that failed. */
-static void job_end(struct rjob *j, int status)
-{
-    struct rb *b = j->b;
-    int round = j->round;
-    b->njobs--;
-    if ((status == CR_EBACKEND || status == JOB_AGAIN) && !round && !b->freeing) {
-        j->next = b->waiting;
-        b->waiting = j;
-        if (status == JOB_AGAIN)
-            b->again_due = now_ms(b) + TICK_MS;
-        return;
-    }
-    job_free(j);
-    if (round)
-        round_job_done(b);
-}
-
-static void on_job_pushed(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct rjob *j = arg;
-    if (!status && refused_for_now(r)) {
-        job_end(j, JOB_AGAIN);
-        return;
-    }
-    if (!status && is_error(r))
-        LOG(LOG_ERROR, "broker: cannot put message %s back: %s", j->tag, r->str);
-    else if (!status && r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !j->env)
-        LOG(LOG_DEBUG, "broker: message %s settled elsewhere meanwhile", j->tag);
-    (void)b;
-    job_end(j, status);
-}
-
-static int add_target(struct rjob *j, const char *q, size_t n)
-{
-    char **t = cr_realloc(j->targets, (size_t)(j->ntargets + 1) * sizeof(*t));
-    if (!t)
-        return CR_ENOMEM;
-    j->targets = t;
-    t[j->ntargets] = cr_strndup(q, n);
-    if (!t[j->ntargets])
-        return CR_ENOMEM;
-    j->ntargets++;
-    return 0;
-}
-
-/* The envelope's properties.priority (kombu's scale), 0 when absent. */
-static int env_priority(const char *env, size_t len)
-{
-    cJSON *doc = cJSON_ParseWithLength(env, len);
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(doc, "properties");
-    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(p, "priority");
-    int v = cJSON_IsNumber(pr) ? (int)pr->valuedouble : 0;
-    cJSON_Delete(doc);
-    return v < 0 ? 0 : v > KOMBU_PRIORITY_MAX ? KOMBU_PRIORITY_MAX : v;
-}
-
-/* The push: with the record (the Lua script, only if the record is still
- * the value read), or without one (never recorded). */
-static void job_push(struct rjob *j)
-{
-    struct rb *b = j->b;
-    const char *env = j->env ? j->env : j->renv;
-    size_t env_len = j->env ? j->env_len : strlen(j->renv);
-    struct buf marked;
-    struct args a;
-    struct cr_err err;
-    int bucket, rc;
-
-    if (j->priority < 0)
-        j->priority = env_priority(env, env_len);
-    bucket = kombu_bucket(&b->o, j->priority);
-    buf_init(&marked);
-    args_init(&a);
-    rc = kombu_mark_redelivered(env, env_len, &marked, &err);
-    if (rc == CR_EDECODE) {
-        LOG(LOG_ERROR,
-            "broker: the record of message %s is not an envelope; left as "
-            "it is",
-            j->tag);
-        goto out;
-    }
-    if (rc)
-        goto out;
-    if (j->env) {
-        args_s(&a, j->side == 'R' ? "RPUSH" : "LPUSH");
-        args_key(b, &a, j->targets[0], bucket);
-        args_add(&a, marked.data, marked.len);
-    } else {
-        char nkeys[16];
-        snprintf(nkeys, sizeof(nkeys), "%d", j->ntargets + 2);
-        args_s(&a, "EVAL");
-        args_s(&a, restore_lua);
-        args_s(&a, nkeys);
-        args_s(&a, b->k_unacked);
-        args_s(&a, b->k_index);
-        for (int i = 0; i < j->ntargets; i++)
-            args_key(b, &a, j->targets[i], bucket);
-        args_s(&a, j->tag);
-        args_add(&a, j->value, j->value_len);
-        args_add(&a, marked.data, marked.len);
-        args_s(&a, j->side == 'R' ? "R" : "L");
-    }
-    rc = send_op(b, b->cmd, on_job_pushed, j, &a);
-out:
-    buf_release(&marked);
-    args_release(&a);
-    if (rc)
-        job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
-}
-
-static int member_matches(const struct kombu_opts *o, const char *m, size_t n,
-                          const char *rk, int topic)
-{
-    const char *bk, *pat, *q;
-    size_t bk_len, pat_len, q_len;
-    if (kombu_binding_parse(o, m, n, &bk, &bk_len, &pat, &pat_len, &q, &q_len))
-        return 0;
-    if (topic || pat_len)
-        return kombu_topic_match(bk, bk_len, rk, strlen(rk));
-    return bk_len == strlen(rk) && !memcmp(bk, rk, bk_len);
-}
-
-static const char *member_queue(const struct kombu_opts *o, const char *m, size_t n,
-                                size_t *len)
-{
-    const char *bk, *pat, *q;
-    size_t bk_len, pat_len;
-    if (kombu_binding_parse(o, m, n, &bk, &bk_len, &pat, &pat_len, &q, len))
-        return NULL;
-    return q;
-}
-
-static void on_job_members(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct rjob *j = arg;
-    const char *type;
-    int topic;
-    (void)b;
-    if (status || r->type != REDIS_REPLY_ARRAY) {
-        job_end(j, status ? status : refused_for_now(r) ? JOB_AGAIN : CR_EBROKER);
-        return;
-    }
-    type = exchange_type(b, j->exchange);
-    topic = type && !strcmp(type, "topic");
-    for (size_t i = 0; i < r->elements && i < MEMBERS_MAX; i++) {
-        const redisReply *e = r->element[i];
-        size_t ql;
-        const char *q;
-        if (e->type != REDIS_REPLY_STRING ||
-            !member_matches(&b->o, e->str, e->len, j->routing_key, topic))
-            continue;
-        q = member_queue(&b->o, e->str, e->len, &ql);
-        if (q && add_target(j, q, ql)) {
-            job_end(j, CR_ENOMEM);
-            return;
-        }
-    }
-    if (!j->ntargets) {
-        /* kombu would delete the record and lose the message: it stays,
-         * for whoever binds the queue again. */
-        LOG(LOG_WARNING,
-            "broker: message %s cannot be restored: no queue bound to "
-            "exchange '%s' with key '%s'",
-            j->tag, j->exchange, j->routing_key);
-        job_end(j, 0);
-        return;
-    }
-    job_push(j);
-}
-
-static void on_job_value(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct rjob *j = arg;
-    struct cr_err err;
-    if (status) {
-        job_end(j, status);
-        return;
-    }
-    if (refused_for_now(r)) {
-        job_end(j, JOB_AGAIN);
-        return;
-    }
-    if (r->type != REDIS_REPLY_STRING) {
-        job_end(j, 0); /* acked or restored meanwhile: nothing to do */
-        return;
-    }
-    j->value = cr_malloc(r->len + 1);
-    if (!j->value) {
-        job_end(j, CR_ENOMEM);
-        return;
-    }
-    memcpy(j->value, r->str, r->len);
-    j->value[r->len] = '\0';
-    j->value_len = r->len;
-    if (kombu_unacked_decode(j->value, j->value_len, &j->renv, &j->exchange,
-                             &j->routing_key, &err)) {
-        LOG(LOG_ERROR, "broker: the record of message %s is not kombu's; left as it is",
-            j->tag);
-        job_end(j, 0);
-        return;
-    }
-    if (j->queue) {
-        if (add_target(j, j->queue, strlen(j->queue))) {
-            job_end(j, CR_ENOMEM);
-            return;
-        }
-    } else if (!j->exchange[0]) {
-        if (add_target(j, j->routing_key, strlen(j->routing_key))) {
-            job_end(j, CR_ENOMEM);
-            return;
-        }
-    } else {
-        struct args a;
-        int rc;
-        args_init(&a);
-        args_s(&a, "SMEMBERS");
-        {
-            struct buf k;
-            buf_init(&k);
-            if (kombu_binding_key(&b->o, j->exchange, &k))
-                a.oom = 1;
-            else
-                args_add(&a, k.data, k.len);
-            buf_release(&k);
-        }
-        rc = send_op(b, b->cmd, on_job_members, j, &a);
-        args_release(&a);
-        if (rc)
-            job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
-        return;
-    }
-    job_push(j);
-}
-
-static void job_start(struct rjob *j)
-{
-    struct rb *b = j->b;
-    struct args a;
-    int rc;
-    b->njobs++;
-    if (j->env) {
-        if (!j->ntargets && add_target(j, j->queue, strlen(j->queue))) {
-            job_end(j, CR_ENOMEM);
-            return;
-        }
-        job_push(j);
-        return;
-    }
-    args_init(&a);
-    args_s(&a, "HGET");
-    args_s(&a, b->k_unacked);
-    args_s(&a, j->tag);
-    rc = send_op(b, b->cmd, on_job_value, j, &a);
-    args_release(&a);
-    if (rc)
-        job_end(j, rc == CR_EBROKER ? CR_EBACKEND : rc);
-}
-
-/* Puts a held message of ours back: side 'L' for a requeue, 'R' for a
- * restore. Takes h (already unlinked). */
-static int restore_held(struct rb *b, struct held *h, char side)
-{
-    struct rjob *j = job_new(b, h->tag, side);
-    if (!j) {
-        held_free(h);
-        return CR_ENOMEM;
-    }
-    j->queue = h->queue;
-    h->queue = NULL;
-    j->priority = h->priority;
-    if (h->rec == REC_PENDING || h->rec == REC_NONE) {
-        j->env = h->env;
-        j->env_len = h->env_len;
-        h->env = NULL;
-    }
-    held_free(h);
-    if (!j->queue) {
-        job_free(j);
-        return CR_ENOMEM;
-    }
-    if (redis_conn_up(b->cmd)) {
-        job_start(j);
-    } else {
-        j->next = b->waiting;
-        b->waiting = j;
-    }
-    return 0;
-}
-
 static int rb_reject(struct broker *base, struct delivery *m, int requeue)
 {
-    struct rb *b = (struct rb *)base;
-    struct held *h;
-    int found;
+    struct redis_broker *b = (struct redis_broker *)base;
     if (!requeue)
         return rb_ack(base, m);
     if (m->no_ack || m->settled || !m->rec.id)
         return 0;
     m->settled = 1;
-    h = held_settle(b, m->rec.id, &found);
-    if (!h)
-        return 0; /* another copy still holds it: its settle decides */
-    /* kombu's requeue goes to the tail (LPUSH); once the worker stops
-     * consuming, what it gives back goes to the head, so that the other
-     * workers take it at once. */
-    return restore_held(b, h, b->consuming ? 'L' : 'R');
+    vsession_requeue(b->vs, m->rec.id);
+    return 0;
 }
 
-static void start_waiting(struct rb *b)
-{
-    struct rjob *j = b->waiting;
-    b->waiting = NULL;
-    while (j) {
-        struct rjob *next = j->next;
-        j->next = NULL;
-        job_start(j);
-        j = next;
-    }
-}
-
-/* ------------------------------------------------ restore_visible, leases */
-
-static void on_unlocked(struct rb *b, int status, redisReply *r, void *arg)
-{
-    (void)b;
-    (void)status;
-    (void)r;
-    (void)arg;
-}
-
-static void round_end(struct rb *b)
-{
-    struct args a;
-    b->round_on = 0;
-    if (b->freeing)
-        return;
-    args_init(&a);
-    args_s(&a, "EVAL");
-    args_s(&a, unlock_lua);
-    args_s(&a, "1");
-    args_s(&a, b->k_mutex);
-    args_s(&a, b->token);
-    send_op(b, b->cmd, on_unlocked, NULL, &a);
-    args_release(&a);
-}
-
-static void round_job_done(struct rb *b)
-{
-    if (--b->round_jobs == 0 && b->round_on)
-        round_end(b);
-}
-
-static void on_stale(struct rb *b, int status, redisReply *r, void *arg)
-{
-    int n = 0;
-    (void)arg;
-    if (status || r->type != REDIS_REPLY_ARRAY) {
-        if (!status)
-            round_end(b);
-        else
-            b->round_on = 0;
-        return;
-    }
-    b->round_jobs = 1; /* held while the jobs start */
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-        const redisReply *t = r->element[i];
-        struct rjob *j;
-        if (t->type != REDIS_REPLY_STRING || strmap_get(&b->held, t->str))
-            continue; /* ours: alive, whatever a slow refresh made it look */
-        j = job_new(b, t->str, 'R');
-        if (!j)
-            break;
-        j->round = 1;
-        b->round_jobs++;
-        n++;
-        job_start(j);
-    }
-    if (n)
-        LOG(LOG_INFO, "Restoring %d unacknowledged message(s)", n);
-    round_job_done(b);
-}
-
-static void on_locked(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct args a;
-    char max[64], limit[32];
-    long n = RESTORE_ROUND_MAX;
-    (void)arg;
-    if (status || r->type != REDIS_REPLY_STATUS) {
-        b->round_on = 0; /* held by another restorer (nil), or lost */
-        return;
-    }
-    if (b->o.unacked_restore_limit > 0 && b->o.unacked_restore_limit < n)
-        n = b->o.unacked_restore_limit;
-    snprintf(max, sizeof(max), "%.7f", epoch_s() - b->o.visibility_timeout_s);
-    snprintf(limit, sizeof(limit), "%ld", n);
-    args_init(&a);
-    args_s(&a, "ZREVRANGEBYSCORE");
-    args_s(&a, b->k_index);
-    args_s(&a, max);
-    args_s(&a, "0");
-    args_s(&a, "WITHSCORES");
-    args_s(&a, "LIMIT");
-    args_s(&a, "0");
-    args_s(&a, limit);
-    if (send_op(b, b->cmd, on_stale, NULL, &a))
-        round_end(b);
-    args_release(&a);
-}
-
-/* kombu's restore_visible(): under the mutex, the records older than the
- * visibility timeout go back to their queues. */
-static void restore_visible(struct rb *b)
-{
-    unsigned char rnd[16];
-    char px[32];
-    struct args a;
-    int consumes = 0;
-    for (int i = 0; i < b->ncycle; i++) {
-        const struct rcons *c = find_cons(b, b->cycle[i]);
-        consumes |= c && !c->q.no_ack;
-    }
-    /* Only a consumer restores (the gateway, which publishes only, does
-     * not): it knows its own visibility timeout, and refreshes its leases. */
-    if (b->round_on || !consumes || !redis_conn_up(b->cmd) || !b->o.ack_emulation)
-        return;
-    random_bytes(rnd, sizeof(rnd));
-    for (int i = 0; i < 16; i++)
-        snprintf(b->token + 2 * i, 3, "%02x", rnd[i]);
-    snprintf(px, sizeof(px), "%ld", (long)(b->o.unacked_mutex_expire_s * 1000));
-    args_init(&a);
-    args_s(&a, "SET");
-    args_s(&a, b->k_mutex);
-    args_s(&a, b->token);
-    args_s(&a, "PX");
-    args_s(&a, px);
-    args_s(&a, "NX");
-    if (send_op(b, b->cmd, on_locked, NULL, &a) == 0)
-        b->round_on = 1;
-    args_release(&a);
-}
+/* ------------------------------------------------------------ leases */
 
 /* ZADD unacked_index XX <now> <tag>... for every record we hold: XX, so an
  * entry removed meanwhile is not made again. */
-static void refresh_leases(struct rb *b)
+static void op_refresh(void *ctx, const char *const *tags, int n)
 {
-    struct held *h = b->held_head;
+    struct redis_broker *b = ctx;
     char score[64];
-    snprintf(score, sizeof(score), "%.7f", epoch_s());
-    while (h && redis_conn_up(b->cmd)) {
-        struct args a;
-        int n = 0;
-        args_init(&a);
-        args_s(&a, "ZADD");
-        args_s(&a, b->k_index);
-        args_s(&a, "XX");
-        for (; h && n < BATCH_MAX; h = h->next) {
-            if (h->rec != REC_DONE && h->rec != REC_SENT)
-                continue;
-            args_s(&a, score);
-            args_s(&a, h->tag);
-            n++;
-        }
-        if (n)
-            send_op(b, b->cmd, NULL, NULL, &a);
-        args_release(&a);
+    struct redis_args a;
+    snprintf(score, sizeof(score), "%.7f", redis_broker__epoch_s());
+    redis_args_init(&a);
+    redis_args_s(&a, "ZADD");
+    redis_args_s(&a, b->k_index);
+    redis_args_s(&a, "XX");
+    for (int i = 0; i < n; i++) {
+        redis_args_s(&a, score);
+        redis_args_s(&a, tags[i]);
     }
+    redis_broker__send_op(b, b->cmd, NULL, NULL, &a);
+    redis_args_release(&a);
 }
+
+static void op_release(void *ctx, void *data)
+{
+    (void)ctx;
+    redis_broker__held_free(data);
+}
+
+static const struct vsession_ops session_ops = {
+    .link_up = op_link_up,
+    .pop_batch = op_pop_batch,
+    .pop_wide = op_pop_wide,
+    .pop_block = op_pop_block,
+    .record = op_record,
+    .ack = op_ack,
+    .refresh = op_refresh,
+    .restore = redis_broker__op_restore,
+    .release = op_release,
+    .round_lock = redis_broker__op_round_lock,
+    .round_scan = redis_broker__op_round_scan,
+    .round_unlock = redis_broker__op_round_unlock,
+};
 
 static void on_tick(uv_timer_t *t)
 {
-    struct rb *b = t->data;
-    uint64_t now = now_ms(b);
-    if (b->freeing || !redis_conn_up(b->cmd))
+    struct redis_broker *b = t->data;
+    uint64_t now = redis_broker__now_ms(b);
+    if (redis_broker__closed(b) || !redis_conn_up(b->cmd))
         return;
-    if (now >= b->lease_due) {
-        b->lease_due = now + b->lease_ms;
-        refresh_leases(b);
-    }
-    if (now >= b->restore_due) {
-        b->restore_due = now + RESTORE_EVERY_MS;
-        restore_visible(b);
-    }
-    if (b->records_pending)
-        send_pending_records(b);
+    vsession_tick(b->vs, now);
     if (b->again_due && now >= b->again_due) {
         b->again_due = 0;
-        start_waiting(b);
-        recover_lost(b);
+        redis_broker__start_waiting(b);
+        redis_broker__recover_lost(b);
     }
-    maybe_pop(b);
+    vsession_pop(b->vs, now);
 }
 
 static void on_prepare(uv_prepare_t *p)
 {
-    struct rb *b = p->data;
-    flush_acks(b);
-    maybe_pop(b);
-}
-
-/* ------------------------------------------------------------ pub/sub */
-
-static void on_pmessage(struct redis_req *req, int status, struct redisReply *rr)
-{
-    struct rb *b = req->data;
-    redisReply *r = (redisReply *)rr;
-    const redisReply *pat, *data;
-    if (!status && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        !strcmp(r->element[0]->str, "psubscribe") && b->psub_unconfirmed > 0)
-        b->psub_unconfirmed--;
-    if (status || b->freeing || b->draining || r->type != REDIS_REPLY_ARRAY ||
-        r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING ||
-        strcmp(r->element[0]->str, "pmessage"))
-        return;
-    pat = r->element[1];
-    data = r->element[3];
-    /* (the confirmations are 3-element arrays, counted below) */
-    if (pat->type != REDIS_REPLY_STRING || data->type != REDIS_REPLY_STRING)
-        return;
-    for (int i = 0; i < b->ncons; i++) {
-        struct rcons *c = &b->cons[i];
-        struct kombu_msg km;
-        struct cr_err err;
-        int rc;
-        if (!c->fanout || (strcmp(c->pattern, pat->str) &&
-                           (!c->pattern2 || strcmp(c->pattern2, pat->str))))
-            continue;
-        memset(&err, 0, sizeof(err));
-        rc = body_bound(b) && data->len > body_bound(b)
-                 ? CR_ETOOBIG
-                 : kombu_msg_decode(&km, data->str, data->len, body_bound(b), &err);
-        if (rc) {
-            if (b->bad_pops++ < 10)
-                LOG(LOG_WARNING, "broker: bad message on channel '%s': %s",
-                    r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "?",
-                    err.msg[0] ? err.msg : cr_strerror(rc));
-            return;
-        }
-        /* on_delivery may cancel consumers: the loop checks the count again */
-        deliver(b, &km, c->q.name, 1);
-        kombu_msg_release(&km);
-        if (b->freeing)
-            return;
-    }
-}
-
-static void psubscribe(struct rb *b, const struct rcons *c, const char *verb)
-{
-    const char *argv[3] = {verb, c->pattern, c->pattern2};
-    b->psub_req.data = b;
-    if (redis_conn_send_pubsub(b->sub, &b->psub_req, on_pmessage, c->pattern2 ? 3 : 2,
-                               argv, NULL))
-        LOG(LOG_WARNING, "broker: cannot %s '%s'", verb, c->pattern);
-    else if (!strcmp(verb, "PSUBSCRIBE"))
-        b->psub_unconfirmed += c->pattern2 ? 2 : 1;
-}
-
-/* ------------------------------------------------------------ publish */
-
-static void confirm(struct rb *b, struct pubop *p)
-{
-    if (p->cb)
-        p->cb(&b->base, !p->failed, p->privdata);
-    cr_free(p->env);
-    cr_free(p->routing_key);
-    cr_free(p);
-}
-
-static void on_pushed(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct pubop *p = arg;
-    if (status || is_error(r)) {
-        if (!status)
-            LOG(LOG_WARNING, "broker: publish refused: %s", r->str);
-        p->failed = 1;
-    }
-    if (--p->pending == 0)
-        confirm(b, p);
-}
-
-static int push_env(struct rb *b, struct pubop *p, const char *queue, size_t qlen)
-{
-    struct args a;
-    char q[KOMBU_NAME_MAX];
-    int rc;
-    if (qlen >= sizeof(q))
-        return CR_EINVAL;
-    memcpy(q, queue, qlen);
-    q[qlen] = '\0';
-    args_init(&a);
-    args_s(&a, "LPUSH");
-    args_key(b, &a, q, kombu_bucket(&b->o, p->priority));
-    args_add(&a, p->env, p->env_len);
-    rc = send_op(b, b->cmd, on_pushed, p, &a);
-    args_release(&a);
-    if (!rc)
-        p->pending++;
-    return rc;
-}
-
-/* Pushes p to every queue of the binding members r (an SMEMBERS reply) that
- * its routing key matches, but skip (already pushed, or NULL); then confirms
- * once the pushes are answered. */
-static void push_to_members(struct rb *b, struct pubop *p, const redisReply *r,
-                            const char *skip)
-{
-    int pushed = skip != NULL;
-    p->pending = 1; /* held while the pushes go */
-    for (size_t i = 0; i < r->elements && i < MEMBERS_MAX; i++) {
-        const redisReply *e = r->element[i];
-        const char *q;
-        size_t ql;
-        if (e->type != REDIS_REPLY_STRING ||
-            !member_matches(&b->o, e->str, e->len, p->routing_key, p->topic))
-            continue;
-        q = member_queue(&b->o, e->str, e->len, &ql);
-        if (!q || (skip && ql == strlen(skip) && !memcmp(q, skip, ql)))
-            continue;
-        if (push_env(b, p, q, ql))
-            p->failed = 1;
-        pushed = 1;
-    }
-    if (!pushed)
-        LOG(LOG_DEBUG, "broker: no queue bound for key '%s'; message dropped",
-            p->routing_key);
-    if (--p->pending == 0)
-        confirm(b, p);
-}
-
-static void on_pub_members(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct pubop *p = arg;
-    if (status || r->type != REDIS_REPLY_ARRAY) {
-        p->failed = 1;
-        confirm(b, p);
-        return;
-    }
-    push_to_members(b, p, r, NULL);
-}
-
-/* The EXEC of a publish to our dead-letter exchange (publish_dlx()): binding,
- * push and the exchange's members. */
-static void on_dlx_pushed(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct pubop *p = arg;
-    if (!exec_ok(status, r) || r->elements != 3 ||
-        r->element[2]->type != REDIS_REPLY_ARRAY) {
-        const redisReply *err = r && r->type == REDIS_REPLY_ERROR ? r : NULL;
-        for (size_t i = 0; !err && r && r->type == REDIS_REPLY_ARRAY && i < r->elements;
-             i++)
-            if (r->element[i]->type == REDIS_REPLY_ERROR)
-                err = r->element[i];
-        if (!status && err)
-            LOG(LOG_WARNING, "broker: dead letter refused: %s", err->str);
-        p->failed = 1;
-        confirm(b, p);
-        return;
-    }
-    push_to_members(b, p, r->element[2], b->cfg.dlq);
-}
-
-/* A publish to the dead-letter exchange this worker declared: the dead-letter
- * queue's binding (ours: we declare it at start) is written again in the same
- * MULTI as the push to that queue, so the message lands even when the binding
- * was lost since (a FLUSHDB, a Redis restarted without persistence), where a
- * routed publish would find no member and drop it as kombu does, and a
- * worker that logged "dead-lettered" would have lost it. Other queues bound
- * to the exchange get it as a routed publish would, from the members read in
- * the same step. */
-static int publish_dlx(struct rb *b, struct pubop *p)
-{
-    struct broker_queue q;
-    struct buf key, member;
-    struct args cmds[3];
-    int rc;
-    buf_init(&key);
-    buf_init(&member);
-    for (int i = 0; i < 3; i++)
-        args_init(&cmds[i]);
-    dlq_binding(b, &q);
-    rc = binding_of(b, &q, &key, &member);
-    if (!rc) {
-        args_s(&cmds[0], "SADD");
-        args_add(&cmds[0], key.data, key.len);
-        args_add(&cmds[0], member.data, member.len);
-        args_s(&cmds[1], "LPUSH");
-        args_key(b, &cmds[1], b->cfg.dlq, kombu_bucket(&b->o, p->priority));
-        args_add(&cmds[1], p->env, p->env_len);
-        args_s(&cmds[2], "SMEMBERS");
-        args_add(&cmds[2], key.data, key.len);
-        rc = send_multi(b, on_dlx_pushed, p, cmds, 3);
-    }
-    for (int i = 0; i < 3; i++)
-        args_release(&cmds[i]);
-    buf_release(&key);
-    buf_release(&member);
-    return rc;
-}
-
-static void on_published(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct pubop *p = arg;
-    p->failed = status || is_error(r);
-    confirm(b, p);
-}
-
-static int rb_publish(struct broker *base, const struct outbound *o,
-                      broker_confirm_fn *cb, void *privdata)
-{
-    struct rb *b = (struct rb *)base;
-    const char *exchange = o->exchange ? o->exchange : "";
-    const char *routing_key = o->routing_key ? o->routing_key : "";
-    struct buf env, key;
-    struct args a;
-    unsigned char rnd[16];
-    char tag[CR_UUID_LEN + 1];
-    const char *type;
-    struct pubop *p;
-    int rc;
-
-    if (b->freeing || !redis_conn_up(b->cmd))
-        return CR_EBROKER;
-    random_bytes(rnd, sizeof(rnd));
-    cr_uuid4(rnd, tag);
-    buf_init(&env);
-    buf_init(&key);
-    args_init(&a);
-    p = cr_calloc(1, sizeof(*p));
-    rc = p ? kombu_msg_encode(o, tag, &env) : CR_ENOMEM;
-    if (rc)
-        goto fail;
-    p->cb = cb;
-    p->privdata = privdata;
-    /* already kombu's scale; none given is kombu's 0 */
-    p->priority = o->priority < 0 ? 0 : o->priority;
-    p->routing_key = cr_strdup(routing_key);
-    if (!p->routing_key) {
-        rc = CR_ENOMEM;
-        goto fail;
-    }
-    type = *exchange ? exchange_type(b, exchange) : "direct";
-    if (!*exchange) {
-        p->env = buf_detach(&env);
-        p->env_len = p->env ? strlen(p->env) : 0;
-        if (!p->env) {
-            rc = CR_ENOMEM;
-            goto fail;
-        }
-        rc = push_env(b, p, routing_key, strlen(routing_key));
-        if (rc)
-            goto fail;
-    } else if (type && !strcmp(type, "fanout")) {
-        rc = kombu_channel(&b->o, b->url.db, exchange, routing_key, &key);
-        if (rc)
-            goto fail;
-        args_s(&a, "PUBLISH");
-        args_add(&a, key.data, key.len);
-        args_add(&a, env.data, env.len);
-        if (sentinel_compat(b)) {
-            struct args a2;
-            buf_reset(&key);
-            rc = kombu_channel(&b->o, -1, exchange, routing_key, &key);
-            if (rc)
-                goto fail;
-            args_init(&a2);
-            args_s(&a2, "PUBLISH");
-            args_add(&a2, key.data, key.len);
-            args_add(&a2, env.data, env.len);
-            /* both or neither: the connection is up, so both are taken */
-            p->pending = 2;
-            rc = send_op(b, b->cmd, on_pushed, p, &a);
-            if (!rc && send_op(b, b->cmd, on_pushed, p, &a2))
-                p->pending = 1;
-            args_release(&a2);
-        } else {
-            rc = send_op(b, b->cmd, on_published, p, &a);
-        }
-        if (rc)
-            goto fail;
-    } else {
-        p->topic = type && !strcmp(type, "topic");
-        p->env_len = env.len;
-        p->env = buf_detach(&env);
-        if (!p->env) {
-            rc = CR_ENOMEM;
-            goto fail;
-        }
-        if (b->cfg.dlx && b->cfg.dlq && !strcmp(exchange, b->cfg.dlx)) {
-            rc = publish_dlx(b, p);
-            if (rc)
-                goto fail;
-        } else {
-            rc = kombu_binding_key(&b->o, exchange, &key);
-            if (rc)
-                goto fail;
-            args_s(&a, "SMEMBERS");
-            args_add(&a, key.data, key.len);
-            rc = send_op(b, b->cmd, on_pub_members, p, &a);
-            if (rc)
-                goto fail;
-        }
-    }
-    buf_release(&env);
-    buf_release(&key);
-    args_release(&a);
-    return 0;
-fail:
-    if (p) {
-        cr_free(p->env);
-        cr_free(p->routing_key);
-        cr_free(p);
-    }
-    buf_release(&env);
-    buf_release(&key);
-    args_release(&a);
-    return rc == CR_EBROKER || rc == CR_ENOMEM ? rc : CR_EBROKER;
-}
-
-/* ------------------------------------------------------------ stats */
-
-static void on_stats(struct rb *b, int status, redisReply *r, void *arg)
-{
-    struct statop *s = arg;
-    uint64_t sum = 0;
-    int ok = exec_ok(status, r) && (int)r->elements == s->nkeys;
-    if (ok)
-        for (size_t i = 0; i < r->elements; i++)
-            sum +=
-                r->element[i]->type == REDIS_REPLY_INTEGER && r->element[i]->integer > 0
-                    ? (uint64_t)r->element[i]->integer
-                    : 0;
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        b->stats = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    /* Redis knows nothing of consumers: 0. */
-    if (s->cb)
-        s->cb(&b->base, ok, sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum, 0,
-              s->privdata);
-    cr_free(s);
-}
-
-/* The sum of LLEN over the queue's buckets (kombu's _size). */
-static int rb_queue_stats(struct broker *base, const char *queue,
-                          broker_queue_stats_fn *cb, void *privdata)
-{
-    struct rb *b = (struct rb *)base;
-    struct args c[KOMBU_MAX_STEPS];
-    struct statop *s;
-    int rc;
-    if (b->freeing || !redis_conn_up(b->cmd))
-        return CR_EBROKER;
-    s = cr_calloc(1, sizeof(*s));
-    if (!s)
-        return CR_ENOMEM;
-    s->b = b;
-    s->cb = cb;
-    s->privdata = privdata;
-    s->nkeys = b->o.nsteps;
-    for (int i = 0; i < b->o.nsteps; i++) {
-        args_init(&c[i]);
-        args_s(&c[i], "LLEN");
-        args_key(b, &c[i], queue, b->o.steps[i]);
-    }
-    rc = send_multi(b, on_stats, s, c, b->o.nsteps);
-    for (int i = 0; i < b->o.nsteps; i++)
-        args_release(&c[i]);
-    if (rc) {
-        cr_free(s);
-        return rc;
-    }
-    s->next = b->stats;
-    if (s->next)
-        s->next->prev = s;
-    b->stats = s;
-    return 0;
-}
-
-static void rb_queue_stats_cancel(struct broker *base, void *privdata)
-{
-    struct rb *b = (struct rb *)base;
-    for (struct statop *s = b->stats; s; s = s->next)
-        if (s->privdata == privdata)
-            s->cb = NULL;
+    struct redis_broker *b = p->data;
+    if (b->vs)
+        vsession_pump(b->vs, redis_broker__now_ms(b));
 }
 
 /* ------------------------------------------------------------ connections */
 
-static int all_up(const struct rb *b)
+static int all_up(const struct redis_broker *b)
 {
     return redis_conn_up(b->cmd) && redis_conn_up(b->pop) && redis_conn_up(b->sub);
 }
 
-static void tell_owner(struct rb *b)
+static void tell_owner(struct redis_broker *b)
 {
     int up = all_up(b);
-    if (b->freeing || up == b->up_said)
+    if (redis_broker__closed(b) || up == b->up_said)
         return;
     b->up_said = up;
     if (up && b->ever_up)
@@ -2631,31 +963,18 @@ static void tell_owner(struct rb *b)
         b->on_conn(&b->base, up, b->privdata);
 }
 
-static void send_pending_records(struct rb *b)
-{
-    b->records_pending = 0;
-    for (struct held *h = b->held_head; h; h = h->next)
-        if (h->rec == REC_PENDING)
-            send_record(b, h);
-}
-
-static void on_cmd_up(struct rb *b)
+static void on_cmd_up(struct redis_broker *b)
 {
     for (int i = 0; i < b->ncons; i++)
-        send_binding(b, &b->cons[i].q, "SADD");
-    send_dlq_binding(b);
-    /* Records not written yet go before the acks that may remove them. */
-    send_pending_records(b);
-    b->acks_hold_until = 0; /* perhaps a new master: no need to wait */
-    replay_recent_acks(b);
-    flush_acks(b);
-    refresh_leases(b);
-    b->lease_due = now_ms(b) + b->lease_ms;
-    start_waiting(b);
-    recover_lost(b);
+        redis_broker__send_binding(b, &b->cons[i].q, "SADD");
+    redis_broker__send_dlq_binding(b);
+    /* records not written yet, the acks of the last seconds again, leases */
+    vsession_on_link(b->vs, VSESSION_LINK_STORE, 1, redis_broker__now_ms(b));
+    redis_broker__start_waiting(b);
+    redis_broker__recover_lost(b);
 }
 
-static void on_sub_up(struct rb *b)
+static void on_sub_up(struct redis_broker *b)
 {
     /* Before anything else: a fanout message sent meanwhile is lost. */
     for (int i = 0; i < b->ncons; i++) {
@@ -2666,16 +985,16 @@ static void on_sub_up(struct rb *b)
             if (b->cons[k].fanout && !strcmp(b->cons[k].pattern, b->cons[i].pattern))
                 dup = 1;
         if (!dup)
-            psubscribe(b, &b->cons[i], "PSUBSCRIBE");
+            redis_broker__psubscribe(b, &b->cons[i], "PSUBSCRIBE");
     }
 }
 
 static void on_event(struct redis_conn *c, enum redis_conn_event ev,
                      const struct redis_conn_news *news, void *privdata)
 {
-    struct rb *b = privdata;
+    struct redis_broker *b = privdata;
     const char *role = c == b->cmd ? "commands" : c == b->pop ? "consumer" : "pub/sub";
-    if (b->freeing)
+    if (redis_broker__closed(b))
         return;
     switch (ev) {
     case REDIS_CONN_UP:
@@ -2686,7 +1005,7 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
         else {
             b->client_id_state = 0;
             b->script_loaded = 0;
-            b->pop_cold = 0;
+            vsession_on_link(b->vs, VSESSION_LINK_POP, 1, redis_broker__now_ms(b));
         }
         break;
     case REDIS_CONN_FAILED:
@@ -2701,7 +1020,7 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
         LOG(b->up_said ? LOG_WARNING : LOG_INFO,
             "broker: %s connection to %s lost: %s; reconnecting", role, b->shown_url,
             ev == REDIS_CONN_SILENT ? "no reply within the timeout"
-                                    : (news->why ? news->why : "closed"));
+                                    : (news->why ? news->why : "redis_broker__closed"));
         if (c == b->pop) {
             b->client_id_state = 0;
         }
@@ -2712,8 +1031,8 @@ static void on_event(struct redis_conn *c, enum redis_conn_event ev,
     tell_owner(b);
 }
 
-static struct redis_conn *conn_new(struct rb *b, double timeout, double health, int probe,
-                                   struct cr_err *err)
+static struct redis_conn *conn_new(struct redis_broker *b, double timeout, double health,
+                                   int probe, struct cr_err *err)
 {
     struct redis_conn_config rc;
     memset(&rc, 0, sizeof(rc));
@@ -2736,7 +1055,7 @@ static struct redis_conn *conn_new(struct rb *b, double timeout, double health, 
 
 static int rb_connect(struct broker *base, struct cr_err *err)
 {
-    struct rb *b = (struct rb *)base;
+    struct redis_broker *b = (struct redis_broker *)base;
     int ms = (int)((b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout : 5) * 1000);
     struct redis_conn *cs[3] = {b->cmd, b->pop, b->sub};
     for (int i = 0; i < 3; i++) {
@@ -2747,7 +1066,6 @@ static int rb_connect(struct broker *base, struct cr_err *err)
                 redis_conn_last_error(cs[i])[0] ? redis_conn_last_error(cs[i])
                                                 : cr_strerror(rc));
     }
-    b->restore_due = now_ms(b); /* a first restore round at once */
     LOG(LOG_INFO, "Connected to %s", b->shown_url);
     tell_owner(b);
     return 0;
@@ -2759,10 +1077,11 @@ static int rb_connect(struct broker *base, struct cr_err *err)
  * says "ready." only after this. */
 static int rb_wait_subscribed(struct broker *base, int timeout_ms)
 {
-    struct rb *b = (struct rb *)base;
+    struct redis_broker *b = (struct redis_broker *)base;
     uv_update_time(b->loop);
-    for (uint64_t until = now_ms(b) + (uint64_t)timeout_ms;
-         b->psub_unconfirmed > 0 && redis_conn_up(b->sub) && now_ms(b) < until;) {
+    for (uint64_t until = redis_broker__now_ms(b) + (uint64_t)timeout_ms;
+         b->psub_unconfirmed > 0 && redis_conn_up(b->sub) &&
+         redis_broker__now_ms(b) < until;) {
         struct timespec pause = {0, 1000000};
         uv_run(b->loop, UV_RUN_NOWAIT);
         if (b->psub_unconfirmed > 0)
@@ -2774,47 +1093,48 @@ static int rb_wait_subscribed(struct broker *base, int timeout_ms)
 
 static int rb_connected(const struct broker *base)
 {
-    const struct rb *b = (const struct rb *)base;
+    const struct redis_broker *b = (const struct redis_broker *)base;
     return all_up(b);
 }
 
 static unsigned long rb_reconnects(const struct broker *base)
 {
-    const struct rb *b = (const struct rb *)base;
+    const struct redis_broker *b = (const struct redis_broker *)base;
     return redis_conn_reconnects(b->cmd) + redis_conn_reconnects(b->pop) +
            redis_conn_reconnects(b->sub);
 }
 
 static void rb_set_prefetch(struct broker *base, int n)
 {
-    struct rb *b = (struct rb *)base;
-    b->prefetch = n < 0 ? 0 : n;
+    struct redis_broker *b = (struct redis_broker *)base;
+    vsession_set_prefetch(b->vs, n);
 }
 
 /* Ends the BRPOP at once rather than at its timeout (Redis >= 5; older ones
  * refuse and the BRPOP ends by itself within its timeout). What it still
  * returns goes back to the head of its list (on_popped()). */
-static void unblock_pop(struct rb *b)
+static void unblock_pop(struct redis_broker *b)
 {
-    struct args a;
+    struct redis_args a;
     char id[32];
-    if (!b->pop_out || b->client_id_state != 2 || !redis_conn_up(b->cmd))
+    if (vsession_block_state(b->vs) != VSESSION_BLOCK_OUT || b->client_id_state != 2 ||
+        !redis_conn_up(b->cmd))
         return;
     snprintf(id, sizeof(id), "%lld", b->client_id);
-    args_init(&a);
-    args_s(&a, "CLIENT");
-    args_s(&a, "UNBLOCK");
-    args_s(&a, id);
-    send_op(b, b->cmd, NULL, NULL, &a);
-    args_release(&a);
+    redis_args_init(&a);
+    redis_args_s(&a, "CLIENT");
+    redis_args_s(&a, "UNBLOCK");
+    redis_args_s(&a, id);
+    redis_broker__send_op(b, b->cmd, NULL, NULL, &a);
+    redis_args_release(&a);
 }
 
 static void rb_stop_consuming(struct broker *base)
 {
-    struct rb *b = (struct rb *)base;
-    if (!b->consuming)
+    struct redis_broker *b = (struct redis_broker *)base;
+    if (!redis_broker__consuming(b))
         return;
-    b->consuming = 0;
+    vsession_stop_consuming(b->vs);
     unblock_pop(b);
 }
 
@@ -2822,11 +1142,11 @@ static void rb_stop_consuming(struct broker *base)
 
 static void on_closed(uv_handle_t *h)
 {
-    struct rb *b = h->data;
+    struct redis_broker *b = h->data;
     if (++b->nclosed < 2)
         return;
     for (int i = 0; i < b->ncons; i++)
-        cons_release(&b->cons[i]);
+        redis_broker__cons_release(&b->cons[i]);
     for (int i = 0; i < b->nex; i++) {
         cr_free(b->ex[i].name);
         cr_free(b->ex[i].type);
@@ -2835,9 +1155,6 @@ static void on_closed(uv_handle_t *h)
     cr_free(b->k_index);
     cr_free(b->k_mutex);
     buf_release(&b->pop_store);
-    strmap_release(&b->held);
-    cr_free(b->acks);
-    recent_clear(b);
     cr_free(b);
 }
 
@@ -2856,66 +1173,58 @@ static void on_free_timer_closed(uv_handle_t *h)
  * ended and read (a message it popped is pushed back, never lost as kombu
  * 5.2 loses it). This runs the loop, for FREE_WAIT_MS at most: the worker's
  * loop is ending, and nothing else can wait for these replies. */
-static void drain(struct rb *b)
+static void drain(struct redis_broker *b)
 {
     uv_timer_t deadline;
     int expired = 0;
-    struct held *h;
 
-    b->draining = 1;
-    if (!redis_conn_up(b->cmd))
+    if (!redis_conn_up(b->cmd)) {
+        vsession_drain(b->vs,
+                       redis_broker__now_ms(b)); /* nothing reaches the owner any more */
         return;
-    b->consuming = 0;
-    unblock_pop(b);
-    while ((h = b->held_head) != NULL) {
-        b->nheld -= h->copies;
-        held_unlink(b, h);
-        restore_held(b, h, 'R');
     }
+    vsession_stop_consuming(b->vs);
+    unblock_pop(b);
+    vsession_drain(b->vs,
+                   redis_broker__now_ms(b)); /* held messages back, the last acks out */
     for (int i = 0; i < b->ncons; i++)
         if (b->cons[i].q.auto_delete || b->cons[i].fanout)
-            send_binding(b, &b->cons[i].q, "SREM");
-    flush_acks(b);
+            redis_broker__send_binding(b, &b->cons[i].q, "SREM");
     uv_timer_init(b->loop, &deadline);
     deadline.data = &expired;
     uv_timer_start(&deadline, on_free_deadline, FREE_WAIT_MS, 0);
     while (!expired && redis_conn_up(b->cmd) &&
            (redis_conn_inflight(b->cmd) || b->njobs ||
-            ((b->pop_out || b->calls_out) && redis_conn_up(b->pop)) || b->nacks))
+            (vsession_popping(b->vs) && redis_conn_up(b->pop)) || vsession_nacks(b->vs)))
         uv_run(b->loop, UV_RUN_ONCE);
     uv_close((uv_handle_t *)&deadline, on_free_timer_closed);
     uv_run(b->loop, UV_RUN_NOWAIT);
-    if (b->njobs || b->waiting || b->held_head)
+    if (b->njobs || b->waiting || vsession_first(b->vs))
         LOG(LOG_WARNING, "broker: some held messages could not be put back; they come "
                          "back after the visibility timeout");
 }
 
 static void rb_free(struct broker *base)
 {
-    struct rb *b = (struct rb *)base;
+    struct redis_broker *b = (struct redis_broker *)base;
     struct rjob *j;
     if (!b)
         return;
-    if (b->cmd && b->pop && b->sub) {
+    if (b->cmd && b->pop && b->sub && b->vs) {
         /* Held messages are restored, not left to a visibility timeout. */
         drain(b);
     }
-    b->freeing = 1;
+    if (b->vs)
+        vsession_close(b->vs);
     redis_conn_free(b->pop);
     redis_conn_free(b->sub);
     redis_conn_free(b->cmd);
     while ((j = b->waiting) != NULL) {
         b->waiting = j->next;
-        job_free(j);
+        redis_broker__job_free(j);
     }
-    while (b->held_head) {
-        struct held *h = b->held_head;
-        held_unlink(b, h);
-        held_free(h);
-    }
-    for (size_t i = 0; i < b->nacks; i++)
-        cr_free(b->acks[i]);
-    b->nacks = 0;
+    vsession_free(b->vs); /* what is still held: its data freed */
+    b->vs = NULL;
     b->nclosed = 0;
     uv_close((uv_handle_t *)&b->prepare, on_closed);
     uv_close((uv_handle_t *)&b->tick, on_closed);
@@ -2932,12 +1241,14 @@ static char *prefixed(const struct kombu_opts *o, const char *name)
     return buf_detach(&k);
 }
 
-static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
-                         broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
-                         void *privdata, struct cr_err *err)
+static struct redis_broker *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
+                                   broker_delivery_fn *on_delivery,
+                                   broker_conn_fn *on_conn, void *privdata,
+                                   struct cr_err *err)
 {
-    struct rb *b;
+    struct redis_broker *b;
     double timeout, vt_ms;
+    struct vsession_config vc;
     struct cr_err e2;
 
     if (err)
@@ -2952,8 +1263,6 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->on_delivery = on_delivery;
     b->on_conn = on_conn;
     b->privdata = privdata;
-    b->consuming = 1;
-    b->prefetch = cfg->prefetch_count;
     redact_url(cfg->url, b->shown_url, sizeof(b->shown_url));
     kombu_opts_init(&b->o);
     memset(&e2, 0, sizeof(e2));
@@ -2983,12 +1292,16 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
      * strategy: the -Q order, never rotated. */
     if (cfg->per_consumer_qos && b->o.order == KOMBU_ORDER_ROUND_ROBIN)
         b->o.order = KOMBU_ORDER_PRIORITY;
-    strmap_init(&b->held);
     buf_init(&b->pop_store);
+    vsession_config_default(&vc);
+    vc.prefetch = cfg->prefetch_count;
+    vc.ack_emulation = b->o.ack_emulation;
     vt_ms = b->o.visibility_timeout_s * 1000 / 3;
-    b->lease_ms = vt_ms < LEASE_MIN_MS   ? LEASE_MIN_MS
+    vc.lease_ms = vt_ms < LEASE_MIN_MS   ? LEASE_MIN_MS
                   : vt_ms > LEASE_MAX_MS ? LEASE_MAX_MS
                                          : (uint64_t)vt_ms;
+    vc.retry_ms = TICK_MS; /* a refused ack batch goes again a tick later */
+    b->vs = vsession_new(&vc, &session_ops, b);
     b->k_unacked = prefixed(&b->o, b->o.unacked_key);
     b->k_index = prefixed(&b->o, b->o.unacked_index_key);
     b->k_mutex = prefixed(&b->o, b->o.unacked_mutex_key);
@@ -3005,7 +1318,7 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->tick.data = b;
     uv_timer_start(&b->tick, on_tick, TICK_MS, TICK_MS);
     uv_unref((uv_handle_t *)&b->tick);
-    if (!b->k_unacked || !b->k_index || !b->k_mutex)
+    if (!b->k_unacked || !b->k_index || !b->k_mutex || !b->vs)
         goto oom;
     /* The command timeout: a BRPOP is answered within its own timeout, so
      * the consumer connection's is that plus a margin. */
@@ -3029,12 +1342,12 @@ static struct rb *rb_new(uv_loop_t *loop, const struct broker_config *cfg,
     for (int i = 0; i < cfg->nqueues; i++) {
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
-        if (rb_add_consumer(&b->base, &q))
+        if (redis_broker__add_consumer(&b->base, &q))
             goto oom;
     }
     if (b->o.order == KOMBU_ORDER_SORTED)
         kombu_initial_order(&b->o, b->cycle, b->ncycle);
-    if (cfg->dlx && rb_declare_exchange(&b->base, cfg->dlx, "topic", 1))
+    if (cfg->dlx && redis_broker__declare_exchange(&b->base, cfg->dlx, "topic", 1))
         goto oom;
     return b;
 oom:
@@ -3085,13 +1398,13 @@ static const struct broker_vtab redis_vtab = {
     .ack = rb_ack,
     .reject = rb_reject,
     .live = rb_live,
-    .publish = rb_publish,
-    .add_consumer = rb_add_consumer,
-    .cancel_consumer = rb_cancel_consumer,
-    .each_consumer = rb_each_consumer,
-    .declare_exchange = rb_declare_exchange,
-    .queue_stats = rb_queue_stats,
-    .queue_stats_cancel = rb_queue_stats_cancel,
+    .publish = redis_broker__publish,
+    .add_consumer = redis_broker__add_consumer,
+    .cancel_consumer = redis_broker__cancel_consumer,
+    .each_consumer = redis_broker__each_consumer,
+    .declare_exchange = redis_broker__declare_exchange,
+    .queue_stats = redis_broker__queue_stats,
+    .queue_stats_cancel = redis_broker__queue_stats_cancel,
     .set_prefetch = rb_set_prefetch,
     .stop_consuming = rb_stop_consuming,
     .free = rb_free,
@@ -3101,7 +1414,7 @@ struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg
                                 broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err)
 {
-    struct rb *b = rb_new(loop, cfg, on_delivery, on_conn, privdata, err);
+    struct redis_broker *b = rb_new(loop, cfg, on_delivery, on_conn, privdata, err);
     if (!b)
         return NULL;
     b->base.vt = &redis_vtab;

@@ -13,6 +13,7 @@
 #include "protocol/pyjson.h"
 #include "util/alloc.h"
 #include "util/log.h"
+#include "util/replay.h"
 #include "util/sha1.h"
 
 #define KEY_PREFIX BACKEND_META_PREFIX
@@ -112,25 +113,15 @@ static struct backend_script chord_part_script = BACKEND_SCRIPT(
 enum op_kind { OP_STORE, OP_GET, OP_RAW };
 
 /* Results Redis confirmed lately, kept (RECENT_MAX of them, RECENT_BYTES_MAX
- * in all, for RECENT_REPLAY_MS) to be written again after a reconnect. What
- * Redis acknowledged may still be lost: replication is asynchronous, so a
- * master that a failover (Sentinel, or a DNS name that moves) leaves behind
- * drops what it took after its replica's last sync. The broker sends its
- * acks of the same span again too (net/redis_broker.c, RECENT_MAX), and an
- * ack that reached the new master without its result would lose the task;
- * writing the results again first closes that. Writing one twice is
- * harmless: the store script never overwrites a SUCCESS. */
+ * in all, for RECENT_REPLAY_MS) to be written again after a reconnect
+ * (util/replay.h says why). The broker sends its acks of the same span again
+ * too (net/vsession.c), and an ack that reached the new master without its
+ * result would lose the task; writing the results again first closes that.
+ * Writing one twice is harmless: the store script never overwrites a
+ * SUCCESS. */
 #define RECENT_MAX 4096
 #define RECENT_BYTES_MAX ((size_t)8 << 20)
 #define RECENT_REPLAY_MS 10000
-
-struct recent {
-    char *key;
-    char *value;
-    size_t value_len;
-    int attempt;
-    uint64_t at; /* when first confirmed, loop time */
-};
 
 struct op {
     struct op *next;
@@ -172,11 +163,8 @@ struct backend {
     size_t waiting;
     unsigned long refusing; /* error replies since the last answer that was not */
     uv_loop_t *loop;
-    int ever_up; /* the first connect has nothing to write again */
-    /* a ring, oldest at recent_head: see RECENT_MAX */
-    struct recent recent[RECENT_MAX];
-    int recent_head, nrecent;
-    size_t recent_bytes;
+    int ever_up;          /* the first connect has nothing to write again */
+    struct replay recent; /* see RECENT_MAX; entries' aux is the attempt */
 };
 
 static void send_op(struct backend *bk, struct op *op);
@@ -193,40 +181,13 @@ static void on_retry(uv_timer_t *t);
 
 /* ------------------------------------------------------ recent results */
 
-static void recent_drop_oldest(struct backend *bk)
-{
-    struct recent *r = &bk->recent[bk->recent_head];
-    bk->recent_bytes -= (r->key ? strlen(r->key) : 0) + r->value_len;
-    cr_free(r->key);
-    cr_free(r->value);
-    memset(r, 0, sizeof(*r));
-    bk->recent_head = (bk->recent_head + 1) % RECENT_MAX;
-    bk->nrecent--;
-}
-
 /* Takes a confirmed store's key and value into the ring (op keeps neither). */
 static void recent_keep(struct backend *bk, struct op *op, uint64_t at)
 {
-    uint64_t now = uv_now(bk->loop);
-    size_t bytes = strlen(op->key) + op->value_len;
-    struct recent *r;
-
-    while (bk->nrecent && now - bk->recent[bk->recent_head].at > RECENT_REPLAY_MS)
-        recent_drop_oldest(bk);
-    if (now - at > RECENT_REPLAY_MS || bytes > RECENT_BYTES_MAX)
-        return;
-    while (bk->nrecent &&
-           (bk->nrecent == RECENT_MAX || bk->recent_bytes + bytes > RECENT_BYTES_MAX))
-        recent_drop_oldest(bk);
-    r = &bk->recent[(bk->recent_head + bk->nrecent) % RECENT_MAX];
-    r->key = op->key;
-    r->value = op->value;
-    r->value_len = op->value_len;
-    r->attempt = op->attempt;
-    r->at = at;
+    replay_put(&bk->recent, op->key, op->value, op->value_len, op->attempt, at,
+               uv_now(bk->loop));
     op->key = op->value = NULL;
-    bk->nrecent++;
-    bk->recent_bytes += bytes;
+    op->value_len = 0;
 }
 
 /* After a reconnect: the results of the last RECENT_REPLAY_MS go again, in
@@ -237,28 +198,25 @@ static void replay_recent(struct backend *bk)
 {
     uint64_t now = uv_now(bk->loop);
     struct op *head = NULL, *last = NULL;
+    struct replay_entry e;
     size_t n = 0;
 
-    while (bk->nrecent) {
-        struct recent *r = &bk->recent[bk->recent_head];
-        struct op *op = now - r->at > RECENT_REPLAY_MS ? NULL : cr_calloc(1, sizeof(*op));
+    while (replay_take(&bk->recent, now, &e)) {
+        struct op *op = cr_calloc(1, sizeof(*op));
         if (!op) {
-            recent_drop_oldest(bk);
+            cr_free(e.key);
+            cr_free(e.value);
             continue;
         }
         op->bk = bk;
         op->req.data = op;
         op->kind = OP_STORE;
         op->script = &store_script;
-        op->key = r->key;
-        op->value = r->value;
-        op->value_len = r->value_len;
-        op->attempt = r->attempt;
-        op->recent_at = r->at;
-        bk->recent_bytes -= strlen(r->key) + r->value_len;
-        r->key = r->value = NULL;
-        r->value_len = 0;
-        recent_drop_oldest(bk);
+        op->key = e.key;
+        op->value = e.value;
+        op->value_len = e.value_len;
+        op->attempt = e.aux;
+        op->recent_at = e.at;
         if (last)
             last->next = op;
         else
@@ -960,6 +918,7 @@ struct backend *backend_new(uv_loop_t *loop, const struct backend_config *cfg,
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
     }
+    replay_init(&bk->recent, RECENT_MAX, RECENT_BYTES_MAX, RECENT_REPLAY_MS);
     if (o.global_keyprefix[0]) {
         /* Celery 5.3+ (BaseKeyValueStoreBackend._add_global_keyprefix): a
          * prefix not ending in one of ":_-." gets a '_'. */
@@ -1074,7 +1033,6 @@ void backend_free(struct backend *bk)
     redis_conn_free(bk->conn);
     while ((op = wait_pop(bk)))
         finish_op(op, CR_ECANCELED, NULL);
-    while (bk->nrecent)
-        recent_drop_oldest(bk);
+    replay_release(&bk->recent);
     uv_close((uv_handle_t *)&bk->retry, on_retry_closed);
 }

@@ -15,6 +15,8 @@
 #              protocol  protocol/ includes only protocol/ and util/ (and no <uv.h>)
 #              util      util/ includes only util/ (and no <uv.h>)
 #              llm       llm/ includes only llm/, protocol/ and util/
+#              vsession  net/vsession.[ch], the pure transport session, includes only
+#                        util/, protocol/ and net/vsession.h, and no <uv.h> or <hiredis/...>
 #              net       net/ includes only net/, protocol/ and util/
 #            System headers (<...> that is not a file of the tree) are free, except <uv.h>
 #            where named. An include is resolved the way the compiler does with -I.:
@@ -143,8 +145,13 @@ if [ "${#layered[@]}" -gt 0 ]; then
             msg["util"] = "util/ includes only util/, and no <uv.h>"
             msg["llm"] = "llm/ includes only llm/, protocol/ and util/"
             msg["net"] = "net/ includes only net/, protocol/ and util/"
+            msg["vsession"] = "net/vsession.[ch] includes only util/, protocol/ and " \
+                              "net/vsession.h, and no <uv.h> or <hiredis/...>"
         }
-        FNR == 1 { dir = FILENAME; sub(/\/[^\/]*$/, "", dir); from = top(FILENAME) }
+        FNR == 1 {
+            dir = FILENAME; sub(/\/[^\/]*$/, "", dir); from = top(FILENAME)
+            sess = FILENAME ~ /^net\/vsession\.[ch]$/
+        }
         /^[ \t]*#[ \t]*include[ \t]*["<]/ {
             line = $0
             sub(/^[ \t]*#[ \t]*include[ \t]*/, "", line)
@@ -153,6 +160,9 @@ if [ "${#layered[@]}" -gt 0 ]; then
             sub(q == "<" ? ">.*" : "\".*", "", name)
             shown = q == "<" ? "<" name ">" : "\"" name "\""
             if (q == "<") {
+                if (sess && (name == "uv.h" || name ~ /^hiredis\//)) {
+                    report(shown, "vsession"); next
+                }
                 if (name == "uv.h") {
                     if (from == "engine") { report(shown, "engine"); next }
                     if (from == "protocol" || from == "util") {
@@ -186,6 +196,8 @@ if [ "${#layered[@]}" -gt 0 ]; then
                 report(shown, "util")
             else if (from == "llm" && to != "llm" && to != "protocol" && to != "util")
                 report(shown, "llm")
+            else if (sess && to != "protocol" && to != "util" && t != "net/vsession.h")
+                report(shown, "vsession")
             else if (from == "net" && to != "net" && to != "protocol" && to != "util")
                 report(shown, "net")
         }' - "${layered[@]}" >>"$out"
