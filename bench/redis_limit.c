@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-/* net/results.c's store script before its final-state and attempt guard: a
+/* net/backend.c's store script before its final-state and attempt guard: a
  * first store of a first attempt costs the server the same work. */
 static const char script[] =
     "local cur = redis.call('GET', KEYS[1])\n"

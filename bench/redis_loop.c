@@ -31,7 +31,7 @@
 #define BATCH 100      /* stores read back before their acks go out */
 #define SEP "\x06\x16" /* kombu's priority-list separator */
 
-/* The store script of net/results.c as it was before its final-state and
+/* The store script of net/backend.c as it was before its final-state and
  * attempt guard (the same text as bench/redis_limit.c). The worker's first
  * store of a first attempt, which is what this loop stands for, still only
  * checks that nothing is stored, so the baseline's server work is the same. */

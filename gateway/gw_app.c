@@ -14,7 +14,7 @@
 #include "gw_hub.h"
 #include "gw_sub.h"
 #include "net/broker.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "protocol/celery_msg.h"
 #include "protocol/progress.h"
 #include "protocol/result.h"

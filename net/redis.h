@@ -1,5 +1,5 @@
 /* redis.h -- the one Redis connection manager on the libuv loop (hiredis async),
- * shared by the result store (net/results.c), through it the progress writer,
+ * shared by the result store (net/backend.c), through it the progress writer,
  * and the gateway's pub/sub (gateway/gw_sub.c).
  *
  * Three layers, each usable alone:

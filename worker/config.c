@@ -10,7 +10,7 @@
 #include "net/rmq_url.h"
 #include "net/broker.h"
 #include "net/redis.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"

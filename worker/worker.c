@@ -3,7 +3,7 @@
  *
  * Every decision about a delivery and its job is the engine's (engine/); this
  * file owns the libuv loop's timer and signals, implements struct engine_ops
- * with the broker (net/rmq_broker.h), the result store (net/results.h) and the LLM
+ * with the broker (net/rmq_broker.h), the result store (net/backend.h) and the LLM
  * client, feeds every completion back into the engine with the time, and fans
  * the engine's notifications out to events, metrics and progress. See
  * docs/internals/worker.md for the way of one task. */
@@ -26,7 +26,7 @@
 #include "llm/router.h"
 #include "metrics.h"
 #include "net/broker.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "pidbox.h"
 #include "progress.h"
 #include "sdnotify.h"

@@ -15,7 +15,7 @@
 #include "config.h"
 #include "engine/engine.h"
 #include "net/broker.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "util/clock.h"
 #include "util/redact.h"
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "net/redis.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "util/alloc.h"
 #include "util/redact.h"
 

@@ -4,6 +4,6 @@
 #include "gw_app.h"
 #include "gw_hub.h"
 #include "net/redis.h"
-#include "net/results.h"
+#include "net/backend.h"
 #include "../protocol/celery_msg.h"
 #include "util/log.h"

@@ -1,4 +1,4 @@
-/* test_results.c -- the result store's write rule (net/results.c), through
+/* test_backend.c -- the result store's write rule (net/backend.c), through
  * backend_store() against a real redis-server that the suite starts on a unix
  * socket of its own (skipped, with a note, where there is none installed).
  *
@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "net/results.h"
+#include "net/backend.h"
 #include "util/alloc.h"
 
 static char dir[64];
@@ -85,7 +85,7 @@ static int world_init(struct world *w, int result_expires)
     struct cr_err err;
     char url[200];
     if (!sock[0]) {
-        fprintf(stderr, "test_results: no redis-server; store rule tests skipped\n");
+        fprintf(stderr, "test_backend: no redis-server; store rule tests skipped\n");
         return -1;
     }
     snprintf(url, sizeof(url), "redis+socket://%s", sock);

@@ -1,6 +1,6 @@
-/* results.c -- Celery's Redis result store, and the queue of commands that
+/* backend.c -- Celery's Redis result store, and the queue of commands that
  * outlasts reconnects, on one net/redis.c connection. */
-#include "results.h"
+#include "backend.h"
 
 #include <cJSON.h>
 #include <hiredis/hiredis.h>

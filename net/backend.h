@@ -1,4 +1,4 @@
-/* results.h -- Celery's Redis result backend on the worker loop (hiredis async).
+/* backend.h -- Celery's Redis result backend on the worker loop (hiredis async).
  *
  * Writes results exactly as Celery's RedisBackend does: the meta JSON under
  * "celery-task-meta-<id>" with SETEX (result_expires) and a PUBLISH of the same
@@ -100,7 +100,7 @@ int backend_connect_attempt(struct backend *bk, int timeout_ms, struct cr_err *e
  * len bytes, NUL-terminated) in every case, so a burst of results holds one copy of each
  * until Redis answers; a stored one is kept 10 s more (4,096 and 8 MiB at
  * most) and written again after a reconnect, in case the server that took it
- * lost it (see RECENT_MAX in results.c). cb is called exactly once, never
+ * lost it (see RECENT_MAX in backend.c). cb is called exactly once, never
  * from inside this call. Returns 0, or CR_ENOMEM (cb never called). */
 int backend_store(struct backend *bk, const char *task_id, int attempt, char *json,
                   size_t len, backend_store_fn *cb, void *privdata);
@@ -134,7 +134,7 @@ struct backend_script {
     size_t len;
     char sha[41]; /* "" until first use */
     /* EVALs of it sent and not yet answered, on the connection eval_gen of
-     * eval_bk (see on_noscript() in results.c). */
+     * eval_bk (see on_noscript() in backend.c). */
     const struct backend *eval_bk;
     unsigned long eval_gen;
     int evals_unanswered;
