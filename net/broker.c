@@ -5,6 +5,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/alloc.h"
+#include "util/err.h"
+
 void broker_task_queue(struct broker_queue *q, const char *name)
 {
     memset(q, 0, sizeof(*q));
@@ -14,6 +17,33 @@ void broker_task_queue(struct broker_queue *q, const char *name)
     q->exchange_durable = 1;
     q->routing_key = name;
     q->durable = 1;
+}
+
+int broker_queue_copy(struct broker_queue *dst, const struct broker_queue *src)
+{
+    *dst = *src;
+    dst->name = cr_strdup(src->name);
+    dst->exchange = src->exchange ? cr_strdup(src->exchange) : NULL;
+    dst->exchange_type = src->exchange_type ? cr_strdup(src->exchange_type) : NULL;
+    dst->routing_key = src->routing_key ? cr_strdup(src->routing_key) : NULL;
+    dst->arguments = src->arguments ? cJSON_Duplicate(src->arguments, 1) : NULL;
+    if (!dst->name || (src->exchange && !dst->exchange) ||
+        (src->exchange_type && !dst->exchange_type) ||
+        (src->routing_key && !dst->routing_key) || (src->arguments && !dst->arguments)) {
+        broker_queue_release(dst);
+        return CR_ENOMEM;
+    }
+    return 0;
+}
+
+void broker_queue_release(struct broker_queue *q)
+{
+    cr_free((char *)q->name);
+    cr_free((char *)q->exchange);
+    cr_free((char *)q->exchange_type);
+    cr_free((char *)q->routing_key);
+    cJSON_Delete((cJSON *)q->arguments);
+    memset(q, 0, sizeof(*q));
 }
 
 int broker_url_is_redis(const char *url)

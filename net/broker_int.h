@@ -48,6 +48,13 @@ struct broker {
     const struct broker_vtab *vt;
 };
 
+/* A transport's own copy of a consumer's queue (broker_add_consumer copies
+ * everything): *dst = *src with the strings and the arguments duplicated.
+ * Returns 0, or CR_ENOMEM with dst holding nothing (released). */
+int broker_queue_copy(struct broker_queue *dst, const struct broker_queue *src);
+/* Frees what broker_queue_copy() duplicated and clears q. */
+void broker_queue_release(struct broker_queue *q);
+
 /* The transports' constructors (broker_new() picks one by URL). Same contract
  * as broker_new(). */
 struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,

@@ -131,11 +131,7 @@ static void rebuild_cycle(struct redis_broker *b)
 
 void redis_broker__cons_release(struct rcons *c)
 {
-    cr_free((char *)c->q.name);
-    cr_free((char *)c->q.exchange);
-    cr_free((char *)c->q.exchange_type);
-    cr_free((char *)c->q.routing_key);
-    cJSON_Delete((cJSON *)c->q.arguments);
+    broker_queue_release(&c->q);
     cr_free(c->pattern);
     cr_free(c->pattern2);
     memset(c, 0, sizeof(*c));
@@ -153,12 +149,8 @@ int redis_broker__add_consumer(struct broker *base, const struct broker_queue *q
         return CR_ERANGE;
     c = &b->cons[b->ncons];
     memset(c, 0, sizeof(*c));
-    c->q = *q;
-    c->q.name = cr_strdup(q->name);
-    c->q.exchange = q->exchange ? cr_strdup(q->exchange) : NULL;
-    c->q.exchange_type = q->exchange_type ? cr_strdup(q->exchange_type) : NULL;
-    c->q.routing_key = q->routing_key ? cr_strdup(q->routing_key) : NULL;
-    c->q.arguments = q->arguments ? cJSON_Duplicate(q->arguments, 1) : NULL;
+    if (broker_queue_copy(&c->q, q))
+        return CR_ENOMEM;
     c->fanout = q->exchange_type && !strcmp(q->exchange_type, "fanout");
     if (c->fanout) {
         struct buf p;
@@ -173,11 +165,8 @@ int redis_broker__add_consumer(struct broker *base, const struct broker_queue *q
             c->pattern2 = buf_detach(&p);
         buf_release(&p);
     }
-    if (!c->q.name || (q->exchange && !c->q.exchange) ||
-        (q->exchange_type && !c->q.exchange_type) ||
-        (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments) ||
-        (c->fanout &&
-         (!c->pattern || (redis_broker__sentinel_compat(b) && !c->pattern2)))) {
+    if (c->fanout &&
+        (!c->pattern || (redis_broker__sentinel_compat(b) && !c->pattern2))) {
         redis_broker__cons_release(c);
         return CR_ENOMEM;
     }

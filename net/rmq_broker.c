@@ -1931,11 +1931,7 @@ static struct rmq_broker *rmq_new(uv_loop_t *loop, const struct broker_config *c
 
 static void consumer_release(struct consumer *c)
 {
-    cr_free((char *)c->q.name);
-    cr_free((char *)c->q.exchange);
-    cr_free((char *)c->q.exchange_type);
-    cr_free((char *)c->q.routing_key);
-    cJSON_Delete((cJSON *)c->q.arguments);
+    broker_queue_release(&c->q);
     cr_free(c->tag);
     cr_free(c->alias);
     memset(c, 0, sizeof(*c));
@@ -1997,17 +1993,11 @@ static int rmq_add_consumer(struct broker *base, const struct broker_queue *q)
         return CR_ERANGE;
     c = &b->consumers[b->nconsumers];
     memset(c, 0, sizeof(*c));
-    c->q = *q;
-    c->q.name = cr_strdup(q->name);
-    c->q.exchange = q->exchange ? cr_strdup(q->exchange) : NULL;
-    c->q.exchange_type = q->exchange_type ? cr_strdup(q->exchange_type) : NULL;
-    c->q.routing_key = q->routing_key ? cr_strdup(q->routing_key) : NULL;
-    c->q.arguments = q->arguments ? cJSON_Duplicate(q->arguments, 1) : NULL;
+    if (broker_queue_copy(&c->q, q))
+        return CR_ENOMEM;
     snprintf(tag, sizeof(tag), "celeriac-%lu-%.60s", ++b->next_tag, q->name);
     c->tag = cr_strdup(tag);
-    if (!c->q.name || !c->tag || (q->exchange && !c->q.exchange) ||
-        (q->exchange_type && !c->q.exchange_type) ||
-        (q->routing_key && !c->q.routing_key) || (q->arguments && !c->q.arguments)) {
+    if (!c->tag) {
         consumer_release(c);
         return CR_ENOMEM;
     }
