@@ -565,17 +565,15 @@ static void on_batch(struct redis_broker *b, int status, redisReply *r, void *ar
     char queue[KOMBU_NAME_MAX];
 
     /* Lost: what it popped, if it ran, is recorded under its score and held
-     * by nobody; redis_broker__recover_lost() gives it back as soon as the commands
+     * by nobody; the session has it looked up as soon as the commands
      * connection is up (a BRPOP's reply lost is lost, as in kombu).
      * Cancelled (broker_free): left to the visibility timeout. */
     if (status) {
         vsession_on_batch(b->vs, asked,
                           status == CR_ECANCELED ? VSESSION_CANCELED : VSESSION_LOST,
                           redis_broker__now_ms(b));
-        if (status != CR_ECANCELED && !redis_broker__closed(b)) {
-            redis_broker__remember_lost(b, ba->score);
-            redis_broker__recover_lost(b);
-        }
+        if (status != CR_ECANCELED)
+            vsession_on_pop_lost(b->vs, ba->score);
         cr_free(ba);
         return;
     }
@@ -918,6 +916,8 @@ static const struct vsession_ops session_ops = {
     .round_lock = redis_broker__op_round_lock,
     .round_scan = redis_broker__op_round_scan,
     .round_unlock = redis_broker__op_round_unlock,
+    .scan_lost = redis_broker__op_scan_lost,
+    .restores_again = redis_broker__op_restores_again,
 };
 
 static void on_tick(uv_timer_t *t)
@@ -926,12 +926,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = redis_broker__now_ms(b);
     if (redis_broker__closed(b) || !redis_conn_up(b->cmd))
         return;
-    vsession_tick(b->vs, now);
-    if (b->again_due && now >= b->again_due) {
-        b->again_due = 0;
-        redis_broker__start_waiting(b);
-        redis_broker__recover_lost(b);
-    }
+    vsession_tick(b->vs, now); /* and what was refused for now */
     vsession_pop(b->vs, now);
 }
 
@@ -968,10 +963,9 @@ static void on_cmd_up(struct redis_broker *b)
     for (int i = 0; i < b->ncons; i++)
         redis_broker__send_binding(b, &b->cons[i].q, "SADD");
     redis_broker__send_dlq_binding(b);
-    /* records not written yet, the acks of the last seconds again, leases */
+    /* records not written yet, the acks of the last seconds again, leases,
+     * the waiting restores, the lost pop calls' records */
     vsession_on_link(b->vs, VSESSION_LINK_STORE, 1, redis_broker__now_ms(b));
-    redis_broker__start_waiting(b);
-    redis_broker__recover_lost(b);
 }
 
 static void on_sub_up(struct redis_broker *b)

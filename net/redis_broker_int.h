@@ -29,11 +29,6 @@
 
 struct redis_broker;
 
-/* Pop script calls whose lost replies are remembered, at most (vsession's
- * wide_calls are in flight at a time; older ones are left to the visibility
- * timeout). */
-#define LOST_MAX 8
-
 /* A job_end() status: Redis refused a step for now (LOADING after a
  * restart, READONLY, NOREPLICAS...: redis_refusal_passes()); the job waits
  * and starts over a tick later, with the connection still up. */
@@ -154,14 +149,6 @@ struct redis_broker {
      * both at once */
     char pop_sha[SHA1_HEX_LEN + 1];
     int script_loaded; /* SCRIPT LOAD sent on this connection */
-    /* The scores of pop script calls whose reply was lost (the connection
-     * went): if the script ran, its messages are recorded under that exact
-     * score and held by nobody. recover_lost() gives them back at once
-     * rather than after the visibility timeout. */
-    char lost_scores[LOST_MAX][32];
-    int nlost;
-    uint64_t again_due; /* refused jobs or scans go again then (0: none) */
-
     /* our restores waiting for the command connection */
     struct rjob *waiting;
     int njobs; /* restore jobs in flight */
@@ -265,10 +252,6 @@ void redis_broker__queue_stats_cancel(struct broker *base, void *privdata);
 
 /* ------------------------------------------------ redis_restore.c */
 
-/* The score of a pop call whose reply was lost, to give its records back. */
-void redis_broker__remember_lost(struct redis_broker *b, const char *score);
-/* Gives back the records of lost pop calls (while the commands link is up). */
-void redis_broker__recover_lost(struct redis_broker *b);
 void redis_broker__job_free(struct rjob *j);
 /* A popped value never delivered goes back to the head of key's list; with
  * its record removed in the same MULTI when the pop script wrote one under
@@ -280,8 +263,11 @@ void redis_broker__push_back_rec(struct redis_broker *b, const char *key, size_t
 /* A popped value that is no envelope: to the dead-letter queue, or dropped. */
 void redis_broker__set_aside(struct redis_broker *b, const char *key, size_t klen,
                              const char *v, size_t vlen, const char *why);
-/* Starts the restores that waited for the commands connection. */
-void redis_broker__start_waiting(struct redis_broker *b);
+/* struct vsession_ops's restores_again: starts the restores that waited for
+ * the commands connection or were refused for now. */
+void redis_broker__op_restores_again(void *ctx);
+/* struct vsession_ops's scan_lost: asks for the records of a lost pop call. */
+int redis_broker__op_scan_lost(void *ctx, const char *score);
 /* struct vsession_ops's restore and round_*. */
 void redis_broker__op_restore(void *ctx, const char *tag, void *data,
                               enum vsession_rec_state st, char side, int round);

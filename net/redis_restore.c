@@ -3,8 +3,10 @@
  * restore round, the records of a pop call whose reply was lost) goes back
  * to its list in one Lua script that removes its record only if it is still
  * the value read (restore_lua in net/redis_broker.c). When a message is put
- * back, and whether a round runs, is net/vsession.c's to say; this file
- * reads the record, finds the target lists through the bindings and pushes.
+ * back, whether a round runs, which lost pop calls are looked up and when
+ * refused steps go again, is net/vsession.c's to say; this file sends the
+ * commands, classifies the replies, reads the record, finds the target lists
+ * through the bindings and pushes.
  * The facts are in docs/internals/redis-broker.md. */
 #include "redis_broker_int.h"
 
@@ -16,81 +18,52 @@
 #include "util/alloc.h"
 #include "util/log.h"
 
-static void job_start(struct rjob *j);
-static struct rjob *job_new(struct redis_broker *b, const char *tag, char side);
-
-void redis_broker__remember_lost(struct redis_broker *b, const char *score)
-{
-    if (b->nlost == LOST_MAX) {
-        memmove(b->lost_scores[0], b->lost_scores[1],
-                sizeof(b->lost_scores[0]) * (LOST_MAX - 1));
-        b->nlost--;
-    }
-    snprintf(b->lost_scores[b->nlost++], sizeof(b->lost_scores[0]), "%s", score);
-}
-
+/* The tags recorded under a lost pop call's score, for the session. */
 static void on_lost_scan(struct redis_broker *b, int status, redisReply *r, void *arg)
 {
     char *score = arg;
+    const char **tags = NULL;
     int n = 0;
-    if (status == CR_EBACKEND || (!status && redis_broker__refused_for_now(r))) {
-        /* Not looked at (the connection went, or Redis is still loading
-         * after a restart): looked at again, or the messages stay for the
-         * visibility timeout. */
-        if (!redis_broker__closed(b)) {
-            redis_broker__remember_lost(b, score);
-            if (!status)
-                b->again_due = redis_broker__now_ms(b) + TICK_MS;
-        }
-        cr_free(score);
-        return;
+    enum vsession_reply rep = VSESSION_OK;
+    if (status)
+        rep = status == CR_EBACKEND ? VSESSION_LOST : VSESSION_CANCELED;
+    else if (redis_broker__refused_for_now(r))
+        rep = VSESSION_REFUSED;
+    else if (r->type != REDIS_REPLY_ARRAY)
+        rep = VSESSION_MALFORMED;
+    else if (r->elements) {
+        tags = cr_calloc(r->elements, sizeof(*tags));
+        if (!tags)
+            rep = VSESSION_CANCELED; /* left to the visibility timeout */
+        for (size_t i = 0; tags && i < r->elements; i++)
+            if (r->element[i]->type == REDIS_REPLY_STRING)
+                tags[n++] = r->element[i]->str;
     }
+    if (b->vs)
+        vsession_on_lost_scan(b->vs, score, tags, n, rep, redis_broker__now_ms(b));
+    cr_free(tags);
     cr_free(score);
-    if (status || r->type != REDIS_REPLY_ARRAY)
-        return;
-    for (size_t i = 0; i < r->elements; i++) {
-        const redisReply *t = r->element[i];
-        struct rjob *j;
-        if (t->type != REDIS_REPLY_STRING || vsession_held(b->vs, t->str))
-            continue;
-        j = job_new(b, t->str, 'R');
-        if (!j)
-            break;
-        n++;
-        job_start(j);
-    }
-    if (n)
-        LOG(LOG_INFO,
-            "broker: giving back %d message(s) popped by a call whose reply was "
-            "lost",
-            n);
 }
 
-/* The records of lost pop calls (their exact score; a peer's records have
- * scores of their own clock) that we do not hold go back to the head of
- * their lists, as a restore does (the CAS script: a record changed meanwhile
- * is left alone). */
-void redis_broker__recover_lost(struct redis_broker *b)
+/* struct vsession_ops's scan_lost: the records of a lost pop call. */
+int redis_broker__op_scan_lost(void *ctx, const char *score)
 {
-    while (b->nlost > 0 && redis_conn_up(b->cmd) && !redis_broker__closed(b)) {
-        const char *s = b->lost_scores[b->nlost - 1];
-        char *arg = cr_strdup(s);
-        struct redis_args a;
-        if (!arg)
-            return;
-        redis_args_init(&a);
-        redis_args_s(&a, "ZRANGEBYSCORE");
-        redis_args_s(&a, b->k_index);
-        redis_args_s(&a, s);
-        redis_args_s(&a, s);
-        if (redis_broker__send_op(b, b->cmd, on_lost_scan, arg, &a)) {
-            cr_free(arg);
-            redis_args_release(&a);
-            return;
-        }
-        redis_args_release(&a);
-        b->nlost--;
-    }
+    struct redis_broker *b = ctx;
+    char *arg = cr_strdup(score);
+    struct redis_args a;
+    int rc;
+    if (!arg)
+        return CR_ENOMEM;
+    redis_args_init(&a);
+    redis_args_s(&a, "ZRANGEBYSCORE");
+    redis_args_s(&a, b->k_index);
+    redis_args_s(&a, score);
+    redis_args_s(&a, score);
+    rc = redis_broker__send_op(b, b->cmd, on_lost_scan, arg, &a);
+    if (rc)
+        cr_free(arg);
+    redis_args_release(&a);
+    return rc;
 }
 
 static struct rjob *job_new(struct redis_broker *b, const char *tag, char side)
@@ -136,7 +109,7 @@ static void job_end(struct rjob *j, int status)
         j->next = b->waiting;
         b->waiting = j;
         if (status == JOB_AGAIN)
-            b->again_due = redis_broker__now_ms(b) + TICK_MS;
+            vsession_on_restore_refused(b->vs, redis_broker__now_ms(b));
         return;
     }
     redis_broker__job_free(j);
@@ -405,8 +378,9 @@ void redis_broker__op_restore(void *ctx, const char *tag, void *data,
     }
 }
 
-void redis_broker__start_waiting(struct redis_broker *b)
+void redis_broker__op_restores_again(void *ctx)
 {
+    struct redis_broker *b = ctx;
     struct rjob *j = b->waiting;
     b->waiting = NULL;
     while (j) {

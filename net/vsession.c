@@ -5,6 +5,7 @@
 #include "vsession.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/alloc.h"
@@ -24,6 +25,7 @@ struct vsession {
     enum vsession_block block;
     enum vsession_acks acks_state;
     enum vsession_round round;
+    enum vsession_again again;
 
     /* the window */
     long prefetch;
@@ -48,6 +50,11 @@ struct vsession {
 
     uint64_t lease_due, restore_due;
     int round_jobs; /* the round's restores in flight (+1 while they start) */
+
+    /* lost pop calls' scores, oldest first */
+    char lost[VSESSION_LOST_MAX][VSESSION_SCORE_MAX];
+    int nlost;
+    uint64_t again_at;
 };
 
 /* ------------------------------------------------------------ names */
@@ -62,6 +69,7 @@ static const char *const round_names[VSESSION_ROUND_NSTATES] = {"IDLE", "LOCKING
                                                                 "SCANNING", "RESTORING"};
 static const char *const rec_names[VSESSION_REC_NSTATES] = {"POPPED", "RECORDING", "HELD",
                                                             "UNTRACKED"};
+static const char *const again_names[VSESSION_AGAIN_NSTATES] = {"NONE", "DUE"};
 
 #define NAME(table, n, v) ((unsigned)(v) < (n) ? (table)[v] : "?")
 
@@ -98,6 +106,11 @@ const char *vsession_round_name(enum vsession_round st)
 const char *vsession_rec_name(enum vsession_rec_state st)
 {
     return NAME(rec_names, VSESSION_REC_NSTATES, st);
+}
+
+const char *vsession_again_name(enum vsession_again st)
+{
+    return NAME(again_names, VSESSION_AGAIN_NSTATES, st);
 }
 
 /* ------------------------------------------------------------ setters */
@@ -153,6 +166,16 @@ static void set_round(struct vsession *s, enum vsession_round st)
     if (s->round != st)
         LOG(LOG_DEBUG, "session: restore round -> [%s]", vsession_round_name(st));
     s->round = st;
+}
+
+/* DUE sets the time; a later refusal moves it on. */
+static void set_again(struct vsession *s, enum vsession_again st, uint64_t now)
+{
+    if (s->again != st)
+        LOG(LOG_DEBUG, "session: refused for now -> [%s]", vsession_again_name(st));
+    s->again = st;
+    if (st == VSESSION_AGAIN_DUE)
+        s->again_at = now + s->cfg.retry_ms;
 }
 
 static void set_rec(struct vsession_rec *r, enum vsession_rec_state st)
@@ -622,6 +645,77 @@ void vsession_on_round_job(struct vsession *s)
         round_end(s);
 }
 
+/* ------------------------------------------------------------ lost pop calls */
+
+/* Keeps score; past the bound the oldest goes (left to the visibility
+ * timeout). */
+static void remember_lost(struct vsession *s, const char *score)
+{
+    if (s->nlost == VSESSION_LOST_MAX) {
+        memmove(s->lost[0], s->lost[1], sizeof(s->lost[0]) * (VSESSION_LOST_MAX - 1));
+        s->nlost--;
+    }
+    snprintf(s->lost[s->nlost++], sizeof(s->lost[0]), "%s", score);
+}
+
+/* The records of lost pop calls (their exact score; a peer's records have
+ * scores of their own clock), newest call first, while the store takes
+ * commands; a look-up not sent keeps its score for the next chance. */
+static void recover_lost(struct vsession *s)
+{
+    while (s->nlost > 0 && s->state != VSESSION_CLOSED && up(s, VSESSION_LINK_STORE)) {
+        if (s->ops->scan_lost(s->ctx, s->lost[s->nlost - 1]))
+            return;
+        s->nlost--;
+    }
+}
+
+void vsession_on_pop_lost(struct vsession *s, const char *score)
+{
+    if (s->state == VSESSION_CLOSED)
+        return;
+    remember_lost(s, score);
+    recover_lost(s);
+}
+
+void vsession_on_lost_scan(struct vsession *s, const char *score, const char *const *tags,
+                           int n, enum vsession_reply rep, uint64_t now)
+{
+    int given = 0;
+    if (s->state == VSESSION_CLOSED)
+        return;
+    if (rep == VSESSION_LOST || rep == VSESSION_REFUSED) {
+        /* not looked at (the link went, or the store is still loading after
+         * a restart): looked at again, or the messages stay for the
+         * visibility timeout */
+        remember_lost(s, score);
+        if (rep == VSESSION_REFUSED)
+            set_again(s, VSESSION_AGAIN_DUE, now);
+        return;
+    }
+    if (rep != VSESSION_OK)
+        return;
+    /* those we hold were delivered after all; the others go back to the
+     * head of their lists, as a restore does */
+    for (int i = 0; i < n; i++) {
+        if (strmap_get(&s->recs, tags[i]))
+            continue;
+        given++;
+        s->ops->restore(s->ctx, tags[i], NULL, VSESSION_REC_HELD, 'R', 0);
+    }
+    if (given)
+        LOG(LOG_INFO,
+            "broker: giving back %d message(s) popped by a call whose reply was "
+            "lost",
+            given);
+}
+
+void vsession_on_restore_refused(struct vsession *s, uint64_t now)
+{
+    if (s->state != VSESSION_CLOSED)
+        set_again(s, VSESSION_AGAIN_DUE, now);
+}
+
 /* ------------------------------------------------------------ events */
 
 void vsession_on_link(struct vsession *s, enum vsession_link l, int is_up, uint64_t now)
@@ -641,6 +735,8 @@ void vsession_on_link(struct vsession *s, enum vsession_link l, int is_up, uint6
     flush_acks(s, now);
     refresh_leases(s);
     s->lease_due = now + s->cfg.lease_ms;
+    s->ops->restores_again(s->ctx);
+    recover_lost(s);
 }
 
 void vsession_pump(struct vsession *s, uint64_t now)
@@ -670,6 +766,11 @@ void vsession_tick(struct vsession *s, uint64_t now)
     }
     if (s->records_pending)
         send_pending_records(s);
+    if (s->again == VSESSION_AGAIN_DUE && now >= s->again_at) {
+        set_again(s, VSESSION_AGAIN_NONE, now);
+        s->ops->restores_again(s->ctx);
+        recover_lost(s);
+    }
 }
 
 void vsession_stop_consuming(struct vsession *s)
@@ -754,6 +855,16 @@ enum vsession_acks vsession_acks_state(const struct vsession *s)
 enum vsession_round vsession_round_state(const struct vsession *s)
 {
     return s->round;
+}
+
+enum vsession_again vsession_again_state(const struct vsession *s)
+{
+    return s->again;
+}
+
+int vsession_nlost(const struct vsession *s)
+{
+    return s->nlost;
 }
 
 int vsession_script_fails(const struct vsession *s)

@@ -13,7 +13,11 @@
  *   - when a record is acked (batched, refused acks held a tick and sent
  *     again, acks confirmed lately replayed after a reconnect), restored (a
  *     requeue, our stop) or its lease refreshed (every lease_ms);
- *   - when a restore round of dead consumers' records runs, and when it ends.
+ *   - when a restore round of dead consumers' records runs, and when it ends;
+ *   - the pop calls whose reply was lost (their records may be in the store,
+ *     held by nobody): which are kept, and when their records are looked up
+ *     to be put back;
+ *   - when restores or look-ups the store refused for now go again.
  *
  * No I/O, no clock, no loop: the owner feeds it events with the time (any
  * monotonic ms) and it asks for commands through struct vsession_ops. None
@@ -75,6 +79,20 @@ enum vsession_round {
     VSESSION_ROUND_RESTORING, /* their restores in flight */
     VSESSION_ROUND_NSTATES
 };
+
+/* Restores and lost calls' look-ups the store refused for now (a server
+ * still loading, a read-only replica). */
+enum vsession_again {
+    VSESSION_AGAIN_NONE, /* nothing refused waits */
+    VSESSION_AGAIN_DUE,  /* they go again at the first tick from retry_ms on */
+    VSESSION_AGAIN_NSTATES
+};
+
+/* Lost pop calls kept, at most: the newest (wide_calls are in flight at a
+ * time; older ones are left to the visibility timeout). */
+#define VSESSION_LOST_MAX 8
+/* A lost call's score, as the owner wrote it (longer ones are cut). */
+#define VSESSION_SCORE_MAX 32
 
 /* A record we hold. After it leaves this table it is acking (its tag in the
  * ack queue, then in a batch sent), acked (confirmed, in the replay ring),
@@ -154,6 +172,13 @@ struct vsession_ops {
     int (*round_scan)(void *ctx);
     /* Round: gives the mutex back; no answer. */
     void (*round_unlock)(void *ctx);
+    /* Asks for the tags of the records written under score (borrowed for the
+     * call), a lost pop call's. 0: sent, answered by vsession_on_lost_scan()
+     * with the same score; else the score is kept for later. */
+    int (*scan_lost)(void *ctx, const char *score);
+    /* Starts again the restores (not a round's) that waited for the store
+     * link or were refused (vsession_on_restore_refused()); no answer. */
+    void (*restores_again)(void *ctx);
 };
 
 struct vsession_config {
@@ -186,15 +211,18 @@ void vsession_free(struct vsession *s);
 
 /* A link came up (at now) or went down. The store link coming up writes the
  * records not written yet, replays the acks confirmed in the last replay_ms
- * (but not of records held again), flushes the acks, refreshes every lease
- * and restarts the lease period. The pop link coming up makes the pop warm. */
+ * (but not of records held again), flushes the acks, refreshes every lease,
+ * restarts the lease period, starts the waiting restores again
+ * (ops->restores_again) and looks up the lost pop calls' records. The pop link coming up
+ * makes the pop warm. */
 void vsession_on_link(struct vsession *s, enum vsession_link l, int up, uint64_t now);
 /* Every loop turn: flushes the acks, then pops while there is room. */
 void vsession_pump(struct vsession *s, uint64_t now);
 /* Pops while there is room (no flush). */
 void vsession_pop(struct vsession *s, uint64_t now);
 /* The periodic tick (while the store is up): leases, restore rounds, records
- * to write again. The owner pops after it (vsession_pop()). */
+ * to write again, and what was refused for now once retry_ms have passed
+ * (restores again, lost calls looked up). The owner pops after it (vsession_pop()). */
 void vsession_tick(struct vsession *s, uint64_t now);
 
 /* A batch call's answer, before its messages are fed: asked is what it was
@@ -244,6 +272,23 @@ void vsession_on_round_stale(struct vsession *s, const char *const *tags, int n,
 /* One restore of the round is over. */
 void vsession_on_round_job(struct vsession *s);
 
+/* A batch call's reply was lost (the pop link went; not when cancelled): if
+ * it ran, its messages are recorded under score and held by nobody. The
+ * score is kept (the oldest dropped past VSESSION_LOST_MAX) and looked up at
+ * once while the store link is up (ops->scan_lost, newest first), else when
+ * it comes up. */
+void vsession_on_pop_lost(struct vsession *s, const char *score);
+/* A look-up's answer: the tags recorded under score (borrowed). OK: those
+ * not held go back to the head of their queues (ops->restore 'R', no data);
+ * LOST keeps the score for the store link's return; REFUSED keeps it for
+ * retry_ms (VSESSION_AGAIN_DUE); anything else drops it (the records come
+ * back after the visibility timeout). */
+void vsession_on_lost_scan(struct vsession *s, const char *score, const char *const *tags,
+                           int n, enum vsession_reply rep, uint64_t now);
+/* A restore (not a round's) was refused for now: the waiting restores go
+ * again retry_ms later (VSESSION_AGAIN_DUE). */
+void vsession_on_restore_refused(struct vsession *s, uint64_t now);
+
 /* Stops popping task queues. */
 void vsession_stop_consuming(struct vsession *s);
 /* Closing: when the store is up, every record goes back to the head of its queue
@@ -272,6 +317,9 @@ enum vsession_script vsession_script_state(const struct vsession *s);
 enum vsession_block vsession_block_state(const struct vsession *s);
 enum vsession_acks vsession_acks_state(const struct vsession *s);
 enum vsession_round vsession_round_state(const struct vsession *s);
+enum vsession_again vsession_again_state(const struct vsession *s);
+/* Lost pop calls kept, not yet looked up. */
+int vsession_nlost(const struct vsession *s);
 /* Batch call refusals in a row. */
 int vsession_script_fails(const struct vsession *s);
 /* Ack batches refused in a row. */
@@ -287,5 +335,6 @@ const char *vsession_block_name(enum vsession_block st);
 const char *vsession_acks_name(enum vsession_acks st);
 const char *vsession_round_name(enum vsession_round st);
 const char *vsession_rec_name(enum vsession_rec_state st);
+const char *vsession_again_name(enum vsession_again st);
 
 #endif

@@ -6,8 +6,10 @@
  * put back (restored) exactly once and its data freed exactly once; nothing
  * is popped while the window is full; the narrow/wide and batch/blocking
  * switches; every held record's lease is refreshed before it would look
- * stale; restore rounds end once; acks replay after a reconnect; and an
- * allocation-failure sweep over pop, deliver and ack. */
+ * stale; restore rounds end once; acks replay after a reconnect; a lost pop
+ * call's records are looked up once, when the store can be asked, and a
+ * refused look-up or restore goes again after retry_ms and not before; and
+ * allocation-failure sweeps over pop, deliver and ack, and over a lost call. */
 #include <check.h>
 #include <limits.h>
 #include <stdio.h>
@@ -35,17 +37,20 @@ enum cmd_kind {
     C_RESTORE,
     C_LOCK,
     C_SCAN,
-    C_UNLOCK
+    C_UNLOCK,
+    C_SCAN_LOST,
+    C_AGAIN
 };
 
 struct cmd {
     enum cmd_kind kind;
-    long max;  /* C_BATCH */
-    int wide;  /* C_BATCH */
-    int tasks; /* C_BLOCK */
-    char side; /* C_RESTORE */
-    int round; /* C_RESTORE */
-    int n;     /* C_ACK, C_REFRESH: tags */
+    long max;                       /* C_BATCH */
+    int wide;                       /* C_BATCH */
+    int tasks;                      /* C_BLOCK */
+    char side;                      /* C_RESTORE */
+    int round;                      /* C_RESTORE */
+    int n;                          /* C_ACK, C_REFRESH: tags */
+    char score[VSESSION_SCORE_MAX]; /* C_SCAN_LOST */
 };
 
 /* An ack batch sent, not answered. */
@@ -84,6 +89,7 @@ struct fake {
     int nacks;
     /* refusals the fake makes at the call */
     int fail_batch, fail_block, fail_record, fail_ack, fail_lock, fail_scan;
+    int fail_scan_lost;
     /* the stale records a scan finds */
     const char *stale[8];
     int nstale;
@@ -252,6 +258,23 @@ static void op_round_unlock(void *ctx)
     note(f, (struct cmd){.kind = C_UNLOCK});
 }
 
+static int op_scan_lost(void *ctx, const char *score)
+{
+    struct fake *f = ctx;
+    struct cmd c = {.kind = C_SCAN_LOST};
+    if (f->fail_scan_lost || !f->store_up)
+        return CR_EBROKER;
+    snprintf(c.score, sizeof(c.score), "%s", score);
+    note(f, c);
+    return 0;
+}
+
+static void op_restores_again(void *ctx)
+{
+    struct fake *f = ctx;
+    note(f, (struct cmd){.kind = C_AGAIN});
+}
+
 static const struct vsession_ops fake_ops = {
     .link_up = op_link_up,
     .pop_batch = op_pop_batch,
@@ -265,6 +288,8 @@ static const struct vsession_ops fake_ops = {
     .round_lock = op_round_lock,
     .round_scan = op_round_scan,
     .round_unlock = op_round_unlock,
+    .scan_lost = op_scan_lost,
+    .restores_again = op_restores_again,
 };
 
 /* ------------------------------------------------------------ the fake */
@@ -942,6 +967,217 @@ START_TEST(test_untracked_and_pending_records)
 }
 END_TEST
 
+/* The i-th lost look-up sent since from (its score), or NULL. */
+static const char *scanned(const struct fake *f, int from, int i)
+{
+    for (int k = from; k < f->nlog; k++)
+        if (f->log[k].kind == C_SCAN_LOST && i-- == 0)
+            return f->log[k].score;
+    return NULL;
+}
+
+/* A batch call ran in the store (two messages popped and recorded) and its
+ * reply was lost with the link. */
+static void lose_batch(struct fake *f, const char *score, int *taken)
+{
+    for (int i = 0; i < 2; i++) {
+        taken[i] = take(f);
+        ck_assert_int_ge(taken[i], 0);
+        f->recorded[taken[i]] = 1;
+    }
+    answer_batch(f, VSESSION_LOST);
+    vsession_on_pop_lost(f->s, score);
+}
+
+START_TEST(test_lost_call_recovered_once)
+{
+    struct fake f;
+    int taken[2], from;
+    char t0[16], t1[16];
+    const char *tags[3];
+    struct vsession_rec *ours;
+    fake_init(&f, 10, 12);
+    vsession_pump(f.s, f.now);
+    ck_assert_int_gt(f.nbatches, 0);
+    /* the store is away when the second call's reply is lost: kept, not
+     * asked */
+    f.store_up = 0;
+    from = f.nlog;
+    lose_batch(&f, "1700000000.5", taken);
+    feed(&f, take(&f), 1); /* one delivered otherwise (a blocking pop) */
+    ck_assert_int_eq(vsession_nlost(f.s), 1);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 0);
+    /* ticks do not ask it (the store is down, nothing refused) */
+    vsession_tick(f.s, f.now + 10000);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 0);
+    /* the store is back: looked up once, with the waiting restores */
+    f.store_up = 1;
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    ck_assert_str_eq(scanned(&f, from, 0), "1700000000.5");
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 1);
+    ck_assert_int_eq(vsession_nlost(f.s), 0);
+    /* and only then: neither another link up nor ticks ask it again */
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+    vsession_tick(f.s, f.now + 20000);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    /* the answer: t0 is ours (a copy popped again), the two lost go back */
+    tag_of(taken[0], t0, sizeof(t0));
+    tag_of(taken[1], t1, sizeof(t1));
+    ours = vsession_first(f.s);
+    ck_assert_ptr_nonnull(ours);
+    tags[0] = t0;
+    tags[1] = ours->tag;
+    tags[2] = t1;
+    from = f.nlog;
+    vsession_on_lost_scan(f.s, "1700000000.5", tags, 3, VSESSION_OK, f.now);
+    ck_assert_int_eq(count(&f, C_RESTORE, from), 2);
+    ck_assert_int_eq(f.log[from].side, 'R');
+    ck_assert_int_eq(f.log[from].round, 0);
+    ck_assert_int_eq(f.restored[msg_of(ours->tag)], 0);
+    ck_assert_int_eq(f.restored[taken[0]] + f.restored[taken[1]], 2);
+    ck_assert(!f.recorded[taken[0]] && !f.recorded[taken[1]]);
+    /* with the store up, a lost call is asked at once */
+    from = f.nlog;
+    vsession_on_pop_lost(f.s, "1700000001.25");
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    /* a lost look-up is kept for the link's return, not for a tick */
+    vsession_on_lost_scan(f.s, "1700000001.25", NULL, 0, VSESSION_LOST, f.now);
+    ck_assert_int_eq(vsession_nlost(f.s), 1);
+    ck_assert_int_eq(vsession_again_state(f.s), VSESSION_AGAIN_NONE);
+    vsession_tick(f.s, f.now + 30000);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 2);
+    /* a malformed or cancelled answer drops it */
+    vsession_on_lost_scan(f.s, "1700000001.25", NULL, 0, VSESSION_MALFORMED, f.now);
+    vsession_on_lost_scan(f.s, "1700000001.25", NULL, 0, VSESSION_CANCELED, f.now);
+    ck_assert_int_eq(vsession_nlost(f.s), 0);
+    f.restored[taken[0]] = f.restored[taken[1]] = 0; /* not popped by the session */
+    f.popped[taken[0]] = f.popped[taken[1]] = 0;
+    ack_all(&f);
+    settle_all(&f);
+    ack_all(&f);
+    settle_all(&f);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_refused_goes_again_after_retry)
+{
+    struct fake f;
+    int from;
+    uint64_t t;
+    fake_init(&f, 10, 0);
+    vsession_on_pop_lost(f.s, "5.5");
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, 0), 1);
+    /* refused (LOADING): held for retry_ms (250 ms) */
+    t = f.now;
+    vsession_on_lost_scan(f.s, "5.5", NULL, 0, VSESSION_REFUSED, t);
+    ck_assert_int_eq(vsession_again_state(f.s), VSESSION_AGAIN_DUE);
+    ck_assert_int_eq(vsession_nlost(f.s), 1);
+    from = f.nlog;
+    vsession_tick(f.s, t + 249);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 0);
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 0);
+    vsession_tick(f.s, t + 250);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    ck_assert_str_eq(scanned(&f, from, 0), "5.5");
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 1);
+    ck_assert_int_eq(vsession_again_state(f.s), VSESSION_AGAIN_NONE);
+    /* once: the next tick asks nothing */
+    vsession_tick(f.s, t + 500);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 1);
+    /* a refused restore: the waiting ones go again after retry_ms */
+    from = f.nlog;
+    vsession_on_restore_refused(f.s, t + 1000);
+    vsession_on_restore_refused(f.s, t + 1100); /* a later one moves it on */
+    vsession_tick(f.s, t + 1250);
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 0);
+    vsession_tick(f.s, t + 1350);
+    ck_assert_int_eq(count(&f, C_AGAIN, from), 1);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 0);
+    /* a look-up the store link could not send waits for it */
+    f.fail_scan_lost = 1;
+    vsession_on_pop_lost(f.s, "6.5");
+    ck_assert_int_eq(vsession_nlost(f.s), 1);
+    f.fail_scan_lost = 0;
+    from = f.nlog;
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, t + 2000);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, from), 1);
+    /* closed: nothing kept, nothing asked */
+    vsession_close(f.s);
+    from = f.nlog;
+    vsession_on_pop_lost(f.s, "7.5");
+    vsession_on_lost_scan(f.s, "6.5", NULL, 0, VSESSION_REFUSED, t + 3000);
+    vsession_on_restore_refused(f.s, t + 3000);
+    ck_assert_int_eq(vsession_nlost(f.s), 0);
+    ck_assert_int_eq(f.nlog, from);
+    fake_release(&f);
+}
+END_TEST
+
+/* Past VSESSION_LOST_MAX lost calls the oldest go; the newest are asked
+ * first. */
+START_TEST(test_lost_bound)
+{
+    struct fake f;
+    char score[16];
+    fake_init(&f, 10, 0);
+    f.store_up = 0;
+    for (int i = 0; i < VSESSION_LOST_MAX + 2; i++) {
+        snprintf(score, sizeof(score), "%d.5", i);
+        vsession_on_pop_lost(f.s, score);
+    }
+    ck_assert_int_eq(vsession_nlost(f.s), VSESSION_LOST_MAX);
+    f.store_up = 1;
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+    ck_assert_int_eq(count(&f, C_SCAN_LOST, 0), VSESSION_LOST_MAX);
+    for (int i = 0; i < VSESSION_LOST_MAX; i++) {
+        snprintf(score, sizeof(score), "%d.5", VSESSION_LOST_MAX + 1 - i);
+        ck_assert_str_eq(scanned(&f, 0, i), score);
+    }
+    /* a score too long for the table is cut, not overrun */
+    vsession_on_pop_lost(f.s, "12345678901234567890123456789012345678");
+    ck_assert_int_eq(strlen(scanned(&f, 0, VSESSION_LOST_MAX)), VSESSION_SCORE_MAX - 1);
+    fake_release(&f);
+}
+END_TEST
+
+/* Every allocation of a lost call's life fails in turn (the session keeps
+ * its scores in place: none should): the call is looked up exactly once and
+ * both its records go back. */
+START_TEST(test_lost_oom_sweep)
+{
+    long n;
+    for (n = 1; n < 1000; n++) {
+        struct fake f;
+        const char *tags[] = {"t0", "t1"};
+        long failed;
+        fake_init(&f, 10, 2);
+        f.store_up = 0;
+        cr_alloc_fail_after(n);
+        vsession_on_pop_lost(f.s, "9.5");
+        f.store_up = 1;
+        vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+        vsession_on_lost_scan(f.s, "9.5", NULL, 0, VSESSION_REFUSED, f.now);
+        vsession_tick(f.s, f.now + 250);
+        vsession_on_lost_scan(f.s, "9.5", tags, 2, VSESSION_OK, f.now);
+        failed = cr_alloc_failed();
+        cr_alloc_fail_after(0);
+        ck_assert_int_eq(count(&f, C_SCAN_LOST, 0), 2);
+        ck_assert_int_eq(f.restored[0] + f.restored[1], 2);
+        ck_assert_int_eq(vsession_nlost(f.s), 0);
+        fake_release(&f);
+        if (failed == 0)
+            break;
+    }
+    ck_assert_int_eq(n, 1); /* nothing allocated on the way */
+}
+END_TEST
+
 START_TEST(test_names)
 {
     ck_assert_str_eq(vsession_state_name(VSESSION_DRAINING), "DRAINING");
@@ -951,6 +1187,8 @@ START_TEST(test_names)
     ck_assert_str_eq(vsession_acks_name(VSESSION_ACKS_REFUSED), "REFUSED");
     ck_assert_str_eq(vsession_round_name(VSESSION_ROUND_RESTORING), "RESTORING");
     ck_assert_str_eq(vsession_rec_name(VSESSION_REC_UNTRACKED), "UNTRACKED");
+    ck_assert_str_eq(vsession_again_name(VSESSION_AGAIN_DUE), "DUE");
+    ck_assert_str_eq(vsession_again_name(VSESSION_AGAIN_NSTATES), "?");
     ck_assert_str_eq(vsession_rec_name((enum vsession_rec_state)99), "?");
 }
 END_TEST
@@ -1009,6 +1247,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_restore_round);
     tcase_add_test(tc, test_malformed_and_out_of_order);
     tcase_add_test(tc, test_untracked_and_pending_records);
+    tcase_add_test(tc, test_lost_call_recovered_once);
+    tcase_add_test(tc, test_refused_goes_again_after_retry);
+    tcase_add_test(tc, test_lost_bound);
+    tcase_add_test(tc, test_lost_oom_sweep);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_oom_sweep);
     suite_add_tcase(s, tc);
