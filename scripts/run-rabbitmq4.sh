@@ -32,8 +32,11 @@ FILES=(test_rabbitmq43.py test_core.py test_reliability.py test_monitoring.py te
     test_quorum.py)
 [ $# -gt 0 ] && FILES=("$@")
 # Redis-broker variants of the same tests say nothing new here.
-# Four xdist workers, each with its own 4.x node (the tests are spread one
-# by one, as in the main suite).
-PATH=$bin:$PATH CELERIAC_RABBITMQ_43=1 CELERIAC_IT_WORKERS=${CELERIAC_IT_WORKERS:-4} \
+# Three xdist workers, each with its own 4.x node, a file to a worker
+# (loadfile), as the outage tests restart their node: with tests spread one by
+# one on four nodes, 4.0.5's refusal to boot again (see services.sh) came in
+# every run; whole files on three nodes have passed.
+PATH=$bin:$PATH CELERIAC_RABBITMQ_43=1 CELERIAC_IT_WORKERS=${CELERIAC_IT_WORKERS:-3} \
+    CELERIAC_IT_DIST=loadfile \
     PYTHONPATH="$root/tests/integration/celery57${PYTHONPATH:+:$PYTHONPATH}" \
     bash scripts/run-integration.sh -k "not redis" "${FILES[@]}"

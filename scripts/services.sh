@@ -63,7 +63,29 @@ CONF
         ctl ping >/dev/null 2>&1 && break
         sleep 0.5
     done
-    ctl await_startup --timeout 120 >/dev/null
+    if ! ctl await_startup --timeout 120 >/dev/null; then
+        # RabbitMQ 4.0.5 (Debian trixie's, the RabbitMQ 4 tier) can refuse to
+        # boot again with transient non-exclusive queues denied although none
+        # exist (its check counts other queues: rabbitmq-server PR 12840).
+        # Such a restart (an outage test's) boots with that one permitted,
+        # said here; global QoS stays denied.
+        if [ -n "${CELERIAC_RABBITMQ_43:-}" ] &&
+            grep -qs failed_to_deny_deprecated_features "$RABBITMQ_LOG_BASE"/*.log; then
+            echo "services: RabbitMQ 4.0.5 refused to boot again with transient" \
+                "non-exclusive queues denied (its bug); restarted with them permitted" >&2
+            sed -i '/transient_nonexcl_queues/d' "$dir/rabbit/rabbitmq.conf"
+            (cd /tmp && rabbitmq-server -detached >/dev/null 2>&1)
+            for _ in $(seq 1 120); do
+                ctl ping >/dev/null 2>&1 && break
+                sleep 0.5
+            done
+            ctl await_startup --timeout 120 >/dev/null && return 0
+        fi
+        # Why, where the caller shows it (the node's own log).
+        echo "services: RabbitMQ node $RABBIT_NODE did not start; its log ends:" >&2
+        tail -n 25 "$RABBITMQ_LOG_BASE"/*.log >&2 2>/dev/null || true
+        return 1
+    fi
 }
 
 # Whether process $1 runs (a zombie left for a reaper that never comes, as in
@@ -84,12 +106,22 @@ rabbit_stop() {
         sleep 0.5
     done
     # The node stops answering a few seconds before its Erlang VM has exited:
-    # wait for that too, so that a stop leaves nothing running.
+    # wait for that too, so that a stop leaves nothing running and a start
+    # that follows does not meet the old node's name. A loaded 4.x node with
+    # quorum queues can take tens of seconds; one still there after 45 s is
+    # killed (what an outage test wants anyway).
     if [ -n "$pid" ]; then
-        for _ in $(seq 1 150); do
+        for _ in $(seq 1 450); do
             alive "$pid" || break
             sleep 0.1
         done
+        if alive "$pid"; then
+            kill -9 "$pid" 2>/dev/null || true
+            for _ in $(seq 1 50); do
+                alive "$pid" || break
+                sleep 0.1
+            done
+        fi
     fi
 }
 

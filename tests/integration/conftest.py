@@ -78,8 +78,11 @@ class Services:
                               capture_output=True, text=True, timeout=120)
 
     def script(self, action):
-        subprocess.run(["bash", os.path.join(ROOT, "scripts", "services.sh"), action, self.dir],
-                       check=True, capture_output=True, timeout=300)
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "services.sh"), action,
+                            self.dir], capture_output=True, text=True, timeout=300)
+        # The script's own words (a node's log tail) in the failure, whole.
+        assert r.returncode == 0, "services.sh %s failed (exit %d):\n%s" % (
+            action, r.returncode, r.stderr[-4000:])
 
     # Each rabbitmqctl call boots an Erlang VM: a second of CPU, three of them a
     # test when each made and dropped its own vhost. One `eval` makes a batch of
@@ -462,8 +465,9 @@ def pytest_collection_modifyitems(session, config, items):
     group weighs the sum of its tests and keeps its order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-
     def unit(it):
+        if os.environ.get("CELERIAC_IT_DIST") == "loadfile":
+            return it.nodeid.split("::", 1)[0]
         m = it.get_closest_marker("xdist_group")
         return ("group", m.args[0] if m and m.args else m.kwargs.get("name")) if m else it.nodeid
 
