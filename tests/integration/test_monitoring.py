@@ -566,6 +566,8 @@ def test_revoke_terminate_mid_stream_stores_partial_text(env, events):
     assert rev["terminated"] is True and rev["signum"] == 15
     assert call(env, node, "revoke", task_id=[r.id], terminate=True) == \
         {"ok": "terminate: tasks unknown"}
+    # The worker's log reaches its reader thread a moment later on a busy machine.
+    wait_until(lambda: w.count("Terminating") >= 1, 10, what="the Terminating line")
     assert w.count("Terminating") == 1
 
 
