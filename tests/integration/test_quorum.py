@@ -104,8 +104,9 @@ def test_countdown_tasks_on_quorum_queue_do_not_starve_ready_ones(env, extra=())
     by_prompt = {e["prompt"]: e["t"] for e in calls(env)}
     # ~1 s: the 200 ahead of it in the queue are each republished (a quorum
     # commit on the broker) and acked first; held here they would fill the
-    # window until the first etas (5 s) and more
-    assert by_prompt["right now"] - t_now < 1.5, by_prompt["right now"] - t_now
+    # window until the first etas (5 s) and more. The bound stays under those
+    # 5 s with room for a loaded CI host (1.6 s seen beside the RabbitMQ 4 tier).
+    assert by_prompt["right now"] - t_now < 4.0, by_prompt["right now"] - t_now
     wait_until(lambda: all(env.meta(r.id) for r, _ in sent.values()), 30,
                interval=0.5, what="200 results")
     assert all(env.meta(r.id)["status"] == "SUCCESS" for r, _ in sent.values())
