@@ -26,10 +26,13 @@ ENDPOINTS
   GET  /__expected?prompt=P[&tokens=N&seed=S&unicode=0|1&reply=lorem|echo]
                               -> {"text": .., "tokens": [..]}
   POST /__release             {"name": NAME}: lets the requests held by hold=NAME go on
-  GET  /__concurrency         {"inflight": N, "peak": N}: API requests being served now,
-                              and the most at once since the last /__reset (which sets
-                              peak to those still in flight); a request counts from its
-                              headers read to its response's last byte written
+  GET  /__concurrency         {"inflight": N, "peak": N, "held": {NAME: N}}: API requests
+                              being served now, and the most at once since the last
+                              /__reset (which sets peak to those still in flight); a
+                              request counts from its headers read to its response's last
+                              byte written. "held" counts the requests waiting on each
+                              hold name now, so a test can wait for its own call rather
+                              than for any call a previous test left behind
   Control paths (/__*) are not recorded in the stats.
 
 SCENARIO SELECTION (first match wins; the winner is merged over the defaults)
@@ -671,6 +674,7 @@ class Server:
         self.cli_tpm = args.tpm
         self.conn_seq = 0
         self.inflight = 0  # API requests being served (a reset leaves it alone)
+        self.held = {}  # hold name -> requests waiting on it now
         self.reset()
 
     def reset(self):
@@ -693,8 +697,15 @@ class Server:
     async def hold(self, K):
         """Waits for POST /__release of K's hold name, if it has one: a test
         decides when held responses go out (e.g. only once a broker is down)."""
-        if K["hold"]:
-            await self.holds.setdefault(K["hold"], asyncio.Event()).wait()
+        name = K["hold"]
+        if name:
+            self.held[name] = self.held.get(name, 0) + 1
+            try:
+                await self.holds.setdefault(name, asyncio.Event()).wait()
+            finally:
+                self.held[name] -= 1
+                if not self.held[name]:
+                    del self.held[name]
 
     async def handle(self, reader, writer):
         self.conn_seq += 1
@@ -760,7 +771,8 @@ class Server:
                 e["text_sent"] = "".join(e["tokens"][:e["tokens_sent"]]) if e["tokens"] else ""
             return await conn.simple(200, None, raw=jdump(rows, True).encode())
         if p == "/__concurrency" and m == "GET":
-            return await conn.simple(200, {"inflight": self.inflight, "peak": self.peak})
+            return await conn.simple(200, {"inflight": self.inflight, "peak": self.peak,
+                                           "held": dict(self.held)})
         if p == "/__reset" and m == "POST":
             self.reset()
             return await conn.simple(200, {"ok": True})

@@ -200,9 +200,14 @@ class FakeLLM:
         self._req("POST", "/__script", {"model": model, "scenarios": scenarios, "replace": replace})
 
     def concurrency(self):
-        """{"inflight": N, "peak": N}: API requests being served, and the most at once
-        since the last reset."""
+        """{"inflight": N, "peak": N, "held": {name: N}}: API requests being served,
+        the most at once since the last reset, and those waiting on each hold name."""
         return self._req("GET", "/__concurrency")
+
+    def held(self, name):
+        """How many calls wait on hold=<name> now: unlike "inflight", a call some
+        earlier test left behind on this shared server does not count."""
+        return self.concurrency()["held"].get(name, 0)
 
     def release(self, name):
         """Lets the calls held by the scenario knob hold=<name> answer."""

@@ -146,7 +146,7 @@ def test_a_full_send_buffer_never_holds_up_the_heartbeat_check(env):
         pad = "x" * (256 * 1024)
         results = [env.app.send_task("llm.generate", args=["big-%d %s" % (i, pad)])
                    for i in range(n)]
-        wait_until(lambda: env.fake.concurrency()["inflight"] == n, 60, interval=0.1,
+        wait_until(lambda: env.fake.held("cut") == n, 60, interval=0.1,
                    what="every call running")
         freeze_until_noticed_then_heal(env, w, proxy, hb, results, seen, stop, counter,
                                        at_cut=lambda: env.fake.release("cut"))

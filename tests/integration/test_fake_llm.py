@@ -1010,7 +1010,7 @@ def t_hold(port, srv):
 def t_concurrency(port, srv):
     post(port, "/__reset", {})
     eq("concurrency after reset", call(port, "GET", "/__concurrency").json,
-       {"inflight": 0, "peak": 0})
+       {"inflight": 0, "peak": 0, "held": {}})
     cs = []
     for i in range(3):
         c = Client(port)
@@ -1022,7 +1022,7 @@ def t_concurrency(port, srv):
         check("three held requests in flight", time.time() < end)
         time.sleep(0.02)
     eq("three in flight", call(port, "GET", "/__concurrency").json,
-       {"inflight": 3, "peak": 3})
+       {"inflight": 3, "peak": 3, "held": {"cc": 3}})
     post(port, "/__reset", {})  # releases them; peak restarts from those still in
     for c in cs:
         eq("held answer", c.read_response().status, 200)
@@ -1031,6 +1031,7 @@ def t_concurrency(port, srv):
     eq("one more", r.status, 200)
     cc = call(port, "GET", "/__concurrency").json
     eq("none in flight, peak kept", (cc["inflight"], 1 <= cc["peak"] <= 3), (0, True))
+    eq("none held once released", cc["held"], {})
 
 
 def t_framing(port, srv):

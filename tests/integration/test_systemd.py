@@ -168,7 +168,7 @@ def test_sighup_is_a_warm_restart_in_the_same_process(env, notify):
     # A task in flight when the restart is asked for finishes before the exec.
     held = env.app.send_task("llm.generate", args=["across a reload"],
                              kwargs={"model": "fake/hold=reload"})
-    wait_until(lambda: env.fake.concurrency()["inflight"] == 1, timeout=30)
+    wait_until(lambda: env.fake.held("reload") == 1, timeout=30)
     w.signal(signal.SIGHUP)
     [(t_rel, rel)] = ns.wait("RELOADING", "1", timeout=30)
     w.wait_for(r"Restarting celeriac \(SIGHUP\)", timeout=10)
@@ -209,7 +209,7 @@ def test_stop_during_the_restart_wins(env, notify):
     ns.wait("READY", "1")
     held = env.app.send_task("llm.generate", args=["stop wins"],
                              kwargs={"model": "fake/hold=stopwins"})
-    wait_until(lambda: env.fake.concurrency()["inflight"] == 1, timeout=30)
+    wait_until(lambda: env.fake.held("stopwins") == 1, timeout=30)
     w.signal(signal.SIGHUP)
     ns.wait("RELOADING", "1", timeout=30)
     w.signal(signal.SIGTERM)
