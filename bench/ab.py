@@ -16,6 +16,10 @@ the next (new, baseline; baseline, new; ...) so that a drift of the machine fall
             are open at the server - idle RSS) / N, at the top memory level
 
 Each figure is the median over BENCH_REPEAT repetitions (3; 1 with BENCH_QUICK=1).
+BENCH_AB_DISPATCH=accumulate,llm_zero,... runs those dispatch workloads only (labels
+as in the table; "accumulate over Redis" is spelt accumulate_redis). Over RabbitMQ the
+table also shows the broker's CPU per task: there the broker, not the worker, sets the
+rate, so a rate that moves while both CPU figures stay is the broker's noise.
 Prints the table with new/baseline, and writes OUT_DIR/results.json (key "ab", every
 run's record included) and OUT_DIR/table.md. BENCH_ONLY=dispatch or =memory runs one
 part. Every process started here is stopped here.
@@ -64,12 +68,16 @@ class AB:
     def dispatch(self):
         run.log("A/B dispatch: %d pre-published tasks, ready -> last result stored, "
                 "%d repetitions" % (run.N_DISPATCH, run.REPEAT))
+        want = os.environ.get("BENCH_AB_DISPATCH")
+        want = set(want.split(",")) if want else None
         for label, broker, task, args, kwargs in (
                 ("accumulate", "amqp", "celery.accumulate", [1], {}),
                 ("llm_zero", "amqp", "llm.generate", ["bench"], {"model": run.LLM_ZERO}),
                 ("accumulate over Redis", "redis", "celery.accumulate", [1], {}),
                 ("llm_zero over Redis", "redis", "llm.generate", ["bench"],
                  {"model": run.LLM_ZERO})):
+            if want is not None and label.replace(" over Redis", "_redis") not in want:
+                continue
             for rep in range(run.REPEAT):
                 for side in self.order(rep):
                     self.use(side)
@@ -124,6 +132,11 @@ class AB:
             note = "" if not any(incomplete.values()) else " (incomplete runs: %s)" % incomplete
             rows.append(("dispatch %s%s" % (label, note), "tasks/s", True, rate))
             rows.append(("worker CPU per task, %s" % label, "us", False, cpu))
+            if "Redis" not in label:
+                rmq = {s: [r["rabbitmq_cpu_s"] / r["done"] * 1e6
+                           if r["done"] and "rabbitmq_cpu_s" in r else None for r in per[s]]
+                       for s in per}
+                rows.append(("RabbitMQ CPU per task, %s" % label, "us", False, rmq))
         if all(self.runs[s]["held"] for s in self.bins):
             c = self.runs["new"]["held"][0]["c"]
             rows.append(("RSS per held stream at %d" % c, "B", False,
