@@ -14,6 +14,10 @@ PKGS=(
     python3-prometheus-client
 )
 
+# kombu's SQS transport (the Python side of the SQS tests): boto3 for its
+# blocking calls, pycurl for the receive loop.
+PKGS+=(python3-boto3 python3-pycurl)
+
 # The gateway's browser test (tests/browser) drives Debian's chromium with
 # playwright-core from npm; node and npm may come from elsewhere (NodeSource).
 command -v npm >/dev/null || PKGS+=(nodejs npm)
@@ -26,13 +30,24 @@ PKGS+=(python3-gevent python3-requests gnuplot-nox)
 PKGS+=(nginx-light openssl)
 
 # playwright-core into tests/browser, once (no browser download: the test
-# uses /usr/bin/chromium).
+# uses /usr/bin/chromium); and local-aws-sqs into tests/sqs-emu, the SQS
+# emulator scripts/sqs_emu.js runs, again when its lock file changed.
 npm_deps() {
-    local dir
-    dir="$(cd "$(dirname "$0")/.." && pwd)/tests/browser"
-    [ -d "$dir/node_modules/playwright-core" ] && return 0
-    echo "install-deps: npm ci in tests/browser"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    local root dir
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    dir=$root/tests/browser
+    if [ ! -d "$dir/node_modules/playwright-core" ]; then
+        echo "install-deps: npm ci in tests/browser"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    fi
+    # npm ci writes node_modules/.package-lock.json last: newer than the
+    # committed lock file means the pinned tree is in place.
+    dir=$root/tests/sqs-emu
+    if [ ! -f "$dir/node_modules/local-aws-sqs/package.json" ] ||
+        [ ! "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]; then
+        echo "install-deps: npm ci in tests/sqs-emu"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    fi
 }
 
 missing=()

@@ -51,6 +51,13 @@ def _read_env(path):
     return env
 
 
+def next_result_db():
+    """A result backend db for the next test (1..15, in turn): task ids are
+    unique, the turn only keeps one test's keys out of the next one's flush."""
+    _db_counter[0] = _db_counter[0] % 15 + 1
+    return _db_counter[0]
+
+
 class RedisBrokerDb(int):
     """Env.vhost of a test over Redis: the broker's db number. It stands where a
     vhost name goes, so that `services.queue_depth(env.vhost, q)` reads the
@@ -242,6 +249,134 @@ def fake_llm(fake_llm_server):
     return fake_llm_server
 
 
+class SqsEmu:
+    """The local SQS emulator of this test process (scripts/sqs_emu.js, local-aws-sqs
+    behind the QueueUrl fix), with its request log.
+
+    Queues live as long as the emulator (the whole session of one pytest
+    process), so a test keeps to its own names: prefix() gives a fresh
+    queue_name_prefix, which kombu also uses to list queues at start."""
+
+    # wait_time_seconds 1: the emulator answers a long poll only when it is
+    # full or timed out (sqs-broker.md section 12), so a task waits up to that.
+    TRANSPORT_OPTIONS = {"region": "us-east-1", "is_secure": False, "wait_time_seconds": 1}
+    ACCOUNT = "123456789012"
+
+    def __init__(self, proc, port, log_path):
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+        self.endpoint = "http://127.0.0.1:%d" % port
+        # Any key works: the emulator checks no signature.
+        self.broker_url = "sqs://test:test@127.0.0.1:%d" % port
+
+    def queue_url(self, sqs_name):
+        return "%s/%s/%s" % (self.endpoint, self.ACCOUNT, sqs_name)
+
+    @staticmethod
+    def prefix():
+        return "t%s-" % uuid.uuid4().hex[:8]
+
+    def transport_options(self, **extra):
+        opts = dict(self.TRANSPORT_OPTIONS)
+        opts.update(extra)
+        return opts
+
+    def make_app(self, backend=None, name="it", prefix="", transport_options=None, **conf):
+        """A Celery app (client side) on this emulator; `prefix` becomes
+        queue_name_prefix, `transport_options` are added to the defaults."""
+        app = Celery(name, broker=self.broker_url, backend=backend)
+        opts = self.transport_options(**(transport_options or {}))
+        if prefix:
+            opts["queue_name_prefix"] = prefix
+        app.conf.update(result_expires=3600, broker_connection_retry_on_startup=True,
+                        broker_transport_options=opts, **conf)
+        return app
+
+    def client(self):
+        """A boto3 SQS client on this emulator (Debian's botocore: query protocol)."""
+        import boto3
+        return boto3.client("sqs", region_name="us-east-1", endpoint_url=self.endpoint,
+                            aws_access_key_id="test", aws_secret_access_key="test")
+
+    def mark(self):
+        """Where the request log ends now: requests(since=mark()) gives what came after."""
+        with open(self.log_path, "rb") as f:
+            return f.read().count(b"\n")  # whole lines only, as requests() reads them
+
+    def requests(self, action=None, since=0):
+        """The logged requests in the order they were answered (a long poll is
+        logged when it returns; `t` is its arrival in ms), each a dict: t, ms, method, path,
+        action, json (protocol), body (as received), params (the body decoded:
+        a dict of the form's fields, or the JSON object), added_queue_url (set when
+        the front added QueueUrl), status, response."""
+        out = []
+        with open(self.log_path) as f:
+            for i, line in enumerate(f):
+                if i < since or not line.endswith("\n"):
+                    continue
+                e = json.loads(line)
+                if action is not None and e["action"] != action:
+                    continue
+                if e["json"]:
+                    e["params"] = json.loads(e["body"] or "{}")
+                else:
+                    e["params"] = dict(urllib.parse.parse_qsl(e["body"], keep_blank_values=True))
+                out.append(e)
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdin.close()
+
+
+@pytest.fixture(scope="session")
+def sqs_emu(tmp_path_factory):
+    """One SQS emulator per test process (per pytest-xdist worker), started the
+    first time a test asks for it and stopped at the session's end; tests that
+    do not ask pay nothing. Its files go under CELERIAC_IT_DIR when set, so
+    that run-integration.sh's cleanup finds a process a dead worker left.
+    SQS_EMU_FIX=0 in the environment runs it without its QueueUrl fix (the
+    plain package, which a Debian Celery worker cannot consume from)."""
+    script = os.path.join(ROOT, "scripts", "sqs_emu.js")
+    if not os.path.exists(os.path.join(ROOT, "tests", "sqs-emu", "node_modules", "local-aws-sqs")):
+        pytest.fail("local-aws-sqs missing: run scripts/install-deps.sh (make deps)")
+    base = os.environ.get("CELERIAC_IT_DIR")
+    if base:
+        d = os.path.join(base, "sqs-emu-%s-%d" % (os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                                  os.getpid()))
+        os.makedirs(d, exist_ok=True)
+    else:
+        d = str(tmp_path_factory.mktemp("sqs-emu"))
+    log_path = os.path.join(d, "requests.jsonl")
+    open(log_path, "w").close()
+    # stdin stays open for the emulator's life: if this process dies, the
+    # pipe closes and the emulator exits (--exit-with-stdin).
+    err = open(os.path.join(d, "stderr.log"), "w")
+    proc = subprocess.Popen(["node", script, "--port", "0", "--log", log_path, "--exit-with-stdin"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        proc.kill()
+        proc.wait()
+        err.close()
+        raise RuntimeError("the SQS emulator did not start: %r\n%s"
+                           % (line, open(os.path.join(d, "stderr.log")).read()[-2000:]))
+    emu = SqsEmu(proc, int(m.group(1)), log_path)
+    try:
+        yield emu
+    finally:
+        emu.stop()
+        err.close()
+
+
 class LineReader:
     """A child process whose output (stdout and stderr) is read line by line
     into self.lines; wait_for() returns the first match of a pattern."""
@@ -360,8 +495,7 @@ class Env:
         self.services = services
         self.fake = fake_llm
         self.transport = transport
-        _db_counter[0] = _db_counter[0] % 15 + 1
-        self.db = _db_counter[0]
+        self.db = next_result_db()
         self.backend = services.redis_url(self.db)
         import redis
         self.redis = redis.Redis(host="127.0.0.1", port=services.redis_port, db=self.db)
