@@ -9,9 +9,10 @@
  * of CURLOPT_POSTFIELDS. The canonical URI and query are taken as they are,
  * so every request is "POST /" on the endpoint with the JSON body (the SQS
  * JSON protocol: QueueUrl goes in the body). An empty-valued header such as
- * "Expect:" would be signed but not sent, so none is ever added: libcurl may
- * then add "Expect: 100-continue" to a large body on its own, unsigned, which
- * SQS accepts. Not thread-safe beyond libcurl's own rules; no I/O here. */
+ * "Expect:" would be signed but not sent, so none is ever added; libcurl 7.88
+ * adds "Expect: 100-continue" (unsigned, which SQS accepts) on its own only to
+ * bodies over 1 MiB, so only a near-limit SendMessage waits for a 100 (the
+ * caller's CURLOPT_EXPECT_100_TIMEOUT_MS bounds that). No I/O here. */
 #ifndef CR_SQS_SIGN_H
 #define CR_SQS_SIGN_H
 

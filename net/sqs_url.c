@@ -115,9 +115,18 @@ static int set_key_pair(struct sqs_creds *cr, enum sqs_creds_source src, const c
     return 0;
 }
 
+static int no_creds(struct cr_err *err)
+{
+    return cr_err_set(err, CR_EINVAL,
+                      "no AWS credentials for SQS: put them in the broker URL "
+                      "(sqs://KEY:SECRET@) or set AWS_ACCESS_KEY_ID and "
+                      "AWS_SECRET_ACCESS_KEY (profiles, web identity, container and "
+                      "instance credentials are not supported)");
+}
+
 /* botocore's environment provider: AWS_ACCESS_KEY_ID needs
  * AWS_SECRET_ACCESS_KEY; the token is AWS_SESSION_TOKEN, else
- * AWS_SECURITY_TOKEN. */
+ * AWS_SECURITY_TOKEN. Returns 1 when neither key is set. */
 static int creds_from_env(struct sqs_creds *cr, const char *const *envp,
                           struct cr_err *err)
 {
@@ -130,11 +139,7 @@ static int creds_from_env(struct sqs_creds *cr, const char *const *envp,
     if (!t)
         t = env_get(envp, "AWS_SECURITY_TOKEN");
     if (!k && !s)
-        return cr_err_set(err, CR_EINVAL,
-                          "no AWS credentials for SQS: put them in the broker URL "
-                          "(sqs://KEY:SECRET@) or set AWS_ACCESS_KEY_ID and "
-                          "AWS_SECRET_ACCESS_KEY (profiles, web identity, container "
-                          "and instance credentials are not supported)");
+        return 1;
     if (!k || !s)
         return cr_err_set(err, CR_EINVAL, "partial AWS credentials: %s is set but not %s",
                           k ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
@@ -529,7 +534,7 @@ static int queue_one(struct sqs_conf *c, struct sqs_queue_def *q, const cJSON *e
         region_endpoint(q->endpoint, q->region);
 
     if (!key && !secret)
-        return copy_creds(&q->creds, &c->creds);
+        return c->has_creds ? copy_creds(&q->creds, &c->creds) : no_creds(err);
     {
         const char *k = key ? key->valuestring : NULL;
         const char *s = secret ? secret->valuestring : NULL;
@@ -829,10 +834,13 @@ static int parse(struct sqs_conf *c, const char *url, const char *options, size_
         return rc;
     if (rc == 1 && (rc = creds_from_env(&c->creds, envp, err)) < 0)
         return rc;
+    /* None at all is still fine when every predefined queue has keys of its
+     * own: kombu then never builds the channel's default client. */
+    c->has_creds = rc == 0;
 
-    if (predefined)
-        return opt_predefined(c, predefined, &u, err);
-    return 0;
+    if (predefined && (rc = opt_predefined(c, predefined, &u, err)) < 0)
+        return rc;
+    return c->has_creds || c->npredefined ? 0 : no_creds(err);
 }
 
 int sqs_conf_parse(struct sqs_conf *c, const char *url, const char *options, size_t len,
@@ -889,6 +897,7 @@ void sqs_conf_describe(const struct sqs_conf *c, char *out, size_t size)
     if (size == 0)
         return;
     snprintf(out, size, "endpoint=%s region=%s creds=%s key=%s token=%s predefined=%d",
-             c->endpoint, c->region, src[c->creds.source], c->creds.access_key_id,
-             c->creds.session_token ? "yes" : "no", c->npredefined);
+             c->endpoint, c->region, c->has_creds ? src[c->creds.source] : "none",
+             c->creds.access_key_id, c->creds.session_token ? "yes" : "no",
+             c->npredefined);
 }

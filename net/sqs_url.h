@@ -15,7 +15,8 @@
  *   token), else AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY with AWS_SESSION_TOKEN
  *   (or the older AWS_SECURITY_TOKEN). botocore's other sources (shared
  *   files, web identity, container and instance credentials) are not
- *   supported: with none of the above, parsing fails and says so. */
+ *   supported: with none of the above, parsing fails and says so, unless
+ *   every predefined queue has keys of its own. */
 #ifndef CR_SQS_URL_H
 #define CR_SQS_URL_H
 
@@ -77,7 +78,8 @@ struct sqs_queue_def {
 struct sqs_conf {
     char endpoint[SQS_ENDPOINT_MAX]; /* scheme://host[:port], no trailing '/' */
     char region[SQS_REGION_MAX];
-    struct sqs_creds creds;
+    struct sqs_creds creds;        /* empty when has_creds is 0 */
+    int has_creds;                 /* 0 only when every predefined queue has its own */
     int has_host;                  /* the URL named a host */
     int is_secure;                 /* -1: not given (None), 0, 1 */
     int wait_time_s;               /* wait_time_seconds: 10, 0..20 */

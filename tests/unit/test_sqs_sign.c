@@ -240,6 +240,36 @@ START_TEST(test_clock_date)
 }
 END_TEST
 
+/* libcurl 7.88 adds "Expect: 100-continue" (unsigned) on its own only to
+ * bodies over 1 MiB: an ordinary SendMessage of a few KiB goes out at once,
+ * whole, with nothing but the signed headers of ours. */
+START_TEST(test_body_no_expect)
+{
+    static char body[4096];
+    struct sqs_creds cr = {
+        .source = SQS_CREDS_URL, .access_key_id = KEY, .secret_access_key = SECRET};
+    struct sqs_sign_req rq = {.endpoint = "http://" VECTOR_HOST,
+                              .region = "us-east-1",
+                              .creds = &cr,
+                              .target = "SendMessage",
+                              .body = body,
+                              .body_len = sizeof body - 1,
+                              .amz_date = DATE};
+    struct capture c;
+    char v[1024];
+
+    memset(body, 'x', sizeof body - 1);
+    send_captured(&rq, &c);
+    header(&c, "Expect", v, sizeof v);
+    ck_assert_str_eq(v, "");
+    header(&c, "Authorization", v, sizeof v);
+    ck_assert(strstr(v, "SignedHeaders=content-type;host;x-amz-date;x-amz-target, ") !=
+              NULL);
+    ck_assert(strstr(c.req, "\r\n\r\n") != NULL);
+    ck_assert_uint_eq(strlen(strstr(c.req, "\r\n\r\n") + 4), sizeof body - 1);
+}
+END_TEST
+
 START_TEST(test_refused)
 {
     struct sqs_creds cr = {.access_key_id = KEY, .secret_access_key = SECRET};
@@ -297,6 +327,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_vector_json);
     tcase_add_test(tc, test_vector_form);
     tcase_add_test(tc, test_clock_date);
+    tcase_add_test(tc, test_body_no_expect);
     tcase_add_test(tc, test_refused);
     suite_add_tcase(s, tc);
     return s;

@@ -325,6 +325,42 @@ START_TEST(test_predefined)
 }
 END_TEST
 
+/* No URL keys and no environment: fine when every predefined queue has keys
+ * of its own (kombu never builds the default client then), refused when one
+ * does not, or when there is no predefined queue at all. */
+START_TEST(test_predefined_own_keys_only)
+{
+    static const char own[] =
+        "{\"predefined_queues\": {\"a\": {\"url\": \"http://h/1/a\", "
+        "\"access_key_id\": \"AK\", \"secret_access_key\": \"AS\"}}}";
+    static const char mixed[] =
+        "{\"predefined_queues\": {\"a\": {\"url\": \"http://h/1/a\", "
+        "\"access_key_id\": \"AK\", \"secret_access_key\": \"AS\"}, "
+        "\"b\": {\"url\": \"http://h/1/b\"}}}";
+    static const char none[] = "{\"predefined_queues\": {}}";
+    struct sqs_conf c;
+    struct cr_err e = {0};
+    char line[256];
+
+    sqs_conf_init(&c);
+    ck_assert_msg(sqs_conf_parse(&c, "sqs://", own, strlen(own), NULL, &e) == 0, "%s",
+                  e.msg);
+    ck_assert_int_eq(c.has_creds, 0);
+    ck_assert_str_eq(sqs_conf_queue(&c, "a")->creds.access_key_id, "AK");
+    sqs_conf_describe(&c, line, sizeof line);
+    ck_assert(strstr(line, "creds=none") != NULL);
+    ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", mixed, strlen(mixed), NULL, &e),
+                     CR_EINVAL);
+    ck_assert(strncmp(e.msg, "no AWS credentials", 18) == 0);
+    ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", none, strlen(none), NULL, &e),
+                     CR_EINVAL);
+    ck_assert(strncmp(e.msg, "no AWS credentials", 18) == 0);
+    ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", mixed, strlen(mixed), env_keys, &e), 0);
+    ck_assert_int_eq(c.has_creds, 1);
+    sqs_conf_release(&c);
+}
+END_TEST
+
 /* ------------------------------------------------------------ refusals */
 
 static const struct {
@@ -482,9 +518,7 @@ static const struct {
     {"sqs://",
      "{\"predefined_queues\": {\"q\": {\"url\": \"http://h/1/q\", "
      "\"secret_access_key\": \"S\"}}}",
-     "no AWS credentials for SQS: put them in the broker URL (sqs://KEY:SECRET@) or set "
-     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (profiles, web identity, container "
-     "and instance credentials are not supported)"},
+     "predefined queue 'q' has a secret_access_key without an access_key_id"},
 };
 
 START_TEST(test_bad)
@@ -696,6 +730,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_options);
     tcase_add_test(tc, test_visibility_falsy);
     tcase_add_test(tc, test_predefined);
+    tcase_add_test(tc, test_predefined_own_keys_only);
     tcase_add_loop_test(tc, test_bad, 0, sizeof bad / sizeof bad[0]);
     tcase_add_test(tc, test_env_refusals);
     tcase_add_test(tc, test_redact);
