@@ -242,8 +242,7 @@ static int url_split(const char *url, struct url_parts *u, struct cr_err *err)
     if (colon < end) { /* ":port" */
         long port = 0;
         const char *p = colon + 1;
-        if (p == end)
-            return cr_err_set(err, CR_EINVAL, "sqs broker URL: empty port");
+        /* An empty port is none, as urlsplit's port reads it. */
         for (; p < end; p++) {
             if (*p < '0' || *p > '9' || port > 65535)
                 return cr_err_set(err, CR_EINVAL,
@@ -306,7 +305,8 @@ static int opt_int(const cJSON *v, const char *path, long lo, long hi, long *out
 {
     if (!cJSON_IsNumber(v) || (v->type & PY_JSON_FLOAT))
         return opt_err_type(err, path, "an integer");
-    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+    /* Written so that NaN (which Python's json reads) is out of range too. */
+    if (!(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi))
         return cr_err_set(err, CR_EINVAL,
                           "broker transport option '%.120s' is out of range (%ld..%ld)",
                           path, lo, hi);

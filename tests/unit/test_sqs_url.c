@@ -52,6 +52,7 @@ static const struct {
     /* a path is ignored, as kombu ignores the vhost; :0 is no port (kombu: None) */
     {"sqs://k:s@h:0/vhost", NULL, "http://h", "us-east-1", "k", "s", SQS_CREDS_URL, 1},
     {"sqs://k:s@h/", NULL, "http://h", "us-east-1", "k", "s", SQS_CREDS_URL, 1},
+    {"sqs://k:s@h:", NULL, "http://h", "us-east-1", "k", "s", SQS_CREDS_URL, 1},
     /* a port without a host: kombu's hostname is None */
     {"sqs://k:s@:5", NULL, "https://sqs.us-east-1.amazonaws.com", "us-east-1", "k", "s",
      SQS_CREDS_URL, 0},
@@ -377,7 +378,6 @@ static const struct {
     {"sqs://k:s@h:99999", NULL,
      "sqs broker URL: the port is not a number from 0 to 65535"},
     {"sqs://k:s@h:1x", NULL, "sqs broker URL: the port is not a number from 0 to 65535"},
-    {"sqs://k:s@h:", NULL, "sqs broker URL: empty port"},
     {"sqs://k:s@[::1", NULL, "sqs broker URL has an unclosed '['"},
     {"sqs://k:s@[::1]x", NULL, "sqs broker URL: text after ']'"},
     {"sqs://k:s@h%20x", NULL, "sqs broker URL: invalid host name"},
@@ -411,6 +411,13 @@ static const struct {
      "broker transport option 'wait_time_seconds' is out of range (0..20)"},
     {"sqs://k:s@", "{\"wait_time_seconds\": -1}",
      "broker transport option 'wait_time_seconds' is out of range (0..20)"},
+    {"sqs://k:s@", "{\"wait_time_seconds\": NaN}",
+     "broker transport option 'wait_time_seconds' must be an integer"},
+    {"sqs://k:s@", "{\"visibility_timeout\": Infinity}",
+     "broker transport option 'visibility_timeout' must be an integer"},
+    {"sqs://k:s@", "{\"polling_interval\": NaN}",
+     "broker transport option 'polling_interval' must be a number of seconds from 0 to "
+     "86400"},
     {"sqs://k:s@", "{\"wait_time_seconds\": 2.0}",
      "broker transport option 'wait_time_seconds' must be an integer"},
     {"sqs://k:s@", "{\"wait_time_seconds\": \"10\"}",
