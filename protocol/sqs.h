@@ -58,15 +58,14 @@ int sqs_url_queue_name(const char *url, char *out, size_t out_size);
 
 /* Decodes an SQS message Body (len bytes, no NUL needed) into m: kombu's
  * envelope, base64-encoded (what kombu sends by default) or as raw JSON (also
- * consumed by Python workers). The body is taken as base64 only when it is
- * canonical standard base64 (what 5.2.4's round-trip test and 5.6.2's strict
- * regex both accept; a JSON text never is), then it must be kombu's envelope
- * (protocol/kombu.h), whose delivery tag may be missing: the receipt handle
- * is the tag on SQS. A Body longer than max_bytes (0: SQS_MESSAGE_MAX_BYTES)
- * is CR_ETOOBIG; the inner body is bounded by the same figure. Returns 0,
- * CR_EDECODE / CR_ETOOBIG with one line in err, or CR_ENOMEM; m is released
- * on error (kombu 5.6.2 would hand a non-envelope to Celery as a bare body,
- * which Celery rejects as an invalid message). */
+ * consumed by Python workers). The body is taken as base64 when it is strict
+ * standard base64 (padded, the standard alphabet: a JSON text never is), then
+ * it must be kombu's envelope (protocol/kombu.h), whose delivery tag may be
+ * missing: the receipt handle is the tag on SQS. A Body longer than max_bytes
+ * (0: SQS_MESSAGE_MAX_BYTES) is CR_ETOOBIG; the inner body is bounded by the same figure.
+ * Returns 0, CR_EDECODE / CR_ETOOBIG with one line in err, or CR_ENOMEM; m is released on
+ * error (kombu 5.6.2 would hand a non-envelope to Celery as a bare body, which Celery
+ * rejects as an invalid message). */
 int sqs_body_decode(struct kombu_msg *m, const char *body, size_t len, size_t max_bytes,
                     struct cr_err *err);
 

@@ -209,7 +209,10 @@ static const struct {
     {"eyJib2R5IjogIiIsICJwcm9wZXJ0aWVzIjoge319", 0},
     /* one character short: not base64, read raw */
     {"eyJib2R5IjogIiIsICJwcm9wZXJ0aWVzIjoge30", CR_EDECODE},
-    /* "{}" with its leftover bits set: not canonical, so read raw */
+    /* padded, and with its leftover bits set (5.6.2 reads it, 5.2.4 not) */
+    {"eyJib2R5IjogIiIsICJwcm9wZXJ0aWVzIjoge319IA==", 0},
+    {"eyJib2R5IjogIiIsICJwcm9wZXJ0aWVzIjoge319IB==", 0},
+    /* "{}": an envelope with no properties */
     {"e30=", CR_EDECODE},
     {"e31=", CR_EDECODE},
     {"", CR_EDECODE},
