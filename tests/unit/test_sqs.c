@@ -483,7 +483,7 @@ START_TEST(test_batch_requests)
     struct buf out;
     struct cr_err err = {0};
     struct sqs_entry e[SQS_BATCH_MAX + 1];
-    char ids[SQS_BATCH_MAX + 1][8];
+    char ids[SQS_BATCH_MAX + 1][16];
     for (int i = 0; i <= SQS_BATCH_MAX; i++) {
         snprintf(ids[i], sizeof ids[i], "m%d", i);
         e[i].id = ids[i];
