@@ -880,6 +880,45 @@ int sqs_parse_queue_url(const char *resp, size_t len, char **url, struct cr_err 
     return rc;
 }
 
+/* Copies an optional string member into dst; absent or null leaves "". */
+static int member_into(const cJSON *o, const char *key, char *dst, size_t size,
+                       struct cr_err *err)
+{
+    const cJSON *v = get(o, key);
+    dst[0] = '\0';
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v))
+        return cr_err_set(err, CR_EPROTO, "sqs %s is not a string", key);
+    if (strlen(v->valuestring) >= size)
+        return cr_err_set(err, CR_EPROTO, "sqs %s is longer than %zu", key, size - 1);
+    memcpy(dst, v->valuestring, strlen(v->valuestring) + 1);
+    return 0;
+}
+
+int sqs_parse_send(const char *resp, size_t len, struct sqs_sent *out, struct cr_err *err)
+{
+    cJSON *root;
+    int rc;
+    memset(out, 0, sizeof *out);
+    rc = parse_object("SendMessage", resp, len, 0, &root, err);
+    if (rc < 0)
+        return rc;
+    rc = member_into(root, "MessageId", out->message_id, sizeof out->message_id, err);
+    if (rc == 0 && !out->message_id[0])
+        rc = cr_err_set(err, CR_EPROTO, "sqs answer has no MessageId");
+    if (rc == 0)
+        rc = member_into(root, "MD5OfMessageBody", out->md5_of_body,
+                         sizeof out->md5_of_body, err);
+    if (rc == 0)
+        rc = member_into(root, "SequenceNumber", out->sequence_number,
+                         sizeof out->sequence_number, err);
+    cJSON_Delete(root);
+    if (rc < 0)
+        memset(out, 0, sizeof *out);
+    return rc;
+}
+
 int sqs_parse_queue_attrs(const char *resp, size_t len, struct sqs_queue_attrs *out,
                           struct cr_err *err)
 {

@@ -208,6 +208,16 @@ void sqs_messages_release(struct sqs_messages *ms);
  * (<= SQS_URL_MAX), the caller cr_free()s it. */
 int sqs_parse_queue_url(const char *resp, size_t len, char **url, struct cr_err *err);
 
+/* SendMessage's answer. */
+struct sqs_sent {
+    char message_id[128];
+    char md5_of_body[40];      /* MD5OfMessageBody (hex), "" if absent */
+    char sequence_number[128]; /* FIFO queues only, "" otherwise */
+};
+/* A missing MessageId, or a member longer than its field, is CR_EPROTO. */
+int sqs_parse_send(const char *resp, size_t len, struct sqs_sent *out,
+                   struct cr_err *err);
+
 /* GetQueueAttributes' answer, the attributes the worker reads; -1 when absent
  * (or not a decimal). */
 struct sqs_queue_attrs {

@@ -4,7 +4,7 @@
  * Every input goes whole to sqs_body_decode (and, when it decodes, through
  * sqs_body_encode, base64 and raw, and back, which must give the same
  * fields), to every answer parser (ReceiveMessage, batch, QueueUrl,
- * GetQueueAttributes) and to sqs_error_parse with the first byte as part of
+ * GetQueueAttributes, SendMessage) and to sqs_error_parse with the first byte as part of
  * the status; each received message's Body goes through sqs_body_decode too.
  * Split at its first NUL it is a prefix and a queue for sqs_queue_name and a
  * request's strings (queue URL, receipt handle, message body). Every call must
@@ -83,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct sqs_messages ms;
     struct sqs_batch_result br;
     struct sqs_queue_attrs qa;
+    struct sqs_sent sent;
     struct sqs_error e;
     char *url = NULL;
     const char *nul;
@@ -108,6 +109,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     cr_free(url);
     sqs_parse_queue_attrs(s, size, &qa, NULL);
+    if (sqs_parse_send(s, size, &sent, NULL) == 0 && !sent.message_id[0])
+        abort();
     sqs_error_parse(size ? 400 + data[0] % 200 : 0, NULL, s, size, &e);
     if ((unsigned)e.kind >= SQS_ERR_NKINDS)
         abort();

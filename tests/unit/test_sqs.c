@@ -725,6 +725,33 @@ START_TEST(test_other_answers)
 }
 END_TEST
 
+START_TEST(test_send_answer)
+{
+    struct sqs_sent r;
+    ck_assert_int_eq(
+        sqs_parse_send(S("{\"MD5OfMessageBody\":\"8416dac4d3b2b6a0b1f0e3c5e6d7f8a9\","
+                         "\"MessageId\":\"0faf99ea-1c1e-4c8e-9a57-3f7a3c2b8f10\"}"),
+                       &r, NULL),
+        0);
+    ck_assert_str_eq(r.message_id, "0faf99ea-1c1e-4c8e-9a57-3f7a3c2b8f10");
+    ck_assert_str_eq(r.md5_of_body, "8416dac4d3b2b6a0b1f0e3c5e6d7f8a9");
+    ck_assert_str_eq(r.sequence_number, "");
+    ck_assert_int_eq(sqs_parse_send(S("{\"MessageId\":\"i\",\"SequenceNumber\":"
+                                      "\"18849496460467696128\"}"),
+                                    &r, NULL),
+                     0);
+    ck_assert_str_eq(r.sequence_number, "18849496460467696128");
+    ck_assert_int_eq(sqs_parse_send(S("{}"), &r, NULL), CR_EPROTO);
+    ck_assert_int_eq(sqs_parse_send(S("{\"MessageId\":1}"), &r, NULL), CR_EPROTO);
+    ck_assert_int_eq(sqs_parse_send(S("{\"MessageId\":\"i\",\"MD5OfMessageBody\":"
+                                      "\"0123456789012345678901234567890123456789\"}"),
+                                    &r, NULL),
+                     CR_EPROTO);
+    ck_assert_str_eq(r.message_id, "");
+    ck_assert_int_eq(sqs_parse_send(S(""), &r, NULL), CR_EPROTO);
+}
+END_TEST
+
 START_TEST(test_batch_fixture)
 {
     size_t len;
@@ -1018,6 +1045,7 @@ static int oom_round(const char *b64, size_t blen, const char *recv, size_t rlen
     struct sqs_messages ms;
     struct sqs_batch_result br;
     struct sqs_queue_attrs qa;
+    struct sqs_sent sent;
     struct sqs_error e;
     struct buf out;
     char *url = NULL;
@@ -1046,6 +1074,8 @@ static int oom_round(const char *b64, size_t blen, const char *recv, size_t rlen
     if (rc == 0)
         rc = sqs_parse_queue_url(S("{\"QueueUrl\": \"" Q "\"}"), &url, NULL);
     cr_free(url);
+    if (rc == 0)
+        rc = sqs_parse_send(S("{\"MessageId\": \"i\"}"), &sent, NULL);
     if (rc == 0)
         rc = sqs_parse_queue_attrs(S("{\"Attributes\": {\"VisibilityTimeout\": \"3\"}}"),
                                    &qa, NULL);
@@ -1119,6 +1149,7 @@ Suite *suite(void)
     tcase_add_test(fx, test_receive_fixture);
     tcase_add_test(fx, test_other_answers);
     tcase_add_test(fx, test_batch_fixture);
+    tcase_add_test(fx, test_send_answer);
     tcase_add_test(fx, test_error_fixtures);
     suite_add_tcase(s, fx);
     tcase_add_loop_test(hand, test_queue_names, 0, N_NAMES);
