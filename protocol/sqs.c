@@ -78,6 +78,18 @@ static int name_char_ok(unsigned char c)
            c == '-' || c == '_';
 }
 
+int sqs_queue_name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0, stem, i;
+    if (n == 0 || n > SQS_QUEUE_NAME_MAX)
+        return 0;
+    stem = ends_with_fifo(name, n) ? n - FIFO_LEN : n;
+    for (i = 0; i < stem; i++)
+        if (!name_char_ok((unsigned char)name[i]))
+            return 0;
+    return stem > 0;
+}
+
 int sqs_queue_name(const char *prefix, const char *queue, char *out, size_t out_size,
                    struct cr_err *err)
 {
@@ -104,19 +116,13 @@ int sqs_queue_name(const char *prefix, const char *queue, char *out, size_t out_
         else if (out[i] != '-' && out[i] != '_' && strchr(punctuation, out[i]))
             out[i] = '_';
     }
-    for (i = 0; i < stem; i++) {
-        if (!name_char_ok((unsigned char)out[i])) {
-            int bad = (unsigned char)out[i];
-            out[0] = '\0';
-            return cr_err_set(err, CR_EINVAL,
-                              "sqs queue name for '%s%s' has a character sqs refuses "
-                              "(0x%02x)",
-                              prefix ? prefix : "", queue ? queue : "", bad);
-        }
-    }
-    if (stem == 0) {
+    /* kombu stops here; SQS would refuse the rest. */
+    if (!sqs_queue_name_ok(out)) {
         out[0] = '\0';
-        return cr_err_set(err, CR_EINVAL, "sqs queue name '.fifo' has no stem");
+        return cr_err_set(err, CR_EINVAL,
+                          "sqs queue name for '%s%s' is not [A-Za-z0-9_-] with an "
+                          "optional .fifo",
+                          prefix ? prefix : "", queue ? queue : "");
     }
     return 0;
 }

@@ -46,6 +46,10 @@
 int sqs_queue_name(const char *prefix, const char *queue, char *out, size_t out_size,
                    struct cr_err *err);
 
+/* Whether name is a canonical SQS queue name, as sqs_queue_name() makes them:
+ * 1..80 characters of [A-Za-z0-9_-], a final ".fifo" allowed (counted). */
+int sqs_queue_name_ok(const char *name);
+
 /* Whether an SQS queue name (or URL) names a FIFO queue (ends in ".fifo"). */
 int sqs_is_fifo(const char *name);
 

@@ -71,6 +71,7 @@ START_TEST(test_queue_names)
     if (names[_i].want) {
         ck_assert_msg(rc == 0, "%s: %s", names[_i].queue, err.msg);
         ck_assert_str_eq(out, names[_i].want);
+        ck_assert(sqs_queue_name_ok(out));
     } else {
         ck_assert_int_eq(rc, CR_EINVAL);
         ck_assert_str_ne(err.msg, "");
@@ -92,6 +93,12 @@ START_TEST(test_name_helpers)
     ck_assert(!sqs_is_fifo(Q));
     ck_assert(!sqs_is_fifo(NULL));
     ck_assert(!sqs_is_fifo("fifo"));
+    ck_assert(sqs_queue_name_ok("dev-llm-high"));
+    ck_assert(sqs_queue_name_ok("a.fifo"));
+    ck_assert(!sqs_queue_name_ok(".fifo"));
+    ck_assert(!sqs_queue_name_ok("llm.high"));
+    ck_assert(!sqs_queue_name_ok(""));
+    ck_assert(!sqs_queue_name_ok(NULL));
     ck_assert_int_eq(sqs_url_queue_name(QF, big, sizeof big), 0);
     ck_assert_str_eq(big, "dev-jobs.fifo");
     ck_assert_int_eq(sqs_url_queue_name("celery", big, sizeof big), 0);
