@@ -5,9 +5,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../util/alloc.h"
 #include "../util/base64.h"
+#include "../util/md5.h"
 #include "pyjson.h"
 
 /* ------------------------------------------------------------ names tables */
@@ -923,6 +925,17 @@ int sqs_parse_send(const char *resp, size_t len, struct sqs_sent *out, struct cr
     if (rc < 0)
         memset(out, 0, sizeof *out);
     return rc;
+}
+
+int sqs_md5_matches(const char *data, size_t len, const char *md5)
+{
+    char hex[MD5_HEX_LEN + 1];
+    if (!md5 || !*md5)
+        return -1;
+    if (strlen(md5) != MD5_HEX_LEN)
+        return 0;
+    md5_hex(data, len, hex);
+    return strcasecmp(hex, md5) == 0;
 }
 
 int sqs_parse_queue_attrs(const char *resp, size_t len, struct sqs_queue_attrs *out,

@@ -222,6 +222,12 @@ struct sqs_sent {
 int sqs_parse_send(const char *resp, size_t len, struct sqs_sent *out,
                    struct cr_err *err);
 
+/* Whether data[0..len) is what SQS says it stored: 1 when md5 (a received
+ * message's MD5OfBody, a send's MD5OfMessageBody: hex, either case) is its
+ * MD5, 0 when it is not, -1 when md5 is NULL or "" (nothing to check). A
+ * mismatch means the body was damaged on the way. */
+int sqs_md5_matches(const char *data, size_t len, const char *md5);
+
 /* GetQueueAttributes' answer, the attributes the worker reads; -1 when absent
  * (or not a decimal). */
 struct sqs_queue_attrs {

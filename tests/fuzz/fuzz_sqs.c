@@ -98,6 +98,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         for (int i = 0; i < ms.n; i++) {
             if (!ms.v[i].oversize &&
+                sqs_md5_matches(ms.v[i].body, ms.v[i].body_len, ms.v[i].md5_of_body) > 1)
+                abort();
+            if (!ms.v[i].oversize &&
                 sqs_body_decode(&m, ms.v[i].body, ms.v[i].body_len, 0, NULL) == 0)
                 kombu_msg_release(&m);
         }

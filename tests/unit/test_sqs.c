@@ -546,7 +546,19 @@ START_TEST(test_receive_fixture)
     ck_assert_int_eq(ms.n, 2);
     ck_assert_str_eq(ms.v[0].message_id, "0faf99ea-1c1e-4c8e-9a57-3f7a3c2b8f10");
     ck_assert_str_eq(ms.v[0].receipt_handle, "AQEBexampleReceiptHandle+/=1");
-    ck_assert_str_eq(ms.v[0].md5_of_body, "8416dac4d3b2b6a0b1f0e3c5e6d7f8a9");
+    /* the captured MD5OfMessageBody started 8416dac4 */
+    ck_assert_str_eq(ms.v[0].md5_of_body, "8416dac486473a1d314ccf02b163ac9b");
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(
+            sqs_md5_matches(ms.v[i].body, ms.v[i].body_len, ms.v[i].md5_of_body), 1);
+    ck_assert_int_eq(
+        sqs_md5_matches(ms.v[0].body, ms.v[0].body_len - 1, ms.v[0].md5_of_body), 0);
+    ck_assert_int_eq(sqs_md5_matches(ms.v[0].body, ms.v[0].body_len,
+                                     "8416DAC486473A1D314CCF02B163AC9B"),
+                     1);
+    ck_assert_int_eq(sqs_md5_matches(ms.v[0].body, ms.v[0].body_len, "8416dac4"), 0);
+    ck_assert_int_eq(sqs_md5_matches(ms.v[0].body, ms.v[0].body_len, ""), -1);
+    ck_assert_int_eq(sqs_md5_matches(ms.v[0].body, ms.v[0].body_len, NULL), -1);
     ck_assert_str_eq(ms.v[0].body, b64);
     ck_assert_int_eq(ms.v[0].receive_count, 1);
     ck_assert_int_eq(ms.v[1].receive_count, 3);
@@ -736,12 +748,12 @@ START_TEST(test_send_answer)
 {
     struct sqs_sent r;
     ck_assert_int_eq(
-        sqs_parse_send(S("{\"MD5OfMessageBody\":\"8416dac4d3b2b6a0b1f0e3c5e6d7f8a9\","
+        sqs_parse_send(S("{\"MD5OfMessageBody\":\"8416dac486473a1d314ccf02b163ac9b\","
                          "\"MessageId\":\"0faf99ea-1c1e-4c8e-9a57-3f7a3c2b8f10\"}"),
                        &r, NULL),
         0);
     ck_assert_str_eq(r.message_id, "0faf99ea-1c1e-4c8e-9a57-3f7a3c2b8f10");
-    ck_assert_str_eq(r.md5_of_body, "8416dac4d3b2b6a0b1f0e3c5e6d7f8a9");
+    ck_assert_str_eq(r.md5_of_body, "8416dac486473a1d314ccf02b163ac9b");
     ck_assert_str_eq(r.sequence_number, "");
     ck_assert_int_eq(sqs_parse_send(S("{\"MessageId\":\"i\",\"SequenceNumber\":"
                                       "\"18849496460467696128\"}"),
