@@ -452,7 +452,7 @@ static int decode_body(struct kombu_msg *m, const cJSON *body, const cJSON *prop
 }
 
 static int decode_tree(struct kombu_msg *m, cJSON *root, size_t max_body_bytes,
-                       struct cr_err *err)
+                       unsigned flags, struct cr_err *err)
 {
     const cJSON *props, *info, *tag, *v;
     cJSON *headers;
@@ -464,7 +464,8 @@ static int decode_tree(struct kombu_msg *m, cJSON *root, size_t max_body_bytes,
     if (!cJSON_IsObject(props))
         return cr_err_set(err, CR_EDECODE, "envelope has no properties object");
     tag = get(props, "delivery_tag");
-    if (!cJSON_IsString(tag))
+    if (!cJSON_IsString(tag) &&
+        !((flags & KOMBU_DECODE_ANY_TAG) && (!tag || cJSON_IsNull(tag))))
         return cr_err_set(err, CR_EDECODE, "envelope has no delivery tag");
     info = get(props, "delivery_info");
     if (info && !cJSON_IsObject(info) && !cJSON_IsNull(info))
@@ -513,6 +514,12 @@ static int decode_tree(struct kombu_msg *m, cJSON *root, size_t max_body_bytes,
 int kombu_msg_decode(struct kombu_msg *m, const char *env, size_t len,
                      size_t max_body_bytes, struct cr_err *err)
 {
+    return kombu_msg_decode_flags(m, env, len, max_body_bytes, 0, err);
+}
+
+int kombu_msg_decode_flags(struct kombu_msg *m, const char *env, size_t len,
+                           size_t max_body_bytes, unsigned flags, struct cr_err *err)
+{
     cJSON *root = NULL;
     int rc;
     memset(m, 0, sizeof *m);
@@ -522,7 +529,7 @@ int kombu_msg_decode(struct kombu_msg *m, const char *env, size_t len,
     if (rc < 0)
         return cr_err_set(err, CR_EDECODE, "envelope is not JSON: %s",
                           err ? err->msg : "");
-    rc = decode_tree(m, root, max_body_bytes, err);
+    rc = decode_tree(m, root, max_body_bytes, flags, err);
     cJSON_Delete(root);
     if (rc < 0)
         kombu_msg_release(m);

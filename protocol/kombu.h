@@ -113,6 +113,14 @@ int kombu_msg_decode(struct kombu_msg *m, const char *env, size_t len,
                      size_t max_body_bytes, struct cr_err *err);
 void kombu_msg_release(struct kombu_msg *m);
 
+/* kombu_msg_decode with flags. KOMBU_DECODE_ANY_TAG: an envelope without a
+ * delivery tag (absent or null) decodes, its delivery_tag reading "" -- on SQS
+ * the receiver sets the tag from the receipt handle, so a producer may leave
+ * it out. */
+#define KOMBU_DECODE_ANY_TAG 1u
+int kombu_msg_decode_flags(struct kombu_msg *m, const char *env, size_t len,
+                           size_t max_body_bytes, unsigned flags, struct cr_err *err);
+
 /* Appends the envelope of o (borrowed for the call) as kombu writes it
  * (json.dumps spacing, body in base64, body_encoding "base64"), with
  * delivery_tag (a fresh uuid4 per publish, the caller's). A property o omits

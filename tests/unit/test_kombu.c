@@ -355,6 +355,28 @@ static int decode_str(const char *s, struct kombu_msg *m, size_t max)
     return kombu_msg_decode(m, s, strlen(s), max, NULL);
 }
 
+/* Without a delivery tag an envelope is refused, but with
+ * KOMBU_DECODE_ANY_TAG (SQS), where it reads "". */
+START_TEST(test_any_tag)
+{
+    static const char *const forms[] = {"{\"body\": \"\", \"properties\": {}}",
+                                        "{\"body\": \"\", \"properties\": "
+                                        "{\"delivery_tag\": null}}"};
+    struct kombu_msg m;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kombu_msg_decode(&m, S(forms[i]), 0, NULL), CR_EDECODE);
+        ck_assert_int_eq(
+            kombu_msg_decode_flags(&m, S(forms[i]), 0, KOMBU_DECODE_ANY_TAG, NULL), 0);
+        ck_assert_str_eq(m.delivery_tag, "");
+        kombu_msg_release(&m);
+    }
+    ck_assert_int_eq(kombu_msg_decode_flags(&m,
+                                            S("{\"properties\": {\"delivery_tag\": 1}}"),
+                                            0, KOMBU_DECODE_ANY_TAG, NULL),
+                     CR_EDECODE);
+}
+END_TEST
+
 START_TEST(test_body_forms)
 {
     static const char *const bad64[] = {"QQ=",  "Q===",  "QQ=A", "====",       "QQ==QQ==",
@@ -1154,6 +1176,7 @@ Suite *suite(void)
     tcase_add_test(bad, test_kind_swaps);
     tcase_add_test(bad, test_unacked_bad);
     tcase_add_test(bad, test_body_forms);
+    tcase_add_test(bad, test_any_tag);
     tcase_add_test(bad, test_priority_forms);
     tcase_add_test(bad, test_deep_nesting);
     tcase_add_loop_test(bad, test_oom, 0, N_ENVS);

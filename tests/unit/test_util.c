@@ -1,4 +1,4 @@
-/* test_util.c -- buf, err, alloc, sha1 and base64. */
+/* test_util.c -- buf, err, alloc, sha1, md5 and base64. */
 #include <check.h>
 #include <string.h>
 
@@ -6,6 +6,7 @@
 #include "util/base64.h"
 #include "util/buf.h"
 #include "util/err.h"
+#include "util/md5.h"
 #include "util/sha1.h"
 
 START_TEST(test_buf_grow)
@@ -95,6 +96,56 @@ START_TEST(test_sha1)
 }
 END_TEST
 
+START_TEST(test_md5)
+{
+    /* RFC 1321's suite, then every padding boundary (55/56, 63/64/65 and
+     * 119/120 bytes), against Python's hashlib. */
+    static const struct {
+        const char *in, *hex;
+    } rfc[] = {
+        {"", "d41d8cd98f00b204e9800998ecf8427e"},
+        {"a", "0cc175b9c0f1b6a831c399e269772661"},
+        {"abc", "900150983cd24fb0d6963f7d28e17f72"},
+        {"message digest", "f96b697d7cb7938d525a2f31aaf161d0"},
+        {"abcdefghijklmnopqrstuvwxyz", "c3fcd3d76192e4007dfb496cca67e13b"},
+        {"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
+         "d174ab98d277d9f5a5611c2c9f419d9f"},
+        {"1234567890123456789012345678901234567890123456789012345678901234567890"
+         "1234567890",
+         "57edf4a22be3c955ac49da2e2107b67a"},
+    };
+    static const struct {
+        size_t n;
+        const char *hex;
+    } lens[] = {
+        {55, "52c0e574e1198de5fe3f8f11440dcb1b"},
+        {56, "46c9907fc908ee68b1e7b8e71286a518"},
+        {63, "a62f6d59e837867693f042f5b8f5a236"},
+        {64, "7160b8fb5e9e4023d549c3971fbaeead"},
+        {65, "70bd662e7aefbda85a0f7244167b7897"},
+        {119, "e84905d4214f4d1ca56c2cdcc152b143"},
+        {120, "e3eb5a6c8669ea01a8c185b8abc8a5dc"},
+    };
+    unsigned char data[128];
+    char hex[MD5_HEX_LEN + 1];
+    static char million[1000000];
+
+    for (size_t i = 0; i < sizeof(rfc) / sizeof(rfc[0]); i++) {
+        md5_hex(rfc[i].in, strlen(rfc[i].in), hex);
+        ck_assert_msg(!strcmp(hex, rfc[i].hex), "'%s': %s", rfc[i].in, hex);
+    }
+    memset(million, 'a', sizeof(million));
+    md5_hex(million, sizeof(million), hex);
+    ck_assert_str_eq(hex, "7707d6ae4e027c70eea2a935c2296f21");
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (unsigned char)((i * 7 + 3) & 255);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        md5_hex(data, lens[i].n, hex);
+        ck_assert_msg(!strcmp(hex, lens[i].hex), "%zu bytes: %s", lens[i].n, hex);
+    }
+}
+END_TEST
+
 /* Every length 0..40 round-trips, as RFC 4648's vectors; each mode refuses
  * what the other allows. */
 START_TEST(test_base64)
@@ -145,6 +196,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_buf_oom);
     tcase_add_test(tc, test_err);
     tcase_add_test(tc, test_sha1);
+    tcase_add_test(tc, test_md5);
     tcase_add_test(tc, test_base64);
     suite_add_tcase(s, tc);
     return s;
