@@ -36,7 +36,7 @@ static int add(struct curl_slist **list, const char *name, const char *value)
 int sqs_sign_setup(CURL *h, const struct sqs_sign_req *rq, struct curl_slist **hdrs,
                    struct cr_err *err)
 {
-    const char *ctype = rq->content_type ? rq->content_type : SQS_JSON_CONTENT_TYPE;
+    const char *ctype = rq->content_type ? rq->content_type : SQS_CONTENT_TYPE;
     const struct sqs_creds *cr = rq->creds;
     char url[SQS_ENDPOINT_MAX + 2], scope[SQS_REGION_MAX + 16], target[128];
     struct curl_slist *list = NULL;

@@ -20,9 +20,8 @@
 #include <curl/curl.h>
 
 #include "net/sqs_url.h"
+#include "protocol/sqs.h"
 #include "util/err.h"
-
-#define SQS_JSON_CONTENT_TYPE "application/x-amz-json-1.0"
 
 /* One request. Every pointer is borrowed for the sqs_sign_setup() call,
  * except body, which libcurl reads in place: it must stay valid and unchanged
@@ -33,7 +32,7 @@ struct sqs_sign_req {
     const struct sqs_creds *creds; /* key, secret, session token (may be NULL) */
     const char *target;            /* "ReceiveMessage" -> X-Amz-Target: AmazonSQS.<op>;
                                     * NULL: no X-Amz-Target (query protocol) */
-    const char *content_type;      /* NULL: SQS_JSON_CONTENT_TYPE */
+    const char *content_type;      /* NULL: SQS_CONTENT_TYPE (protocol/sqs.h) */
     const char *body;
     size_t body_len;
     const char *amz_date; /* NULL: libcurl's clock; "20261207T084730Z" for tests */

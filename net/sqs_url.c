@@ -389,20 +389,6 @@ static int opt_pairs(const cJSON *v, const char *path, struct sqs_pair **out, in
 /* A canonical SQS name, as kombu's entity_name() leaves it: letters, digits,
  * '-' and '_', with a ".fifo" suffix allowed. kombu looks predefined queues
  * up by that name, so any other key could never be used. */
-static int canonical_name(const char *s)
-{
-    size_t n = strlen(s);
-    if (n >= 5 && strcmp(s + n - 5, ".fifo") == 0)
-        n -= 5;
-    if (n == 0 || strlen(s) > 80)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '_'))
-            return 0;
-    return 1;
-}
-
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -457,7 +443,7 @@ static int queue_one(struct sqs_conf *c, struct sqs_queue_def *q, const cJSON *e
     char path[200];
     int rc;
 
-    if (!canonical_name(e->string))
+    if (!sqs_queue_name_ok(e->string))
         return cr_err_set(err, CR_EINVAL,
                           "predefined queue '%.100s' is not an SQS queue name (letters, "
                           "digits, '-' and '_', at most 80, optional .fifo): kombu "

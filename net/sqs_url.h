@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 
+#include "protocol/sqs.h" /* SQS_VISIBILITY_MAX_S, SQS_WAIT_MAX_S */
 #include "util/err.h"
 
 #define SQS_REGION_MAX 64    /* with the NUL */
@@ -32,8 +33,6 @@
 #define SQS_PREFIX_MAX 81 /* a queue name is at most 80 bytes */
 #define SQS_OPTS_MAX_BYTES 65536
 #define SQS_LIST_MAX 64 /* entries in any one option list or map */
-#define SQS_VISIBILITY_MAX_S 43200
-#define SQS_WAIT_MAX_S 20
 
 enum sqs_creds_source {
     SQS_CREDS_URL,   /* user and password of the broker URL */

@@ -180,7 +180,7 @@ START_TEST(test_vector_json)
     header(&c, "X-Amz-Security-Token", v, sizeof v);
     ck_assert_str_eq(v, TOKEN);
     header(&c, "Content-Type", v, sizeof v);
-    ck_assert_str_eq(v, SQS_JSON_CONTENT_TYPE);
+    ck_assert_str_eq(v, SQS_CONTENT_TYPE);
     header(&c, "X-Amz-Date", v, sizeof v);
     ck_assert_str_eq(v, DATE);
     /* every signed header is sent; none is empty */
@@ -310,7 +310,7 @@ START_TEST(test_refused)
     ck_assert_int_eq(sqs_sign_setup(h, &rq, &hdrs, &e), CR_EINVAL);
     ck_assert_int_eq(sqs_sign_setup(h, &ok, &hdrs, &e), 0);
     ck_assert_ptr_nonnull(hdrs);
-    ck_assert_str_eq(hdrs->data, "Content-Type: " SQS_JSON_CONTENT_TYPE);
+    ck_assert_str_eq(hdrs->data, "Content-Type: " SQS_CONTENT_TYPE);
     ck_assert_str_eq(hdrs->next->data, "X-Amz-Target: AmazonSQS.ReceiveMessage");
     ck_assert_ptr_null(hdrs->next->next);
     curl_easy_cleanup(h);
