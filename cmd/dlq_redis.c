@@ -410,17 +410,7 @@ static int replay(struct rdlq *r, const struct entry *e, struct kombu_msg *m)
         goto out;
     }
     dlq__reset_headers(m->headers);
-    memset(&o, 0, sizeof(o));
-    o.body = m->body;
-    o.body_len = m->body_len;
-    o.content_type = m->content_type;
-    o.content_encoding = m->content_encoding;
-    o.headers = m->headers;
-    o.correlation_id = m->correlation_id;
-    o.reply_to = m->reply_to;
-    o.expiration = *m->expiration ? m->expiration : NULL;
-    o.delivery_mode = m->delivery_mode;
-    o.priority = m->priority;
+    kombu_msg_outbound(m, &o);
     o.exchange = exchange;
     o.routing_key = rk;
     if (kombu_msg_encode(&o, tag, &env))

@@ -1307,3 +1307,20 @@ int kombu_restore_due(const struct kombu_opts *o, double score, double now_s)
     /* ZREVRANGEBYSCORE key (now - timeout) 0: both ends inclusive. */
     return score >= 0 && score <= now_s - o->visibility_timeout_s;
 }
+
+void kombu_msg_outbound(const struct kombu_msg *m, struct outbound *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->body = m->body;
+    o->body_len = m->body_len;
+    o->content_type = m->content_type;
+    o->content_encoding = m->content_encoding;
+    o->headers = m->headers;
+    o->correlation_id = m->correlation_id;
+    o->reply_to = m->reply_to;
+    o->expiration = m->expiration && *m->expiration ? m->expiration : NULL;
+    o->delivery_mode = m->delivery_mode;
+    o->priority = m->priority;
+    o->exchange = m->exchange;
+    o->routing_key = m->routing_key;
+}

@@ -121,6 +121,12 @@ void kombu_msg_release(struct kombu_msg *m);
 int kombu_msg_decode_flags(struct kombu_msg *m, const char *env, size_t len,
                            size_t max_body_bytes, unsigned flags, struct cr_err *err);
 
+/* Fills o with m's message as it was published (body, properties, headers,
+ * exchange and routing key), every pointer borrowed from m; an empty
+ * expiration is none. To send a decoded message on again (a dead letter
+ * replayed, a round trip). */
+void kombu_msg_outbound(const struct kombu_msg *m, struct outbound *o);
+
 /* Appends the envelope of o (borrowed for the call) as kombu writes it
  * (json.dumps spacing, body in base64, body_encoding "base64"), with
  * delivery_tag (a fresh uuid4 per publish, the caller's). A property o omits

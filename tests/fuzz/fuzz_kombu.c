@@ -23,19 +23,7 @@ static void round_trip(const struct kombu_msg *m)
     struct outbound o;
     struct kombu_msg back;
     struct buf out;
-    memset(&o, 0, sizeof o);
-    o.body = m->body;
-    o.body_len = m->body_len;
-    o.content_type = m->content_type;
-    o.content_encoding = m->content_encoding;
-    o.headers = m->headers;
-    o.correlation_id = m->correlation_id;
-    o.reply_to = m->reply_to;
-    o.expiration = m->expiration;
-    o.delivery_mode = m->delivery_mode;
-    o.priority = m->priority;
-    o.exchange = m->exchange;
-    o.routing_key = m->routing_key;
+    kombu_msg_outbound(m, &o);
     buf_init(&out);
     if (kombu_msg_encode(&o, m->delivery_tag, &out) == 0 &&
         kombu_msg_decode(&back, out.data, out.len, 0, NULL) == 0) {

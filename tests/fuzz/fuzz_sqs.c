@@ -24,18 +24,7 @@ static void round_trip(const struct kombu_msg *m)
     struct outbound o;
     struct kombu_msg back;
     struct buf out;
-    memset(&o, 0, sizeof o);
-    o.body = m->body;
-    o.body_len = m->body_len;
-    o.content_type = m->content_type;
-    o.content_encoding = m->content_encoding;
-    o.headers = m->headers;
-    o.correlation_id = m->correlation_id;
-    o.reply_to = m->reply_to;
-    o.delivery_mode = m->delivery_mode;
-    o.priority = m->priority;
-    o.exchange = m->exchange;
-    o.routing_key = m->routing_key;
+    kombu_msg_outbound(m, &o);
     for (int raw = 0; raw < 2; raw++) {
         buf_init(&out);
         if (sqs_body_encode(&o, m->delivery_tag, raw, 1u << 24, &out) != 0)

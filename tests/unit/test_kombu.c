@@ -103,21 +103,11 @@ END_TEST
 static int encode_from(const struct kombu_msg *m, struct buf *out)
 {
     struct outbound o;
-    memset(&o, 0, sizeof o);
-    o.body = m->body;
-    o.body_len = m->body_len;
-    o.content_type = m->content_type;
-    o.content_encoding = m->content_encoding;
-    o.headers = m->headers;
+    kombu_msg_outbound(m, &o);
     /* What kombu was given: Celery passes correlation_id and reply_to for
      * tasks, pidbox and events pass neither. */
     o.correlation_id = m->correlation_id[0] ? m->correlation_id : NULL;
     o.reply_to = m->correlation_id[0] ? m->reply_to : NULL;
-    o.expiration = m->expiration[0] ? m->expiration : NULL;
-    o.delivery_mode = m->delivery_mode;
-    o.priority = m->priority;
-    o.exchange = m->exchange;
-    o.routing_key = m->routing_key;
     return kombu_msg_encode(&o, m->delivery_tag, out);
 }
 

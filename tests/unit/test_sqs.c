@@ -160,18 +160,7 @@ END_TEST
 static int encode_from(const struct kombu_msg *m, int raw, size_t max, struct buf *out)
 {
     struct outbound o;
-    memset(&o, 0, sizeof o);
-    o.body = m->body;
-    o.body_len = m->body_len;
-    o.content_type = m->content_type;
-    o.content_encoding = m->content_encoding;
-    o.headers = m->headers;
-    o.correlation_id = m->correlation_id;
-    o.reply_to = m->reply_to;
-    o.delivery_mode = m->delivery_mode;
-    o.priority = m->priority;
-    o.exchange = m->exchange;
-    o.routing_key = m->routing_key;
+    kombu_msg_outbound(m, &o);
     return sqs_body_encode(&o, m->delivery_tag, raw, max, out);
 }
 
