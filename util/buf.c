@@ -82,9 +82,28 @@ int buf_vprintf(struct buf *b, const char *fmt, va_list ap)
 {
     va_list ap2;
     int n, rc;
+    /* Formatted straight into the room already there: most calls fit, and
+     * then the text is formatted once rather than measured first (measuring
+     * doubled the cost of every buf_printf, 9% of the worker's instructions
+     * on an LLM task). */
     va_copy(ap2, ap);
-    n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
+    if (b->data && b->cap > b->len) {
+        size_t room = b->cap - b->len;
+        n = vsnprintf(b->data + b->len, room, fmt, ap2);
+        va_end(ap2);
+        if (n >= 0 && (size_t)n < room) {
+            if (b->max_bytes && b->len + (size_t)n > b->max_bytes) {
+                b->data[b->len] = '\0';
+                return CR_ETOOBIG;
+            }
+            b->len += (size_t)n;
+            return 0;
+        }
+        b->data[b->len] = '\0';
+    } else {
+        n = vsnprintf(NULL, 0, fmt, ap2);
+        va_end(ap2);
+    }
     if (n < 0)
         return CR_EINVAL;
     rc = buf_reserve(b, (size_t)n);

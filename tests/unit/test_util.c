@@ -46,6 +46,52 @@ START_TEST(test_buf_oom)
 }
 END_TEST
 
+/* buf_printf formats into the room a buffer has when the text fits, and
+ * grows it when not: both ways give the same text, and a text past the limit
+ * or past the room leaves the buffer as it was (NUL-terminated). */
+START_TEST(test_buf_printf_room)
+{
+    struct buf b;
+    char big[300];
+    buf_init(&b);
+    ck_assert_int_eq(buf_reserve(&b, 40), 0);
+    ck_assert_int_eq(buf_printf(&b, "%s-%d", "ab", 12), 0); /* fits the room */
+    ck_assert_str_eq(b.data, "ab-12");
+    ck_assert_uint_eq(b.len, 5);
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    ck_assert_uint_lt(b.cap - b.len, sizeof(big)); /* does not fit: grows */
+    ck_assert_int_eq(buf_printf(&b, "[%s]", big), 0);
+    ck_assert_uint_eq(b.len, 5 + sizeof(big) + 1);
+    ck_assert(strncmp(b.data, "ab-12[xxx", 9) == 0);
+    ck_assert_int_eq(b.data[b.len - 1], ']');
+    ck_assert_int_eq(b.data[b.len], '\0');
+    buf_release(&b);
+
+    /* within the room but past max_bytes: refused, the room's bytes cleared */
+    buf_init(&b);
+    ck_assert_int_eq(buf_reserve(&b, 60), 0);
+    b.max_bytes = 8;
+    ck_assert_int_eq(buf_printf(&b, "%s", "abcd"), 0);
+    ck_assert_int_eq(buf_printf(&b, "%s", "efghij"), CR_ETOOBIG);
+    ck_assert_str_eq(b.data, "abcd");
+    ck_assert_uint_eq(b.len, 4);
+    ck_assert_int_eq(buf_printf(&b, "%d", 5678), 0);
+    ck_assert_str_eq(b.data, "abcd5678");
+    buf_release(&b);
+
+    /* past the room, growing refused: the cut text written into the room
+     * is taken back */
+    buf_init(&b);
+    ck_assert_int_eq(buf_puts(&b, "ok"), 0);
+    cr_alloc_fail_after(1);
+    ck_assert_int_eq(buf_printf(&b, "%s", big), CR_ENOMEM);
+    ck_assert_str_eq(b.data, "ok");
+    ck_assert_uint_eq(b.len, 2);
+    buf_release(&b);
+}
+END_TEST
+
 START_TEST(test_err)
 {
     struct cr_err e;
@@ -194,6 +240,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_buf_grow);
     tcase_add_test(tc, test_buf_limit);
     tcase_add_test(tc, test_buf_oom);
+    tcase_add_test(tc, test_buf_printf_room);
     tcase_add_test(tc, test_err);
     tcase_add_test(tc, test_sha1);
     tcase_add_test(tc, test_md5);
