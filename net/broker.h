@@ -4,6 +4,10 @@
  * - amqp:// and amqps:// (net/rmq_broker.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
  * - redis://, rediss://, redis+socket://, unix:// and sentinel:// (net/redis_broker.c):
  *   kombu's Redis transport, as Python producers and workers write it.
+ * - sqs:// (net/sqs_broker.c): Amazon SQS as kombu's SQS transport uses it
+ *   (JSON protocol, SigV4 by libcurl). No fanout: no remote control, no
+ *   events; one long poll per queue; acks are DeleteMessageBatch, a requeue
+ *   a visibility change; transport options are kombu's SQS ones.
  *
  * Callers (the worker's switchboard, remote control, events, metrics, the
  * gateway, the dlq tool) see only this header. A transport allocates and fills
@@ -93,8 +97,10 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
 /* 1 when url names a Redis transport (redis, rediss, redis+socket, unix,
  * sentinel), else 0 (AMQP). */
 int broker_url_is_redis(const char *url);
+/* 1 when url names Amazon SQS (sqs://), else 0. */
+int broker_url_is_sqs(const char *url);
 
-/* "amqp" or "redis": for logs, and for what differs on the wire (events go
+/* "amqp", "redis" or "sqs": for logs, and for what differs on the wire (events go
  * to a fanout exchange on Redis, as Celery switches them). */
 const char *broker_transport(const struct broker *b);
 
