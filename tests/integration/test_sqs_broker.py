@@ -1,0 +1,101 @@
+"""Issue 33: Amazon SQS as the broker. A real Python Celery client sends over
+sqs:// to the local emulator (the `sqs_emu` fixture), a real celeriac worker
+consumes, and the results come back through Redis. Each test keeps to a
+queue_name_prefix of its own; wait_time_seconds is 1 (the emulator answers a
+long poll only when it is full or timed out)."""
+import base64
+import json
+import signal
+import time
+
+from conftest import wait_until
+
+
+def sqs_worker(env, emu, prefix, *args, **kw):
+    opts = emu.transport_options(queue_name_prefix=prefix)
+    return env.worker("-b", emu.broker_url, "--broker-transport-options", json.dumps(opts),
+                      *args, **kw)
+
+
+def visible(emu, sqs_name):
+    attrs = emu.client().get_queue_attributes(
+        QueueUrl=emu.queue_url(sqs_name),
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    a = attrs["Attributes"]
+    return int(a["ApproximateNumberOfMessages"]), int(a["ApproximateNumberOfMessagesNotVisible"])
+
+
+def test_python_client_task_runs_and_is_deleted(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["hello sqs"])
+    assert r.get(timeout=20) == env.fake.expected_text("hello sqs")
+    wait_until(lambda: sqs_emu.requests("DeleteMessageBatch", since=mark), 5,
+               what="DeleteMessageBatch")
+    assert visible(sqs_emu, prefix + "celery") == (0, 0)
+    # celeriac created the queue as kombu does, and polls as 5.6.2 does
+    created = sqs_emu.requests("CreateQueue", since=mark)
+    assert created and created[0]["params"]["Attributes"]["VisibilityTimeout"] == "1800"
+    polls = [q for q in sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    assert polls and all(p["params"]["WaitTimeSeconds"] == 1 for p in polls)
+    assert "remote control and events are off" in w.log()
+
+
+def test_dotted_queue_with_prefix_meets_the_python_client(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    sqs_worker(env, sqs_emu, prefix, "-Q", "llm.high")
+    r = app.send_task("llm.generate", args=["dotted"], queue="llm.high")
+    assert r.get(timeout=20) == env.fake.expected_text("dotted")
+    names = [u.rsplit("/", 1)[1] for u in
+             sqs_emu.client().list_queues(QueueNamePrefix=prefix).get("QueueUrls", [])]
+    assert prefix + "llm-high" in names
+    assert visible(sqs_emu, prefix + "llm-high") == (0, 0)
+
+
+def test_permanent_failure_is_dead_lettered_and_stored(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["status=400;err_msg=nope"])
+    sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["doomed"])
+    dead = sqs_emu.queue_url(prefix + "celeriac-dead")
+    got = []
+
+    def dead_letter():
+        m = sqs_emu.client().receive_message(QueueUrl=dead, WaitTimeSeconds=1)
+        got.extend(m.get("Messages", []))
+        return got
+
+    wait_until(dead_letter, 20, what="dead letter")
+    dl = json.loads(base64.b64decode(got[0]["Body"]))
+    assert dl["headers"]["id"] == r.id
+    assert dl["properties"]["delivery_info"]["routing_key"] == "celeriac.dead"
+    wait_until(lambda: env.meta(r.id), 10, what="stored result")
+    assert env.meta(r.id)["status"] == "FAILURE"
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+
+
+def test_warm_shutdown_gives_back_what_was_prefetched(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["latency_ms=1500;tokens=2"])
+    w = sqs_worker(env, sqs_emu, prefix, "-c", "1", "--prefetch-multiplier", "1")
+    later = app.send_task("llm.generate", args=["held"], countdown=60)
+    first = app.send_task("llm.generate", args=["running"])
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 2), 10, what="both held")
+    mark = sqs_emu.mark()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0
+    assert first.get(timeout=5) == env.fake.expected_text("running")
+    assert sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    # visible again at once, not after the 1800 s visibility timeout
+    t0 = time.time()
+    wait_until(lambda: visible(sqs_emu, prefix + "celery")[0] == 1, 5, what="given back")
+    assert time.time() - t0 < 5
+    m = sqs_emu.client().receive_message(QueueUrl=sqs_emu.queue_url(prefix + "celery"),
+                                         AttributeNames=["ApproximateReceiveCount"])
+    body = json.loads(base64.b64decode(m["Messages"][0]["Body"]))
+    assert body["headers"]["id"] == later.id
