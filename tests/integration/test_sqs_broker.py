@@ -101,3 +101,61 @@ def test_warm_shutdown_gives_back_what_was_prefetched(env, sqs_emu):
     assert time.time() - t0 < 5
     body = json.loads(base64.b64decode(m["Messages"][0]["Body"]))
     assert body["headers"]["id"] == later.id
+
+
+def test_retry_is_republished_through_sqs(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["status=429;ra=1", "tokens=4"])
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["retry me"])
+    assert r.get(timeout=20) == env.fake.expected_text("retry me", tokens=4)
+    assert w.count(r"Retry in") >= 1
+    # the retry went out through SendMessage before the original was deleted
+    sends = [q for q in sqs_emu.requests("SendMessage", since=mark) if q.get("json")]
+    assert len(sends) == 1
+    body = json.loads(base64.b64decode(sends[0]["params"]["MessageBody"]))
+    assert body["headers"]["id"] == r.id and body["headers"]["retries"] == 1
+    assert body["properties"]["delivery_info"] == {"exchange": "", "routing_key": "celery"}
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+
+
+def test_burst_acked_in_batches_of_ten(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    hold = "b" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold] * 24)
+    mark = sqs_emu.mark()
+    sqs_worker(env, sqs_emu, prefix, "-c", "24")
+    rs = [app.send_task("llm.generate", args=["burst %d" % i]) for i in range(24)]
+    wait_until(lambda: env.fake.held(hold) == 24, 15, what="all 24 running")
+    env.fake.release(hold)
+    for r in rs:
+        r.get(timeout=20)
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+    batches = [len(q["params"]["Entries"]) for q in
+               sqs_emu.requests("DeleteMessageBatch", since=mark)]
+    assert sum(batches) == 24 and max(batches) <= 10 and len(batches) < 24, batches
+    polls = [q["params"]["MaxNumberOfMessages"] for q in
+             sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    assert polls and max(polls) <= 10
+
+
+def test_visibility_extended_while_a_task_runs(env, sqs_emu):
+    """visibility_timeout 3 (the queue is created with it): a 5 s task is kept
+    invisible by ChangeMessageVisibilityBatch every second, so it runs once."""
+    prefix = sqs_emu.prefix()
+    opts = {"visibility_timeout": 3}
+    app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options=opts)
+    env.fake.script(["latency_ms=5000;tokens=2"])
+    mark = sqs_emu.mark()
+    w = env.worker("-b", sqs_emu.broker_url, "--broker-transport-options",
+                   json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix, **opts)))
+    r = app.send_task("llm.generate", args=["long one"])
+    assert r.get(timeout=20)
+    time.sleep(0.5)
+    assert w.count(r"Task llm.generate\[%s\] received" % r.id) == 1
+    ext = sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    assert len(ext) >= 2
+    assert all(e["params"]["Entries"][0]["VisibilityTimeout"] == 3 for e in ext)
