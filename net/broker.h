@@ -164,7 +164,15 @@ int broker_blocked(const struct broker *b, const char **why);
  * list with the redelivered flags, in one script that also removes the
  * record, and only if the record is unchanged: at the tail (LPUSH, kombu's
  * requeue) while consuming, at the head (RPUSH, kombu's restore) after
- * broker_stop_consuming(), so that other workers take it at once. */
+ * broker_stop_consuming(), so that other workers take it at once.
+ *
+ * SQS: an ack is a DeleteMessageBatch entry (per queue, ten at most), sent
+ * with the iteration's others; reject(requeue = 0) too (the dead letter is
+ * the caller's publish); reject(requeue = 1) makes the message visible again
+ * after wait_time_seconds (ChangeMessageVisibilityBatch, kombu 5.6.2's rule,
+ * so that an open long poll cannot take it back). A failed settle is retried
+ * with back-off on throttling and 5xx, else logged: the message comes back
+ * after its visibility timeout. Always 0 but CR_ENOMEM. */
 int broker_ack(struct broker *b, struct delivery *d);
 int broker_reject(struct broker *b, struct delivery *d, int requeue);
 
@@ -185,7 +193,14 @@ int broker_live(const struct broker *b, const struct delivery *d);
  * other: the queues its binding set names (direct: equal key; topic: kombu's
  * match), none matching drops it as kombu does (ok = 1). The confirm is
  * Redis's reply (ok = 0 on an error reply or a lost connection); nothing is
- * ever held. CR_EBROKER while the commands connection is down. */
+ * ever held. CR_EBROKER while the commands connection is down.
+ *
+ * SQS: SendMessage of kombu's base64 envelope (exchange "", the routing key
+ * the Celery queue) to the queue the routing key names (a publish to the
+ * dead-letter exchange goes to the dead-letter queue); a queue not seen yet
+ * is resolved first (GetQueueUrl, CreateQueue when missing). The confirm is
+ * SQS's answer, after retries with back-off on throttling and 5xx.
+ * CR_EINVAL for a queue name SQS refuses or one not in predefined_queues. */
 int broker_publish(struct broker *b, const struct outbound *o, broker_confirm_fn *cb,
                    void *privdata);
 
@@ -278,7 +293,11 @@ void broker_stop_consuming(struct broker *b);
  * are restored here (to the head of their lists, redelivered) and the
  * mailbox's binding removed; this runs the loop until Redis has answered,
  * 3 s at most (the owner's loop is ending). What is still unrestored comes
- * back after the visibility timeout. */
+ * back after the visibility timeout.
+ * SQS: the open long polls are let end (what they bring is held too), then
+ * every held message is made visible again (ChangeMessageVisibilityBatch,
+ * 0, or wait_time_seconds if a poll is still open after 3 s); the loop runs
+ * until SQS has answered, 3 s at most. */
 void broker_free(struct broker *b);
 
 #endif

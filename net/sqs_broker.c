@@ -894,6 +894,11 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
             LOG(LOG_WARNING,
                 "broker: sqs: ReceiveMessage on %s: HTTP %ld %s %s (%s); again in %u ms",
                 c->qu->name, status, e.code, e.message, sqs_err_kind_name(e.kind), pause);
+            /* Deleted under us: found again, or created as at start-up (the
+             * old URL stays in use until then). A predefined URL is as given. */
+            if (e.kind == SQS_ERR_QUEUE_MISSING && !c->qu->resolving &&
+                !b->conf.npredefined)
+                resolve_start(b, c->qu, 0);
         }
         c->paused_until = now_ms(b) + pause;
         return;
@@ -947,7 +952,7 @@ static void flush_settles(struct sqs_broker *b)
         struct settle *first = b->settles, **pp = &b->settles, *batch = NULL,
                       **tail = &batch;
         struct sqs_entry e[SQS_BATCH_MAX];
-        char ids[SQS_BATCH_MAX][8];
+        char ids[SQS_BATCH_MAX][16];
         struct cr_err err = {0};
         struct req *r;
         int n = 0, rc;
