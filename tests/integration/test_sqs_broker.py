@@ -159,3 +159,41 @@ def test_visibility_extended_while_a_task_runs(env, sqs_emu):
     ext = sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
     assert len(ext) >= 2
     assert all(e["params"]["Entries"][0]["VisibilityTimeout"] == 3 for e in ext)
+
+
+def test_kill_9_mid_task_comes_back_after_the_visibility_timeout(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    opts = {"visibility_timeout": 3}
+    app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options=opts)
+    hold = "k" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold, "tokens=2"])
+    args = ["--broker-transport-options",
+            json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix, **opts))]
+    w1 = env.worker("-b", sqs_emu.broker_url, *args)
+    r = app.send_task("llm.generate", args=["killed"])
+    wait_until(lambda: env.fake.held(hold) == 1, 10, what="running")
+    w1.signal(signal.SIGKILL)
+    w1.wait(10)
+    env.fake.release(hold)
+    w2 = env.worker("-b", sqs_emu.broker_url, *args)
+    assert r.get(timeout=20)
+    assert env.meta(r.id)["status"] == "SUCCESS"
+    w2.wait_for(r"Task llm.generate\[%s\] received" % r.id)
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+
+
+def test_fifo_queue_keeps_order(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix, "-Q", "jobs.fifo", "-c", "1",
+                   "--prefetch-multiplier", "1")
+    rs = [app.send_task("llm.generate", args=["fifo %d" % i], queue="jobs.fifo")
+          for i in range(5)]
+    for r in rs:
+        assert r.get(timeout=20)
+    created = [q for q in sqs_emu.requests("CreateQueue", since=mark) if q.get("json")]
+    assert created[0]["params"]["QueueName"] == prefix + "jobs.fifo"
+    assert created[0]["params"]["Attributes"]["FifoQueue"] == "true"
+    order = [l for l in w.log().splitlines() if "received" in l]
+    assert [r.id for r in rs] == [l.split("[")[-1].split("]")[0] for l in order]
