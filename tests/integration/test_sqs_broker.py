@@ -8,7 +8,10 @@ import json
 import signal
 import time
 
-from conftest import wait_until
+import re
+import urllib.request
+
+from conftest import free_port, wait_until
 
 
 def sqs_worker(env, emu, prefix, *args, **kw):
@@ -197,3 +200,27 @@ def test_fifo_queue_keeps_order(env, sqs_emu):
     assert created[0]["params"]["Attributes"]["FifoQueue"] == "true"
     order = [l for l in w.log().splitlines() if "received" in l]
     assert [r.id for r in rs] == [l.split("[")[-1].split("]")[0] for l in order]
+
+
+def test_metrics_report_queue_depth_from_sqs(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    hold = "m" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold] * 4)
+    port = free_port()
+    sqs_worker(env, sqs_emu, prefix, "-c", "1", "--prefetch-multiplier", "1",
+               "--metrics-port", str(port))
+    rs = [app.send_task("llm.generate", args=["depth %d" % i]) for i in range(4)]
+
+    def depth():
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read()
+        m = re.search(r'^celeriac_queue_messages\{queue="celery"\} (\S+)$', text.decode(), re.M)
+        return m and float(m.group(1))
+
+    # the emulator counts in-flight messages in ApproximateNumberOfMessages
+    wait_until(lambda: env.fake.held(hold) == 1 and depth() == visible(sqs_emu, prefix + "celery")[0]
+               and depth() >= 3, 20, what="depth polled")
+    env.fake.release(hold)
+    for r in rs:
+        env.fake.release(hold)
+        r.get(timeout=20)
