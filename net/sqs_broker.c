@@ -661,6 +661,10 @@ static void resolve_start(struct sqs_broker *b, struct qurl *u, int create)
 static void resolved(struct sqs_broker *b, struct qurl *u)
 {
     u->resolving = 0;
+    /* a poll paused for a missing queue goes again at once */
+    for (int i = 0; u->url && i < b->ncons; i++)
+        if (b->cons[i].qu == u)
+            b->cons[i].paused_until = 0;
     while (u->waiting) {
         struct pub *p = u->waiting;
         u->waiting = p->next;
@@ -1133,6 +1137,8 @@ static void resolve_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
         else {
             cr_free(u->url);
             u->url = url;
+            if (create)
+                LOG(LOG_INFO, "broker: sqs: created queue %s", u->name);
         }
         req_free(r);
         resolved(b, u);

@@ -224,3 +224,17 @@ def test_metrics_report_queue_depth_from_sqs(env, sqs_emu):
     for r in rs:
         env.fake.release(hold)
         r.get(timeout=20)
+
+
+def test_queue_deleted_under_the_worker_is_created_again(env, sqs_emu):
+    """kombu's worker exits on a 4xx poll; celeriac logs it, finds the queue
+    again (creating it as at start) and goes on."""
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    w = sqs_worker(env, sqs_emu, prefix)
+    sqs_emu.client().delete_queue(QueueUrl=sqs_emu.queue_url(prefix + "celery"))
+    w.wait_for(r"ReceiveMessage on %scelery: HTTP 400" % prefix, 10)
+    w.wait_for(r"created queue %scelery" % prefix, 10, count=2)
+    r = app.send_task("llm.generate", args=["after the delete"])
+    assert r.get(timeout=20) == env.fake.expected_text("after the delete")
+    assert w.proc.poll() is None
