@@ -5,13 +5,17 @@ queue_name_prefix of its own; wait_time_seconds is 1 (the emulator answers a
 long poll only when it is full or timed out)."""
 import base64
 import json
+import os
 import signal
+import subprocess
+import textwrap
 import time
+import uuid
 
 import re
 import urllib.request
 
-from conftest import free_port, wait_until
+from conftest import PY, free_port, wait_until
 
 
 def sqs_worker(env, emu, prefix, *args, **kw):
@@ -146,12 +150,12 @@ def test_burst_acked_in_batches_of_ten(env, sqs_emu):
 
 
 def test_visibility_extended_while_a_task_runs(env, sqs_emu):
-    """visibility_timeout 3 (the queue is created with it): a 5 s task is kept
+    """visibility_timeout 3 (the queue is created with it): a 4 s task is kept
     invisible by ChangeMessageVisibilityBatch every second, so it runs once."""
     prefix = sqs_emu.prefix()
     opts = {"visibility_timeout": 3}
     app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options=opts)
-    env.fake.script(["latency_ms=5000;tokens=2"])
+    env.fake.script(["latency_ms=4000;tokens=2"])
     mark = sqs_emu.mark()
     w = env.worker("-b", sqs_emu.broker_url, "--broker-transport-options",
                    json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix, **opts)))
@@ -238,3 +242,56 @@ def test_queue_deleted_under_the_worker_is_created_again(env, sqs_emu):
     r = app.send_task("llm.generate", args=["after the delete"])
     assert r.get(timeout=20) == env.fake.expected_text("after the delete")
     assert w.proc.poll() is None
+
+
+PYAPP = textwrap.dedent('''
+    import json, os, time
+    from celery import Celery
+    app = Celery("pyfleet", broker=os.environ["SQS_BROKER"], backend=os.environ["SQS_BACKEND"])
+    app.conf.update(broker_connection_retry_on_startup=True,
+                    broker_transport_options=json.loads(os.environ["SQS_TRANSPORT_OPTIONS"]))
+
+    @app.task(name="llm.generate")
+    def generate(prompt, **kw):
+        time.sleep(0.05)
+        return "py:" + prompt
+''')
+
+
+def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    (tmp_path / "pyfleet.py").write_text(PYAPP)
+    log_path = tmp_path / "py.log"
+    penv = dict(os.environ, SQS_BROKER=sqs_emu.broker_url, SQS_BACKEND=env.backend,
+                SQS_TRANSPORT_OPTIONS=json.dumps(
+                    sqs_emu.transport_options(queue_name_prefix=prefix)))
+    with open(log_path, "w") as log:
+        py = subprocess.Popen([PY, "-m", "celery", "-A", "pyfleet", "worker", "-P", "solo",
+                               "--without-gossip", "--without-mingle", "-n",
+                               "py-%s@%%h" % uuid.uuid4().hex[:6], "-l", "info"],
+                              cwd=str(tmp_path), env=penv, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "ready." in log_path.read_text() or py.poll() is not None, 60,
+                   what="the Python worker")
+        assert py.poll() is None, log_path.read_text()[-3000:]
+        env.fake.script(["latency_ms=150;tokens=2"] * 40)
+        w = sqs_worker(env, sqs_emu, prefix, "-c", "2", "--prefetch-multiplier", "1")
+        rs = [app.send_task("llm.generate", args=["fleet %d" % i]) for i in range(40)]
+        out = [r.get(timeout=60) for r in rs]
+        by_py = sum(1 for o in out if o.startswith("py:"))
+        assert 0 < by_py < 40, by_py
+        time.sleep(0.5)
+        ran_here = w.count(r"Task llm.generate\[.*\] succeeded")
+        assert ran_here == 40 - by_py
+        assert len(set(l for l in log_path.read_text().splitlines()
+                       if "succeeded" in l)) == by_py
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+    finally:
+        py.terminate()
+        try:
+            py.wait(20)
+        except subprocess.TimeoutExpired:
+            py.kill()
+            py.wait()
