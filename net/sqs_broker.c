@@ -81,6 +81,8 @@ struct qurl {
     const char *endpoint; /* the conf's or a predefined queue's */
     const char *region;
     const struct sqs_creds *creds;
+    long vis_s;          /* the queue's VisibilityTimeout, read at connect; 0: the
+                          * visibility_timeout option */
     struct pub *waiting; /* publishes waiting for the URL */
 };
 
@@ -174,6 +176,7 @@ struct sqs_broker {
     int consuming;
     int prefetch;
     int freeing;
+    char last_err[256]; /* why the last add_consumer failed */
     uint64_t last_extend_ms;
 };
 
@@ -586,6 +589,37 @@ static int resolve_blocking(struct sqs_broker *b, struct qurl *u, struct cr_err 
                           e.message);
     }
     return cr_err_set(err, CR_EBROKER, "sqs: cannot resolve %s", u->name);
+}
+
+/* Start-up: the queue's own VisibilityTimeout, which is what a held message
+ * must be extended to (the option only applies to queues we create). A
+ * failure leaves the option's value in use. */
+static void read_visibility(struct sqs_broker *b, struct qurl *u)
+{
+    static const char *const names[] = {"VisibilityTimeout"};
+    struct buf body, resp;
+    struct cr_err err = {0};
+    struct sqs_queue_attrs a;
+    char qerr[160] = "";
+    long status = 0;
+    buf_init(&body);
+    buf_init(&resp);
+    if (sqs_req_get_queue_attributes(&body, u->url, names, 1, &err) ||
+        call_blocking(b, u, SQS_GET_QUEUE_ATTRIBUTES, &body, &status, &resp, qerr,
+                      &err)) {
+        buf_release(&body);
+        return;
+    }
+    buf_release(&body);
+    if (status == 200 &&
+        !sqs_parse_queue_attrs(resp.data ? resp.data : "", resp.len, &a, &err) &&
+        a.visibility_timeout_s > 0) {
+        u->vis_s = a.visibility_timeout_s;
+        if (a.visibility_timeout_s != b->conf.visibility_timeout_s)
+            LOG(LOG_INFO, "broker: sqs: queue %s has a visibility timeout of %ld s",
+                u->name, a.visibility_timeout_s);
+    }
+    buf_release(&resp);
 }
 
 /* ------------------------------------------------------------ publishing */
@@ -1076,15 +1110,16 @@ static void on_prepare(uv_prepare_t *p)
  * another worker meanwhile. */
 static void extend_visibility(struct sqs_broker *b, uint64_t now)
 {
-    uint64_t period = (uint64_t)b->conf.visibility_timeout_s * 1000 / 3;
-    if (period < 1000)
-        period = 1000;
     for (struct held *h = b->held; h; h = h->next) {
+        long vis = h->qu->vis_s > 0 ? h->qu->vis_s : b->conf.visibility_timeout_s;
+        uint64_t period = (uint64_t)vis * 1000 / 3;
+        if (period < 1000)
+            period = 1000;
         if (now - h->extended_ms < period)
             continue;
         if (now - h->received_ms > (uint64_t)SQS_VISIBILITY_MAX_S * 1000 - period)
             continue; /* SQS's 12 h cap counts from receipt */
-        if (settle_add(b, h->qu, h->receipt, 0, b->conf.visibility_timeout_s) == 0)
+        if (settle_add(b, h->qu, h->receipt, 0, vis) == 0)
             h->extended_ms = now;
     }
 }
@@ -1216,6 +1251,8 @@ static int sqs_connect(struct broker *base, struct cr_err *err)
         struct qurl *u = b->cons[i].qu;
         if (!u->url && resolve_blocking(b, u, err))
             return err->code;
+        if (!u->vis_s && !b->cons[i].q.no_consume)
+            read_visibility(b, u);
     }
     if (b->cfg.dlq) {
         struct qurl *u = qurl_get(b, b->cfg.dlq, err);
@@ -1273,6 +1310,7 @@ static int sqs_add_consumer(struct broker *base, const struct broker_queue *q)
     u = qurl_get(b, q->name, &err);
     if (!u) {
         LOG(LOG_ERROR, "broker: %s", err.msg);
+        snprintf(b->last_err, sizeof(b->last_err), "%s", err.msg);
         return err.code;
     }
     if (b->ncons == b->cap_cons) {
@@ -1581,7 +1619,8 @@ struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
         struct broker_queue q;
         broker_task_queue(&q, cfg->queues[i]);
         if (sqs_add_consumer(&b->base, &q)) {
-            cr_err_set(err, CR_EINVAL, "sqs: cannot consume queue '%s'", cfg->queues[i]);
+            cr_err_set(err, CR_EINVAL, "%s",
+                       b->last_err[0] ? b->last_err : "sqs: cannot consume a queue");
             sqs_free(&b->base);
             return NULL;
         }

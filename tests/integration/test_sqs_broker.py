@@ -150,15 +150,18 @@ def test_burst_acked_in_batches_of_ten(env, sqs_emu):
 
 
 def test_visibility_extended_while_a_task_runs(env, sqs_emu):
-    """visibility_timeout 3 (the queue is created with it): a 4 s task is kept
-    invisible by ChangeMessageVisibilityBatch every second, so it runs once."""
+    """A queue made elsewhere with a 3 s visibility timeout (the option, 1800,
+    applies only to queues the worker creates): celeriac reads the queue's
+    own, and a 4 s task is kept invisible by ChangeMessageVisibilityBatch
+    every second, so it runs once."""
     prefix = sqs_emu.prefix()
-    opts = {"visibility_timeout": 3}
-    app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options=opts)
+    sqs_emu.client().create_queue(QueueName=prefix + "celery",
+                                  Attributes={"VisibilityTimeout": "3"})
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
     env.fake.script(["latency_ms=4000;tokens=2"])
     mark = sqs_emu.mark()
-    w = env.worker("-b", sqs_emu.broker_url, "--broker-transport-options",
-                   json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix, **opts)))
+    w = sqs_worker(env, sqs_emu, prefix)
+    w.wait_for(r"has a visibility timeout of 3 s")
     r = app.send_task("llm.generate", args=["long one"])
     assert r.get(timeout=20)
     time.sleep(0.5)
@@ -166,6 +169,8 @@ def test_visibility_extended_while_a_task_runs(env, sqs_emu):
     ext = sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
     assert len(ext) >= 2
     assert all(e["params"]["Entries"][0]["VisibilityTimeout"] == 3 for e in ext)
+    assert not [q for q in sqs_emu.requests("CreateQueue", since=mark)
+                if q["params"]["QueueName"] == prefix + "celery"]
 
 
 def test_kill_9_mid_task_comes_back_after_the_visibility_timeout(env, sqs_emu):
