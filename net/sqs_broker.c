@@ -55,6 +55,25 @@ int sqs_receive_room(int prefetch, int held, int asked)
     return room < SQS_BATCH_MAX ? room : SQS_BATCH_MAX;
 }
 
+struct sqs_pending *sqs_batch_take(struct sqs_pending **list, int *n)
+{
+    struct sqs_pending *first = *list, *batch = NULL, **tail = &batch, **pp = list;
+    *n = 0;
+    while (first && *pp && *n < SQS_BATCH_MAX) {
+        struct sqs_pending *s = *pp;
+        if (s->queue == first->queue && s->del == first->del) {
+            *pp = s->next;
+            s->next = NULL;
+            *tail = s;
+            tail = &s->next;
+            (*n)++;
+        } else {
+            pp = &s->next;
+        }
+    }
+    return batch;
+}
+
 unsigned sqs_backoff_ms(int attempt, unsigned cap_ms, double jitter)
 {
     unsigned d = 200;
@@ -108,10 +127,9 @@ struct held {
 
 /* A settlement waiting for the next flush: delete, or change visibility. */
 struct settle {
-    struct settle *next;
+    struct sqs_pending p; /* first: next, the queue (its qurl), the kind */
     struct qurl *qu;
     char *receipt;
-    int del; /* 1: DeleteMessage; 0: change visibility */
     long vis_s;
 };
 
@@ -168,7 +186,7 @@ struct sqs_broker {
     int ncons, cap_cons;
     struct held *held;
     int nheld;
-    struct settle *settles; /* to flush */
+    struct sqs_pending *settles; /* struct settle nodes, to flush */
     struct req *active;
     struct req *retry;
     int nactive_receives;
@@ -343,7 +361,7 @@ static void req_drop_easy(struct req *r)
 static void settles_free(struct settle *s)
 {
     while (s) {
-        struct settle *n = s->next;
+        struct settle *n = (struct settle *)s->p.next;
         cr_free(s->receipt);
         cr_free(s);
         s = n;
@@ -963,10 +981,11 @@ static int settle_add(struct sqs_broker *b, struct qurl *u, const char *receipt,
         return CR_ENOMEM;
     }
     s->qu = u;
-    s->del = del;
+    s->p.queue = u;
+    s->p.del = del;
     s->vis_s = vis_s;
-    s->next = b->settles;
-    b->settles = s;
+    s->p.next = b->settles;
+    b->settles = &s->p;
     return 0;
 }
 
@@ -987,32 +1006,23 @@ static void held_remove(struct sqs_broker *b, struct held *h)
 static void flush_settles(struct sqs_broker *b)
 {
     while (b->settles) {
-        struct settle *first = b->settles, **pp = &b->settles, *batch = NULL,
-                      **tail = &batch;
         struct sqs_entry e[SQS_BATCH_MAX];
         char ids[SQS_BATCH_MAX][16];
         struct cr_err err = {0};
+        struct settle *batch, *first;
         struct req *r;
         int n = 0, rc;
-        while (*pp && n < SQS_BATCH_MAX) {
-            struct settle *s = *pp;
-            if (s->qu == first->qu && s->del == first->del) {
-                *pp = s->next;
-                s->next = NULL;
-                *tail = s;
-                tail = &s->next;
-                snprintf(ids[n], sizeof(ids[n]), "m%d", n);
-                e[n].id = ids[n];
-                e[n].receipt_handle = s->receipt;
-                e[n].visibility_timeout_s = s->vis_s;
-                n++;
-            } else {
-                pp = &s->next;
-            }
+        batch = first = (struct settle *)sqs_batch_take(&b->settles, &n);
+        n = 0;
+        for (struct settle *s = batch; s; s = (struct settle *)s->p.next, n++) {
+            snprintf(ids[n], sizeof(ids[n]), "m%d", n);
+            e[n].id = ids[n];
+            e[n].receipt_handle = s->receipt;
+            e[n].visibility_timeout_s = s->vis_s;
         }
         r = req_new(b, RK_SETTLE,
-                    first->del ? SQS_DELETE_MESSAGE_BATCH
-                               : SQS_CHANGE_MESSAGE_VISIBILITY_BATCH,
+                    first->p.del ? SQS_DELETE_MESSAGE_BATCH
+                                 : SQS_CHANGE_MESSAGE_VISIBILITY_BATCH,
                     first->qu);
         if (!r) {
             settles_free(batch);
@@ -1020,7 +1030,7 @@ static void flush_settles(struct sqs_broker *b)
         }
         r->settles = batch;
         r->nsettles = n;
-        rc = first->del
+        rc = first->p.del
                  ? sqs_req_delete_batch(&r->body, first->qu->url, e, n, &err)
                  : sqs_req_change_visibility_batch(&r->body, first->qu->url, e, n, &err);
         if (!rc)
@@ -1491,7 +1501,7 @@ static void sqs_free(struct broker *base)
         }
         req_free(r);
     }
-    settles_free(b->settles);
+    settles_free((struct settle *)b->settles);
     b->settles = NULL;
     while (b->urls) {
         struct qurl *u = b->urls;

@@ -14,4 +14,18 @@ int sqs_receive_room(int prefetch, int held, int asked);
  * (full delay = d/2 + jitter * d/2), so retries of many workers spread. */
 unsigned sqs_backoff_ms(int attempt, unsigned cap_ms, double jitter);
 
+/* A settlement waiting to be sent: a node of the transport's pending list,
+ * the first member of its own record. queue is compared by address. */
+struct sqs_pending {
+    struct sqs_pending *next;
+    const void *queue;
+    int del; /* 1: DeleteMessageBatch; 0: ChangeMessageVisibilityBatch */
+};
+
+/* Takes the next batch off *list: the first node and the nodes after it of
+ * the same queue and kind, at most SQS_BATCH_MAX, in their order, the others
+ * left in theirs. Returns the batch as a list (NULL when *list is empty) and
+ * its length in *n. */
+struct sqs_pending *sqs_batch_take(struct sqs_pending **list, int *n);
+
 #endif
