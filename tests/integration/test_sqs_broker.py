@@ -13,6 +13,7 @@ import time
 import uuid
 
 import re
+import urllib.error
 import urllib.request
 
 from conftest import PY, free_port, wait_until
@@ -300,3 +301,81 @@ def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path)
         except subprocess.TimeoutExpired:
             py.kill()
             py.wait()
+
+
+class FaultyFront:
+    """An HTTP front to the emulator that answers the first calls of chosen
+    actions with a 5xx (as SQS does when throttled or failing) and passes
+    everything else on. SigV4 is not checked by the emulator, so the host the
+    worker signs for can be the front's."""
+
+    def __init__(self, emu, faults):
+        import http.server
+        import threading
+        self.faults = dict(faults)  # action -> (status, count)
+        self.seen = []
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                action = (self.headers.get("X-Amz-Target") or "").split(".")[-1]
+                status, left = front.faults.get(action, (0, 0))
+                if left > 0:
+                    front.faults[action] = (status, left - 1)
+                    front.seen.append((action, status))
+                    out = json.dumps({"__type": "com.amazonaws.sqs#InternalError",
+                                      "message": "injected"}).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/x-amz-json-1.0")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
+                req = urllib.request.Request(emu.endpoint + "/", data=body, method="POST")
+                for k in ("Content-Type", "X-Amz-Target", "Authorization", "X-Amz-Date"):
+                    if self.headers.get(k):
+                        req.add_header(k, self.headers[k])
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        status, out = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, out = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.0")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sqs_5xx_on_every_call_is_retried(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    front = FaultyFront(sqs_emu, {"ReceiveMessage": (503, 2), "DeleteMessageBatch": (500, 2),
+                                  "SendMessage": (503, 1)})
+    try:
+        env.fake.script(["status=429;ra=1", "tokens=4"])
+        opts = sqs_emu.transport_options(queue_name_prefix=prefix)
+        w = env.worker("-b", "sqs://test:test@127.0.0.1:%d" % front.port,
+                       "--broker-transport-options", json.dumps(opts))
+        r = app.send_task("llm.generate", args=["through faults"])
+        assert r.get(timeout=30) == env.fake.expected_text("through faults", tokens=4)
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 10,
+                   what="deleted in the end")
+        assert sorted(set(front.seen)) == [("DeleteMessageBatch", 500),
+                                           ("ReceiveMessage", 503), ("SendMessage", 503)]
+        assert w.count(r"ReceiveMessage on %scelery: HTTP 503" % prefix) == 2
+        assert w.proc.poll() is None
+    finally:
+        front.close()
