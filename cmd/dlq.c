@@ -315,6 +315,12 @@ static int run(const struct dlq_opts *o, enum dlq_action a)
 
     if (broker_url_is_redis(o->broker))
         return dlq__run_redis(o, a);
+    if (broker_url_is_sqs(o->broker)) {
+        fprintf(stderr,
+                "celeriac dlq: SQS is not supported yet (read the dead-letter queue "
+                "with the AWS tools)\n");
+        return 2;
+    }
     if (o->transport_options && *o->transport_options) {
         fprintf(stderr,
                 "celeriac dlq: broker transport options are for a Redis broker\n");

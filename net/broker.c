@@ -65,9 +65,12 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
 {
     if (broker_url_is_redis(cfg->url))
         return redis_broker_new(loop, cfg, on_delivery, on_conn, privdata, err);
+    if (broker_url_is_sqs(cfg->url))
+        return sqs_broker_new(loop, cfg, on_delivery, on_conn, privdata, err);
     if (cfg->transport_options && *cfg->transport_options) {
-        cr_err_set(err, CR_EINVAL,
-                   "broker transport options are for a Redis broker; this one is AMQP");
+        cr_err_set(
+            err, CR_EINVAL,
+            "broker transport options are for a Redis or SQS broker; this one is AMQP");
         return NULL;
     }
     return rmq_broker_new(loop, cfg, on_delivery, on_conn, privdata, err);

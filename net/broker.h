@@ -4,6 +4,10 @@
  * - amqp:// and amqps:// (net/rmq_broker.c): RabbitMQ over AMQP 0-9-1 (rabbitmq-c).
  * - redis://, rediss://, redis+socket://, unix:// and sentinel:// (net/redis_broker.c):
  *   kombu's Redis transport, as Python producers and workers write it.
+ * - sqs:// (net/sqs_broker.c): Amazon SQS as kombu's SQS transport uses it
+ *   (JSON protocol, SigV4 by libcurl). No fanout: no remote control, no
+ *   events; one long poll per queue; acks are DeleteMessageBatch, a requeue
+ *   a visibility change; transport options are kombu's SQS ones.
  *
  * Callers (the worker's switchboard, remote control, events, metrics, the
  * gateway, the dlq tool) see only this header. A transport allocates and fills
@@ -93,8 +97,10 @@ struct broker *broker_new(uv_loop_t *loop, const struct broker_config *cfg,
 /* 1 when url names a Redis transport (redis, rediss, redis+socket, unix,
  * sentinel), else 0 (AMQP). */
 int broker_url_is_redis(const char *url);
+/* 1 when url names Amazon SQS (sqs://), else 0. */
+int broker_url_is_sqs(const char *url);
 
-/* "amqp" or "redis": for logs, and for what differs on the wire (events go
+/* "amqp", "redis" or "sqs": for logs, and for what differs on the wire (events go
  * to a fanout exchange on Redis, as Celery switches them). */
 const char *broker_transport(const struct broker *b);
 
@@ -158,7 +164,15 @@ int broker_blocked(const struct broker *b, const char **why);
  * list with the redelivered flags, in one script that also removes the
  * record, and only if the record is unchanged: at the tail (LPUSH, kombu's
  * requeue) while consuming, at the head (RPUSH, kombu's restore) after
- * broker_stop_consuming(), so that other workers take it at once. */
+ * broker_stop_consuming(), so that other workers take it at once.
+ *
+ * SQS: an ack is a DeleteMessageBatch entry (per queue, ten at most), sent
+ * with the iteration's others; reject(requeue = 0) too (the dead letter is
+ * the caller's publish); reject(requeue = 1) makes the message visible again
+ * after wait_time_seconds (ChangeMessageVisibilityBatch, kombu 5.6.2's rule,
+ * so that an open long poll cannot take it back). A failed settle is retried
+ * with back-off on throttling and 5xx, else logged: the message comes back
+ * after its visibility timeout. Always 0 but CR_ENOMEM. */
 int broker_ack(struct broker *b, struct delivery *d);
 int broker_reject(struct broker *b, struct delivery *d, int requeue);
 
@@ -179,7 +193,14 @@ int broker_live(const struct broker *b, const struct delivery *d);
  * other: the queues its binding set names (direct: equal key; topic: kombu's
  * match), none matching drops it as kombu does (ok = 1). The confirm is
  * Redis's reply (ok = 0 on an error reply or a lost connection); nothing is
- * ever held. CR_EBROKER while the commands connection is down. */
+ * ever held. CR_EBROKER while the commands connection is down.
+ *
+ * SQS: SendMessage of kombu's base64 envelope (exchange "", the routing key
+ * the Celery queue) to the queue the routing key names (a publish to the
+ * dead-letter exchange goes to the dead-letter queue); a queue not seen yet
+ * is resolved first (GetQueueUrl, CreateQueue when missing). The confirm is
+ * SQS's answer, after retries with back-off on throttling and 5xx.
+ * CR_EINVAL for a queue name SQS refuses or one not in predefined_queues. */
 int broker_publish(struct broker *b, const struct outbound *o, broker_confirm_fn *cb,
                    void *privdata);
 
@@ -272,7 +293,11 @@ void broker_stop_consuming(struct broker *b);
  * are restored here (to the head of their lists, redelivered) and the
  * mailbox's binding removed; this runs the loop until Redis has answered,
  * 3 s at most (the owner's loop is ending). What is still unrestored comes
- * back after the visibility timeout. */
+ * back after the visibility timeout.
+ * SQS: the open long polls are let end (what they bring is held too), then
+ * every held message is made visible again (ChangeMessageVisibilityBatch,
+ * 0, or wait_time_seconds if a poll is still open after 3 s); the loop runs
+ * until SQS has answered, 3 s at most. */
 void broker_free(struct broker *b);
 
 #endif

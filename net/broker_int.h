@@ -1,5 +1,6 @@
 /* broker_int.h -- what a transport implements behind net/broker.h. For the
- * transports (net/rmq_broker.c, net/redis_broker.c) and net/broker.c only.
+ * transports (net/rmq_broker.c, net/redis_broker.c, net/sqs_broker.c) and
+ * net/broker.c only.
  *
  * A transport's handle begins with a struct broker whose vt points at its one
  * static table. Each entry is the transport's own function: it takes the
@@ -63,5 +64,8 @@ struct broker *rmq_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
 struct broker *redis_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
                                 broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
                                 void *privdata, struct cr_err *err);
+struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                              broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                              void *privdata, struct cr_err *err);
 
 #endif

@@ -10,6 +10,7 @@
 #include "net/rmq_url.h"
 #include "net/broker.h"
 #include "net/redis.h"
+#include "net/sqs_url.h"
 #include "net/backend.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -302,10 +303,26 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
                           "invalid --delayed-delivery '%s' (auto, on or off)",
                           cfg->delayed_delivery);
     if (strncmp(cfg->broker, "amqp://", 7) && strncmp(cfg->broker, "pyamqp://", 9) &&
-        !broker_url_is_redis(cfg->broker))
-        return cr_err_set(err, CR_EINVAL,
-                          "unsupported broker URL scheme (want amqp:// or redis://)");
-    if (!broker_url_is_redis(cfg->broker)) {
+        !broker_url_is_redis(cfg->broker) && !broker_url_is_sqs(cfg->broker))
+        return cr_err_set(
+            err, CR_EINVAL,
+            "unsupported broker URL scheme (want amqp://, redis:// or sqs://)");
+    if (broker_url_is_sqs(cfg->broker)) {
+        /* Parsed with the environment the broker will read, so that a bad
+         * option or missing credentials stop the worker here. */
+        struct sqs_conf *sc = cr_malloc(sizeof(*sc));
+        const char *o = cfg->broker_transport_options;
+        int rc;
+        if (!sc)
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        sqs_conf_init(sc);
+        rc = sqs_conf_parse(sc, cfg->broker, o, strlen(o), (const char *const *)environ,
+                            err);
+        sqs_conf_release(sc);
+        cr_free(sc);
+        if (rc)
+            return err->code;
+    } else if (!broker_url_is_redis(cfg->broker)) {
         struct rmq_url_list *l = cr_malloc(sizeof(*l));
         enum rmq_failover f;
         int rc = !l ? cr_err_set(err, CR_ENOMEM, "out of memory")
@@ -314,9 +331,10 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         if (rc || rmq_failover_parse(cfg->broker_failover_strategy, &f, err))
             return err->code;
     }
-    if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker))
+    if (cfg->broker_transport_options[0] && !broker_url_is_redis(cfg->broker) &&
+        !broker_url_is_sqs(cfg->broker))
         return cr_err_set(err, CR_EINVAL,
-                          "--broker-transport-options is for a Redis broker");
+                          "--broker-transport-options is for a Redis or SQS broker");
     {
         struct redis_url u;
         struct backend_options bo;

@@ -889,6 +889,7 @@ static int connect_at_startup(struct worker *w, attempt_fn *attempt, struct cr_e
 int worker_start(struct worker *w, struct cr_err *err)
 {
     struct engine_now now;
+    int no_fanout;
     w->ctx.cfg = w->cfg;
     w->ctx.broker = w->broker;
     w->ctx.backend = w->backend;
@@ -904,13 +905,22 @@ int worker_start(struct worker *w, struct cr_err *err)
     /* The mailbox before the connection, so that it is declared at set-up
      * with the task queues, where an exclusive queue still held by our own
      * earlier connection (405) is answered (see net/rmq_broker.c). */
-    w->pidbox = pidbox_new(&w->ctx);
+    /* SQS has no fanout (kombu's supports_fanout is false): Celery runs
+     * neither remote control nor events there, so neither do we. */
+    no_fanout = !strcmp(broker_transport(w->broker), "sqs");
+    if (no_fanout)
+        LOG(LOG_INFO,
+            "broker: sqs has no fanout exchanges: remote control and events are "
+            "off, as for Celery's workers on SQS");
+    else
+        w->pidbox = pidbox_new(&w->ctx);
     if (connect_at_startup(w, attempt_broker, err))
         return err->code;
     now = now_of(w);
     w->ctx.started_ms = now.loop_ms;
     w->ctx.started_epoch_us = now.epoch_us;
-    w->events = w->ctx.events = events_new(&w->ctx);
+    if (!no_fanout)
+        w->events = w->ctx.events = events_new(&w->ctx);
     w->progress = progress_new(&w->ctx);
     w->metrics = metrics_new(&w->ctx, err);
     if (!w->metrics && err->code)

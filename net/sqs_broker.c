@@ -1,0 +1,1639 @@
+/* sqs_broker.c -- Amazon SQS as the broker, as kombu's SQS transport uses it
+ * (the SQS broker reference, sections 6 and 7), on the libuv loop.
+ *
+ * Every call is one signed JSON-protocol POST (net/sqs_sign.h) run by one
+ * curl multi handle, whose sockets sit in an epoll set of our own that the
+ * loop watches as one descriptor (as llm/llm_client.c does), so connections
+ * are pooled and nothing blocks the loop. Only broker_connect() blocks: it
+ * resolves the queue URLs (GetQueueUrl, CreateQueue when missing, as kombu
+ * creates them; predefined_queues are taken as given).
+ *
+ * Bookkeeping is kept small here rather than on net/vsession.h: a queue URL
+ * cache, one long poll per consumed queue, a list of held (received, not
+ * settled) messages, and the acks and requeues of the loop iteration, sent
+ * before the loop next waits, per queue, in batches of at most ten. */
+#include "broker_int.h"
+#include "sqs_broker_int.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+#include <curl/curl.h>
+
+#include "net/sqs_sign.h"
+#include "net/sqs_url.h"
+#include "protocol/sqs.h"
+#include "util/alloc.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/uuid.h"
+
+extern char **environ;
+
+#define TICK_MS 100
+#define CALL_TIMEOUT_MS 15000
+#define CONNECT_TIMEOUT_MS 5000
+#define RETRY_MAX 6
+#define BACKOFF_CAP_MS 10000
+#define POLL_ERROR_PAUSE_MS 5000
+#define FREE_WAIT_MS 3000
+
+/* ------------------------------------------------------------ pure parts */
+
+int sqs_receive_room(int prefetch, int held, int asked)
+{
+    int room;
+    if (prefetch <= 0)
+        return SQS_BATCH_MAX;
+    room = prefetch - (held > 0 ? held : 0) - (asked > 0 ? asked : 0);
+    if (room <= 0)
+        return 0;
+    return room < SQS_BATCH_MAX ? room : SQS_BATCH_MAX;
+}
+
+struct sqs_pending *sqs_batch_take(struct sqs_pending **list, int *n)
+{
+    struct sqs_pending *first = *list, *batch = NULL, **tail = &batch, **pp = list;
+    *n = 0;
+    while (first && *pp && *n < SQS_BATCH_MAX) {
+        struct sqs_pending *s = *pp;
+        if (s->queue == first->queue && s->del == first->del) {
+            *pp = s->next;
+            s->next = NULL;
+            *tail = s;
+            tail = &s->next;
+            (*n)++;
+        } else {
+            pp = &s->next;
+        }
+    }
+    return batch;
+}
+
+unsigned sqs_backoff_ms(int attempt, unsigned cap_ms, double jitter)
+{
+    unsigned d = 200;
+    for (int i = 1; i < attempt && d < cap_ms; i++)
+        d *= 2;
+    if (d > cap_ms)
+        d = cap_ms;
+    if (jitter < 0)
+        jitter = 0;
+    if (jitter > 1)
+        jitter = 1;
+    return d / 2 + (unsigned)(jitter * (double)(d / 2));
+}
+
+/* ------------------------------------------------------------ state */
+
+/* One SQS queue we know the URL of (or are finding it). Never freed before
+ * the broker: held messages, polls and publishes point at it. */
+struct qurl {
+    struct qurl *next;
+    char name[SQS_QUEUE_NAME_MAX + 8]; /* the SQS name */
+    char *url;                         /* NULL while being resolved */
+    int resolving;
+    const char *endpoint; /* the conf's or a predefined queue's */
+    const char *region;
+    const struct sqs_creds *creds;
+    long vis_s;          /* the queue's VisibilityTimeout, read at connect; 0: the
+                          * visibility_timeout option */
+    struct pub *waiting; /* publishes waiting for the URL */
+};
+
+/* A consumed queue. */
+struct cons {
+    struct broker_queue q;
+    struct qurl *qu;
+    int polling; /* a ReceiveMessage is in flight */
+    int asked;   /* its MaxNumberOfMessages */
+    int cancelled;
+    int failures;
+    uint64_t paused_until; /* loop ms */
+};
+
+/* A message received and not settled. */
+struct held {
+    struct held *prev, *next;
+    struct qurl *qu;
+    char *receipt;
+    uint64_t received_ms;
+    uint64_t extended_ms;
+};
+
+/* A settlement waiting for the next flush: delete, or change visibility. */
+struct settle {
+    struct sqs_pending p; /* first: next, the queue (its qurl), the kind */
+    struct qurl *qu;
+    char *receipt;
+    long vis_s;
+};
+
+/* A publish. */
+struct pub {
+    struct pub *next; /* on its qurl's waiting list */
+    struct qurl *qu;
+    struct buf msg; /* the Body */
+    broker_confirm_fn *cb;
+    void *privdata;
+};
+
+enum req_kind { RK_RECEIVE, RK_SETTLE, RK_SEND, RK_GET_URL, RK_CREATE, RK_STATS };
+
+struct req {
+    struct req *next; /* active or retry list */
+    struct sqs_broker *b;
+    enum req_kind kind;
+    enum sqs_action action;
+    struct qurl *qu;
+    CURL *easy;
+    struct curl_slist *hdrs;
+    struct buf body;
+    struct buf resp;
+    char qerr[160];
+    int attempts;
+    uint64_t due_ms;
+    struct cons *cons;      /* RK_RECEIVE */
+    struct settle *settles; /* RK_SETTLE: what the batch carries */
+    int nsettles;
+    struct pub *pub;                 /* RK_SEND */
+    broker_queue_stats_fn *stats_cb; /* RK_STATS; NULL once cancelled */
+    void *privdata;
+};
+
+struct sqs_broker {
+    struct broker base;
+    uv_loop_t *loop;
+    struct broker_config cfg;
+    broker_delivery_fn *on_delivery;
+    void *privdata;
+    struct sqs_conf conf;
+    cJSON *create_attrs, *tags;
+
+    CURLM *multi;
+    int epfd;
+    uv_poll_t epoll;
+    uv_timer_t curl_timer, tick;
+    uv_prepare_t prepare;
+    int closed_handles;
+
+    struct qurl *urls;
+    struct cons *cons;
+    int ncons, cap_cons;
+    struct held *held;
+    int nheld;
+    struct sqs_pending *settles; /* struct settle nodes, to flush */
+    struct req *active;
+    struct req *retry;
+    int nactive_receives;
+    int connected;
+    int consuming;
+    int prefetch;
+    int freeing;
+    char last_err[256]; /* why the last add_consumer failed */
+    uint64_t last_extend_ms;
+};
+
+static uint64_t now_ms(struct sqs_broker *b)
+{
+    return uv_now(b->loop);
+}
+
+static double jitter(void)
+{
+    unsigned char r[2];
+    if (uv_random(NULL, NULL, r, sizeof(r), 0, NULL) != 0)
+        return 0.5;
+    return (double)((r[0] << 8) | r[1]) / 65535.0;
+}
+
+static void pump(struct sqs_broker *b);
+static void req_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status);
+
+/* ------------------------------------------------------------ curl on the loop */
+
+static void check_multi_info(struct sqs_broker *b)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(b->multi, &left))) {
+        struct req *r = NULL;
+        long status = 0;
+        CURLcode cc;
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        cc = m->data.result;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+        curl_easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &status);
+        curl_multi_remove_handle(b->multi, m->easy_handle);
+        for (struct req **p = &b->active; *p; p = &(*p)->next) {
+            if (*p == r) {
+                *p = r->next;
+                break;
+            }
+        }
+        req_done(b, r, cc, status);
+    }
+}
+
+static void on_sockets_ready(uv_poll_t *p, int status, int events)
+{
+    struct sqs_broker *b = p->data;
+    struct epoll_event ev[32];
+    int n;
+    (void)status;
+    (void)events;
+    n = epoll_wait(b->epfd, ev, 32, 0);
+    for (int i = 0; i < n; i++) {
+        int flags = 0, running;
+        if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+            flags |= CURL_CSELECT_IN;
+        if (ev[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+            flags |= CURL_CSELECT_OUT;
+        curl_multi_socket_action(b->multi, ev[i].data.fd, flags, &running);
+    }
+    check_multi_info(b);
+}
+
+static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    struct sqs_broker *b = userp;
+    struct epoll_event ev;
+    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    (void)easy;
+    if (what == CURL_POLL_REMOVE) {
+        if (socketp) {
+            epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
+            curl_multi_assign(b->multi, fd, NULL);
+        }
+        return 0;
+    }
+    memset(&ev, 0, sizeof(ev));
+    ev.data.fd = fd;
+    if (what & CURL_POLL_IN)
+        ev.events |= EPOLLIN;
+    if (what & CURL_POLL_OUT)
+        ev.events |= EPOLLOUT;
+    if (epoll_ctl(b->epfd, op, fd, &ev) != 0) {
+        op = op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+        if ((errno != EEXIST && errno != ENOENT) || epoll_ctl(b->epfd, op, fd, &ev) != 0)
+            return -1;
+    }
+    if (!socketp)
+        curl_multi_assign(b->multi, fd, b);
+    return 0;
+}
+
+static void on_curl_timer(uv_timer_t *t)
+{
+    struct sqs_broker *b = t->data;
+    int running;
+    curl_multi_socket_action(b->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_multi_info(b);
+}
+
+static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
+{
+    struct sqs_broker *b = userp;
+    (void)multi;
+    if (timeout_ms < 0)
+        uv_timer_stop(&b->curl_timer);
+    else
+        uv_timer_start(&b->curl_timer, on_curl_timer, (uint64_t)timeout_ms, 0);
+    return 0;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t n, void *ud)
+{
+    struct req *r = ud;
+    return buf_append(&r->resp, ptr, size * n) ? 0 : size * n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t n, void *ud)
+{
+    struct req *r = ud;
+    size_t len = size * n;
+    static const char name[] = "x-amzn-query-error:";
+    if (len > sizeof(name) - 1 && !strncasecmp(ptr, name, sizeof(name) - 1)) {
+        const char *v = ptr + sizeof(name) - 1;
+        size_t vl = len - (sizeof(name) - 1);
+        while (vl && (*v == ' ' || *v == '\t'))
+            v++, vl--;
+        while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+            vl--;
+        if (vl >= sizeof(r->qerr))
+            vl = sizeof(r->qerr) - 1;
+        memcpy(r->qerr, v, vl);
+        r->qerr[vl] = '\0';
+    }
+    return len;
+}
+
+static struct req *req_new(struct sqs_broker *b, enum req_kind kind,
+                           enum sqs_action action, struct qurl *qu)
+{
+    struct req *r = cr_calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->b = b;
+    r->kind = kind;
+    r->action = action;
+    r->qu = qu;
+    buf_init(&r->body);
+    buf_init(&r->resp);
+    r->resp.max_bytes = SQS_RESPONSE_MAX_BYTES;
+    return r;
+}
+
+static void req_drop_easy(struct req *r)
+{
+    if (r->easy)
+        curl_easy_cleanup(r->easy);
+    r->easy = NULL;
+    curl_slist_free_all(r->hdrs);
+    r->hdrs = NULL;
+}
+
+static void settles_free(struct settle *s)
+{
+    while (s) {
+        struct settle *n = (struct settle *)s->p.next;
+        cr_free(s->receipt);
+        cr_free(s);
+        s = n;
+    }
+}
+
+static void pub_free(struct pub *p)
+{
+    if (!p)
+        return;
+    buf_release(&p->msg);
+    cr_free(p);
+}
+
+static void req_free(struct req *r)
+{
+    req_drop_easy(r);
+    buf_release(&r->body);
+    buf_release(&r->resp);
+    settles_free(r->settles);
+    pub_free(r->pub);
+    cr_free(r);
+}
+
+/* Starts r (its body built). Returns 0, or an error (r untouched but for its
+ * handle). */
+static int req_start(struct sqs_broker *b, struct req *r)
+{
+    struct sqs_sign_req rq;
+    struct cr_err err = {0};
+    long timeout = CALL_TIMEOUT_MS;
+
+    req_drop_easy(r);
+    buf_reset(&r->resp);
+    r->qerr[0] = '\0';
+    r->easy = curl_easy_init();
+    if (!r->easy)
+        return CR_ENOMEM;
+    memset(&rq, 0, sizeof(rq));
+    rq.endpoint = r->qu->endpoint;
+    rq.region = r->qu->region;
+    rq.creds = r->qu->creds;
+    rq.target = sqs_action_name(r->action);
+    rq.body = r->body.data;
+    rq.body_len = r->body.len;
+    if (sqs_sign_setup(r->easy, &rq, &r->hdrs, &err)) {
+        LOG(LOG_ERROR, "broker: sqs: cannot sign %s: %s", rq.target, err.msg);
+        req_drop_easy(r);
+        return err.code ? err.code : CR_EINVAL;
+    }
+    if (r->kind == RK_RECEIVE)
+        timeout = (long)b->conf.wait_time_s * 1000 + CALL_TIMEOUT_MS;
+    curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, timeout);
+    curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)CONNECT_TIMEOUT_MS);
+    curl_easy_setopt(r->easy, CURLOPT_EXPECT_100_TIMEOUT_MS, 1000L);
+    if (curl_multi_add_handle(b->multi, r->easy) != CURLM_OK) {
+        req_drop_easy(r);
+        return CR_ENOMEM;
+    }
+    r->next = b->active;
+    b->active = r;
+    if (r->kind == RK_RECEIVE)
+        b->nactive_receives++;
+    return 0;
+}
+
+/* Sends r again after its back-off; 0 when it was scheduled, -1 when it has
+ * had its attempts. */
+static int req_retry(struct sqs_broker *b, struct req *r)
+{
+    if (++r->attempts > RETRY_MAX || b->freeing)
+        return -1;
+    req_drop_easy(r);
+    r->due_ms = now_ms(b) + sqs_backoff_ms(r->attempts, BACKOFF_CAP_MS, jitter());
+    r->next = b->retry;
+    b->retry = r;
+    return 0;
+}
+
+/* ------------------------------------------------------------ queue URLs */
+
+static struct qurl *qurl_find(struct sqs_broker *b, const char *name)
+{
+    for (struct qurl *u = b->urls; u; u = u->next)
+        if (!strcmp(u->name, name))
+            return u;
+    return NULL;
+}
+
+/* The entry of SQS queue name, added when new (URL still unknown, or taken
+ * from predefined_queues). NULL with err: a name SQS refuses, a queue not
+ * predefined while some are, out of memory. */
+static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
+                             struct cr_err *err)
+{
+    char name[SQS_QUEUE_NAME_MAX + 8];
+    struct qurl *u;
+    if (sqs_queue_name(b->conf.prefix, celery_name, name, sizeof(name), err))
+        return NULL;
+    if ((u = qurl_find(b, name)))
+        return u;
+    u = cr_calloc(1, sizeof(*u));
+    if (!u) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    snprintf(u->name, sizeof(u->name), "%s", name);
+    u->endpoint = b->conf.endpoint;
+    u->region = b->conf.region;
+    u->creds = &b->conf.creds;
+    if (b->conf.npredefined) {
+        const struct sqs_queue_def *d = sqs_conf_queue(&b->conf, name);
+        if (!d) {
+            cr_free(u);
+            cr_err_set(err, CR_EINVAL,
+                       "sqs: queue '%s' (SQS name '%s') is not in predefined_queues",
+                       celery_name, name);
+            return NULL;
+        }
+        u->url = cr_strdup(d->url);
+        u->endpoint = d->endpoint;
+        u->region = d->region;
+        u->creds = &d->creds;
+        if (!u->url) {
+            cr_free(u);
+            cr_err_set(err, CR_ENOMEM, "out of memory");
+            return NULL;
+        }
+    }
+    u->next = b->urls;
+    b->urls = u;
+    return u;
+}
+
+/* One call at start-up, blocking, bounded by CALL_TIMEOUT_MS. Returns 0 with
+ * *status and the answer in resp, or an error in err (transport failure). */
+static int call_blocking(struct sqs_broker *b, struct qurl *u, enum sqs_action a,
+                         struct buf *body, long *status, struct buf *resp, char *qerr,
+                         struct cr_err *err)
+{
+    struct req r;
+    struct sqs_sign_req rq;
+    CURLcode cc;
+    memset(&r, 0, sizeof(r));
+    buf_init(&r.resp);
+    r.resp.max_bytes = SQS_RESPONSE_MAX_BYTES;
+    r.easy = curl_easy_init();
+    if (!r.easy)
+        return cr_err_set(err, CR_ENOMEM, "out of memory");
+    memset(&rq, 0, sizeof(rq));
+    rq.endpoint = u->endpoint;
+    rq.region = u->region;
+    rq.creds = u->creds;
+    rq.target = sqs_action_name(a);
+    rq.body = body->data;
+    rq.body_len = body->len;
+    if (sqs_sign_setup(r.easy, &rq, &r.hdrs, err)) {
+        req_drop_easy(&r);
+        return err->code;
+    }
+    curl_easy_setopt(r.easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(r.easy, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(r.easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(r.easy, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(r.easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(r.easy, CURLOPT_TIMEOUT_MS, (long)CALL_TIMEOUT_MS);
+    curl_easy_setopt(r.easy, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)(b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout * 1000
+                                                       : CONNECT_TIMEOUT_MS));
+    cc = curl_easy_perform(r.easy);
+    curl_easy_getinfo(r.easy, CURLINFO_RESPONSE_CODE, status);
+    req_drop_easy(&r);
+    if (cc != CURLE_OK) {
+        buf_release(&r.resp);
+        return cr_err_set(err, CR_EBROKER, "sqs: %s at %s: %s", sqs_action_name(a),
+                          u->endpoint, curl_easy_strerror(cc));
+    }
+    *resp = r.resp;
+    snprintf(qerr, 160, "%s", r.qerr);
+    return 0;
+}
+
+static int error_of(long status, const char *qerr, const struct buf *resp,
+                    struct sqs_error *e)
+{
+    memset(e, 0, sizeof(*e));
+    sqs_error_parse((int)status, qerr[0] ? qerr : NULL, resp->data ? resp->data : "",
+                    resp->len, e);
+    return e->kind;
+}
+
+static int create_body(struct sqs_broker *b, struct qurl *u, struct buf *body,
+                       struct cr_err *err)
+{
+    return sqs_req_create_queue(body, u->name, b->conf.visibility_timeout_s,
+                                b->create_attrs, b->tags, err);
+}
+
+/* Start-up: GetQueueUrl, and CreateQueue when it is missing. */
+static int resolve_blocking(struct sqs_broker *b, struct qurl *u, struct cr_err *err)
+{
+    for (int create = 0; create < 2; create++) {
+        struct buf body, resp;
+        long status = 0;
+        char qerr[160] = "";
+        struct sqs_error e;
+        int rc;
+        buf_init(&body);
+        buf_init(&resp);
+        rc = create ? create_body(b, u, &body, err)
+                    : sqs_req_get_queue_url(&body, u->name, err);
+        if (!rc)
+            rc = call_blocking(b, u, create ? SQS_CREATE_QUEUE : SQS_GET_QUEUE_URL, &body,
+                               &status, &resp, qerr, err);
+        buf_release(&body);
+        if (rc)
+            return rc;
+        if (status == 200) {
+            char *url = NULL;
+            rc = sqs_parse_queue_url(resp.data ? resp.data : "", resp.len, &url, err);
+            buf_release(&resp);
+            if (rc)
+                return rc;
+            cr_free(u->url);
+            u->url = url;
+            if (create)
+                LOG(LOG_INFO, "broker: sqs: created queue %s", u->name);
+            return 0;
+        }
+        error_of(status, qerr, &resp, &e);
+        buf_release(&resp);
+        if (!create && e.kind == SQS_ERR_QUEUE_MISSING)
+            continue;
+        return cr_err_set(err, e.kind == SQS_ERR_RETRY ? CR_EBROKER : CR_EINVAL,
+                          "sqs: %s %s: HTTP %ld %s %s",
+                          create ? "CreateQueue" : "GetQueueUrl", u->name, status, e.code,
+                          e.message);
+    }
+    return cr_err_set(err, CR_EBROKER, "sqs: cannot resolve %s", u->name);
+}
+
+/* Start-up: the queue's own VisibilityTimeout, which is what a held message
+ * must be extended to (the option only applies to queues we create). A
+ * failure leaves the option's value in use. */
+static void read_visibility(struct sqs_broker *b, struct qurl *u)
+{
+    static const char *const names[] = {"VisibilityTimeout"};
+    struct buf body, resp;
+    struct cr_err err = {0};
+    struct sqs_queue_attrs a;
+    char qerr[160] = "";
+    long status = 0;
+    buf_init(&body);
+    buf_init(&resp);
+    if (sqs_req_get_queue_attributes(&body, u->url, names, 1, &err) ||
+        call_blocking(b, u, SQS_GET_QUEUE_ATTRIBUTES, &body, &status, &resp, qerr,
+                      &err)) {
+        buf_release(&body);
+        return;
+    }
+    buf_release(&body);
+    if (status == 200 &&
+        !sqs_parse_queue_attrs(resp.data ? resp.data : "", resp.len, &a, &err) &&
+        a.visibility_timeout_s > 0) {
+        u->vis_s = a.visibility_timeout_s;
+        if (a.visibility_timeout_s != b->conf.visibility_timeout_s)
+            LOG(LOG_INFO, "broker: sqs: queue %s has a visibility timeout of %ld s",
+                u->name, a.visibility_timeout_s);
+    }
+    buf_release(&resp);
+}
+
+/* ------------------------------------------------------------ publishing */
+
+static void pub_finish(struct sqs_broker *b, struct pub *p, int ok)
+{
+    if (p->cb)
+        p->cb(&b->base, ok, p->privdata);
+    pub_free(p);
+}
+
+static void send_start(struct sqs_broker *b, struct pub *p)
+{
+    struct req *r = req_new(b, RK_SEND, SQS_SEND_MESSAGE, p->qu);
+    struct sqs_send s;
+    struct cr_err err = {0};
+    char dedup[CR_UUID_LEN + 1];
+    unsigned char rnd[16];
+
+    if (!r) {
+        pub_finish(b, p, 0);
+        return;
+    }
+    uv_random(NULL, NULL, rnd, sizeof(rnd), 0, NULL);
+    cr_uuid4(rnd, dedup);
+    memset(&s, 0, sizeof(s));
+    s.queue_url = p->qu->url;
+    s.body = p->msg.data;
+    s.body_len = p->msg.len;
+    s.delay_s = -1;
+    s.dedup_id = dedup;
+    if (sqs_req_send(&r->body, &s, &err)) {
+        LOG(LOG_ERROR, "broker: sqs: cannot publish to %s: %s", p->qu->name, err.msg);
+        req_free(r);
+        pub_finish(b, p, 0);
+        return;
+    }
+    buf_release(&p->msg);
+    r->pub = p;
+    if (req_start(b, r)) {
+        r->pub = NULL;
+        req_free(r);
+        pub_finish(b, p, 0);
+    }
+}
+
+static void resolve_start(struct sqs_broker *b, struct qurl *u, int create)
+{
+    struct req *r = req_new(b, create ? RK_CREATE : RK_GET_URL,
+                            create ? SQS_CREATE_QUEUE : SQS_GET_QUEUE_URL, u);
+    struct cr_err err = {0};
+    int rc = r ? 0 : CR_ENOMEM;
+    if (!rc)
+        rc = create ? create_body(b, u, &r->body, &err)
+                    : sqs_req_get_queue_url(&r->body, u->name, &err);
+    if (!rc)
+        rc = req_start(b, r);
+    u->resolving = 1;
+    if (!rc)
+        return;
+    if (r)
+        req_free(r);
+    u->resolving = 0;
+    LOG(LOG_ERROR, "broker: sqs: cannot resolve queue %s: %s", u->name,
+        err.msg[0] ? err.msg : cr_strerror(rc));
+    while (u->waiting) {
+        struct pub *p = u->waiting;
+        u->waiting = p->next;
+        pub_finish(b, p, 0);
+    }
+}
+
+static void resolved(struct sqs_broker *b, struct qurl *u)
+{
+    u->resolving = 0;
+    /* a poll paused for a missing queue goes again at once */
+    for (int i = 0; u->url && i < b->ncons; i++)
+        if (b->cons[i].qu == u)
+            b->cons[i].paused_until = 0;
+    while (u->waiting) {
+        struct pub *p = u->waiting;
+        u->waiting = p->next;
+        if (u->url)
+            send_start(b, p);
+        else
+            pub_finish(b, p, 0);
+    }
+    pump(b);
+}
+
+static int sqs_publish(struct broker *base, const struct outbound *o,
+                       broker_confirm_fn *cb, void *privdata)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    const char *ex = o->exchange ? o->exchange : "";
+    const char *queue = o->routing_key ? o->routing_key : "";
+    struct outbound copy = *o;
+    struct cr_err err = {0};
+    struct qurl *u;
+    struct pub *p;
+    char tag[CR_UUID_LEN + 1];
+    unsigned char rnd[16];
+    int rc;
+
+    /* No exchanges on SQS (kombu keeps them in memory): a direct exchange
+     * routes by queue name, and the dead-letter exchange to its queue. */
+    if (b->cfg.dlx && b->cfg.dlq && !strcmp(ex, b->cfg.dlx))
+        queue = b->cfg.dlq;
+    if (!*queue) {
+        LOG(LOG_WARNING, "broker: sqs: a publish without a queue name (exchange '%s')",
+            ex);
+        return CR_EINVAL;
+    }
+    u = qurl_get(b, queue, &err);
+    if (!u) {
+        LOG(LOG_ERROR, "broker: %s", err.msg);
+        return err.code;
+    }
+    p = cr_calloc(1, sizeof(*p));
+    if (!p)
+        return CR_ENOMEM;
+    buf_init(&p->msg);
+    copy.exchange = "";
+    copy.routing_key = queue;
+    uv_random(NULL, NULL, rnd, sizeof(rnd), 0, NULL);
+    cr_uuid4(rnd, tag);
+    rc = sqs_body_encode(&copy, tag, !b->conf.base64, 0, &p->msg);
+    if (rc) {
+        pub_free(p);
+        return rc;
+    }
+    p->qu = u;
+    p->cb = cb;
+    p->privdata = privdata;
+    if (u->url) {
+        send_start(b, p);
+        return 0;
+    }
+    p->next = u->waiting;
+    u->waiting = p;
+    if (!u->resolving)
+        resolve_start(b, u, 0);
+    return 0;
+}
+
+/* ------------------------------------------------------------ receiving */
+
+static char *opt_take(char **s)
+{
+    char *v = *s;
+    *s = NULL;
+    if (v && !*v) {
+        cr_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
+{
+    struct kombu_msg km;
+    struct cr_err err = {0};
+    struct delivery *m;
+    struct held *h;
+    size_t bound = b->cfg.max_message_bytes ? 2 * b->cfg.max_message_bytes + 65536 : 0;
+
+    if (sm->oversize || !sm->body) {
+        LOG(LOG_ERROR,
+            "broker: sqs: message %s on %s is too large (%zu bytes); left to "
+            "the queue's redrive policy",
+            sm->message_id, c->qu->name, sm->body_len);
+        return;
+    }
+    if (sqs_md5_matches(sm->body, sm->body_len, sm->md5_of_body) == 0) {
+        LOG(LOG_ERROR, "broker: sqs: message %s on %s: MD5OfBody does not match; left",
+            sm->message_id, c->qu->name);
+        return;
+    }
+    if (sqs_body_decode(&km, sm->body, sm->body_len, bound, &err)) {
+        LOG(LOG_ERROR, "broker: sqs: message %s on %s cannot be read: %s", sm->message_id,
+            c->qu->name, err.msg);
+        return;
+    }
+    m = delivery_new();
+    h = cr_calloc(1, sizeof(*h));
+    if (!m || !h || !(h->receipt = cr_strdup(sm->receipt_handle)) ||
+        !(m->rec.id = cr_strdup(sm->receipt_handle)) ||
+        !(m->queue = cr_strdup(c->q.name))) {
+        LOG(LOG_ERROR, "broker: out of memory receiving a message");
+        if (h)
+            cr_free(h->receipt);
+        cr_free(h);
+        delivery_free(m);
+        kombu_msg_release(&km);
+        return;
+    }
+    h->qu = c->qu;
+    h->received_ms = h->extended_ms = now_ms(b);
+    h->next = b->held;
+    if (b->held)
+        b->held->prev = h;
+    b->held = h;
+    b->nheld++;
+
+    m->rec.generation = 1;
+    m->rec.seq = (uint64_t)(uintptr_t)h;
+    m->redelivered = km.redelivered || sm->receive_count > 1;
+    m->exchange = km.exchange;
+    km.exchange = NULL;
+    m->routing_key = km.routing_key;
+    km.routing_key = NULL;
+    m->received_ms = now_ms(b);
+    m->content_type = opt_take(&km.content_type);
+    m->content_encoding = opt_take(&km.content_encoding);
+    m->correlation_id = opt_take(&km.correlation_id);
+    m->reply_to = opt_take(&km.reply_to);
+    m->expiration = opt_take(&km.expiration);
+    m->message_id = cr_strdup(sm->message_id);
+    m->delivery_mode = km.delivery_mode;
+    m->priority = 0;
+    m->wire_priority = km.priority;
+    m->headers = km.headers;
+    km.headers = NULL;
+    m->body = km.body;
+    m->body_len = km.body_len;
+    km.body = NULL;
+    m->caps = broker_delivery_caps(&b->base);
+    kombu_msg_release(&km);
+    b->on_delivery(&b->base, m, b->privdata);
+}
+
+static int asked_total(const struct sqs_broker *b)
+{
+    int n = 0;
+    for (int i = 0; i < b->ncons; i++)
+        if (b->cons[i].polling)
+            n += b->cons[i].asked;
+    return n;
+}
+
+static void poll_start(struct sqs_broker *b, struct cons *c, int n)
+{
+    struct req *r = req_new(b, RK_RECEIVE, SQS_RECEIVE_MESSAGE, c->qu);
+    struct sqs_receive rcv;
+    struct cr_err err = {0};
+    if (!r)
+        return;
+    memset(&rcv, 0, sizeof(rcv));
+    rcv.queue_url = c->qu->url;
+    rcv.max_messages = n;
+    rcv.wait_time_s = b->conf.wait_time_s;
+    rcv.visibility_timeout_s = -1;
+    if (sqs_req_receive(&r->body, &rcv, &err) || req_start(b, r)) {
+        if (err.msg[0])
+            LOG(LOG_ERROR, "broker: sqs: cannot poll %s: %s", c->qu->name, err.msg);
+        req_free(r);
+        c->paused_until = now_ms(b) + POLL_ERROR_PAUSE_MS;
+        return;
+    }
+    r->cons = c;
+    c->polling = 1;
+    c->asked = n;
+}
+
+/* Starts the polls that may go now: one per consumed queue, while the window
+ * has room. */
+static void pump(struct sqs_broker *b)
+{
+    uint64_t now;
+    if (!b->connected || !b->consuming || b->freeing)
+        return;
+    now = now_ms(b);
+    for (int i = 0; i < b->ncons; i++) {
+        struct cons *c = &b->cons[i];
+        int n;
+        if (c->polling || c->cancelled || c->q.no_consume || !c->qu || !c->qu->url ||
+            c->paused_until > now)
+            continue;
+        n = sqs_receive_room(b->prefetch, b->nheld, asked_total(b));
+        if (n <= 0)
+            return;
+        poll_start(b, c, n);
+    }
+}
+
+static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    struct cons *c = r->cons;
+    struct sqs_messages ms;
+    struct cr_err err = {0};
+    struct sqs_error e;
+
+    b->nactive_receives--;
+    c->polling = 0;
+    c->asked = 0;
+    if (cc != CURLE_OK || status != 200) {
+        unsigned pause;
+        if (cc != CURLE_OK) {
+            c->failures++;
+            pause = sqs_backoff_ms(c->failures, BACKOFF_CAP_MS, jitter());
+            LOG(LOG_WARNING,
+                "broker: sqs: ReceiveMessage on %s failed: %s; again in %u ms",
+                c->qu->name, curl_easy_strerror(cc), pause);
+        } else {
+            error_of(status, r->qerr, &r->resp, &e);
+            c->failures++;
+            pause = e.kind == SQS_ERR_RETRY || e.kind == SQS_ERR_OVER_LIMIT
+                        ? sqs_backoff_ms(c->failures, BACKOFF_CAP_MS, jitter())
+                        : POLL_ERROR_PAUSE_MS;
+            LOG(LOG_WARNING,
+                "broker: sqs: ReceiveMessage on %s: HTTP %ld %s %s (%s); again in %u ms",
+                c->qu->name, status, e.code, e.message, sqs_err_kind_name(e.kind), pause);
+            /* Deleted under us: found again, or created as at start-up (the
+             * old URL stays in use until then). A predefined URL is as given. */
+            if (e.kind == SQS_ERR_QUEUE_MISSING && !c->qu->resolving &&
+                !b->conf.npredefined)
+                resolve_start(b, c->qu, 0);
+        }
+        c->paused_until = now_ms(b) + pause;
+        return;
+    }
+    c->failures = 0;
+    if (sqs_parse_receive(r->resp.data ? r->resp.data : "", r->resp.len, 0, &ms, &err)) {
+        LOG(LOG_ERROR, "broker: sqs: ReceiveMessage on %s: %s", c->qu->name, err.msg);
+        c->paused_until = now_ms(b) + POLL_ERROR_PAUSE_MS;
+        return;
+    }
+    for (int i = 0; i < ms.n; i++)
+        deliver(b, c, &ms.v[i]);
+    sqs_messages_release(&ms);
+}
+
+/* ------------------------------------------------------------ settling */
+
+static int settle_add(struct sqs_broker *b, struct qurl *u, const char *receipt, int del,
+                      long vis_s)
+{
+    struct settle *s = cr_calloc(1, sizeof(*s));
+    if (!s || !(s->receipt = cr_strdup(receipt))) {
+        cr_free(s);
+        return CR_ENOMEM;
+    }
+    s->qu = u;
+    s->p.queue = u;
+    s->p.del = del;
+    s->vis_s = vis_s;
+    s->p.next = b->settles;
+    b->settles = &s->p;
+    return 0;
+}
+
+static void held_remove(struct sqs_broker *b, struct held *h)
+{
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        b->held = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    b->nheld--;
+    cr_free(h->receipt);
+    cr_free(h);
+}
+
+/* Sends the batched settlements: per queue and kind, ten at a time. */
+static void flush_settles(struct sqs_broker *b)
+{
+    while (b->settles) {
+        struct sqs_entry e[SQS_BATCH_MAX];
+        char ids[SQS_BATCH_MAX][16];
+        struct cr_err err = {0};
+        struct settle *batch, *first;
+        struct req *r;
+        int n = 0, rc;
+        batch = first = (struct settle *)sqs_batch_take(&b->settles, &n);
+        n = 0;
+        for (struct settle *s = batch; s; s = (struct settle *)s->p.next, n++) {
+            snprintf(ids[n], sizeof(ids[n]), "m%d", n);
+            e[n].id = ids[n];
+            e[n].receipt_handle = s->receipt;
+            e[n].visibility_timeout_s = s->vis_s;
+        }
+        r = req_new(b, RK_SETTLE,
+                    first->p.del ? SQS_DELETE_MESSAGE_BATCH
+                                 : SQS_CHANGE_MESSAGE_VISIBILITY_BATCH,
+                    first->qu);
+        if (!r) {
+            settles_free(batch);
+            continue;
+        }
+        r->settles = batch;
+        r->nsettles = n;
+        rc = first->p.del
+                 ? sqs_req_delete_batch(&r->body, first->qu->url, e, n, &err)
+                 : sqs_req_change_visibility_batch(&r->body, first->qu->url, e, n, &err);
+        if (!rc)
+            rc = req_start(b, r);
+        if (rc) {
+            LOG(LOG_ERROR, "broker: sqs: cannot settle %d message(s) on %s: %s", n,
+                first->qu->name, err.msg[0] ? err.msg : cr_strerror(rc));
+            req_free(r);
+        }
+    }
+}
+
+static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    struct sqs_batch_result br;
+    struct cr_err err = {0};
+    struct sqs_error e;
+    const char *what = r->action == SQS_DELETE_MESSAGE_BATCH
+                           ? "DeleteMessageBatch"
+                           : "ChangeMessageVisibilityBatch";
+    if (cc != CURLE_OK || status != 200) {
+        int kind =
+            cc != CURLE_OK ? SQS_ERR_RETRY : error_of(status, r->qerr, &r->resp, &e);
+        if (kind == SQS_ERR_RETRY && !req_retry(b, r))
+            return;
+        LOG(LOG_WARNING,
+            "broker: sqs: %s of %d on %s failed (%s); they come back after "
+            "their visibility timeout",
+            what, r->nsettles, r->qu->name,
+            cc != CURLE_OK ? curl_easy_strerror(cc) : sqs_err_kind_name(kind));
+        req_free(r);
+        return;
+    }
+    if (sqs_parse_batch(r->resp.data ? r->resp.data : "", r->resp.len, &br, &err) == 0 &&
+        br.n_failed)
+        for (int i = 0; i < br.n; i++)
+            if (br.v[i].kind != SQS_ERR_NONE)
+                LOG(LOG_WARNING, "broker: sqs: %s on %s: entry %s failed: %s %s", what,
+                    r->qu->name, br.v[i].id, br.v[i].code, br.v[i].message);
+    req_free(r);
+}
+
+static struct held *held_of(const struct delivery *d)
+{
+    return (struct held *)(uintptr_t)d->rec.seq;
+}
+
+static int settle(struct sqs_broker *b, struct delivery *d, int del, long vis_s)
+{
+    struct held *h;
+    int rc;
+    if (d->settled || d->no_ack || !d->rec.seq)
+        return 0;
+    h = held_of(d);
+    rc = settle_add(b, h->qu, h->receipt, del, vis_s);
+    if (rc)
+        return rc;
+    held_remove(b, h);
+    d->rec.seq = 0;
+    d->settled = 1;
+    return 0;
+}
+
+static int sqs_ack(struct broker *base, struct delivery *d)
+{
+    return settle((struct sqs_broker *)base, d, 1, 0);
+}
+
+/* requeue: visible again after wait_time_seconds (kombu 5.6.2's rule: an
+ * orphaned long poll of ours cannot take it); no requeue: deleted (the worker
+ * has published the dead letter itself). */
+static int sqs_reject(struct broker *base, struct delivery *d, int requeue)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    return settle(b, d, !requeue, requeue ? b->conf.wait_time_s : 0);
+}
+
+static void on_prepare(uv_prepare_t *p)
+{
+    struct sqs_broker *b = p->data;
+    flush_settles(b);
+    pump(b);
+}
+
+/* Every held message's visibility is pushed back to visibility_timeout
+ * every third of it, so a long task or a held eta is never handed to
+ * another worker meanwhile. */
+static void extend_visibility(struct sqs_broker *b, uint64_t now)
+{
+    for (struct held *h = b->held; h; h = h->next) {
+        long vis = h->qu->vis_s > 0 ? h->qu->vis_s : b->conf.visibility_timeout_s;
+        uint64_t period = (uint64_t)vis * 1000 / 3;
+        if (period < 1000)
+            period = 1000;
+        if (now - h->extended_ms < period)
+            continue;
+        if (now - h->received_ms > (uint64_t)SQS_VISIBILITY_MAX_S * 1000 - period)
+            continue; /* SQS's 12 h cap counts from receipt */
+        if (settle_add(b, h->qu, h->receipt, 0, vis) == 0)
+            h->extended_ms = now;
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct sqs_broker *b = t->data;
+    uint64_t now = now_ms(b);
+    struct req **pp = &b->retry;
+    while (*pp) {
+        struct req *r = *pp;
+        if (r->due_ms > now) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        if (req_start(b, r))
+            req_done(b, r, CURLE_OUT_OF_MEMORY, 0);
+    }
+    extend_visibility(b, now);
+    pump(b);
+}
+
+/* ------------------------------------------------------------ answers */
+
+static void stats_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    struct sqs_queue_attrs a;
+    struct cr_err err = {0};
+    int ok =
+        cc == CURLE_OK && status == 200 &&
+        !sqs_parse_queue_attrs(r->resp.data ? r->resp.data : "", r->resp.len, &a, &err);
+    if (r->stats_cb)
+        r->stats_cb(&b->base, ok, ok && a.messages > 0 ? (uint32_t)a.messages : 0, 0,
+                    r->privdata);
+    req_free(r);
+}
+
+static void resolve_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    struct qurl *u = r->qu;
+    struct sqs_error e;
+    struct cr_err err = {0};
+    int create = r->kind == RK_CREATE;
+    if (cc == CURLE_OK && status == 200) {
+        char *url = NULL;
+        if (sqs_parse_queue_url(r->resp.data ? r->resp.data : "", r->resp.len, &url,
+                                &err))
+            LOG(LOG_ERROR, "broker: sqs: %s", err.msg);
+        else {
+            cr_free(u->url);
+            u->url = url;
+            if (create)
+                LOG(LOG_INFO, "broker: sqs: created queue %s", u->name);
+        }
+        req_free(r);
+        resolved(b, u);
+        return;
+    }
+    if (cc == CURLE_OK &&
+        error_of(status, r->qerr, &r->resp, &e) == SQS_ERR_QUEUE_MISSING && !create) {
+        req_free(r);
+        resolve_start(b, u, 1);
+        return;
+    }
+    if ((cc != CURLE_OK || e.kind == SQS_ERR_RETRY) && !req_retry(b, r))
+        return;
+    LOG(LOG_ERROR, "broker: sqs: cannot resolve queue %s (%s)", u->name,
+        cc != CURLE_OK ? curl_easy_strerror(cc) : e.code);
+    req_free(r);
+    resolved(b, u);
+}
+
+static void send_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    struct sqs_error e;
+    if (cc == CURLE_OK && status == 200) {
+        struct pub *p = r->pub;
+        r->pub = NULL;
+        req_free(r);
+        pub_finish(b, p, 1);
+        return;
+    }
+    if ((cc != CURLE_OK || error_of(status, r->qerr, &r->resp, &e) == SQS_ERR_RETRY) &&
+        !req_retry(b, r))
+        return;
+    LOG(LOG_ERROR, "broker: sqs: SendMessage to %s failed (%s)", r->qu->name,
+        cc != CURLE_OK ? curl_easy_strerror(cc) : e.code);
+    {
+        struct pub *p = r->pub;
+        r->pub = NULL;
+        req_free(r);
+        pub_finish(b, p, 0);
+    }
+}
+
+static void req_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
+{
+    switch (r->kind) {
+    case RK_RECEIVE:
+        receive_done(b, r, cc, status);
+        req_free(r);
+        pump(b);
+        return;
+    case RK_SETTLE:
+        settle_done(b, r, cc, status);
+        return;
+    case RK_SEND:
+        send_done(b, r, cc, status);
+        return;
+    case RK_GET_URL:
+    case RK_CREATE:
+        resolve_done(b, r, cc, status);
+        return;
+    case RK_STATS:
+        stats_done(b, r, cc, status);
+        return;
+    }
+}
+
+/* ------------------------------------------------------------ the face */
+
+static int sqs_connect(struct broker *base, struct cr_err *err)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    char desc[256];
+    sqs_conf_describe(&b->conf, desc, sizeof(desc));
+    for (int i = 0; i < b->ncons; i++) {
+        struct qurl *u = b->cons[i].qu;
+        if (!u->url && resolve_blocking(b, u, err))
+            return err->code;
+        if (!u->vis_s && !b->cons[i].q.no_consume)
+            read_visibility(b, u);
+    }
+    if (b->cfg.dlq) {
+        struct qurl *u = qurl_get(b, b->cfg.dlq, err);
+        if (!u || (!u->url && resolve_blocking(b, u, err)))
+            return err->code;
+    }
+    b->connected = 1;
+    LOG(LOG_INFO, "broker: sqs: %s, %d queue%s, wait_time_seconds %d", desc, b->ncons,
+        b->ncons == 1 ? "" : "s", b->conf.wait_time_s);
+    pump(b);
+    return 0;
+}
+
+static int sqs_connected(const struct broker *base)
+{
+    return ((const struct sqs_broker *)base)->connected;
+}
+
+static unsigned sqs_generation(const struct broker *base)
+{
+    (void)base;
+    return 1;
+}
+
+static unsigned long sqs_reconnects(const struct broker *base)
+{
+    (void)base;
+    return 0;
+}
+
+static int sqs_blocked(const struct broker *base, const char **why)
+{
+    (void)base;
+    (void)why;
+    return 0;
+}
+
+static int sqs_live(const struct broker *base, const struct delivery *d)
+{
+    (void)base;
+    return d->rec.seq != 0;
+}
+
+static int sqs_add_consumer(struct broker *base, const struct broker_queue *q)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    struct cr_err err = {0};
+    struct cons *c;
+    struct qurl *u;
+    for (int i = 0; i < b->ncons; i++)
+        if (!strcmp(b->cons[i].q.name, q->name)) {
+            b->cons[i].cancelled = 0;
+            return 0;
+        }
+    u = qurl_get(b, q->name, &err);
+    if (!u) {
+        LOG(LOG_ERROR, "broker: %s", err.msg);
+        snprintf(b->last_err, sizeof(b->last_err), "%s", err.msg);
+        return err.code;
+    }
+    if (b->ncons == b->cap_cons) {
+        int cap = b->cap_cons ? 2 * b->cap_cons : 8;
+        struct cons *v;
+        if (cap > 1024)
+            return CR_ERANGE;
+        v = cr_realloc(b->cons, (size_t)cap * sizeof(*v));
+        if (!v)
+            return CR_ENOMEM;
+        /* polls in flight point at their queue: fix them up */
+        for (struct req *r = b->active; r; r = r->next)
+            if (r->cons)
+                r->cons = v + (r->cons - b->cons);
+        b->cons = v;
+        b->cap_cons = cap;
+    }
+    c = &b->cons[b->ncons];
+    memset(c, 0, sizeof(*c));
+    if (broker_queue_copy(&c->q, q))
+        return CR_ENOMEM;
+    c->qu = u;
+    b->ncons++;
+    if (b->connected && !u->url && !u->resolving)
+        resolve_start(b, u, 0);
+    return 0;
+}
+
+static int sqs_cancel_consumer(struct broker *base, const char *queue)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    for (int i = 0; i < b->ncons; i++)
+        if (!b->cons[i].cancelled && !strcmp(b->cons[i].q.name, queue)) {
+            b->cons[i].cancelled = 1;
+            return 0;
+        }
+    return CR_ENOTFOUND;
+}
+
+static void sqs_each_consumer(const struct broker *base,
+                              void (*fn)(const struct broker_queue *q, void *arg),
+                              void *arg)
+{
+    const struct sqs_broker *b = (const struct sqs_broker *)base;
+    for (int i = 0; i < b->ncons; i++)
+        if (!b->cons[i].cancelled && !b->cons[i].q.no_consume)
+            fn(&b->cons[i].q, arg);
+}
+
+static int sqs_declare_exchange(struct broker *base, const char *name, const char *type,
+                                int durable)
+{
+    (void)base;
+    (void)name;
+    (void)type;
+    (void)durable;
+    return 0; /* kombu keeps exchanges in memory; publishes route by queue name */
+}
+
+static int sqs_queue_stats(struct broker *base, const char *queue,
+                           broker_queue_stats_fn *cb, void *privdata)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    static const char *const names[] = {"ApproximateNumberOfMessages"};
+    struct cr_err err = {0};
+    struct qurl *u = qurl_get(b, queue, &err);
+    struct req *r;
+    if (!u || !u->url)
+        return CR_EBROKER;
+    r = req_new(b, RK_STATS, SQS_GET_QUEUE_ATTRIBUTES, u);
+    if (!r)
+        return CR_ENOMEM;
+    r->stats_cb = cb;
+    r->privdata = privdata;
+    if (sqs_req_get_queue_attributes(&r->body, u->url, names, 1, &err) ||
+        req_start(b, r)) {
+        req_free(r);
+        return CR_EBROKER;
+    }
+    return 0;
+}
+
+static void sqs_queue_stats_cancel(struct broker *base, void *privdata)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    for (struct req *r = b->active; r; r = r->next)
+        if (r->kind == RK_STATS && r->privdata == privdata)
+            r->stats_cb = NULL;
+}
+
+static void sqs_set_prefetch(struct broker *base, int prefetch_count)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    b->prefetch = prefetch_count;
+}
+
+static void sqs_stop_consuming(struct broker *base)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    b->consuming = 0;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct sqs_broker *b = h->data;
+    if (++b->closed_handles < 4)
+        return;
+    close(b->epfd);
+    cr_free(b);
+}
+
+static void run_until(struct sqs_broker *b, int (*done)(struct sqs_broker *), uint64_t ms)
+{
+    uint64_t deadline;
+    uv_update_time(b->loop);
+    deadline = now_ms(b) + ms;
+    while (!done(b) && now_ms(b) < deadline)
+        uv_run(b->loop, UV_RUN_ONCE);
+}
+
+static int no_receive(struct sqs_broker *b)
+{
+    return b->nactive_receives == 0;
+}
+
+static int all_answered(struct sqs_broker *b)
+{
+    return b->active == NULL && b->retry == NULL && b->settles == NULL;
+}
+
+/* What was received and not settled is made visible again: after the open
+ * long polls have ended (what they bring too), so none of ours can take it
+ * back; at 0 then, or at wait_time_seconds if a poll is still open (5.6.2's
+ * rule). Runs the loop, bounded: the owner's loop is ending. */
+static void sqs_free(struct broker *base)
+{
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    long vis;
+    int n = 0;
+    b->consuming = 0;
+    if (b->connected) {
+        flush_settles(b);
+        run_until(b, no_receive, FREE_WAIT_MS);
+        vis = b->nactive_receives ? b->conf.wait_time_s : 0;
+        while (b->held) {
+            settle_add(b, b->held->qu, b->held->receipt, 0, vis);
+            held_remove(b, b->held);
+            n++;
+        }
+        if (n)
+            LOG(LOG_INFO, "broker: sqs: restoring %d unacknowledged message(s)", n);
+        b->freeing = 1;
+        flush_settles(b);
+        run_until(b, all_answered, FREE_WAIT_MS);
+    }
+    b->freeing = 1;
+    while (b->held)
+        held_remove(b, b->held);
+    while (b->active) {
+        struct req *r = b->active;
+        b->active = r->next;
+        curl_multi_remove_handle(b->multi, r->easy);
+        if (r->kind == RK_RECEIVE) {
+            req_free(r);
+            continue;
+        }
+        req_done(b, r, CURLE_ABORTED_BY_CALLBACK, 0);
+    }
+    while (b->retry) {
+        struct req *r = b->retry;
+        b->retry = r->next;
+        if (r->pub) {
+            struct pub *p = r->pub;
+            r->pub = NULL;
+            pub_finish(b, p, 0);
+        } else if (r->kind == RK_STATS && r->stats_cb) {
+            r->stats_cb(&b->base, 0, 0, 0, r->privdata);
+        }
+        req_free(r);
+    }
+    settles_free((struct settle *)b->settles);
+    b->settles = NULL;
+    while (b->urls) {
+        struct qurl *u = b->urls;
+        b->urls = u->next;
+        while (u->waiting) {
+            struct pub *p = u->waiting;
+            u->waiting = p->next;
+            pub_finish(b, p, 0);
+        }
+        cr_free(u->url);
+        cr_free(u);
+    }
+    for (int i = 0; i < b->ncons; i++)
+        broker_queue_release(&b->cons[i].q);
+    cr_free(b->cons);
+    curl_multi_cleanup(b->multi);
+    cJSON_Delete(b->create_attrs);
+    cJSON_Delete(b->tags);
+    sqs_conf_release(&b->conf);
+    uv_close((uv_handle_t *)&b->epoll, on_handle_closed);
+    uv_close((uv_handle_t *)&b->curl_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&b->tick, on_handle_closed);
+    uv_close((uv_handle_t *)&b->prepare, on_handle_closed);
+}
+
+static const struct broker_vtab sqs_vtab = {
+    .name = "sqs",
+    .caps = MSG_CAP_CONFIRMS | MSG_CAP_PREFETCH,
+    .connect = sqs_connect,
+    .connected = sqs_connected,
+    .generation = sqs_generation,
+    .reconnects = sqs_reconnects,
+    .blocked = sqs_blocked,
+    .ack = sqs_ack,
+    .reject = sqs_reject,
+    .live = sqs_live,
+    .publish = sqs_publish,
+    .add_consumer = sqs_add_consumer,
+    .cancel_consumer = sqs_cancel_consumer,
+    .each_consumer = sqs_each_consumer,
+    .declare_exchange = sqs_declare_exchange,
+    .queue_stats = sqs_queue_stats,
+    .queue_stats_cancel = sqs_queue_stats_cancel,
+    .set_prefetch = sqs_set_prefetch,
+    .stop_consuming = sqs_stop_consuming,
+    .free = sqs_free,
+};
+
+static cJSON *pairs_json(const struct sqs_pair *p, int n)
+{
+    cJSON *o;
+    if (!n)
+        return NULL;
+    o = cJSON_CreateObject();
+    for (int i = 0; o && i < n; i++)
+        if (!cJSON_AddStringToObject(o, p[i].key, p[i].value)) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+    return o;
+}
+
+int broker_url_is_sqs(const char *url)
+{
+    return url && !strncasecmp(url, "sqs://", 6);
+}
+
+struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
+                              broker_delivery_fn *on_delivery, broker_conn_fn *on_conn,
+                              void *privdata, struct cr_err *err)
+{
+    struct sqs_broker *b = cr_calloc(1, sizeof(*b));
+    const char *opts = cfg->transport_options;
+    (void)on_conn;
+    if (!b) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    b->base.vt = &sqs_vtab;
+    b->loop = loop;
+    b->cfg = *cfg;
+    b->on_delivery = on_delivery;
+    b->privdata = privdata;
+    b->prefetch = cfg->prefetch_count;
+    b->consuming = 1;
+    sqs_conf_init(&b->conf);
+    if (sqs_conf_parse(&b->conf, cfg->url, opts, opts ? strlen(opts) : 0,
+                       (const char *const *)environ, err)) {
+        cr_free(b);
+        return NULL;
+    }
+    b->create_attrs = pairs_json(b->conf.create_attrs, b->conf.ncreate_attrs);
+    b->tags = pairs_json(b->conf.tags, b->conf.ntags);
+    b->epfd = epoll_create1(EPOLL_CLOEXEC);
+    b->multi = b->epfd >= 0 ? curl_multi_init() : NULL;
+    if ((b->conf.ncreate_attrs && !b->create_attrs) || (b->conf.ntags && !b->tags) ||
+        !b->multi || uv_poll_init(loop, &b->epoll, b->epfd) != 0) {
+        cr_err_set(err, CR_ENOMEM, "sqs: cannot set up the HTTP client");
+        if (b->multi)
+            curl_multi_cleanup(b->multi);
+        if (b->epfd >= 0)
+            close(b->epfd);
+        cJSON_Delete(b->create_attrs);
+        cJSON_Delete(b->tags);
+        sqs_conf_release(&b->conf);
+        cr_free(b);
+        return NULL;
+    }
+    b->epoll.data = b;
+    curl_multi_setopt(b->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(b->multi, CURLMOPT_SOCKETDATA, b);
+    curl_multi_setopt(b->multi, CURLMOPT_TIMERFUNCTION, on_timer_change);
+    curl_multi_setopt(b->multi, CURLMOPT_TIMERDATA, b);
+    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, 16L);
+    uv_timer_init(loop, &b->curl_timer);
+    b->curl_timer.data = b;
+    uv_timer_init(loop, &b->tick);
+    b->tick.data = b;
+    uv_prepare_init(loop, &b->prepare);
+    b->prepare.data = b;
+    uv_poll_start(&b->epoll, UV_READABLE, on_sockets_ready);
+    uv_timer_start(&b->tick, on_tick, TICK_MS, TICK_MS);
+    uv_prepare_start(&b->prepare, on_prepare);
+    for (int i = 0; i < cfg->nqueues; i++) {
+        struct broker_queue q;
+        broker_task_queue(&q, cfg->queues[i]);
+        if (sqs_add_consumer(&b->base, &q)) {
+            cr_err_set(err, CR_EINVAL, "%s",
+                       b->last_err[0] ? b->last_err : "sqs: cannot consume a queue");
+            sqs_free(&b->base);
+            return NULL;
+        }
+    }
+    return &b->base;
+}

@@ -1,0 +1,381 @@
+"""Issue 33: Amazon SQS as the broker. A real Python Celery client sends over
+sqs:// to the local emulator (the `sqs_emu` fixture), a real celeriac worker
+consumes, and the results come back through Redis. Each test keeps to a
+queue_name_prefix of its own; wait_time_seconds is 1 (the emulator answers a
+long poll only when it is full or timed out)."""
+import base64
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+import uuid
+
+import re
+import urllib.error
+import urllib.request
+
+from conftest import PY, free_port, wait_until
+
+
+def sqs_worker(env, emu, prefix, *args, **kw):
+    opts = emu.transport_options(queue_name_prefix=prefix)
+    return env.worker("-b", emu.broker_url, "--broker-transport-options", json.dumps(opts),
+                      *args, **kw)
+
+
+def visible(emu, sqs_name):
+    attrs = emu.client().get_queue_attributes(
+        QueueUrl=emu.queue_url(sqs_name),
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    a = attrs["Attributes"]
+    return int(a["ApproximateNumberOfMessages"]), int(a["ApproximateNumberOfMessagesNotVisible"])
+
+
+def test_python_client_task_runs_and_is_deleted(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["hello sqs"])
+    assert r.get(timeout=20) == env.fake.expected_text("hello sqs")
+    wait_until(lambda: sqs_emu.requests("DeleteMessageBatch", since=mark), 5,
+               what="DeleteMessageBatch")
+    assert visible(sqs_emu, prefix + "celery") == (0, 0)
+    # celeriac created the queue as kombu does, and polls as 5.6.2 does
+    created = sqs_emu.requests("CreateQueue", since=mark)
+    assert created and created[0]["params"]["Attributes"]["VisibilityTimeout"] == "1800"
+    polls = [q for q in sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    assert polls and all(p["params"]["WaitTimeSeconds"] == 1 for p in polls)
+    assert "remote control and events are off" in w.log()
+
+
+def test_dotted_queue_with_prefix_meets_the_python_client(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    sqs_worker(env, sqs_emu, prefix, "-Q", "llm.high")
+    r = app.send_task("llm.generate", args=["dotted"], queue="llm.high")
+    assert r.get(timeout=20) == env.fake.expected_text("dotted")
+    names = [u.rsplit("/", 1)[1] for u in
+             sqs_emu.client().list_queues(QueueNamePrefix=prefix).get("QueueUrls", [])]
+    assert prefix + "llm-high" in names
+    assert visible(sqs_emu, prefix + "llm-high") == (0, 0)
+
+
+def test_permanent_failure_is_dead_lettered_and_stored(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["status=400;err_msg=nope"])
+    sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["doomed"])
+    dead = sqs_emu.queue_url(prefix + "celeriac-dead")
+    got = []
+
+    def dead_letter():
+        m = sqs_emu.client().receive_message(QueueUrl=dead, WaitTimeSeconds=1)
+        got.extend(m.get("Messages", []))
+        return got
+
+    wait_until(dead_letter, 20, what="dead letter")
+    dl = json.loads(base64.b64decode(got[0]["Body"]))
+    assert dl["headers"]["id"] == r.id
+    assert dl["properties"]["delivery_info"]["routing_key"] == "celeriac.dead"
+    wait_until(lambda: env.meta(r.id), 10, what="stored result")
+    assert env.meta(r.id)["status"] == "FAILURE"
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+
+
+def test_warm_shutdown_gives_back_what_was_prefetched(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["latency_ms=4000;tokens=2"])
+    w = sqs_worker(env, sqs_emu, prefix, "-c", "1", "--prefetch-multiplier", "1")
+    later = app.send_task("llm.generate", args=["held"], countdown=60)
+    first = app.send_task("llm.generate", args=["running"])
+    wait_until(lambda: w.count(r"received") == 2, 10, what="both held")
+    # (the emulator counts in-flight messages in ApproximateNumberOfMessages too)
+    assert visible(sqs_emu, prefix + "celery")[1] == 2
+    mark = sqs_emu.mark()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0
+    assert first.get(timeout=5)
+    assert sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    # visible again at once, not after the 1800 s visibility timeout
+    t0 = time.time()
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (1, 0), 5, what="given back")
+    m = sqs_emu.client().receive_message(QueueUrl=sqs_emu.queue_url(prefix + "celery"),
+                                         AttributeNames=["ApproximateReceiveCount"])
+    assert time.time() - t0 < 5
+    body = json.loads(base64.b64decode(m["Messages"][0]["Body"]))
+    assert body["headers"]["id"] == later.id
+
+
+def test_retry_is_republished_through_sqs(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["status=429;ra=1", "tokens=4"])
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix)
+    r = app.send_task("llm.generate", args=["retry me"])
+    assert r.get(timeout=20) == env.fake.expected_text("retry me", tokens=4)
+    assert w.count(r"Retry in") >= 1
+    # the retry went out through SendMessage before the original was deleted
+    sends = [q for q in sqs_emu.requests("SendMessage", since=mark) if q.get("json")]
+    assert len(sends) == 1
+    body = json.loads(base64.b64decode(sends[0]["params"]["MessageBody"]))
+    assert body["headers"]["id"] == r.id and body["headers"]["retries"] == 1
+    assert body["properties"]["delivery_info"] == {"exchange": "", "routing_key": "celery"}
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+
+
+def test_burst_acked_in_batches_of_ten(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    hold = "b" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold] * 24)
+    mark = sqs_emu.mark()
+    sqs_worker(env, sqs_emu, prefix, "-c", "24")
+    rs = [app.send_task("llm.generate", args=["burst %d" % i]) for i in range(24)]
+    wait_until(lambda: env.fake.held(hold) == 24, 15, what="all 24 running")
+    env.fake.release(hold)
+    for r in rs:
+        r.get(timeout=20)
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+    batches = [len(q["params"]["Entries"]) for q in
+               sqs_emu.requests("DeleteMessageBatch", since=mark)]
+    assert sum(batches) == 24 and max(batches) <= 10 and len(batches) < 24, batches
+    polls = [q["params"]["MaxNumberOfMessages"] for q in
+             sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    assert polls and max(polls) <= 10
+
+
+def test_visibility_extended_while_a_task_runs(env, sqs_emu):
+    """A queue made elsewhere with a 3 s visibility timeout (the option, 1800,
+    applies only to queues the worker creates): celeriac reads the queue's
+    own, and a 4 s task is kept invisible by ChangeMessageVisibilityBatch
+    every second, so it runs once."""
+    prefix = sqs_emu.prefix()
+    sqs_emu.client().create_queue(QueueName=prefix + "celery",
+                                  Attributes={"VisibilityTimeout": "3"})
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["latency_ms=4000;tokens=2"])
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix)
+    w.wait_for(r"has a visibility timeout of 3 s")
+    r = app.send_task("llm.generate", args=["long one"])
+    assert r.get(timeout=20)
+    time.sleep(0.5)
+    assert w.count(r"Task llm.generate\[%s\] received" % r.id) == 1
+    ext = sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    assert len(ext) >= 2
+    assert all(e["params"]["Entries"][0]["VisibilityTimeout"] == 3 for e in ext)
+    assert not [q for q in sqs_emu.requests("CreateQueue", since=mark)
+                if q["params"]["QueueName"] == prefix + "celery"]
+
+
+def test_kill_9_mid_task_comes_back_after_the_visibility_timeout(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    opts = {"visibility_timeout": 3}
+    app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options=opts)
+    hold = "k" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold, "tokens=2"])
+    args = ["--broker-transport-options",
+            json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix, **opts))]
+    w1 = env.worker("-b", sqs_emu.broker_url, *args)
+    r = app.send_task("llm.generate", args=["killed"])
+    wait_until(lambda: env.fake.held(hold) == 1, 10, what="running")
+    w1.signal(signal.SIGKILL)
+    w1.wait(10)
+    env.fake.release(hold)
+    w2 = env.worker("-b", sqs_emu.broker_url, *args)
+    assert r.get(timeout=20)
+    assert env.meta(r.id)["status"] == "SUCCESS"
+    w2.wait_for(r"Task llm.generate\[%s\] received" % r.id)
+    wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+
+
+def test_fifo_queue_keeps_order(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    mark = sqs_emu.mark()
+    w = sqs_worker(env, sqs_emu, prefix, "-Q", "jobs.fifo", "-c", "1",
+                   "--prefetch-multiplier", "1")
+    rs = [app.send_task("llm.generate", args=["fifo %d" % i], queue="jobs.fifo")
+          for i in range(5)]
+    for r in rs:
+        assert r.get(timeout=20)
+    created = [q for q in sqs_emu.requests("CreateQueue", since=mark) if q.get("json")]
+    assert created[0]["params"]["QueueName"] == prefix + "jobs.fifo"
+    assert created[0]["params"]["Attributes"]["FifoQueue"] == "true"
+    order = [l for l in w.log().splitlines() if "received" in l]
+    assert [r.id for r in rs] == [l.split("[")[-1].split("]")[0] for l in order]
+
+
+def test_metrics_report_queue_depth_from_sqs(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    hold = "m" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold] * 4)
+    port = free_port()
+    sqs_worker(env, sqs_emu, prefix, "-c", "1", "--prefetch-multiplier", "1",
+               "--metrics-port", str(port))
+    rs = [app.send_task("llm.generate", args=["depth %d" % i]) for i in range(4)]
+
+    def depth():
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read()
+        m = re.search(r'^celeriac_queue_messages\{queue="celery"\} (\S+)$', text.decode(), re.M)
+        return m and float(m.group(1))
+
+    # the emulator counts in-flight messages in ApproximateNumberOfMessages
+    wait_until(lambda: env.fake.held(hold) == 1 and depth() == visible(sqs_emu, prefix + "celery")[0]
+               and depth() >= 3, 20, what="depth polled")
+    env.fake.release(hold)
+    for r in rs:
+        env.fake.release(hold)
+        r.get(timeout=20)
+
+
+def test_queue_deleted_under_the_worker_is_created_again(env, sqs_emu):
+    """kombu's worker exits on a 4xx poll; celeriac logs it, finds the queue
+    again (creating it as at start) and goes on."""
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    w = sqs_worker(env, sqs_emu, prefix)
+    sqs_emu.client().delete_queue(QueueUrl=sqs_emu.queue_url(prefix + "celery"))
+    w.wait_for(r"ReceiveMessage on %scelery: HTTP 400" % prefix, 10)
+    w.wait_for(r"created queue %scelery" % prefix, 10, count=2)
+    r = app.send_task("llm.generate", args=["after the delete"])
+    assert r.get(timeout=20) == env.fake.expected_text("after the delete")
+    assert w.proc.poll() is None
+
+
+PYAPP = textwrap.dedent('''
+    import json, os, time
+    from celery import Celery
+    app = Celery("pyfleet", broker=os.environ["SQS_BROKER"], backend=os.environ["SQS_BACKEND"])
+    app.conf.update(broker_connection_retry_on_startup=True,
+                    broker_transport_options=json.loads(os.environ["SQS_TRANSPORT_OPTIONS"]))
+
+    @app.task(name="llm.generate")
+    def generate(prompt, **kw):
+        time.sleep(0.05)
+        return "py:" + prompt
+''')
+
+
+def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    (tmp_path / "pyfleet.py").write_text(PYAPP)
+    log_path = tmp_path / "py.log"
+    penv = dict(os.environ, SQS_BROKER=sqs_emu.broker_url, SQS_BACKEND=env.backend,
+                SQS_TRANSPORT_OPTIONS=json.dumps(
+                    sqs_emu.transport_options(queue_name_prefix=prefix)))
+    with open(log_path, "w") as log:
+        py = subprocess.Popen([PY, "-m", "celery", "-A", "pyfleet", "worker", "-P", "solo",
+                               "--without-gossip", "--without-mingle", "-n",
+                               "py-%s@%%h" % uuid.uuid4().hex[:6], "-l", "info"],
+                              cwd=str(tmp_path), env=penv, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "ready." in log_path.read_text() or py.poll() is not None, 60,
+                   what="the Python worker")
+        assert py.poll() is None, log_path.read_text()[-3000:]
+        env.fake.script(["latency_ms=150;tokens=2"] * 40)
+        w = sqs_worker(env, sqs_emu, prefix, "-c", "2", "--prefetch-multiplier", "1")
+        rs = [app.send_task("llm.generate", args=["fleet %d" % i]) for i in range(40)]
+        out = [r.get(timeout=60) for r in rs]
+        by_py = sum(1 for o in out if o.startswith("py:"))
+        assert 0 < by_py < 40, by_py
+        time.sleep(0.5)
+        ran_here = w.count(r"Task llm.generate\[.*\] succeeded")
+        assert ran_here == 40 - by_py
+        assert len(set(l for l in log_path.read_text().splitlines()
+                       if "succeeded" in l)) == by_py
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
+    finally:
+        py.terminate()
+        try:
+            py.wait(20)
+        except subprocess.TimeoutExpired:
+            py.kill()
+            py.wait()
+
+
+class FaultyFront:
+    """An HTTP front to the emulator that answers the first calls of chosen
+    actions with a 5xx (as SQS does when throttled or failing) and passes
+    everything else on. SigV4 is not checked by the emulator, so the host the
+    worker signs for can be the front's."""
+
+    def __init__(self, emu, faults):
+        import http.server
+        import threading
+        self.faults = dict(faults)  # action -> (status, count)
+        self.seen = []
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                action = (self.headers.get("X-Amz-Target") or "").split(".")[-1]
+                status, left = front.faults.get(action, (0, 0))
+                if left > 0:
+                    front.faults[action] = (status, left - 1)
+                    front.seen.append((action, status))
+                    out = json.dumps({"__type": "com.amazonaws.sqs#InternalError",
+                                      "message": "injected"}).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/x-amz-json-1.0")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
+                req = urllib.request.Request(emu.endpoint + "/", data=body, method="POST")
+                for k in ("Content-Type", "X-Amz-Target", "Authorization", "X-Amz-Date"):
+                    if self.headers.get(k):
+                        req.add_header(k, self.headers[k])
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        status, out = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, out = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.0")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sqs_5xx_on_every_call_is_retried(env, sqs_emu):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    front = FaultyFront(sqs_emu, {"ReceiveMessage": (503, 2), "DeleteMessageBatch": (500, 2),
+                                  "SendMessage": (503, 1)})
+    try:
+        env.fake.script(["status=429;ra=1", "tokens=4"])
+        opts = sqs_emu.transport_options(queue_name_prefix=prefix)
+        w = env.worker("-b", "sqs://test:test@127.0.0.1:%d" % front.port,
+                       "--broker-transport-options", json.dumps(opts))
+        r = app.send_task("llm.generate", args=["through faults"])
+        assert r.get(timeout=30) == env.fake.expected_text("through faults", tokens=4)
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 10,
+                   what="deleted in the end")
+        assert sorted(set(front.seen)) == [("DeleteMessageBatch", 500),
+                                           ("ReceiveMessage", 503), ("SendMessage", 503)]
+        assert w.count(r"ReceiveMessage on %scelery: HTTP 503" % prefix) == 2
+        assert w.proc.poll() is None
+    finally:
+        front.close()
