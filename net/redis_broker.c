@@ -267,18 +267,6 @@ void redis_broker__random_bytes(unsigned char *p, size_t n)
 
 /* ------------------------------------------------------------ deliveries */
 
-/* An empty kombu string is an absent property. */
-static char *opt_take(char **s)
-{
-    char *v = *s;
-    *s = NULL;
-    if (v && !*v) {
-        cr_free(v);
-        return NULL;
-    }
-    return v;
-}
-
 void redis_broker__deliver(struct redis_broker *b, struct kombu_msg *km,
                            const char *queue, int no_ack)
 {
@@ -288,27 +276,11 @@ void redis_broker__deliver(struct redis_broker *b, struct kombu_msg *km,
         return;
     }
     m->rec.generation = 1;
-    m->redelivered = km->redelivered;
-    m->exchange = km->exchange;
-    km->exchange = NULL;
-    m->routing_key = km->routing_key;
-    km->routing_key = NULL;
+    m->priority = kombu_to_engine_priority(km->priority);
+    kombu_msg_move_to(km, m);
     m->queue = cr_strdup(queue);
     m->no_ack = no_ack;
     m->received_ms = redis_broker__now_ms(b);
-    m->content_type = opt_take(&km->content_type);
-    m->content_encoding = opt_take(&km->content_encoding);
-    m->correlation_id = opt_take(&km->correlation_id);
-    m->reply_to = opt_take(&km->reply_to);
-    m->expiration = opt_take(&km->expiration);
-    m->delivery_mode = km->delivery_mode;
-    m->priority = kombu_to_engine_priority(km->priority);
-    m->wire_priority = km->priority;
-    m->headers = km->headers;
-    km->headers = NULL;
-    m->body = km->body;
-    m->body_len = km->body_len;
-    km->body = NULL;
     m->rec.id = km->delivery_tag;
     km->delivery_tag = NULL;
     m->caps = broker_delivery_caps(&b->base);

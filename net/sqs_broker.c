@@ -785,17 +785,6 @@ static int sqs_publish(struct broker *base, const struct outbound *o,
 
 /* ------------------------------------------------------------ receiving */
 
-static char *opt_take(char **s)
-{
-    char *v = *s;
-    *s = NULL;
-    if (v && !*v) {
-        cr_free(v);
-        return NULL;
-    }
-    return v;
-}
-
 static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
 {
     struct kombu_msg km;
@@ -844,26 +833,11 @@ static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm
 
     m->rec.generation = 1;
     m->rec.seq = (uint64_t)(uintptr_t)h;
-    m->redelivered = km.redelivered || sm->receive_count > 1;
-    m->exchange = km.exchange;
-    km.exchange = NULL;
-    m->routing_key = km.routing_key;
-    km.routing_key = NULL;
+    m->redelivered = sm->receive_count > 1;
+    kombu_msg_move_to(&km, m);
     m->received_ms = now_ms(b);
-    m->content_type = opt_take(&km.content_type);
-    m->content_encoding = opt_take(&km.content_encoding);
-    m->correlation_id = opt_take(&km.correlation_id);
-    m->reply_to = opt_take(&km.reply_to);
-    m->expiration = opt_take(&km.expiration);
     m->message_id = cr_strdup(sm->message_id);
-    m->delivery_mode = km.delivery_mode;
-    m->priority = 0;
-    m->wire_priority = km.priority;
-    m->headers = km.headers;
-    km.headers = NULL;
-    m->body = km.body;
-    m->body_len = km.body_len;
-    km.body = NULL;
+    m->priority = 0; /* SQS has no priorities */
     m->caps = broker_delivery_caps(&b->base);
     kombu_msg_release(&km);
     b->on_delivery(&b->base, m, b->privdata);

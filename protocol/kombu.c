@@ -1324,3 +1324,36 @@ void kombu_msg_outbound(const struct kombu_msg *m, struct outbound *o)
     o->exchange = m->exchange;
     o->routing_key = m->routing_key;
 }
+
+/* An empty kombu string is an absent property. */
+static char *take_opt(char **s)
+{
+    char *v = *s;
+    *s = NULL;
+    if (v && !*v) {
+        cr_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+void kombu_msg_move_to(struct kombu_msg *m, struct delivery *d)
+{
+    d->redelivered = d->redelivered || m->redelivered;
+    d->exchange = m->exchange;
+    m->exchange = NULL;
+    d->routing_key = m->routing_key;
+    m->routing_key = NULL;
+    d->content_type = take_opt(&m->content_type);
+    d->content_encoding = take_opt(&m->content_encoding);
+    d->correlation_id = take_opt(&m->correlation_id);
+    d->reply_to = take_opt(&m->reply_to);
+    d->expiration = take_opt(&m->expiration);
+    d->delivery_mode = m->delivery_mode;
+    d->wire_priority = m->priority;
+    d->headers = m->headers;
+    m->headers = NULL;
+    d->body = m->body;
+    d->body_len = m->body_len;
+    m->body = NULL;
+}

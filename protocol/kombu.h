@@ -121,6 +121,13 @@ void kombu_msg_release(struct kombu_msg *m);
 int kombu_msg_decode_flags(struct kombu_msg *m, const char *env, size_t len,
                            size_t max_body_bytes, unsigned flags, struct cr_err *err);
 
+/* Moves m's message into d, which takes its strings, headers and body (m
+ * keeps the rest and is still released by its owner): exchange, routing key,
+ * the properties (an empty one is absent, as kombu writes it), delivery
+ * mode, the wire priority, and the redelivered flag. The transport sets the
+ * rest (queue, record, engine priority, times, caps). */
+void kombu_msg_move_to(struct kombu_msg *m, struct delivery *d);
+
 /* Fills o with m's message as it was published (body, properties, headers,
  * exchange and routing key), every pointer borrowed from m; an empty
  * expiration is none. To send a decoded message on again (a dead letter
