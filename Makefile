@@ -10,7 +10,7 @@ WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
 OPT       ?= -O2 -g
 CFLAGS    += -std=c11 -D_GNU_SOURCE $(OPT) $(WARNINGS) -MMD -MP \
 	         $(shell pkg-config --cflags $(PKGS)) -I.
-LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lm
+LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lz -lm
 CHECK_LIBS = $(shell pkg-config --libs check)
 CHECK_CFLAGS = $(shell pkg-config --cflags check)
 
@@ -172,7 +172,7 @@ build-fuzz/obj/%.o: %.c
 $(FUZZ_BIN): build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -MMD -MP -o $@ $< $(FUZZ_LIB_OBJ) \
-	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lm
+	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lz -lm
 
 fuzz: $(FUZZ_BIN)
 	@bash scripts/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
