@@ -909,7 +909,8 @@ int rq_pickle_loads(const void *p, size_t len, const struct rq_limits *lim, cJSO
 /* ======================================================================== */
 
 /* Counts the values of a parsed JSON text against the budget and refuses the
- * non-finite numbers Python's json module accepts. */
+ * non-finite numbers Python's json module accepts, and ints a double cannot
+ * hold exactly (the text is gone by now; a pickle keeps them exact). */
 static int json_check(const cJSON *v, size_t *left, struct cr_err *err)
 {
     if (*left == 0)
@@ -917,6 +918,10 @@ static int json_check(const cJSON *v, size_t *left, struct cr_err *err)
     (*left)--;
     if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
         return cr_err_set(err, CR_EDECODE, "json number that is NaN or infinite");
+    if (cJSON_IsNumber(v) && !(v->type & PY_JSON_FLOAT) &&
+        fabs(v->valuedouble) > 9007199254740992.0)
+        return cr_err_set(err, CR_EDECODE,
+                          "json int beyond 2**53 (not exact in a double)");
     for (const cJSON *c = v->child; c; c = c->next) {
         int rc = json_check(c, left, err);
         if (rc)

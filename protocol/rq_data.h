@@ -71,8 +71,9 @@ int rq_pickle_loads(const void *p, size_t len, const struct rq_limits *lim, cJSO
                     struct cr_err *err);
 
 /* A result, meta or exc value in the given serializer (not compressed):
- * rq_pickle_loads(), or Python-flavoured JSON (py_json_parse(), non-finite
- * numbers and more than max_values values refused). Same returns. */
+ * rq_pickle_loads(), or Python-flavoured JSON (py_json_parse(); non-finite
+ * numbers, ints beyond +-2**53 and more than max_values values refused). Same
+ * returns. */
 int rq_value_loads(const void *p, size_t len, enum rq_serializer ser,
                    const struct rq_limits *lim, cJSON **out, struct cr_err *err);
 

@@ -813,15 +813,21 @@ START_TEST(test_round_trip)
         for (int ser = 0; ser < 2; ser++) {
             buf_init(&out);
             ck_assert_int_eq(rq_value_dumps(v, (enum rq_serializer)ser, &out), 0);
+            if (i == 4 && ser == 1) {
+                /* JSON text of ints beyond 2**53 is written exactly but refused
+                 * when read: a double would round them. */
+                ck_assert_str_eq(out.data, texts[i]);
+                ck_assert_int_eq(rq_value_loads(out.data, out.len, RQ_SERIALIZER_JSON,
+                                                &lim, &back, &err),
+                                 CR_EDECODE);
+                buf_release(&out);
+                continue;
+            }
             ck_assert_int_eq(rq_value_loads(out.data, out.len, (enum rq_serializer)ser,
                                             &lim, &back, &err),
                              0);
             got = dumps(back);
-            if (i == 4 && ser == 1)
-                /* JSON text cannot keep more than a double: compare the text. */
-                ck_assert_str_eq(out.data, texts[i]);
-            else
-                ck_assert_str_eq(got, texts[i]);
+            ck_assert_str_eq(got, texts[i]);
             free(got);
             cJSON_Delete(back);
             buf_release(&out);
