@@ -63,14 +63,16 @@ int rq_data_inflate(const void *data, size_t len, const struct rq_limits *lim,
             zs.next_out = &probe;
             zs.avail_out = 1;
             zrc = inflate(&zs, Z_NO_FLUSH);
-            if (zrc == Z_STREAM_END && zs.avail_out == 1)
-                break;
-            if (zrc == Z_OK || zrc == Z_STREAM_END || zs.avail_out == 0) {
+            if (zs.avail_out == 0) {
                 rc = cr_err_set(err, CR_ETOOBIG,
                                 "job data inflates past %zu bytes (%zu compressed)", cap,
                                 len);
                 break;
             }
+            if (zrc == Z_STREAM_END)
+                break;
+            if (zrc == Z_OK)
+                continue; /* input read (the checksum), no output: read on */
             goto raw;
         }
         room = cap - have < chunk ? cap - have : chunk;
