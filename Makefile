@@ -10,7 +10,7 @@ WARNINGS  := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
 OPT       ?= -O2 -g
 CFLAGS    += -std=c11 -D_GNU_SOURCE $(OPT) $(WARNINGS) -MMD -MP \
 	         $(shell pkg-config --cflags $(PKGS)) -I.
-LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lm
+LDLIBS    += $(shell pkg-config --libs $(PKGS)) -lz -lm
 CHECK_LIBS = $(shell pkg-config --libs check)
 CHECK_CFLAGS = $(shell pkg-config --cflags check)
 
@@ -59,6 +59,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_MAIN) $(UNIT_FAKE) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -o $@ $< $(UNIT_MAIN) $(UNIT_FAKE) $(LIB) $(LDLIBS) \
 	    $(CHECK_LIBS)
+
+# Small programs the integration tests drive (tests/tools/<name>.c, one file each).
+TOOL_BIN  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(wildcard tests/tools/*.c))
+
+$(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 # Man pages, printed by the binary from its option tables (scripts/gen-man.sh).
 MAN_STAMP := $(BUILD)/man/.stamp
@@ -111,7 +118,7 @@ deps:
 unit: $(UNIT_BIN)
 	@bash scripts/run-unit.sh $(UNIT_BIN)
 
-integration: $(BIN)
+integration: $(BIN) $(TOOL_BIN)
 	@bash scripts/run-integration.sh
 
 # The integration tests that matter for RabbitMQ 4 against a node configured as
@@ -172,7 +179,7 @@ build-fuzz/obj/%.o: %.c
 $(FUZZ_BIN): build-fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -MMD -MP -o $@ $< $(FUZZ_LIB_OBJ) \
-	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lm
+	    $(shell pkg-config --libs libcjson librabbitmq libpcre2-8) -lz -lm
 
 fuzz: $(FUZZ_BIN)
 	@bash scripts/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
@@ -197,7 +204,7 @@ check-src-selftest:
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d $(UNIT_BIN:=.d) $(UNIT_MAIN:.o=.d) $(UNIT_FAKE:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(BUILD)/cmd/main.d $(UNIT_BIN:=.d) $(TOOL_BIN:=.d) $(UNIT_MAIN:.o=.d) $(UNIT_FAKE:.o=.d)
 
 # Benchmarks (issue 6): bench tools are built on their own, never into $(LIB).
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))

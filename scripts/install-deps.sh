@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
     gcc make pkg-config clang clang-format valgrind
     librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev libuv1-dev
-    libwebsockets-dev libpcre2-dev libssl-dev check
+    libwebsockets-dev libpcre2-dev libssl-dev zlib1g-dev check
     rabbitmq-server redis-server
     python3-celery python3-redis python3-amqp python3-pytest python3-pytest-xdist
     python3-websocket python3-yaml
