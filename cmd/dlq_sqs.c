@@ -35,8 +35,7 @@ extern char **environ;
 
 /* Where one queue's calls go. */
 struct where {
-    const char *endpoint, *region;
-    const struct sqs_creds *creds;
+    struct sqs_dest dest;
     char *url; /* new */
     char name[SQS_QUEUE_NAME_MAX + 8];
 };
@@ -80,20 +79,12 @@ int dlq__sqs_next_wait(int got, int last_wait_s, unsigned long seen, long elapse
 static long call(struct sdlq *s, const struct where *w, enum sqs_action a,
                  struct buf *body, int wait_s)
 {
-    struct sqs_sign_req rq;
     struct cr_err err;
     long status = 0;
 
-    memset(&rq, 0, sizeof(rq));
     memset(&err, 0, sizeof(err));
-    rq.endpoint = w->endpoint;
-    rq.region = w->region;
-    rq.creds = w->creds;
-    rq.target = sqs_action_name(a);
-    rq.body = body->data;
-    rq.body_len = body->len;
-    if (sqs_call_blocking(&rq, CALL_TIMEOUT_MS + 1000L * wait_s, CONNECT_TIMEOUT_MS,
-                          &status, &s->ans, &err)) {
+    if (sqs_call_blocking(&w->dest, a, body, CALL_TIMEOUT_MS + 1000L * wait_s,
+                          CONNECT_TIMEOUT_MS, &status, &s->ans, &err)) {
         fprintf(stderr, "celeriac dlq: %s\n", err.msg);
         status = 0;
     }
@@ -126,9 +117,9 @@ static int locate(struct sdlq *s, const char *queue, struct where *w)
         fprintf(stderr, "celeriac dlq: %s\n", err.msg);
         return CR_EINVAL;
     }
-    w->endpoint = s->conf.endpoint;
-    w->region = s->conf.region;
-    w->creds = &s->conf.creds;
+    w->dest.endpoint = s->conf.endpoint;
+    w->dest.region = s->conf.region;
+    w->dest.creds = &s->conf.creds;
     if (s->conf.npredefined) {
         d = sqs_conf_queue(&s->conf, w->name);
         if (!d) {
@@ -138,9 +129,9 @@ static int locate(struct sdlq *s, const char *queue, struct where *w)
                     queue, w->name);
             return CR_EINVAL;
         }
-        w->endpoint = d->endpoint;
-        w->region = d->region;
-        w->creds = &d->creds;
+        w->dest.endpoint = d->endpoint;
+        w->dest.region = d->region;
+        w->dest.creds = &d->creds;
         w->url = cr_strdup(d->url);
         return w->url ? 0 : CR_ENOMEM;
     }

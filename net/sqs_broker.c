@@ -98,12 +98,10 @@ struct qurl {
     char name[SQS_QUEUE_NAME_MAX + 8]; /* the SQS name */
     char *url;                         /* NULL while being resolved */
     int resolving;
-    const char *endpoint; /* the conf's or a predefined queue's */
-    const char *region;
-    const struct sqs_creds *creds;
-    long vis_s;          /* the queue's VisibilityTimeout, read at connect; 0: the
-                          * visibility_timeout option */
-    struct pub *waiting; /* publishes waiting for the URL */
+    struct sqs_dest dest; /* the conf's or a predefined queue's */
+    long vis_s;           /* the queue's VisibilityTimeout, read at connect; 0: the
+                           * visibility_timeout option */
+    struct pub *waiting;  /* publishes waiting for the URL */
 };
 
 /* A consumed queue. */
@@ -372,13 +370,7 @@ static int req_start(struct sqs_broker *b, struct req *r)
     r->easy = curl_easy_init();
     if (!r->easy)
         return CR_ENOMEM;
-    memset(&rq, 0, sizeof(rq));
-    rq.endpoint = r->qu->endpoint;
-    rq.region = r->qu->region;
-    rq.creds = r->qu->creds;
-    rq.target = sqs_action_name(r->action);
-    rq.body = r->body.data;
-    rq.body_len = r->body.len;
+    sqs_dest_req(&r->qu->dest, r->action, &r->body, &rq);
     if (sqs_sign_setup(r->easy, &rq, &r->hdrs, &err)) {
         LOG(LOG_ERROR, "broker: sqs: cannot sign %s: %s", rq.target, err.msg);
         req_drop_easy(r);
@@ -444,9 +436,9 @@ static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
         return NULL;
     }
     snprintf(u->name, sizeof(u->name), "%s", name);
-    u->endpoint = b->conf.endpoint;
-    u->region = b->conf.region;
-    u->creds = &b->conf.creds;
+    u->dest.endpoint = b->conf.endpoint;
+    u->dest.region = b->conf.region;
+    u->dest.creds = &b->conf.creds;
     if (b->conf.npredefined) {
         const struct sqs_queue_def *d = sqs_conf_queue(&b->conf, name);
         if (!d) {
@@ -457,9 +449,9 @@ static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
             return NULL;
         }
         u->url = cr_strdup(d->url);
-        u->endpoint = d->endpoint;
-        u->region = d->region;
-        u->creds = &d->creds;
+        u->dest.endpoint = d->endpoint;
+        u->dest.region = d->region;
+        u->dest.creds = &d->creds;
         if (!u->url) {
             cr_free(u);
             cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -477,15 +469,7 @@ static int call_blocking(struct sqs_broker *b, struct qurl *u, enum sqs_action a
                          struct buf *body, long *status, struct sqs_answer *ans,
                          struct cr_err *err)
 {
-    struct sqs_sign_req rq;
-    memset(&rq, 0, sizeof(rq));
-    rq.endpoint = u->endpoint;
-    rq.region = u->region;
-    rq.creds = u->creds;
-    rq.target = sqs_action_name(a);
-    rq.body = body->data;
-    rq.body_len = body->len;
-    return sqs_call_blocking(&rq, CALL_TIMEOUT_MS,
+    return sqs_call_blocking(&u->dest, a, body, CALL_TIMEOUT_MS,
                              b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout * 1000L
                                                         : CONNECT_TIMEOUT_MS,
                              status, ans, err);

@@ -68,19 +68,33 @@ enum sqs_err_kind sqs_answer_error(const struct sqs_answer *a, long status,
     return e->kind;
 }
 
-int sqs_call_blocking(const struct sqs_sign_req *rq, long timeout_ms,
-                      long connect_timeout_ms, long *status, struct sqs_answer *a,
-                      struct cr_err *err)
+void sqs_dest_req(const struct sqs_dest *d, enum sqs_action a, const struct buf *body,
+                  struct sqs_sign_req *rq)
 {
+    memset(rq, 0, sizeof(*rq));
+    rq->endpoint = d->endpoint;
+    rq->region = d->region;
+    rq->creds = d->creds;
+    rq->target = sqs_action_name(a);
+    rq->body = body->data;
+    rq->body_len = body->len;
+}
+
+int sqs_call_blocking(const struct sqs_dest *d, enum sqs_action action,
+                      const struct buf *body, long timeout_ms, long connect_timeout_ms,
+                      long *status, struct sqs_answer *a, struct cr_err *err)
+{
+    struct sqs_sign_req rq;
     struct curl_slist *hdrs = NULL;
     CURL *h = curl_easy_init();
     CURLcode cc;
 
     *status = 0;
     sqs_answer_reset(a);
+    sqs_dest_req(d, action, body, &rq);
     if (!h)
         return cr_err_set(err, CR_ENOMEM, "out of memory");
-    if (sqs_sign_setup(h, rq, &hdrs, err)) {
+    if (sqs_sign_setup(h, &rq, &hdrs, err)) {
         curl_easy_cleanup(h);
         return err->code ? err->code : CR_EINVAL;
     }
@@ -94,7 +108,7 @@ int sqs_call_blocking(const struct sqs_sign_req *rq, long timeout_ms,
     curl_slist_free_all(hdrs);
     if (cc != CURLE_OK) {
         sqs_answer_reset(a);
-        return cr_err_set(err, CR_EBROKER, "sqs: %s at %s: %s", rq->target, rq->endpoint,
+        return cr_err_set(err, CR_EBROKER, "sqs: %s at %s: %s", rq.target, rq.endpoint,
                           curl_easy_strerror(cc));
     }
     return 0;

@@ -36,14 +36,27 @@ void sqs_answer_attach(CURL *h, struct sqs_answer *a);
 enum sqs_err_kind sqs_answer_error(const struct sqs_answer *a, long status,
                                    struct sqs_error *e);
 
-/* One call, blocking: rq signed (net/sqs_sign.h; rq and its body borrowed
- * for the call), at most timeout_ms in all and connect_timeout_ms to
- * connect. On return 0, *status is the HTTP status and a holds the answer
- * (a is reset first), whatever the status; CR_ENOMEM, CR_EINVAL (rq cannot
- * be signed) or CR_EBROKER (a transport failure, no answer) with one line in
- * err. */
-int sqs_call_blocking(const struct sqs_sign_req *rq, long timeout_ms,
-                      long connect_timeout_ms, long *status, struct sqs_answer *a,
-                      struct cr_err *err);
+/* Where an SQS call goes: a queue's endpoint, signing region and
+ * credentials (borrowed from the conf, see net/sqs_url.h). */
+struct sqs_dest {
+    const char *endpoint;
+    const char *region;
+    const struct sqs_creds *creds;
+};
+
+/* Fills rq for action a to d with body, every pointer borrowed (body until
+ * the transfer ends); the other fields zero. */
+void sqs_dest_req(const struct sqs_dest *d, enum sqs_action a, const struct buf *body,
+                  struct sqs_sign_req *rq);
+
+/* One call of action to d, blocking: body signed (net/sqs_sign.h; all
+ * borrowed for the call), at most timeout_ms in all and connect_timeout_ms to
+ * connect. On return 0, *status is the HTTP status and ans holds the answer
+ * (reset first), whatever the status; CR_ENOMEM, CR_EINVAL (the request
+ * cannot be signed) or CR_EBROKER (a transport failure, no answer) with one
+ * line in err. */
+int sqs_call_blocking(const struct sqs_dest *d, enum sqs_action action,
+                      const struct buf *body, long timeout_ms, long connect_timeout_ms,
+                      long *status, struct sqs_answer *ans, struct cr_err *err);
 
 #endif
