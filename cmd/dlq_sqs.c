@@ -2,14 +2,15 @@
  *
  * On SQS the dead-letter queue is an SQS queue like the others (named as
  * kombu names them, prefix included), each dead letter kombu's envelope
- * published there by the worker. SQS cannot browse: a message is only seen by
- * receiving it, which hides it for a visibility timeout. So the command
- * receives page by page with a short hold (DLQ_SQS_HOLD_S: the pages already seen stay
- * out of the later ones), and at its end makes every message it did not act
- * on visible again at once; a command that dies gives them back DLQ_SQS_HOLD_S later.
- * Replay sends the dead letter to its queue and only then deletes it, one at
- * a time, so a failure loses nothing (at worst a dead letter is both
- * replayed and still listed, and a second replay runs it twice).
+ * published there by the worker. SQS cannot browse: a message is only seen
+ * by receiving it, which hides it for a visibility timeout. So the command
+ * receives page by page with a short hold (DLQ_SQS_HOLD_S: the pages already
+ * seen stay out of the later ones), and at its end makes every message it did
+ * not act on visible again at once; a command that dies gives them back when
+ * the hold ends. Replay sends the dead letter to its queue and only then
+ * deletes it, one at a time, so a failure loses nothing (at worst a dead
+ * letter is both replayed and still listed, and a second replay runs it
+ * twice).
  *
  * A command-line client: each call is one blocking libcurl request
  * (net/sqs_call.h). */
@@ -355,13 +356,20 @@ static int one(struct sdlq *s, const struct dlq_opts *o, enum dlq_action a,
         } else if (a == A_REPLAY) {
             char shown_id[1024];
             dlq__tty(dlq__hstr(m.headers, "id"), shown_id, sizeof(shown_id));
-            if (send_back(s, &m) && delete_one(s, sm->receipt_handle)) {
+            if (!send_back(s, &m)) {
+                fprintf(stderr, "celeriac dlq: cannot replay %s\n", shown_id);
+                rc = 1;
+            } else if (!delete_one(s, sm->receipt_handle)) {
+                /* (sent: a second replay would run it twice) */
+                fprintf(stderr,
+                        "celeriac dlq: replayed %s but could not remove it from the "
+                        "dead letters\n",
+                        shown_id);
+                rc = 1;
+            } else {
                 printf("replayed %s\n", shown_id);
                 (*acted)++;
                 done = 1;
-            } else {
-                fprintf(stderr, "celeriac dlq: cannot replay %s\n", shown_id);
-                rc = 1;
             }
         } else if (delete_one(s, sm->receipt_handle)) {
             (*acted)++;
