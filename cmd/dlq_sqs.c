@@ -184,7 +184,7 @@ static void give_back(struct sdlq *s)
 {
     for (size_t i = 0; i < s->nkept; i += SQS_BATCH_MAX) {
         struct sqs_entry e[SQS_BATCH_MAX];
-        char ids[SQS_BATCH_MAX][8];
+        char ids[SQS_BATCH_MAX][16];
         struct cr_err err;
         struct buf body;
         int n = 0;
