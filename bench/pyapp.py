@@ -21,6 +21,10 @@ from celery import Celery, signals
 app = Celery("pyapp", broker=os.environ.get("BENCH_BROKER", "amqp://guest:guest@127.0.0.1//"),
              backend=os.environ.get("BENCH_BACKEND", "redis://127.0.0.1:6379/1"))
 app.conf.update(result_expires=86400, broker_connection_retry_on_startup=True)
+# The SQS section passes kombu's transport options (region, endpoint's scheme,
+# wait_time_seconds) as JSON; the other brokers need none.
+if os.environ.get("BENCH_TRANSPORT_OPTIONS"):
+    app.conf.broker_transport_options = json.loads(os.environ["BENCH_TRANSPORT_OPTIONS"])
 
 BASE = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1").rstrip("/")
 _session = None

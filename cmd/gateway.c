@@ -44,11 +44,11 @@ struct gw_opts {
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
      "amqp://guest:guest@localhost:5672//", 0, 0,
-     "broker URL (amqp://, redis://, sentinel://)"},
+     "broker URL (amqp://, redis://, sentinel://, sqs://)"},
     {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
      OFF(broker_transport_options), NULL, 0, 0,
-     "Redis broker: Celery's broker_transport_options as JSON (master_name, "
-     "global_keyprefix, ...)",
+     "Redis or SQS broker: Celery's broker_transport_options as JSON (master_name, "
+     "global_keyprefix, region, queue_name_prefix, ...)",
      "JSON"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPTS_STR, OFF(backend),
      "redis://localhost:6379/0", 0, 0, "Redis result backend URL"},

@@ -717,6 +717,29 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     gw_hub_set_limits(app->hub, GW_WS_QUEUE_MAX, cfg->max_buffered_bytes);
     uv_timer_init(loop, app->cron);
     app->cron->data = app;
+    /* The broker's URL and transport options (an SQS region, a Redis
+     * master_name) are checked here, before the wait for the result backend:
+     * a mistyped option is the start-up error, not a 10 s wait for Redis
+     * followed by it. broker_new() opens no connection. */
+    app->bcfg.url = cfg->broker_url;
+    app->bcfg.transport_options = cfg->broker_transport_options;
+    app->bcfg.heartbeat = 60;
+    app->bcfg.connect_timeout = 5;
+    app->broker = broker_new(loop, &app->bcfg, on_broker_msg, NULL, app, err);
+    if (!app->broker)
+        goto fail;
+    /* Declare each queue clients may send to, as Celery's producer does, so a
+     * task sent before any worker ran is kept rather than dropped unroutable
+     * (on SQS: created as kombu creates it, under queue_name_prefix). */
+    for (int i = 0; i < cfg->nqueues; i++) {
+        struct broker_queue q;
+        broker_task_queue(&q, cfg->queues[i]);
+        q.no_consume = 1;
+        if (broker_add_consumer(app->broker, &q)) {
+            cr_err_set(err, CR_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     bc.url = cfg->backend_url;
     bc.result_expires = 0;
     bc.timeout = cfg->redis_timeout;
@@ -731,24 +754,6 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
                    cfg->redis_health_check_interval, on_sub_msg, on_sub_event, app, err);
     if (!app->sub)
         goto fail;
-    app->bcfg.url = cfg->broker_url;
-    app->bcfg.transport_options = cfg->broker_transport_options;
-    app->bcfg.heartbeat = 60;
-    app->bcfg.connect_timeout = 5;
-    app->broker = broker_new(loop, &app->bcfg, on_broker_msg, NULL, app, err);
-    if (!app->broker)
-        goto fail;
-    /* Declare each queue clients may send to, as Celery's producer does, so a
-     * task sent before any worker ran is kept rather than dropped unroutable. */
-    for (int i = 0; i < cfg->nqueues; i++) {
-        struct broker_queue q;
-        broker_task_queue(&q, cfg->queues[i]);
-        q.no_consume = 1;
-        if (broker_add_consumer(app->broker, &q)) {
-            cr_err_set(err, CR_ENOMEM, "out of memory");
-            goto fail;
-        }
-    }
     if (broker_connect(app->broker, err))
         goto fail;
     app->scfg.host = cfg->host;

@@ -11,7 +11,7 @@
 
 struct gw_app_config {
     const char *broker_url;
-    const char *broker_transport_options; /* Redis broker: JSON, or NULL */
+    const char *broker_transport_options; /* Redis or SQS broker: JSON, or NULL */
     const char *backend_url;
     double redis_timeout;               /* seconds; 0: none (see backend.h) */
     double redis_health_check_interval; /* seconds; 0: never */

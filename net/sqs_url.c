@@ -796,6 +796,12 @@ static int parse(struct sqs_conf *c, const char *url, const char *options, size_
     if (!r && (r = env_get(envp, "AWS_DEFAULT_REGION")) && !region_ok(r))
         return cr_err_set(err, CR_EINVAL,
                           "AWS_DEFAULT_REGION must be a region name (a-z, 0-9, '-')");
+    /* After botocore's own variable, so that where both are set (Lambda and
+     * ECS set both) a mixed fleet agrees; alone, it is what every other AWS
+     * SDK reads, and what a user who sets it means. */
+    if (!r && (r = env_get(envp, "AWS_REGION")) && !region_ok(r))
+        return cr_err_set(err, CR_EINVAL,
+                          "AWS_REGION must be a region name (a-z, 0-9, '-')");
     snprintf(c->region, sizeof c->region, "%s", r ? r : DEFAULT_REGION);
 
     /* Endpoint: kombu's endpoint_url, else botocore's for the region. */

@@ -8,9 +8,9 @@
  * - endpoint: a host in the URL gives "http://host[:port]", or "https://..."
  *   when is_secure is true (kombu: an unset is_secure means plain http for a
  *   given host); no host gives "https://sqs.<region>.amazonaws.com";
- * - region: the 'region' option, else AWS_DEFAULT_REGION, else us-east-1
- *   (botocore never reads AWS_REGION, so neither do we: a mixed fleet must
- *   agree on the queue's region);
+ * - region: the 'region' option, else AWS_DEFAULT_REGION, else AWS_REGION,
+ *   else us-east-1 (botocore never reads AWS_REGION: read after its own
+ *   variable, so that a mixed fleet agrees wherever both are set);
  * - credentials: the URL's key and secret (percent-decoded; never a session
  *   token), else AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY with AWS_SESSION_TOKEN
  *   (or the older AWS_SECURITY_TOKEN). botocore's other sources (shared

@@ -9,6 +9,8 @@
 #                                    beside the AMQP figures, and the bare Redis loop)
 #                                    tls (10,000 one-second calls through a private nginx,
 #                                    TLS and HTTP/2, against plain HTTP; RSS per stream)
+#                                    sqs (dispatch and the 1 s LLM workload over Amazon SQS,
+#                                    on a local emulator started and stopped by run.py)
 #   BENCH_IMPL=celeriac              skip the Python runs
 #   BENCH_BASELINE=<git rev>         A/B instead: this tree's build/celeriac against the
 #                                    worker built from <rev>, alternating, same run

@@ -23,10 +23,10 @@
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
      "amqp://guest:guest@localhost:5672//", 0, 0,
-     "broker URL (amqp://, redis://, sentinel://)"},
+     "broker URL (amqp://, redis://, sentinel://, sqs://)"},
     {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
      OFF(broker_transport_options), "", 0, 0,
-     "Redis broker: Celery's broker_transport_options as JSON, e.g. "
+     "Redis or SQS broker: Celery's broker_transport_options as JSON, e.g. "
      "{\"visibility_timeout\": 3600, \"global_keyprefix\": \"pfx:\"}"},
     {"result-backend", 0, "CELERY_RESULT_BACKEND", OPTS_STR, OFF(result_backend),
      "redis://localhost:6379/0", 0, 0,

@@ -434,3 +434,87 @@ def test_sqs_5xx_on_every_call_is_retried(env, sqs_emu):
         assert w.proc.poll() is None
     finally:
         front.close()
+
+
+def sqs_gateway(env, emu, prefix, *args):
+    from test_gateway import Gateway
+    opts = emu.transport_options(queue_name_prefix=prefix)
+    # the later -b wins over the env's broker that Gateway() puts first
+    return Gateway(env, "-b", emu.broker_url, "--broker-transport-options", json.dumps(opts),
+                   *args)
+
+
+def test_gateway_submits_through_sqs_and_streams(env, sqs_emu):
+    from test_gateway import read_all, text_of
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    sqs_worker(env, sqs_emu, prefix)
+    gw = sqs_gateway(env, sqs_emu, prefix)
+    try:
+        env.fake.script(["tps=40;tokens=12"])
+        tid = gw.submit(task="llm.generate", args=["through the gateway"])
+        msgs = read_all(gw.stream(tid))
+        final = msgs[-1]
+        assert final["type"] == "result" and final["state"] == "SUCCESS", final
+        assert text_of(msgs) == final["result"]
+        assert app.AsyncResult(tid).get(timeout=10) == final["result"]
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+        # nothing the gateway does needs fanout: no line about it
+        assert "fanout" not in "\n".join(gw.lines)
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
+
+
+def test_gateway_message_on_sqs_matches_python(env, sqs_emu):
+    """No worker: both envelopes read raw from the mangled queue."""
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    gw = sqs_gateway(env, sqs_emu, prefix, "-Q", "celery,llm.high")
+    try:
+        tid = gw.submit(task="llm.generate", args=["raw", 2], kwargs={"k": 1.5},
+                        queue="llm.high", priority=2)
+        py = app.send_task("llm.generate", args=("raw", 2), kwargs={"k": 1.5},
+                           queue="llm.high", priority=2)
+        url = sqs_emu.queue_url(prefix + "llm-high")
+        got = []
+
+        def both():
+            m = sqs_emu.client().receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                                 WaitTimeSeconds=1)
+            got.extend(json.loads(base64.b64decode(x["Body"])) for x in m.get("Messages", []))
+            return len(got) >= 2
+        wait_until(both, 10, what="both messages")
+        ours, theirs = sorted(got, key=lambda e: e["headers"]["id"] != tid)
+        assert ours["headers"]["id"] == tid and theirs["headers"]["id"] == py.id
+        assert ours["body"] == theirs["body"]
+        assert sorted(ours) == sorted(theirs)
+        for k in ("content-type", "content-encoding"):
+            assert ours[k] == theirs[k], k
+        added = [h for h in theirs["headers"] if h not in ours["headers"]]
+        assert set(added) <= {"replaced_task_nesting", "stamped_headers", "stamps"}, added
+        for k in ("lang", "task", "retries", "argsrepr", "kwargsrepr", "root_id"):
+            assert ours["headers"][k] == (tid if k == "root_id" else theirs["headers"][k]), k
+        po, pt = ours["properties"], theirs["properties"]
+        assert po["delivery_info"] == pt["delivery_info"]
+        assert po["delivery_info"]["routing_key"] == "llm.high"
+        for k in ("delivery_mode", "priority", "body_encoding"):
+            assert po.get(k) == pt.get(k), k
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
+
+
+def test_gateway_refuses_a_bad_sqs_option_at_once(sqs_emu):
+    from conftest import BIN
+    # a dead result backend: the option is what the gateway reports, at once,
+    # not a wait for Redis followed by it
+    dead = "redis://127.0.0.1:%d/0" % free_port()
+    for opts, want in ((dict(region="us-east-1", visiblity_timeout=60),
+                        "unknown broker transport option 'visiblity_timeout'"),
+                       (dict(region="us-east-1", wait_time_seconds=30),
+                        "'wait_time_seconds' is out of range")):
+        t0 = time.time()
+        p = subprocess.run([BIN, "gateway", "-b", sqs_emu.broker_url, "--result-backend", dead,
+                            "--broker-transport-options", json.dumps(opts), "--port", "0"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and want in p.stdout + p.stderr, p.stdout + p.stderr
+        assert time.time() - t0 < 3

@@ -559,11 +559,10 @@ START_TEST(test_worker_usage_head)
     fclose(f);
     /* scripts/readme-options.py and test_core.py read these lines */
     ck_assert(!strncmp(s, "usage: celeriac worker [options]\n\n", 34));
-    ck_assert_ptr_nonnull(strstr(
-        s,
-        "\n  -b, --broker                   broker URL (amqp://, redis://, sentinel://) "
-        "[default: amqp://guest:guest@localhost:5672//] "
-        "[env: CELERY_BROKER_URL]\n"));
+    ck_assert_ptr_nonnull(strstr(s, "\n  -b, --broker                   broker URL "
+                                    "(amqp://, redis://, sentinel://, sqs://) "
+                                    "[default: amqp://guest:guest@localhost:5672//] "
+                                    "[env: CELERY_BROKER_URL]\n"));
     ck_assert_ptr_nonnull(strstr(s, "\n      --redis-health-check-interval seconds"));
     ck_assert_ptr_nonnull(strstr(s, "\n  -E, --task-events              send task events "
                                     "(Flower, celery events) [default: 0] [env: "

@@ -135,6 +135,10 @@ START_TEST(test_region_precedence)
                                        "AWS_REGION=eu-north-1", NULL};
     const char *const env_region_only[] = {
         "AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=s", "AWS_REGION=eu-north-1", NULL};
+    const char *const env_none[] = {"AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=s",
+                                    NULL};
+    const char *const env_bad[] = {"AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=s",
+                                   "AWS_REGION=eu north", NULL};
     static const char opts[] = "{\"region\": \"eu-west-1\"}";
     static const char opts_empty[] = "{\"region\": \"\"}";
     static const char opts_null[] = "{\"region\": null}";
@@ -157,10 +161,15 @@ START_TEST(test_region_precedence)
     ck_assert_int_eq(
         sqs_conf_parse(&c, "sqs://", opts_null, strlen(opts_null), env_default, &e), 0);
     ck_assert_str_eq(c.region, "ap-south-1");
-    /* botocore does not read AWS_REGION: us-east-1 */
+    /* AWS_REGION alone (botocore's own variable wins above) */
     ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", NULL, 0, env_region_only, &e), 0);
+    ck_assert_str_eq(c.region, "eu-north-1");
+    ck_assert_str_eq(c.endpoint, "https://sqs.eu-north-1.amazonaws.com");
+    /* none: us-east-1 */
+    ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", NULL, 0, env_none, &e), 0);
     ck_assert_str_eq(c.region, "us-east-1");
-    ck_assert_str_eq(c.endpoint, "https://sqs.us-east-1.amazonaws.com");
+    ck_assert_int_eq(sqs_conf_parse(&c, "sqs://", NULL, 0, env_bad, &e), CR_EINVAL);
+    ck_assert_str_eq(e.msg, "AWS_REGION must be a region name (a-z, 0-9, '-')");
     /* a host keeps its endpoint, the region still signs */
     ck_assert_int_eq(
         sqs_conf_parse(&c, "sqs://a:b@127.0.0.1:9324", opts, strlen(opts), NULL, &e), 0);
