@@ -27,12 +27,12 @@
 
 static const struct opt opts[] = {
     {"broker", 'b', "CELERY_BROKER_URL", OPTS_STR, OFF(broker),
-     "amqp://guest:guest@localhost:5672//", 0, 0, "broker URL (AMQP or Redis)", "URL",
-     OPT_HIDE_DEFAULT},
+     "amqp://guest:guest@localhost:5672//", 0, 0, "broker URL (AMQP, Redis or SQS)",
+     "URL", OPT_HIDE_DEFAULT},
     {"broker-transport-options", 0, "CELERY_BROKER_TRANSPORT_OPTIONS", OPTS_STR,
      OFF(transport_options), NULL, 0, 0,
-     "Redis broker: Celery's broker_transport_options as JSON (global_keyprefix, sep, "
-     "priority_steps)",
+     "Redis or SQS broker: Celery's broker_transport_options as JSON, as the worker "
+     "has them",
      "JSON"},
     {"queue", 0, "CELERIAC_DEAD_LETTER_QUEUE", OPTS_STR, OFF(queue), "celeriac.dead", 0,
      0, "dead-letter queue", "NAME", OPT_HIDE_ENV},
@@ -260,6 +260,13 @@ void dlq__print_show(const cJSON *h, const char *content_type, size_t ct_len,
     cr_free(text);
 }
 
+void dlq__print_head(const struct dlq_opts *o, enum dlq_action a)
+{
+    if (a == A_LIST && !o->json)
+        printf("%-36s  %-24s  %-18s  %-24s  %s\n", "ID", "TASK", "REASON", "EXCEPTION",
+               "FAILED AT");
+}
+
 void dlq__print_line(const struct dlq_opts *o, const cJSON *h)
 {
     if (o->json) {
@@ -315,15 +322,11 @@ static int run(const struct dlq_opts *o, enum dlq_action a)
 
     if (broker_url_is_redis(o->broker))
         return dlq__run_redis(o, a);
-    if (broker_url_is_sqs(o->broker)) {
-        fprintf(stderr,
-                "celeriac dlq: SQS is not supported yet (read the dead-letter queue "
-                "with the AWS tools)\n");
-        return 2;
-    }
+    if (broker_url_is_sqs(o->broker))
+        return dlq__run_sqs(o, a);
     if (o->transport_options && *o->transport_options) {
         fprintf(stderr,
-                "celeriac dlq: broker transport options are for a Redis broker\n");
+                "celeriac dlq: broker transport options are for a Redis or SQS broker\n");
         return 2;
     }
     c = open_conn(o->broker);
@@ -344,9 +347,7 @@ static int run(const struct dlq_opts *o, enum dlq_action a)
         if (!rpc_ok(c, "confirm.select"))
             goto out;
     }
-    if (a == A_LIST && !o->json)
-        printf("%-36s  %-24s  %-18s  %-24s  %s\n", "ID", "TASK", "REASON", "EXCEPTION",
-               "FAILED AT");
+    dlq__print_head(o, a);
     for (;;) {
         amqp_rpc_reply_t r = amqp_basic_get(c, CH, cs(o->queue), 0);
         amqp_basic_get_ok_t *g;

@@ -471,9 +471,7 @@ int dlq__run_redis(const struct dlq_opts *o, enum dlq_action a)
         rc = 1;
         goto out;
     }
-    if (a == A_LIST && !o->json)
-        printf("%-36s  %-24s  %-18s  %-24s  %s\n", "ID", "TASK", "REASON", "EXCEPTION",
-               "FAILED AT");
+    dlq__print_head(o, a);
     for (size_t i = 0; i < r.n; i++) {
         const struct entry *e = &r.v[i];
         struct kombu_msg m;

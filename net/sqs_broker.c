@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <curl/curl.h>
 
+#include "net/sqs_call.h"
 #include "net/sqs_sign.h"
 #include "net/sqs_url.h"
 #include "protocol/sqs.h"
@@ -97,12 +98,10 @@ struct qurl {
     char name[SQS_QUEUE_NAME_MAX + 8]; /* the SQS name */
     char *url;                         /* NULL while being resolved */
     int resolving;
-    const char *endpoint; /* the conf's or a predefined queue's */
-    const char *region;
-    const struct sqs_creds *creds;
-    long vis_s;          /* the queue's VisibilityTimeout, read at connect; 0: the
-                          * visibility_timeout option */
-    struct pub *waiting; /* publishes waiting for the URL */
+    struct sqs_dest dest; /* the conf's or a predefined queue's */
+    long vis_s;           /* the queue's VisibilityTimeout, read at connect; 0: the
+                           * visibility_timeout option */
+    struct pub *waiting;  /* publishes waiting for the URL */
 };
 
 /* A consumed queue. */
@@ -153,8 +152,7 @@ struct req {
     CURL *easy;
     struct curl_slist *hdrs;
     struct buf body;
-    struct buf resp;
-    char qerr[160];
+    struct sqs_answer ans;
     int attempts;
     uint64_t due_ms;
     struct cons *cons;      /* RK_RECEIVE */
@@ -307,32 +305,6 @@ static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
     return 0;
 }
 
-static size_t on_body(char *ptr, size_t size, size_t n, void *ud)
-{
-    struct req *r = ud;
-    return buf_append(&r->resp, ptr, size * n) ? 0 : size * n;
-}
-
-static size_t on_header(char *ptr, size_t size, size_t n, void *ud)
-{
-    struct req *r = ud;
-    size_t len = size * n;
-    static const char name[] = "x-amzn-query-error:";
-    if (len > sizeof(name) - 1 && !strncasecmp(ptr, name, sizeof(name) - 1)) {
-        const char *v = ptr + sizeof(name) - 1;
-        size_t vl = len - (sizeof(name) - 1);
-        while (vl && (*v == ' ' || *v == '\t'))
-            v++, vl--;
-        while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
-            vl--;
-        if (vl >= sizeof(r->qerr))
-            vl = sizeof(r->qerr) - 1;
-        memcpy(r->qerr, v, vl);
-        r->qerr[vl] = '\0';
-    }
-    return len;
-}
-
 static struct req *req_new(struct sqs_broker *b, enum req_kind kind,
                            enum sqs_action action, struct qurl *qu)
 {
@@ -344,8 +316,7 @@ static struct req *req_new(struct sqs_broker *b, enum req_kind kind,
     r->action = action;
     r->qu = qu;
     buf_init(&r->body);
-    buf_init(&r->resp);
-    r->resp.max_bytes = SQS_RESPONSE_MAX_BYTES;
+    sqs_answer_init(&r->ans);
     return r;
 }
 
@@ -380,7 +351,7 @@ static void req_free(struct req *r)
 {
     req_drop_easy(r);
     buf_release(&r->body);
-    buf_release(&r->resp);
+    sqs_answer_release(&r->ans);
     settles_free(r->settles);
     pub_free(r->pub);
     cr_free(r);
@@ -395,18 +366,11 @@ static int req_start(struct sqs_broker *b, struct req *r)
     long timeout = CALL_TIMEOUT_MS;
 
     req_drop_easy(r);
-    buf_reset(&r->resp);
-    r->qerr[0] = '\0';
+    sqs_answer_reset(&r->ans);
     r->easy = curl_easy_init();
     if (!r->easy)
         return CR_ENOMEM;
-    memset(&rq, 0, sizeof(rq));
-    rq.endpoint = r->qu->endpoint;
-    rq.region = r->qu->region;
-    rq.creds = r->qu->creds;
-    rq.target = sqs_action_name(r->action);
-    rq.body = r->body.data;
-    rq.body_len = r->body.len;
+    sqs_dest_req(&r->qu->dest, r->action, &r->body, &rq);
     if (sqs_sign_setup(r->easy, &rq, &r->hdrs, &err)) {
         LOG(LOG_ERROR, "broker: sqs: cannot sign %s: %s", rq.target, err.msg);
         req_drop_easy(r);
@@ -415,10 +379,7 @@ static int req_start(struct sqs_broker *b, struct req *r)
     if (r->kind == RK_RECEIVE)
         timeout = (long)b->conf.wait_time_s * 1000 + CALL_TIMEOUT_MS;
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
-    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+    sqs_answer_attach(r->easy, &r->ans);
     curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, timeout);
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)CONNECT_TIMEOUT_MS);
@@ -475,9 +436,9 @@ static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
         return NULL;
     }
     snprintf(u->name, sizeof(u->name), "%s", name);
-    u->endpoint = b->conf.endpoint;
-    u->region = b->conf.region;
-    u->creds = &b->conf.creds;
+    u->dest.endpoint = b->conf.endpoint;
+    u->dest.region = b->conf.region;
+    u->dest.creds = &b->conf.creds;
     if (b->conf.npredefined) {
         const struct sqs_queue_def *d = sqs_conf_queue(&b->conf, name);
         if (!d) {
@@ -488,9 +449,9 @@ static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
             return NULL;
         }
         u->url = cr_strdup(d->url);
-        u->endpoint = d->endpoint;
-        u->region = d->region;
-        u->creds = &d->creds;
+        u->dest.endpoint = d->endpoint;
+        u->dest.region = d->region;
+        u->dest.creds = &d->creds;
         if (!u->url) {
             cr_free(u);
             cr_err_set(err, CR_ENOMEM, "out of memory");
@@ -503,60 +464,15 @@ static struct qurl *qurl_get(struct sqs_broker *b, const char *celery_name,
 }
 
 /* One call at start-up, blocking, bounded by CALL_TIMEOUT_MS. Returns 0 with
- * *status and the answer in resp, or an error in err (transport failure). */
+ * *status and the answer in ans, or an error in err (transport failure). */
 static int call_blocking(struct sqs_broker *b, struct qurl *u, enum sqs_action a,
-                         struct buf *body, long *status, struct buf *resp, char *qerr,
+                         struct buf *body, long *status, struct sqs_answer *ans,
                          struct cr_err *err)
 {
-    struct req r;
-    struct sqs_sign_req rq;
-    CURLcode cc;
-    memset(&r, 0, sizeof(r));
-    buf_init(&r.resp);
-    r.resp.max_bytes = SQS_RESPONSE_MAX_BYTES;
-    r.easy = curl_easy_init();
-    if (!r.easy)
-        return cr_err_set(err, CR_ENOMEM, "out of memory");
-    memset(&rq, 0, sizeof(rq));
-    rq.endpoint = u->endpoint;
-    rq.region = u->region;
-    rq.creds = u->creds;
-    rq.target = sqs_action_name(a);
-    rq.body = body->data;
-    rq.body_len = body->len;
-    if (sqs_sign_setup(r.easy, &rq, &r.hdrs, err)) {
-        req_drop_easy(&r);
-        return err->code;
-    }
-    curl_easy_setopt(r.easy, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(r.easy, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(r.easy, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(r.easy, CURLOPT_HEADERDATA, &r);
-    curl_easy_setopt(r.easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(r.easy, CURLOPT_TIMEOUT_MS, (long)CALL_TIMEOUT_MS);
-    curl_easy_setopt(r.easy, CURLOPT_CONNECTTIMEOUT_MS,
-                     (long)(b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout * 1000
-                                                       : CONNECT_TIMEOUT_MS));
-    cc = curl_easy_perform(r.easy);
-    curl_easy_getinfo(r.easy, CURLINFO_RESPONSE_CODE, status);
-    req_drop_easy(&r);
-    if (cc != CURLE_OK) {
-        buf_release(&r.resp);
-        return cr_err_set(err, CR_EBROKER, "sqs: %s at %s: %s", sqs_action_name(a),
-                          u->endpoint, curl_easy_strerror(cc));
-    }
-    *resp = r.resp;
-    snprintf(qerr, 160, "%s", r.qerr);
-    return 0;
-}
-
-static int error_of(long status, const char *qerr, const struct buf *resp,
-                    struct sqs_error *e)
-{
-    memset(e, 0, sizeof(*e));
-    sqs_error_parse((int)status, qerr[0] ? qerr : NULL, resp->data ? resp->data : "",
-                    resp->len, e);
-    return e->kind;
+    return sqs_call_blocking(&u->dest, a, body, CALL_TIMEOUT_MS,
+                             b->cfg.connect_timeout > 0 ? b->cfg.connect_timeout * 1000L
+                                                        : CONNECT_TIMEOUT_MS,
+                             status, ans, err);
 }
 
 static int create_body(struct sqs_broker *b, struct qurl *u, struct buf *body,
@@ -570,25 +486,28 @@ static int create_body(struct sqs_broker *b, struct qurl *u, struct buf *body,
 static int resolve_blocking(struct sqs_broker *b, struct qurl *u, struct cr_err *err)
 {
     for (int create = 0; create < 2; create++) {
-        struct buf body, resp;
+        struct buf body;
+        struct sqs_answer ans;
         long status = 0;
-        char qerr[160] = "";
         struct sqs_error e;
         int rc;
         buf_init(&body);
-        buf_init(&resp);
+        sqs_answer_init(&ans);
         rc = create ? create_body(b, u, &body, err)
                     : sqs_req_get_queue_url(&body, u->name, err);
         if (!rc)
             rc = call_blocking(b, u, create ? SQS_CREATE_QUEUE : SQS_GET_QUEUE_URL, &body,
-                               &status, &resp, qerr, err);
+                               &status, &ans, err);
         buf_release(&body);
-        if (rc)
+        if (rc) {
+            sqs_answer_release(&ans);
             return rc;
+        }
         if (status == 200) {
             char *url = NULL;
-            rc = sqs_parse_queue_url(resp.data ? resp.data : "", resp.len, &url, err);
-            buf_release(&resp);
+            rc = sqs_parse_queue_url(ans.resp.data ? ans.resp.data : "", ans.resp.len,
+                                     &url, err);
+            sqs_answer_release(&ans);
             if (rc)
                 return rc;
             cr_free(u->url);
@@ -597,8 +516,8 @@ static int resolve_blocking(struct sqs_broker *b, struct qurl *u, struct cr_err 
                 LOG(LOG_INFO, "broker: sqs: created queue %s", u->name);
             return 0;
         }
-        error_of(status, qerr, &resp, &e);
-        buf_release(&resp);
+        sqs_answer_error(&ans, status, &e);
+        sqs_answer_release(&ans);
         if (!create && e.kind == SQS_ERR_QUEUE_MISSING)
             continue;
         return cr_err_set(err, e.kind == SQS_ERR_RETRY ? CR_EBROKER : CR_EINVAL,
@@ -615,29 +534,30 @@ static int resolve_blocking(struct sqs_broker *b, struct qurl *u, struct cr_err 
 static void read_visibility(struct sqs_broker *b, struct qurl *u)
 {
     static const char *const names[] = {"VisibilityTimeout"};
-    struct buf body, resp;
+    struct buf body;
+    struct sqs_answer ans;
     struct cr_err err = {0};
     struct sqs_queue_attrs a;
-    char qerr[160] = "";
     long status = 0;
     buf_init(&body);
-    buf_init(&resp);
+    sqs_answer_init(&ans);
     if (sqs_req_get_queue_attributes(&body, u->url, names, 1, &err) ||
-        call_blocking(b, u, SQS_GET_QUEUE_ATTRIBUTES, &body, &status, &resp, qerr,
-                      &err)) {
+        call_blocking(b, u, SQS_GET_QUEUE_ATTRIBUTES, &body, &status, &ans, &err)) {
         buf_release(&body);
+        sqs_answer_release(&ans);
         return;
     }
     buf_release(&body);
     if (status == 200 &&
-        !sqs_parse_queue_attrs(resp.data ? resp.data : "", resp.len, &a, &err) &&
+        !sqs_parse_queue_attrs(ans.resp.data ? ans.resp.data : "", ans.resp.len, &a,
+                               &err) &&
         a.visibility_timeout_s > 0) {
         u->vis_s = a.visibility_timeout_s;
         if (a.visibility_timeout_s != b->conf.visibility_timeout_s)
             LOG(LOG_INFO, "broker: sqs: queue %s has a visibility timeout of %ld s",
                 u->name, a.visibility_timeout_s);
     }
-    buf_release(&resp);
+    sqs_answer_release(&ans);
 }
 
 /* ------------------------------------------------------------ publishing */
@@ -916,7 +836,7 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
                 "broker: sqs: ReceiveMessage on %s failed: %s; again in %u ms",
                 c->qu->name, curl_easy_strerror(cc), pause);
         } else {
-            error_of(status, r->qerr, &r->resp, &e);
+            sqs_answer_error(&r->ans, status, &e);
             c->failures++;
             pause = e.kind == SQS_ERR_RETRY || e.kind == SQS_ERR_OVER_LIMIT
                         ? sqs_backoff_ms(c->failures, BACKOFF_CAP_MS, jitter())
@@ -934,7 +854,8 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
         return;
     }
     c->failures = 0;
-    if (sqs_parse_receive(r->resp.data ? r->resp.data : "", r->resp.len, 0, &ms, &err)) {
+    if (sqs_parse_receive(r->ans.resp.data ? r->ans.resp.data : "", r->ans.resp.len, 0,
+                          &ms, &err)) {
         LOG(LOG_ERROR, "broker: sqs: ReceiveMessage on %s: %s", c->qu->name, err.msg);
         c->paused_until = now_ms(b) + POLL_ERROR_PAUSE_MS;
         return;
@@ -1026,8 +947,7 @@ static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long s
                            ? "DeleteMessageBatch"
                            : "ChangeMessageVisibilityBatch";
     if (cc != CURLE_OK || status != 200) {
-        int kind =
-            cc != CURLE_OK ? SQS_ERR_RETRY : error_of(status, r->qerr, &r->resp, &e);
+        int kind = cc != CURLE_OK ? SQS_ERR_RETRY : sqs_answer_error(&r->ans, status, &e);
         if (kind == SQS_ERR_RETRY && !req_retry(b, r))
             return;
         LOG(LOG_WARNING,
@@ -1038,7 +958,8 @@ static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long s
         req_free(r);
         return;
     }
-    if (sqs_parse_batch(r->resp.data ? r->resp.data : "", r->resp.len, &br, &err) == 0 &&
+    if (sqs_parse_batch(r->ans.resp.data ? r->ans.resp.data : "", r->ans.resp.len, &br,
+                        &err) == 0 &&
         br.n_failed)
         for (int i = 0; i < br.n; i++)
             if (br.v[i].kind != SQS_ERR_NONE)
@@ -1133,9 +1054,9 @@ static void stats_done(struct sqs_broker *b, struct req *r, CURLcode cc, long st
 {
     struct sqs_queue_attrs a;
     struct cr_err err = {0};
-    int ok =
-        cc == CURLE_OK && status == 200 &&
-        !sqs_parse_queue_attrs(r->resp.data ? r->resp.data : "", r->resp.len, &a, &err);
+    int ok = cc == CURLE_OK && status == 200 &&
+             !sqs_parse_queue_attrs(r->ans.resp.data ? r->ans.resp.data : "",
+                                    r->ans.resp.len, &a, &err);
     if (r->stats_cb)
         r->stats_cb(&b->base, ok, ok && a.messages > 0 ? (uint32_t)a.messages : 0, 0,
                     r->privdata);
@@ -1150,8 +1071,8 @@ static void resolve_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
     int create = r->kind == RK_CREATE;
     if (cc == CURLE_OK && status == 200) {
         char *url = NULL;
-        if (sqs_parse_queue_url(r->resp.data ? r->resp.data : "", r->resp.len, &url,
-                                &err))
+        if (sqs_parse_queue_url(r->ans.resp.data ? r->ans.resp.data : "", r->ans.resp.len,
+                                &url, &err))
             LOG(LOG_ERROR, "broker: sqs: %s", err.msg);
         else {
             cr_free(u->url);
@@ -1164,7 +1085,7 @@ static void resolve_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
         return;
     }
     if (cc == CURLE_OK &&
-        error_of(status, r->qerr, &r->resp, &e) == SQS_ERR_QUEUE_MISSING && !create) {
+        sqs_answer_error(&r->ans, status, &e) == SQS_ERR_QUEUE_MISSING && !create) {
         req_free(r);
         resolve_start(b, u, 1);
         return;
@@ -1187,7 +1108,7 @@ static void send_done(struct sqs_broker *b, struct req *r, CURLcode cc, long sta
         pub_finish(b, p, 1);
         return;
     }
-    if ((cc != CURLE_OK || error_of(status, r->qerr, &r->resp, &e) == SQS_ERR_RETRY) &&
+    if ((cc != CURLE_OK || sqs_answer_error(&r->ans, status, &e) == SQS_ERR_RETRY) &&
         !req_retry(b, r))
         return;
     LOG(LOG_ERROR, "broker: sqs: SendMessage to %s failed (%s)", r->qu->name,

@@ -86,6 +86,61 @@ def test_permanent_failure_is_dead_lettered_and_stored(env, sqs_emu):
     wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
 
 
+def test_dlq_list_show_replay_purge(env, sqs_emu):
+    # test_reliability.py's test of the same name, over SQS: `celeriac dlq`
+    # reads the dead-letter queue without taking it from anyone for long.
+    from conftest import BIN
+    prefix = sqs_emu.prefix()
+    opts = json.dumps(sqs_emu.transport_options(queue_name_prefix=prefix))
+    dead = prefix + "celeriac-dead"
+
+    def dlq(*args):
+        return subprocess.run([BIN, "dlq", "-b", sqs_emu.broker_url,
+                               "--broker-transport-options", opts, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def depth():
+        try:
+            return visible(sqs_emu, dead)
+        except Exception:  # not created yet
+            return None
+
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    env.fake.script(["status=400;err_msg=nope"])
+    sqs_worker(env, sqs_emu, prefix, "--max-retries", "0")
+    doomed = app.send_task("llm.generate", args=["doomed"])
+    unknown = app.send_task("no.such.task", args=[1])
+    wait_until(lambda: depth() == (2, 0), 20, what="two dead letters")
+    out = dlq("list")
+    assert out.returncode == 0, out.stderr
+    assert doomed.id in out.stdout and unknown.id in out.stdout
+    assert "unregistered task" in out.stdout and "BadRequestError" in out.stdout
+    # what list received is visible again at once: a second look sees it all
+    lines = dlq("list", "--json").stdout.strip().splitlines()
+    assert {json.loads(l)["id"] for l in lines} == {doomed.id, unknown.id}
+    assert {json.loads(l)["queue"] for l in lines} == {"celery"}
+    shown = dlq("show", doomed.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "BadRequestError" in shown.stdout and "doomed" in shown.stdout
+    assert dlq("show", "no-such-id").returncode != 0
+    assert depth() == (2, 0)
+    # replay by id: back on its queue, it runs again and succeeds
+    out = dlq("replay", doomed.id)
+    assert out.returncode == 0 and "replayed 1 of 2" in out.stdout, out.stdout + out.stderr
+    wait_until(lambda: env.meta(doomed.id)["status"] == "SUCCESS", 20, what="replayed success")
+    assert env.fake.stats()[-1]["prompt"] == "doomed"
+    assert depth() == (1, 0)
+    # purge by id deletes at once; purge of all is SQS's PurgeQueue (which
+    # takes up to 60 s, on the emulator too)
+    out = dlq("purge", unknown.id)
+    assert out.returncode == 0 and "purged 1 of 1" in out.stdout, out.stdout + out.stderr
+    assert depth() == (0, 0)
+    mark = sqs_emu.mark()
+    out = dlq("purge")
+    assert out.returncode == 0 and "purged 0 dead letters" in out.stdout, out.stdout + out.stderr
+    assert sqs_emu.requests("PurgeQueue", since=mark)
+
+
 def test_warm_shutdown_gives_back_what_was_prefetched(env, sqs_emu):
     prefix = sqs_emu.prefix()
     app = sqs_emu.make_app(env.backend, prefix=prefix)
