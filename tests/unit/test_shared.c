@@ -60,12 +60,16 @@ END_TEST
 
 START_TEST(test_clock_epoch)
 {
-    time_t before = time(NULL);
-    int64_t us = clock_epoch_us();
-    time_t after = time(NULL);
+    /* Read against the same clock: time() is the kernel's coarse clock,
+     * up to a tick behind, so a second could turn between the two reads. */
+    struct timespec t0, t1;
+    int64_t us;
+    ck_assert_int_eq(clock_gettime(CLOCK_REALTIME, &t0), 0);
+    us = clock_epoch_us();
+    ck_assert_int_eq(clock_gettime(CLOCK_REALTIME, &t1), 0);
 
-    ck_assert_int_ge(us / 1000000, (int64_t)before);
-    ck_assert_int_le(us / 1000000, (int64_t)after);
+    ck_assert_int_ge(us, (int64_t)t0.tv_sec * 1000000 + t0.tv_nsec / 1000);
+    ck_assert_int_le(us, (int64_t)t1.tv_sec * 1000000 + t1.tv_nsec / 1000);
 }
 END_TEST
 
