@@ -160,7 +160,7 @@ asan-integration:
 # on a copy of it, every input bounded in time and memory (scripts/run-fuzz.sh);
 # what it finds is written as tests/fuzz/found-<target>-*.
 FUZZ_SECONDS ?= 120
-FUZZ_QUICK_SECONDS ?= 10
+FUZZ_QUICK_SECONDS ?= 5
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c llm/classify.c llm/provider*.c) \
