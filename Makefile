@@ -163,8 +163,9 @@ FUZZ_SECONDS ?= 120
 FUZZ_QUICK_SECONDS ?= 5
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-FUZZ_LIB_SRC := $(wildcard util/*.c protocol/*.c llm/policy.c llm/classify.c llm/provider*.c) \
-                gateway/gw_msg.c
+# util/curl_epoll.c drives libcurl, which the fuzz targets do not link.
+FUZZ_LIB_SRC := $(filter-out util/curl_epoll.c,$(wildcard util/*.c protocol/*.c llm/policy.c \
+                llm/classify.c llm/provider*.c)) gateway/gw_msg.c
 FUZZ_COMMON := -g -O1 -D_GNU_SOURCE -fno-sanitize-recover=undefined \
               -I. $(shell pkg-config --cflags libcjson librabbitmq libpcre2-8)
 FUZZ_FLAGS := $(FUZZ_COMMON) -fsanitize=fuzzer,address,undefined

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "classify.h"
+#include "util/curl_epoll.h"
 #include "protocol/ndjson.h"
 #include "protocol/sse.h"
 #include "util/alloc.h"
@@ -191,13 +192,10 @@ static void on_sockets_ready(uv_poll_t *p, int status, int events)
     do {
         n = epoll_wait(c->epfd, ev, SOCKET_EVENTS_PER_WAIT, 0);
         for (int i = 0; i < n; i++) {
-            int flags = 0, running;
-            if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-                flags |= CURL_CSELECT_IN;
-            if (ev[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
-                flags |= CURL_CSELECT_OUT;
+            int running;
             c->in_curl++;
-            curl_multi_socket_action(c->multi, ev[i].data.fd, flags, &running);
+            curl_multi_socket_action(c->multi, ev[i].data.fd,
+                                     curl_epoll_flags(ev[i].events), &running);
             c->in_curl--;
             check_multi_info(c);
         }
@@ -210,34 +208,8 @@ static void on_sockets_ready(uv_poll_t *p, int status, int events)
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     struct llm_client *c = userp;
-    struct epoll_event ev;
-    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     (void)easy;
-
-    if (what == CURL_POLL_REMOVE) {
-        if (socketp) {
-            /* Usually followed by close(), which would also take it out. */
-            epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL);
-            curl_multi_assign(c->multi, fd, NULL);
-        }
-        return 0;
-    }
-    memset(&ev, 0, sizeof(ev));
-    ev.data.fd = fd;
-    if (what & CURL_POLL_IN)
-        ev.events |= EPOLLIN;
-    if (what & CURL_POLL_OUT)
-        ev.events |= EPOLLOUT;
-    if (epoll_ctl(c->epfd, op, fd, &ev) != 0) {
-        /* The set and curl's view disagree (a socket closed without
-         * CURL_POLL_REMOVE left the set by itself): the other way works. */
-        op = op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-        if ((errno != EEXIST && errno != ENOENT) || epoll_ctl(c->epfd, op, fd, &ev) != 0)
-            return -1;
-    }
-    if (!socketp)
-        curl_multi_assign(c->multi, fd, c);
-    return 0;
+    return curl_epoll_socket(c->epfd, c->multi, fd, what, socketp, c);
 }
 
 static void on_curl_timer(uv_timer_t *t)

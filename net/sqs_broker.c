@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <curl/curl.h>
 
+#include "util/curl_epoll.h"
 #include "net/sqs_call.h"
 #include "net/sqs_sign.h"
 #include "net/sqs_url.h"
@@ -247,12 +248,9 @@ static void on_sockets_ready(uv_poll_t *p, int status, int events)
     (void)events;
     n = epoll_wait(b->epfd, ev, 32, 0);
     for (int i = 0; i < n; i++) {
-        int flags = 0, running;
-        if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-            flags |= CURL_CSELECT_IN;
-        if (ev[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
-            flags |= CURL_CSELECT_OUT;
-        curl_multi_socket_action(b->multi, ev[i].data.fd, flags, &running);
+        int running;
+        curl_multi_socket_action(b->multi, ev[i].data.fd, curl_epoll_flags(ev[i].events),
+                                 &running);
     }
     check_multi_info(b);
 }
@@ -260,30 +258,8 @@ static void on_sockets_ready(uv_poll_t *p, int status, int events)
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     struct sqs_broker *b = userp;
-    struct epoll_event ev;
-    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     (void)easy;
-    if (what == CURL_POLL_REMOVE) {
-        if (socketp) {
-            epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
-            curl_multi_assign(b->multi, fd, NULL);
-        }
-        return 0;
-    }
-    memset(&ev, 0, sizeof(ev));
-    ev.data.fd = fd;
-    if (what & CURL_POLL_IN)
-        ev.events |= EPOLLIN;
-    if (what & CURL_POLL_OUT)
-        ev.events |= EPOLLOUT;
-    if (epoll_ctl(b->epfd, op, fd, &ev) != 0) {
-        op = op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-        if ((errno != EEXIST && errno != ENOENT) || epoll_ctl(b->epfd, op, fd, &ev) != 0)
-            return -1;
-    }
-    if (!socketp)
-        curl_multi_assign(b->multi, fd, b);
-    return 0;
+    return curl_epoll_socket(b->epfd, b->multi, fd, what, socketp, b);
 }
 
 static void on_curl_timer(uv_timer_t *t)
