@@ -33,6 +33,7 @@ struct gw_opts {
     char *queues;
     char *tasks;
     char *loglevel;
+    char *log_format;
     long redis_timeout;
     long redis_health_check_interval;
 };
@@ -85,6 +86,8 @@ static const struct opt opts[] = {
      "queues clients may send to, comma-separated; the first is the default"},
     {"tasks", 0, "CELERIAC_GATEWAY_TASKS", OPTS_STR, OFF(tasks), "", 0, 0,
      "task names clients may send, comma-separated (empty: the built-ins; *: any)"},
+    {"log-format", 0, "CELERIAC_LOG_FORMAT", OPTS_STR, OFF(log_format), "text", 0, 0,
+     "text (Celery's lines) or json (one object per line)"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "warning", 0, 0,
      "debug, info, warning, error or critical"},
 };
@@ -107,6 +110,9 @@ static int parse(struct gw_opts *o, int argc, char **argv, struct cr_err *err)
         return rc;
     if (log_level_parse(o->loglevel) < 0)
         return cr_err_set(err, CR_EINVAL, "invalid log level '%s'", o->loglevel);
+    if (log_format_parse(o->log_format) < 0)
+        return cr_err_set(err, CR_EINVAL, "invalid log format '%s' (text or json)",
+                          o->log_format);
     return 0;
 }
 
@@ -162,6 +168,7 @@ int cmd_gateway(int argc, char **argv)
         return rc < 0 ? 2 : 0;
     }
     log_threshold = log_level_parse(o.loglevel);
+    log_format = log_format_parse(o.log_format);
     cfg.broker_url = o.broker;
     cfg.broker_transport_options = o.broker_transport_options;
     cfg.backend_url = o.backend;

@@ -109,6 +109,8 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     log_threshold = log_level_parse(cfg.loglevel);
+    log_format = log_format_parse(cfg.log_format);
+    log_set_worker(cfg.hostname);
     uv_loop_init(&loop);
     w = worker_new(&cfg, &loop, &err);
     if (!w || worker_start(w, &err)) {

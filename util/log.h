@@ -10,11 +10,25 @@
  * no loop). A WARNING or worse line flushes the buffer and itself at once, as
  * does a full buffer (LOG_BATCH_BYTES) and the process's exit(). Lines are
  * never split or reordered. A crash by signal loses at most the INFO lines of
- * the current turn. Single-threaded: call from the loop thread only. */
+ * the current turn. Single-threaded: call from the loop thread only.
+ *
+ * Two formats (log_format, set once from config before the loop starts):
+ * Celery's text lines, the default, or one JSON object per line for log
+ * pipelines: {"time", "level", "logger", "message"} and, where known,
+ * "worker", "task_id", "task_name". The logger is "celeriac." and the source
+ * file the LOG() came from ("celeriac.engine.engine"). A task's id and name
+ * are read from the message when it starts as every task line does, with
+ * Celery's "Task NAME[ID]" (bounded scan; an id that itself holds "] "
+ * is cut there in the field, the message keeps it whole). In both formats every control
+ * character and invalid UTF-8 byte of the message is escaped (util/esc.h);
+ * JSON also escapes '"' and '\', so each line parses whatever a publisher
+ * put in a task id. */
 #ifndef CR_LOG_H
 #define CR_LOG_H
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARNING, LOG_ERROR, LOG_CRITICAL };
+
+enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON };
 
 /* The size of the batch buffer: a line that would not fit flushes it first. */
 #define LOG_BATCH_BYTES (64 * 1024)
@@ -23,7 +37,20 @@ enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARNING, LOG_ERROR, LOG_CRITICAL }
  * from config before the loop starts). */
 extern int log_threshold;
 
+/* The process-wide line format (enum log_format; set once, as log_threshold). */
+extern int log_format;
+
+/* One line from file (a source path such as "net/redis.c", which names the
+ * JSON logger; NULL: "celeriac"). */
+void log_at(int level, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* One line from no particular file (logger "celeriac"). */
 void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses "text" or "json" (any case). Returns the format or -1. */
+int log_format_parse(const char *s);
+/* The worker's name for JSON lines (copied; at most 255 bytes kept; NULL or
+ * "" clears it). */
+void log_set_worker(const char *name);
 /* Parses "debug", "info", "warning"/"warn", "error", "critical"/"fatal"
  * (any case). Returns the level or -1. */
 int log_level_parse(const char *s);
@@ -41,7 +68,7 @@ void log_flush(void);
 #define LOG(level, ...)                                                                  \
     do {                                                                                 \
         if ((level) >= log_threshold)                                                    \
-            log_write((level), __VA_ARGS__);                                             \
+            log_at((level), __FILE__, __VA_ARGS__);                                      \
     } while (0)
 
 #endif

@@ -59,6 +59,8 @@ static const struct opt opts[] = {
      "node name; %h host, %n name part, %d domain"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(loglevel), "warning", 0, 0,
      "debug, info, warning, error or critical"},
+    {"log-format", 0, "CELERIAC_LOG_FORMAT", OPTS_STR, OFF(log_format), "text", 0, 0,
+     "text (Celery's lines) or json (one object per line)"},
     {"prefetch-multiplier", 0, "CELERIAC_PREFETCH_MULTIPLIER", OPTS_INT,
      OFF(prefetch_multiplier), "4", 1, 1000, "basic.qos = concurrency x this"},
     {"queue-order", 0, "CELERIAC_QUEUE_ORDER", OPTS_STR, OFF(queue_order), "fair", 0, 0,
@@ -263,6 +265,9 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
         return rc;
     if (log_level_parse(cfg->loglevel) < 0)
         return cr_err_set(err, CR_EINVAL, "invalid log level '%s'", cfg->loglevel);
+    if (log_format_parse(cfg->log_format) < 0)
+        return cr_err_set(err, CR_EINVAL, "invalid log format '%s' (text or json)",
+                          cfg->log_format);
     if (cfg->queues.n == 0)
         return cr_err_set(err, CR_EINVAL, "no queue to consume");
     for (int i = 0; i < cfg->aliases.n; i++) {

@@ -34,6 +34,7 @@ struct config {
     int concurrency;
     char *hostname; /* expanded nodename, e.g. celery@host */
     char *loglevel;
+    char *log_format; /* text or json (util/log.h) */
     int prefetch_multiplier;
     char *queue_order;              /* "fair" or "strict" (see enum engine_queue_order) */
     char *queue_type;               /* "classic" or "quorum" */

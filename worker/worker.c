@@ -790,6 +790,21 @@ static void banner(struct worker *w)
     char broker[512], backend[512], llm[512];
     config_redact_url(c->broker, broker, sizeof(broker));
     config_redact_url(c->result_backend, backend, sizeof(backend));
+    if (log_format == LOG_FORMAT_JSON) {
+        /* A log pipeline wants objects, not art: the banner's facts in one line. */
+        char queues[512] = "";
+        size_t n = 0;
+        for (int i = 0; i < c->queues.n && n < sizeof(queues); i++)
+            n += (size_t)snprintf(queues + n, sizeof(queues) - n, "%s%s", i ? "," : "",
+                                  c->queues.items[i]);
+        log_write(LOG_INFO,
+                  "%s v%s (celeriac): transport %s, results %s, concurrency %d, llm %s "
+                  "(model %s), queues %s",
+                  c->hostname, CELERIAC_VERSION, broker, backend, c->concurrency,
+                  worker_ctx_shown_url(&w->ctx, c->llm_base_url, llm, sizeof(llm)),
+                  c->llm_model, queues);
+        return;
+    }
     fprintf(stderr,
             "\n -------------- %s v%s (celeriac)\n"
             "--- ***** -----\n"

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
 #include "util/alloc.h"
 #include "util/log.h"
 
@@ -210,6 +212,178 @@ START_TEST(test_level_parse)
 }
 END_TEST
 
+/* Every line of s parses as one JSON object; returns the last (caller
+ * deletes), and the number of lines in *lines. */
+static cJSON *json_lines(const char *s, int *lines)
+{
+    cJSON *last = NULL;
+    *lines = 0;
+    for (const char *p = s; *p;) {
+        const char *nl = strchr(p, '\n');
+        char *line;
+        cJSON *o;
+        ck_assert_ptr_nonnull(nl);
+        line = strndup(p, (size_t)(nl - p));
+        o = cJSON_ParseWithOpts(line, NULL, 1);
+        if (!o)
+            ck_abort_msg("not JSON: %s", line);
+        ck_assert(cJSON_IsObject(o));
+        free(line);
+        cJSON_Delete(last);
+        last = o;
+        (*lines)++;
+        p = nl + 1;
+    }
+    return last;
+}
+
+static const char *field(cJSON *o, const char *k)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+START_TEST(test_json_format)
+{
+    char *s;
+    int lines;
+    cJSON *o;
+    capture();
+    log_threshold = LOG_INFO;
+    log_format = LOG_FORMAT_JSON;
+    log_set_worker("celeriac@box");
+    LOG(LOG_INFO, "Task %s[%s] received", "llm.chat", "0f1e-2d");
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_int_eq(lines, 1);
+    ck_assert_str_eq(field(o, "level"), "INFO");
+    ck_assert_str_eq(field(o, "logger"), "celeriac.tests.unit.test_log");
+    ck_assert_str_eq(field(o, "message"), "Task llm.chat[0f1e-2d] received");
+    ck_assert_str_eq(field(o, "worker"), "celeriac@box");
+    ck_assert_str_eq(field(o, "task_id"), "0f1e-2d");
+    ck_assert_str_eq(field(o, "task_name"), "llm.chat");
+    /* 2026-12-07T19:20:01.123Z */
+    ck_assert_uint_eq(strlen(field(o, "time")), 24);
+    ck_assert(field(o, "time")[10] == 'T' && field(o, "time")[23] == 'Z');
+    cJSON_Delete(o);
+    free(s);
+    /* not a task line: no task fields; log_write() names no file */
+    log_write(LOG_WARNING, "Tasks are fine [x] here");
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_int_eq(lines, 2);
+    ck_assert_str_eq(field(o, "logger"), "celeriac");
+    ck_assert_ptr_null(field(o, "task_id"));
+    cJSON_Delete(o);
+    free(s);
+    log_set_worker(NULL);
+    LOG(LOG_ERROR, "Task a.b[id]: cannot");
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_ptr_null(field(o, "worker"));
+    ck_assert_str_eq(field(o, "task_id"), "id");
+    cJSON_Delete(o);
+    free(s);
+    log_format = LOG_FORMAT_TEXT;
+    release();
+}
+END_TEST
+
+START_TEST(test_json_hostile_ids)
+{
+    /* Whatever a publisher puts in a task id or name, each call is one line
+     * that parses, and the message keeps the escaped text. */
+    static const char *const ids[] = {"q\"uote",
+                                      "back\\slash",
+                                      "new\nline\r",
+                                      "\x1b[31mred",
+                                      "bad\xff\xfe utf8",
+                                      "c1\xc2\x9b",
+                                      "caf\xc3\xa9",
+                                      "]",
+                                      "a] b",
+                                      "[[]]",
+                                      "\"}],{\"x\":1",
+                                      "",
+                                      "trunc\xe2\x82"};
+    char *s;
+    int lines;
+    capture();
+    log_threshold = LOG_INFO;
+    log_format = LOG_FORMAT_JSON;
+    log_set_worker("w\"\n\\");
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+        LOG(LOG_INFO, "Task %s[%s] received", ids[i], ids[i]);
+    /* every byte value, alone in an id */
+    for (int c = 1; c < 256; c++) {
+        char id[4] = {'<', (char)c, '>', '\0'};
+        LOG(LOG_INFO, "Task t[%s] received", id);
+    }
+    s = written(NULL);
+    cJSON_Delete(json_lines(s, &lines));
+    ck_assert_int_eq(lines, (int)(sizeof(ids) / sizeof(ids[0])) + 255);
+    free(s);
+    log_set_worker(NULL);
+    log_format = LOG_FORMAT_TEXT;
+    release();
+}
+END_TEST
+
+START_TEST(test_json_long_and_random)
+{
+    char big[6000];
+    char *s;
+    int lines;
+    unsigned x = 12345u;
+    cJSON *o;
+    capture();
+    log_threshold = LOG_INFO;
+    log_format = LOG_FORMAT_JSON;
+    /* quotes double in JSON, control bytes grow fourfold in esc_ctl: the
+     * longest message still makes one whole line */
+    for (size_t i = 0; i < sizeof(big) - 1; i++)
+        big[i] = i % 3 == 0 ? '"' : i % 3 == 1 ? '\x01' : '\\';
+    big[sizeof(big) - 1] = '\0';
+    LOG(LOG_ERROR, "Task %s[%s]", big, big);
+    /* a multi-byte character cut by the 2 KB bound */
+    memset(big, 'x', sizeof(big));
+    for (size_t i = 0; i + 3 < sizeof(big); i += 3)
+        memcpy(big + i, "\xe2\x82\xac", 3);
+    big[sizeof(big) - 1] = '\0';
+    LOG(LOG_ERROR, "%s", big);
+    /* seeded random bytes */
+    for (int n = 0; n < 2000; n++) {
+        char r[64];
+        size_t len = (size_t)(n % 63);
+        for (size_t i = 0; i < len; i++) {
+            x = x * 1103515245u + 12345u;
+            r[i] = (char)((x >> 16) & 0xff);
+            if (!r[i])
+                r[i] = 'z';
+        }
+        r[len] = '\0';
+        LOG(LOG_INFO, "Task %s[%s] %s", r, r + len / 2, r);
+    }
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_int_eq(lines, 2002);
+    cJSON_Delete(o);
+    free(s);
+    log_format = LOG_FORMAT_TEXT;
+    release();
+}
+END_TEST
+
+START_TEST(test_format_parse)
+{
+    ck_assert_int_eq(log_format_parse("text"), LOG_FORMAT_TEXT);
+    ck_assert_int_eq(log_format_parse("JSON"), LOG_FORMAT_JSON);
+    ck_assert_int_eq(log_format_parse("xml"), -1);
+    ck_assert_int_eq(log_format_parse(""), -1);
+    ck_assert_int_eq(log_format_parse(NULL), -1);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("log");
@@ -220,6 +394,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_batch_bound);
     tcase_add_test(tc, test_exit_flushes);
     tcase_add_test(tc, test_level_parse);
+    tcase_add_test(tc, test_json_format);
+    tcase_add_test(tc, test_json_hostile_ids);
+    tcase_add_test(tc, test_json_long_and_random);
+    tcase_add_test(tc, test_format_parse);
     suite_add_tcase(s, tc);
     return s;
 }
