@@ -532,6 +532,21 @@ cJSON *tasks_result(enum task_kind kind, struct llm_result *res)
         if (!given &&
             !cJSON_AddNumberToObject(u, "completion_chunks", (double)res->content_chunks))
             goto oom;
+        /* The parts the provider said (OpenAI's *_tokens_details,
+         * Anthropic's cache counts), only when it said them. */
+        {
+            const char *parts[3] = {"cached_tokens", "cache_creation_tokens",
+                                    "reasoning_tokens"};
+            long pv[3] = {res->cached_tokens, res->cache_write_tokens,
+                          res->reasoning_tokens};
+            for (int i = 0; i < 3; i++)
+                if (pv[i] >= 0 && !cJSON_AddNumberToObject(u, parts[i], (double)pv[i]))
+                    goto oom;
+        }
+        /* USD, from the provider's "prices"; null without a price. */
+        if (!(res->cost_usd >= 0 ? cJSON_AddNumberToObject(u, "cost", res->cost_usd)
+                                 : cJSON_AddNullToObject(u, "cost")))
+            goto oom;
     }
     return o;
 oom:

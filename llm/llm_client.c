@@ -96,6 +96,8 @@ struct llm_req {
     int is_nd;
     int fallback_left;
     const char *provider_name;
+    const struct llm_prices *prices; /* borrowed: see llm_request */
+    const char *model;
     unsigned long pchunks; /* provider path: frames that carried text */
     /* Phase timeouts in ms (this call's, or the client's). */
     uint32_t first_byte_ms, first_token_ms, idle_ms;
@@ -682,6 +684,15 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
     llm_outcome(&x, &a, &res, msg, sizeof(msg));
     res.provider = r->provider_name ? r->provider_name : "";
     res.fallback_left = r->fallback_left;
+    res.cost_usd = -1;
+    if (r->prices && r->prices->n && res.verdict == LLM_OK) {
+        const struct llm_price *pr = llm_prices_pick(r->prices, r->model, res.model);
+        if (r->op == LLM_OP_EMBED)
+            res.cost_usd = llm_price_cost(pr, res.embed_tokens, 0, -1, -1);
+        else
+            res.cost_usd = llm_price_cost(pr, res.prompt_tokens, res.completion_tokens,
+                                          res.cached_tokens, res.cache_write_tokens);
+    }
     res.elapsed_s = (double)(now - r->t_start) / 1000.0;
     res.ttft_s = r->t_first_token ? (double)(r->t_first_token - r->t_start) / 1000.0 : -1;
     /* Every failure text passes here, whatever its source (error body, stream
@@ -1105,6 +1116,8 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     r->framing = rq->framing;
     r->provider_name = rq->provider_name;
     r->fallback_left = rq->fallback_left;
+    r->prices = rq->prices;
+    r->model = rq->model;
     openai_stream_init(&r->chat);
     buf_init(&r->raw);
     r->raw.max_bytes = rq->op == LLM_OP_EMBED ? MAX_RAW_BODY : MAX_ERR_BODY;

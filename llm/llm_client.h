@@ -17,6 +17,7 @@
 #include "gate.h"
 #include "llm_types.h"
 #include "policy.h"
+#include "prices.h"
 #include "provider.h"
 #include "protocol/openai.h"
 #include "util/err.h"
@@ -71,6 +72,11 @@ struct llm_request {
     /* Borrowed, must outlive the call: named in the result. */
     const char *provider_name;
     int fallback_left; /* passed to the result as it is */
+    /* Its provider's prices and the model name sent (both borrowed, must
+     * outlive the call; NULL: no cost). The result's cost_usd is priced by
+     * the model sent, else by the one the server named. */
+    const struct llm_prices *prices;
+    const char *model;
     /* Its provider's cap on calls in flight (borrowed: must outlive every
      * call that names it; NULL or cap <= 0: none). A call past the cap waits
      * in the gate's queue, in order, not yet sent; its phase timeouts count

@@ -32,6 +32,8 @@ struct llm_result {
     const char *model;         /* as the server named it; "" when unknown */
     const char *finish_reason; /* OpenAI's names; "" when none came */
     long prompt_tokens, completion_tokens, total_tokens;
+    long cached_tokens, cache_write_tokens, reasoning_tokens; /* parts; -1: not said */
+    double cost_usd; /* from the provider's prices (llm/prices.h); -1: no price */
     unsigned long content_chunks; /* frames that carried text */
     /* The provider path's whole reply (tool calls), or NULL: the default
      * provider's plain chats are read on a fast path that keeps none. */
@@ -57,6 +59,9 @@ static inline void llm_result_set_openai(struct llm_result *r,
     r->prompt_tokens = s->prompt_tokens;
     r->completion_tokens = s->completion_tokens;
     r->total_tokens = s->total_tokens;
+    r->cached_tokens = s->cached_tokens;
+    r->cache_write_tokens = -1;
+    r->reasoning_tokens = s->reasoning_tokens;
     r->content_chunks = s->content_chunks;
 }
 
@@ -70,6 +75,9 @@ static inline void llm_result_set_reply(struct llm_result *r, const struct chat_
     r->prompt_tokens = c->prompt_tokens;
     r->completion_tokens = c->completion_tokens;
     r->total_tokens = c->total_tokens;
+    r->cached_tokens = c->cached_tokens;
+    r->cache_write_tokens = c->cache_write_tokens;
+    r->reasoning_tokens = c->reasoning_tokens;
     r->content_chunks = c->frames;
     r->reply = c;
 }

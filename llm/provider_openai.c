@@ -223,6 +223,8 @@ static int sync(struct chat_reply *r, const struct openai_stream *st, int in_str
     r->prompt_tokens = st->prompt_tokens;
     r->completion_tokens = st->completion_tokens;
     r->total_tokens = st->total_tokens;
+    r->cached_tokens = st->cached_tokens;
+    r->reasoning_tokens = st->reasoning_tokens;
     r->done = st->done;
     if (st->error && !r->error) {
         struct chat_error e;

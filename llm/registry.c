@@ -22,6 +22,7 @@ static void named_release(struct llm_named *p)
     cr_free(p->api_key_env);
     for (int i = 0; p->headers[i]; i++)
         cr_free(p->headers[i]);
+    llm_prices_release(&p->prices);
     memset(p, 0, sizeof(*p));
 }
 
@@ -34,6 +35,7 @@ void llm_registry_release(struct llm_registry *r)
         for (int k = 0; k < r->models[i].ntargets; k++)
             cr_free(r->models[i].targets[k].model);
     }
+    llm_prices_release(&r->default_prices);
     llm_registry_init(r);
 }
 
@@ -191,12 +193,34 @@ static int parse_timeouts(struct llm_named *p, const cJSON *t, struct cr_err *er
     return 0;
 }
 
+/* The default provider is configured by the worker's options; its entry
+ * may only price it. */
+static int parse_default(struct llm_registry *r, const cJSON *o, struct cr_err *err)
+{
+    const cJSON *k;
+    if (!cJSON_IsObject(o))
+        return cr_err_set(err, CR_EINVAL, "llm provider 'default' must be an object");
+    cJSON_ArrayForEach(k, o)
+    {
+        if (strcmp(k->string, "prices"))
+            return cr_err_set(err, CR_EINVAL,
+                              "llm provider 'default' is the worker's own provider "
+                              "(--llm-base-url and the other options): its entry may "
+                              "only hold 'prices', not '%.40s'",
+                              k->string);
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")))
+        return llm_prices_parse(&r->default_prices, k, "default", err);
+    return 0;
+}
+
 static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn *env,
                           struct cr_err *err)
 {
-    static const char *const keys[] = {
-        "type",    "base_url",   "api_key_env", "api_version",     "deployment",
-        "headers", "max_tokens", "timeouts",    "max_connections", NULL};
+    static const char *const keys[] = {"type",        "base_url",   "api_key_env",
+                                       "api_version", "deployment", "headers",
+                                       "max_tokens",  "timeouts",   "max_connections",
+                                       "prices",      NULL};
     const char *name = o->string, *type;
     const struct llm_provider *impl;
     struct llm_named *p;
@@ -220,7 +244,7 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
                               name, k->string);
         if (strcmp(k->string, "headers") && strcmp(k->string, "max_tokens") &&
             strcmp(k->string, "timeouts") && strcmp(k->string, "max_connections") &&
-            !cJSON_IsString(k))
+            strcmp(k->string, "prices") && !cJSON_IsString(k))
             return cr_err_set(err, CR_EINVAL, "llm provider '%s': '%s' must be a string",
                               name, k->string);
     }
@@ -274,6 +298,9 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
     }
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "timeouts")) &&
         parse_timeouts(p, k, err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")) &&
+        llm_prices_parse(&p->prices, k, name, err))
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "headers"))) {
         if (!cJSON_IsArray(k))
@@ -404,6 +431,11 @@ int llm_registry_parse(struct llm_registry *r, const char *doc, size_t len,
     }
     cJSON_ArrayForEach(k, p)
     {
+        if (!strcmp(k->string, "default")) {
+            if ((rc = parse_default(r, k, err)))
+                goto out;
+            continue;
+        }
         if ((rc = parse_provider(r, k, env, err)))
             goto out;
     }
@@ -421,17 +453,13 @@ static const struct llm_model_route *route_of(const struct llm_registry *r,
                                               const char *model)
 {
     const struct llm_model_route *best = NULL;
-    size_t best_n = 0;
+    long best_score = -1;
 
     for (int i = 0; i < r->nmodels; i++) {
-        const char *pat = r->models[i].pattern;
-        size_t n = strlen(pat);
-        if (pat[n - 1] != '*') {
-            if (!strcmp(pat, model))
-                return &r->models[i];
-        } else if (!strncmp(pat, model, n - 1) && (!best || n - 1 > best_n)) {
+        long s = llm_pattern_score(r->models[i].pattern, model);
+        if (s > best_score) {
             best = &r->models[i];
-            best_n = n - 1;
+            best_score = s;
         }
     }
     return best;

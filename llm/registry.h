@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 
+#include "prices.h"
 #include "provider.h"
 #include "util/err.h"
 
@@ -55,7 +56,8 @@ struct llm_named {
     char *api_key_env;                           /* the variable's name, for messages */
     char *headers[LLM_REGISTRY_MAX_HEADERS + 1]; /* NULL-terminated */
     double connect_s, first_byte_s, first_token_s, idle_s; /* 0: the worker's */
-    long max_connections; /* calls in flight at once; 0: no cap of its own */
+    long max_connections;     /* calls in flight at once; 0: no cap of its own */
+    struct llm_prices prices; /* its "prices" (llm/prices.h); empty: none */
 };
 
 struct llm_target {
@@ -74,6 +76,9 @@ struct llm_registry {
     int nproviders;
     struct llm_model_route models[LLM_REGISTRY_MAX_MODELS];
     int nmodels;
+    /* The default provider's prices: "providers": {"default": {"prices":
+     * {...}}}, the one key its entry may hold (it is configured by options). */
+    struct llm_prices default_prices;
 };
 
 /* What resolve() gives for one step of a model's list. */

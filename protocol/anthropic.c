@@ -630,6 +630,10 @@ static void apply_usage(struct chat_reply *r, const cJSON *u)
     out = chat_json_count(get(u, "output_tokens"));
     if (in >= 0)
         r->prompt_tokens = in + (cc > 0 ? cc : 0) + (cr > 0 ? cr : 0);
+    if (cr >= 0)
+        r->cached_tokens = cr;
+    if (cc >= 0)
+        r->cache_write_tokens = cc;
     if (out >= 0)
         r->completion_tokens = out;
     chat_reply_sum_usage(r);

@@ -132,6 +132,8 @@ static void put_llm(struct ob *b, const struct cev_task *t)
     put(b, "tokens_per_second",
         t->tokens_per_second >= 0 ? py_json_float(t->tokens_per_second)
                                   : cJSON_CreateNull());
+    if (t->has_cost)
+        put(b, "cost", py_json_float(t->cost));
 }
 
 int cev_task_encode(const struct cev_common *c, const struct cev_task *t, struct buf *out)

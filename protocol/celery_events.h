@@ -80,6 +80,8 @@ struct cev_task {
     long completion_tokens;   /* < 0 writes null */
     double ttft;              /* seconds; < 0 writes null */
     double tokens_per_second; /* < 0 writes null */
+    int has_cost;             /* 0: no "cost" (the provider has no price) */
+    double cost;              /* USD, when has_cost */
 };
 
 /* "task-received", "task-started", ... (static). */

@@ -74,6 +74,7 @@ void chat_reply_init(struct chat_reply *r)
     buf_init(&r->content);
     r->model = none;
     r->prompt_tokens = r->completion_tokens = r->total_tokens = -1;
+    r->cached_tokens = r->cache_write_tokens = r->reasoning_tokens = -1;
 }
 
 void chat_reply_release(struct chat_reply *r)

@@ -87,6 +87,10 @@ struct chat_reply {
     long prompt_tokens;     /* -1 until known */
     long completion_tokens;
     long total_tokens;
+    /* Parts of the counts above, as the provider said them (-1: not said):
+     * prompt tokens read from its cache, written to it (Anthropic's
+     * cache_creation_input_tokens), and completion tokens spent reasoning. */
+    long cached_tokens, cache_write_tokens, reasoning_tokens;
     struct chat_tool_call *tools; /* ntools of them; owned */
     size_t ntools;
     int done;               /* the provider's completion marker was seen */

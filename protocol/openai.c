@@ -399,6 +399,8 @@ void openai_stream_init(struct openai_stream *s)
     s->prompt_tokens = -1;
     s->completion_tokens = -1;
     s->total_tokens = -1;
+    s->cached_tokens = -1;
+    s->reasoning_tokens = -1;
 }
 
 /* The three error strings share one block, which error_type points at. */
@@ -468,6 +470,11 @@ static void apply_usage(struct openai_stream *s, const cJSON *root)
     s->prompt_tokens = get_count(u, "prompt_tokens");
     s->completion_tokens = get_count(u, "completion_tokens");
     s->total_tokens = get_count(u, "total_tokens");
+    /* OpenAI's details: prompt_tokens_details.cached_tokens (billed at the
+     * cached rate) and completion_tokens_details.reasoning_tokens. */
+    s->cached_tokens = get_count(get(u, "prompt_tokens_details"), "cached_tokens");
+    s->reasoning_tokens =
+        get_count(get(u, "completion_tokens_details"), "reasoning_tokens");
     if (s->total_tokens < 0 && s->prompt_tokens >= 0 && s->completion_tokens >= 0)
         s->total_tokens = s->prompt_tokens + s->completion_tokens;
 }

@@ -26,9 +26,11 @@ struct openai_stream {
     long prompt_tokens;        /* -1 until usage arrives (last usage wins) */
     long completion_tokens;
     long total_tokens;
-    int done;                     /* "[DONE]" seen */
-    int error;                    /* an error payload was seen (even if [DONE] follows) */
-    unsigned long chunks;         /* data payloads seen */
+    long cached_tokens;    /* of prompt_tokens, read from the cache (-1: not said) */
+    long reasoning_tokens; /* of completion_tokens, spent reasoning (-1: not said) */
+    int done;              /* "[DONE]" seen */
+    int error;             /* an error payload was seen (even if [DONE] follows) */
+    unsigned long chunks;  /* data payloads seen */
     unsigned long content_chunks; /* payloads that added text */
     /* private */
     /* A UTF-16 high surrogate that ended the last delta as a lone "\udXXX"

@@ -116,6 +116,8 @@ KNOBS (ms values are multiplied by --time-scale; ra/ra_ms/ra_date are sent verba
   garbage=K         after K tokens send "data: {this is not json" (non-stream: the body)
   content_type      override Content-Type ("none": no Content-Type header at all);
                     prompt_truncate_to=N  caps prompt_tokens
+  cached_tokens=N   usage gains prompt_tokens_details.cached_tokens (N, at most the
+                    prompt's) and completion_tokens_details.reasoning_tokens
   split_surrogates(0|1) a content chunk holding a character above U+FFFF is sent as
                     two events cut between its UTF-16 surrogates: the first ends with
                     "\\udXXX" (high), the next starts with the low one (\\u escapes)
@@ -219,7 +221,7 @@ KNOBS = {
     "done": (("yes", "no", "no_blank_line", "no_eol"), "yes"),
     "tool_calls": (int, 0), "tool_frag_bytes": (int, 8), "tool_whole": (bool, 0),
     "reasoning_field": (("", "reasoning", "reasoning_content"), ""),
-    "reasoning_tokens": (int, 4),
+    "reasoning_tokens": (int, 4), "cached_tokens": (int, -1),
     "status": (int, 200),
     "err_body": (("openai", "vllm", "vllm_flat", "ollama_str", "anthropic", "html",
                   "empty", "error_message"), "openai"),
@@ -1140,6 +1142,7 @@ class Server:
         comp = ntok + (K["reasoning_tokens"] if K["reasoning_field"] and kind == "chat" else 0)
         usage = {"prompt_tokens": ptoks, "completion_tokens": comp,
                  "total_tokens": ptoks + comp}
+        usage.update(usage_details(K, ptoks, kind))
         now = int(entry["t"])
         if kind == "chat":
             msg = {"role": "assistant", "content": text, "refusal": None}
@@ -1305,6 +1308,16 @@ async def wait_client_close(conn, r, K, srv):
     raise ClientGone()
 
 
+def usage_details(K, ptoks, kind):
+    """OpenAI's usage details when cached_tokens=N is set: N cached prompt
+    tokens (at most the prompt's) and the reasoning tokens of a reasoning reply."""
+    if K["cached_tokens"] < 0:
+        return {}
+    reasoning = K["reasoning_tokens"] if K["reasoning_field"] and kind == "chat" else 0
+    return {"prompt_tokens_details": {"cached_tokens": min(K["cached_tokens"], ptoks)},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
 class Streamer:
     def __init__(self, srv, conn, req, entry, K, kind, body, toks, ptoks, prompt):
         self.srv, self.conn, self.req, self.entry, self.K = srv, conn, req, entry, K
@@ -1362,8 +1375,10 @@ class Streamer:
         if not self.usage_field and not final:
             return ""
         if self.continuous or final:
-            return ',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
-                self.ptoks, self.comp, self.ptoks + self.comp)
+            details = usage_details(self.K, self.ptoks, self.kind)
+            return ',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d%s}' % (
+                self.ptoks, self.comp, self.ptoks + self.comp,
+                "".join(",%s:%s" % (jdump(k), jdump(v)) for k, v in details.items()))
         return ',"usage":null'
 
     def chunk(self, delta_json, finish=None):

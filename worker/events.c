@@ -235,6 +235,8 @@ static void fill_llm(const struct job *j, const struct llm_result *llm,
         t->completion_tokens = 0;
     }
     t->ttft = llm->ttft_s;
+    t->has_cost = llm->cost_usd >= 0;
+    t->cost = llm->cost_usd;
     t->tokens_per_second =
         cev_tokens_per_second(t->completion_tokens, llm->elapsed_s, llm->ttft_s);
 }

@@ -35,6 +35,7 @@ struct metrics {
     /* counted as things happen */
     struct prom_family *received, *tasks, *runtime, *wait, *retries, *dead_letters;
     struct prom_family *llm_duration, *llm_ttft, *tokens_in, *tokens_out, *llm_errors;
+    struct prom_family *tokens_kind, *cost;
     /* set at scrape time */
     struct prom_family *info, *in_flight, *prefetched, *scheduled, *concurrency;
     struct prom_family *queue_messages, *queue_consumers, *broker_up, *backend_up;
@@ -70,6 +71,8 @@ static int add_families(struct metrics *m)
     static const char *const status_type[] = {"model", "status", "type"};
     static const char *const queue[] = {"queue"};
     static const char *const info[] = {"hostname", "version"};
+    static const char *const provider_model[] = {"provider", "model"};
+    static const char *const provider_model_kind[] = {"provider", "model", "kind"};
     struct prom_registry *r = m->reg;
 #define F(field, name, help, type, labels, nl, b, nb)                                    \
     do {                                                                                 \
@@ -120,6 +123,13 @@ static int add_families(struct metrics *m)
       PROM_COUNTER, model, 1, NULL, 0);
     F(tokens_out, "celeriac_llm_completion_tokens_total",
       "Completion tokens received, by model.", PROM_COUNTER, model, 1, NULL, 0);
+    F(tokens_kind, "celeriac_llm_tokens_total",
+      "Tokens by provider, model and kind (prompt, completion, and the parts providers "
+      "report: cached, cache_creation, reasoning).",
+      PROM_COUNTER, provider_model_kind, 3, NULL, 0);
+    F(cost, "celeriac_llm_cost_usd_total",
+      "What LLM answers cost in USD, by provider and model, from the providers' prices.",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
     F(llm_errors, "celeriac_llm_errors_total",
       "Failed LLM requests, by model, HTTP status (0: no response) and error type.",
       PROM_COUNTER, status_type, 3, NULL, 0);
@@ -147,6 +157,26 @@ static const char *job_task(const struct job *j)
     return job_name(j);
 }
 
+/* Tokens by kind and cost, by provider and model. */
+static void count_kinds(struct metrics *m, const char *model,
+                        const struct llm_result *llm)
+{
+    const char *provider = llm->provider && llm->provider[0] ? llm->provider : "default";
+    const char *kinds[5] = {"prompt", "completion", "cached", "cache_creation",
+                            "reasoning"};
+    long n[5] = {llm->text ? llm->prompt_tokens : llm->embed_tokens,
+                 llm->text ? llm->completion_tokens : -1, llm->cached_tokens,
+                 llm->cache_write_tokens, llm->reasoning_tokens};
+    const char *pm[2] = {provider, model};
+    for (int i = 0; i < 5; i++) {
+        const char *labels[3] = {provider, model, kinds[i]};
+        if (n[i] > 0)
+            prom_add(m->tokens_kind, labels, (double)n[i]);
+    }
+    if (llm->cost_usd > 0)
+        prom_add(m->cost, pm, llm->cost_usd);
+}
+
 static void count_llm(struct metrics *m, struct job *j, const struct llm_result *llm)
 {
     const char *model[] = {events_job_model(j)};
@@ -162,6 +192,7 @@ static void count_llm(struct metrics *m, struct job *j, const struct llm_result 
     } else if (llm->embed_tokens > 0) {
         prom_add(m->tokens_in, model, (double)llm->embed_tokens);
     }
+    count_kinds(m, model[0], llm);
     if (llm->verdict != LLM_OK) {
         char status[16];
         const char *labels[] = {model[0], status, llm->exc_type ? llm->exc_type : ""};

@@ -794,3 +794,56 @@ def test_metrics_port_in_use_is_one_clear_error(env):
             in w.log()
     finally:
         s.close()
+
+
+def test_cost_in_results_events_and_metrics(env, events):
+    """Issue 38, cost: a provider's prices give every answer's usage a cost
+    (USD), with the cached and reasoning parts the provider reported;
+    task-succeeded carries it and /metrics adds it up by provider and model.
+    Without a price the cost is null and nothing is counted."""
+    doc = {"providers": {
+        "default": {"prices": {"gpt-t*": {"input": 2.5, "output": 10, "cached_input": 1.25}}},
+        "acme": {"type": "openai", "base_url": env.fake.base + "/v1",
+                 "prices": {"*": {"input": 1, "output": 4}}}}}
+    port = free_port()
+    w = env.worker("-E", "--metrics-port", str(port), "--llm-providers", json.dumps(doc))
+    events.wait("worker-online")
+    env.fake.script(["cached_tokens=3;tokens=5"])
+    r = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "price me " * 8}]],
+                          kwargs={"model": "gpt-test"})
+    u = r.get(timeout=20)["usage"]
+    p = u["prompt_tokens"]
+    assert p > 3 and u["completion_tokens"] == 5 and u["cached_tokens"] == 3
+    assert u["reasoning_tokens"] == 0 and "cache_creation_tokens" not in u
+    want = ((p - 3) * 2.5 + 3 * 1.25 + 5 * 10) / 1e6
+    assert abs(u["cost"] - want) < 1e-12, (u, want)
+    assert abs(events.wait("task-succeeded", r.id)[0]["cost"] - want) < 1e-9
+
+    g = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "named"}]],
+                          kwargs={"model": "acme/m1"})
+    ga = g.get(timeout=20)["usage"]
+    want_acme = (ga["prompt_tokens"] * 1 + ga["completion_tokens"] * 4) / 1e6
+    assert abs(ga["cost"] - want_acme) < 1e-12, ga
+    ev = events.wait("task-succeeded", g.id)[0]
+    assert ev["provider"] == "acme" and abs(ev["cost"] - want_acme) < 1e-9, ev
+
+    n = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "free"}]],
+                          kwargs={"model": "unpriced"})
+    assert n.get(timeout=20)["usage"]["cost"] is None
+    assert "cost" not in events.wait("task-succeeded", n.id)[0]
+
+    _, _, text = http_get("http://127.0.0.1:%d/metrics" % port)
+
+    def series(name, **labels):
+        sel = ",".join('%s="%s"' % kv for kv in labels.items())  # in the series' order
+        m = re.search(r"^%s\{%s\} (\S+)$" % (re.escape(name), re.escape(sel)), text, re.M)
+        return float(m.group(1)) if m else None
+    assert abs(series("celeriac_llm_cost_usd_total", provider="default", model="gpt-test")
+               - want) < 1e-9, text
+    assert abs(series("celeriac_llm_cost_usd_total", provider="acme", model="acme/m1")
+               - want_acme) < 1e-9, text
+    assert series("celeriac_llm_cost_usd_total", provider="default", model="unpriced") is None
+    assert series("celeriac_llm_tokens_total", provider="default", model="gpt-test",
+                  kind="cached") == 3
+    assert series("celeriac_llm_tokens_total", provider="default", model="gpt-test",
+                  kind="completion") == 5

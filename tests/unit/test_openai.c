@@ -156,6 +156,43 @@ START_TEST(test_openai_stream)
 }
 END_TEST
 
+/* OpenAI's usage details: the cached and reasoning parts, fed whole and byte
+ * by byte; missing or malformed details stay unknown (-1). */
+START_TEST(test_usage_details)
+{
+    static const char *const wire =
+        "data: "
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":"
+        "\"stop\"}],\"usage\":null}\n\n"
+        "data: "
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":2006,\"completion_tokens\":300,"
+        "\"total_tokens\":2306,\"prompt_tokens_details\":{\"cached_tokens\":1920,"
+        "\"audio_tokens\":0},\"completion_tokens_details\":{\"reasoning_tokens\":256}}}"
+        "\n\n"
+        "data: [DONE]\n\n";
+    static const char *const odd =
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":\"many\"},"
+        "\"completion_tokens_details\":null}}\n\ndata: [DONE]\n\n";
+    struct openai_stream s;
+
+    for (size_t chunk = 1; chunk <= strlen(wire); chunk += chunk < 8 ? 1 : 97) {
+        openai_stream_init(&s);
+        ck_assert_int_eq(play(&s, wire, chunk), 0);
+        ck_assert_int_eq(s.prompt_tokens, 2006);
+        ck_assert_int_eq(s.cached_tokens, 1920);
+        ck_assert_int_eq(s.reasoning_tokens, 256);
+        openai_stream_release(&s);
+    }
+    openai_stream_init(&s);
+    ck_assert_int_eq(play(&s, odd, 3), 0);
+    ck_assert_int_eq(s.prompt_tokens, 5);
+    ck_assert_int_eq(s.cached_tokens, -1);
+    ck_assert_int_eq(s.reasoning_tokens, -1);
+    openai_stream_release(&s);
+}
+END_TEST
+
 START_TEST(test_vllm_merged_finish)
 {
     struct openai_stream s;
@@ -1293,6 +1330,7 @@ Suite *suite(void)
 
     tcase_add_loop_test(tc, test_openai_stream, 0, 3);
     tcase_add_test(tc, test_vllm_merged_finish);
+    tcase_add_test(tc, test_usage_details);
     tcase_add_test(tc, test_llamacpp_null_content);
     tcase_add_test(tc, test_ollama_no_usage);
     tcase_add_test(tc, test_vllm_error_then_done);

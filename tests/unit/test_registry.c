@@ -189,7 +189,12 @@ START_TEST(test_refusals)
         {"{\"providers\": {\"x\": {\"type\": \"gpt\"}}}", "type must be openai"},
         {"{\"providers\": {\"x\": {\"type\": \"ollama\"}}}", "needs a base_url"},
         {"{\"providers\": {\"default\": {\"type\": \"openai\", \"base_url\": \"u\"}}}",
-         "not 'default'"},
+         "'default' is the worker's own provider"},
+        {"{\"providers\": {\"default\": {\"prices\": {\"m\": {\"input\": 1}}}}}",
+         "prices 'm' needs 'input' and 'output'"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"prices\": {\"m\": "
+         "{\"input\": 1, \"output\": -2}}}}}",
+         "'output' must be USD per million tokens"},
         {"{\"providers\": {\"Bad Name\": {\"type\": \"anthropic\"}}}", "must be 1-31"},
         {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"api_key\": \"k\"}}}",
          "unknown key 'api_key'"},
