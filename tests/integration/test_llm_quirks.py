@@ -163,7 +163,7 @@ def test_usage_without_usage_chunk(env):
     env.fake.script(["tokens=7;usage=never"])
     u = chat(env, "uncounted").get(timeout=20)["usage"]
     assert u == {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None,
-                 "source": "worker", "completion_chunks": 7}
+                 "source": "worker", "completion_chunks": 7, "cost": None}
 
 
 # ------------------------------------------------------------- extra headers
