@@ -53,62 +53,6 @@ extern char **environ;
 #define FREE_WAIT_MS 3000
 #define MAX_CONSUMERS 1024
 
-/* ------------------------------------------------------------ pure parts */
-
-char *sqs_tag_new(const char *queue, const char *receipt)
-{
-    size_t q = strlen(queue), r = strlen(receipt);
-    char *t = cr_malloc(q + r + 2);
-    if (!t)
-        return NULL;
-    memcpy(t, queue, q);
-    t[q] = ' ';
-    memcpy(t + q + 1, receipt, r + 1);
-    return t;
-}
-
-const char *sqs_tag_split(const char *tag, size_t *qlen)
-{
-    const char *sp = strchr(tag, ' ');
-    if (!sp || sp == tag || !sp[1])
-        return NULL;
-    *qlen = (size_t)(sp - tag);
-    return sp + 1;
-}
-
-struct sqs_pending *sqs_batch_take(struct sqs_pending **list, int *n)
-{
-    struct sqs_pending *first = *list, *batch = NULL, **tail = &batch, **pp = list;
-    *n = 0;
-    while (first && *pp && *n < SQS_BATCH_MAX) {
-        struct sqs_pending *s = *pp;
-        if (s->queue == first->queue && s->del == first->del) {
-            *pp = s->next;
-            s->next = NULL;
-            *tail = s;
-            tail = &s->next;
-            (*n)++;
-        } else {
-            pp = &s->next;
-        }
-    }
-    return batch;
-}
-
-unsigned sqs_backoff_ms(int attempt, unsigned cap_ms, double jitter)
-{
-    unsigned d = 200;
-    for (int i = 1; i < attempt && d < cap_ms; i++)
-        d *= 2;
-    if (d > cap_ms)
-        d = cap_ms;
-    if (jitter < 0)
-        jitter = 0;
-    if (jitter > 1)
-        jitter = 1;
-    return d / 2 + (unsigned)(jitter * (double)(d / 2));
-}
-
 /* ------------------------------------------------------------ state */
 
 /* One SQS queue we know the URL of (or are finding it). Never freed before
@@ -208,8 +152,6 @@ struct sqs_broker {
     int nactive_receives;
     int connected;
     int freeing;
-    int draining;       /* sqs_free(): held messages go back ... */
-    long drain_vis_s;   /* ... visible after this */
     char last_err[256]; /* why the last add_consumer failed */
 };
 
@@ -724,10 +666,9 @@ static void set_lease(struct sqs_broker *b)
     vsession_set_lease_ms(b->vs, ms);
 }
 
-/* Hands sm over, held by the session under its tag. Returns 1 when it was,
- * 0 when it was left in the queue (unreadable, or out of memory: it comes
- * back after the visibility timeout). */
-static int deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
+/* Hands sm over, held by the session under its tag (out of memory, it is
+ * left: it comes back after the visibility timeout). */
+static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
 {
     struct kombu_msg km;
     struct cr_err err = {0};
@@ -742,17 +683,17 @@ static int deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
             "broker: sqs: message %s on %s is too large (%zu bytes); left to "
             "the queue's redrive policy",
             sm->message_id, c->qu->name, sm->body_len);
-        return 0;
+        return;
     }
     if (sqs_md5_matches(sm->body, sm->body_len, sm->md5_of_body) == 0) {
         LOG(LOG_ERROR, "broker: sqs: message %s on %s: MD5OfBody does not match; left",
             sm->message_id, c->qu->name);
-        return 0;
+        return;
     }
     if (sqs_body_decode(&km, sm->body, sm->body_len, bound, &err)) {
         LOG(LOG_ERROR, "broker: sqs: message %s on %s cannot be read: %s", sm->message_id,
             c->qu->name, err.msg);
-        return 0;
+        return;
     }
     m = delivery_new();
     h = cr_calloc(1, sizeof(*h));
@@ -769,7 +710,7 @@ static int deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
         cr_free(h);
         delivery_free(m);
         kombu_msg_release(&km);
-        return 0;
+        return;
     }
     if (rc == 1)
         cr_free(h); /* a receipt handle we hold already (never seen): one record */
@@ -785,7 +726,6 @@ static int deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
     m->caps = broker_delivery_caps(&b->base);
     kombu_msg_release(&km);
     b->on_delivery(&b->base, m, b->privdata);
-    return 1;
 }
 
 static int poll_start(struct sqs_broker *b, struct cons *c, int n)
@@ -869,48 +809,31 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
 
 /* ------------------------------------------------------------ settling */
 
-/* A settlement of tag (copied), on its queue; NULL with *rc set when out of
- * memory or the tag names no queue we know (never expected). */
-static struct settle *settle_new(struct sqs_broker *b, const char *tag, int del,
-                                 long vis_s, int *rc)
+/* Queues a settlement of tag (copied) for the next flush: a delete, or a
+ * visibility change to vis_s. Out of memory, it is lost: the message comes
+ * back after its visibility timeout. */
+static void settle_push(struct sqs_broker *b, const char *tag, int del, long vis_s)
 {
-    struct settle *s;
     size_t qlen;
     const char *receipt = sqs_tag_split(tag, &qlen);
-    struct qurl *u = NULL;
+    struct settle *s;
+    struct qurl *u;
     for (u = b->urls; receipt && u; u = u->next)
         if (strlen(u->name) == qlen && !memcmp(u->name, tag, qlen))
             break;
-    if (!u || !u->url) {
-        LOG(LOG_ERROR, "broker: sqs: no queue for the message '%.40s'", tag);
-        *rc = CR_ENOTFOUND;
-        return NULL;
-    }
+    if (!u || !u->url)
+        return; /* not a tag of ours (never expected) */
     s = cr_calloc(1, sizeof(*s));
     if (!s || !(s->tag = cr_strdup(tag))) {
+        LOG(LOG_ERROR, "broker: sqs: out of memory settling a message on %s", u->name);
         cr_free(s);
-        *rc = CR_ENOMEM;
-        return NULL;
+        return;
     }
     s->receipt = s->tag + (receipt - tag);
     s->qu = u;
     s->p.queue = u;
     s->p.del = del;
     s->vis_s = vis_s;
-    return s;
-}
-
-/* A visibility change of tag, to be sent at the next flush. */
-static void change_visibility(struct sqs_broker *b, const char *tag, long vis_s,
-                              const char *why)
-{
-    int rc = 0;
-    struct settle *s = settle_new(b, tag, 0, vis_s, &rc);
-    if (!s) {
-        if (rc == CR_ENOMEM)
-            LOG(LOG_ERROR, "broker: sqs: out of memory %s a message", why);
-        return;
-    }
     s->p.next = b->settles;
     b->settles = &s->p;
 }
@@ -1073,22 +996,8 @@ static int op_pop_batch(void *ctx, long max, int wide)
 /* One DeleteMessageBatch per queue and ten tags, at the next flush. */
 static int op_ack(void *ctx, const char *const *tags, int n)
 {
-    struct sqs_broker *b = ctx;
-    struct sqs_pending *list = NULL, **tail = &list;
-    for (int i = 0; i < n; i++) {
-        int rc = 0;
-        struct settle *s = settle_new(b, tags[i], 1, 0, &rc);
-        if (!s && rc == CR_ENOMEM) {
-            settles_free((struct settle *)list);
-            return CR_ENOMEM; /* the session keeps them for the next flush */
-        }
-        if (!s)
-            continue;
-        *tail = &s->p;
-        tail = &s->p.next;
-    }
-    *tail = b->settles;
-    b->settles = list;
+    for (int i = 0; i < n; i++)
+        settle_push(ctx, tags[i], 1, 0);
     return 0;
 }
 
@@ -1109,21 +1018,21 @@ static void op_refresh(void *ctx, const char *const *tags, int n)
         vis = vis_of(b, h->qu);
         if (now - h->received_ms > (uint64_t)SQS_VISIBILITY_MAX_S * 1000 - lease_of(vis))
             continue;
-        change_visibility(b, tags[i], vis, "extending");
+        settle_push(b, tags[i], 0, vis);
     }
 }
 
-/* A requeue (visible after wait_time_seconds, see sqs_reject()) or our stop
- * (sqs_free() says when). */
+/* A requeue: visible again after wait_time_seconds (see sqs_reject()); our
+ * stop (sqs_free()): at once, unless a poll of ours is still open. */
 static void op_restore(void *ctx, const char *tag, void *data, enum vsession_rec_state st,
                        char side, int round)
 {
     struct sqs_broker *b = ctx;
+    int now = vsession_state(b->vs) == VSESSION_DRAINING && !b->nactive_receives;
     (void)st;
     (void)side;
     (void)round;
-    change_visibility(b, tag, b->draining ? b->drain_vis_s : b->conf.wait_time_s,
-                      "requeueing");
+    settle_push(b, tag, 0, now ? 0 : b->conf.wait_time_s);
     cr_free(data);
 }
 
@@ -1482,8 +1391,6 @@ static void sqs_free(struct broker *base)
         vsession_pump(b->vs, now_ms(b)); /* the acks made so far */
         flush_settles(b);
         run_until(b, no_receive, FREE_WAIT_MS);
-        b->draining = 1;
-        b->drain_vis_s = b->nactive_receives ? b->conf.wait_time_s : 0;
         n = vsession_nheld(b->vs);
         vsession_drain(b->vs, now_ms(b)); /* op_restore() for each, the last acks */
         if (n)

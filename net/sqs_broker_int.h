@@ -1,5 +1,5 @@
-/* sqs_broker_int.h -- the pure parts of the SQS transport
- * (net/sqs_broker.c), apart so that they are unit-tested alone. No I/O. */
+/* sqs_broker_int.h -- the pure parts of the SQS transport (net/sqs_broker.c),
+ * in net/sqs_batch.c, apart so that they are unit-tested alone. No I/O. */
 #ifndef CR_SQS_BROKER_INT_H
 #define CR_SQS_BROKER_INT_H
 
