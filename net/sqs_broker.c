@@ -8,10 +8,17 @@
  * resolves the queue URLs (GetQueueUrl, CreateQueue when missing, as kombu
  * creates them; predefined_queues are taken as given).
  *
- * Bookkeeping is kept small here rather than on net/vsession.h: a queue URL
- * cache, one long poll per consumed queue, a list of held (received, not
- * settled) messages, and the acks and requeues of the loop iteration, sent
- * before the loop next waits, per queue, in batches of at most ten. */
+ * What is held, how much to ask for, when an ack goes and when a visibility
+ * is extended or given back is net/vsession.c's to decide, as for Redis (in
+ * its long-polls mode: one ReceiveMessage per consumed queue, of at most ten
+ * and the free room of the window, none while it is full). A held message is
+ * a session record whose tag is its queue's name and receipt handle
+ * (sqs_tag_new()): a lease refresh is a visibility change to the queue's
+ * timeout, an ack a delete, a requeue or our stop a visibility change to
+ * wait_time_seconds or 0. This file keeps the queue URL cache, one poll per
+ * queue with its pause after a failure, and the deletes and visibility
+ * changes the session asked for in the loop iteration, sent before the loop
+ * next waits, per queue, in batches of at most ten. */
 #include "broker_int.h"
 #include "sqs_broker_int.h"
 
@@ -28,6 +35,7 @@
 #include "net/sqs_call.h"
 #include "net/sqs_sign.h"
 #include "net/sqs_url.h"
+#include "net/vsession.h"
 #include "protocol/sqs.h"
 #include "util/alloc.h"
 #include "util/buf.h"
@@ -43,52 +51,7 @@ extern char **environ;
 #define BACKOFF_CAP_MS 10000
 #define POLL_ERROR_PAUSE_MS 5000
 #define FREE_WAIT_MS 3000
-
-/* ------------------------------------------------------------ pure parts */
-
-int sqs_receive_room(int prefetch, int held, int asked)
-{
-    int room;
-    if (prefetch <= 0)
-        return SQS_BATCH_MAX;
-    room = prefetch - (held > 0 ? held : 0) - (asked > 0 ? asked : 0);
-    if (room <= 0)
-        return 0;
-    return room < SQS_BATCH_MAX ? room : SQS_BATCH_MAX;
-}
-
-struct sqs_pending *sqs_batch_take(struct sqs_pending **list, int *n)
-{
-    struct sqs_pending *first = *list, *batch = NULL, **tail = &batch, **pp = list;
-    *n = 0;
-    while (first && *pp && *n < SQS_BATCH_MAX) {
-        struct sqs_pending *s = *pp;
-        if (s->queue == first->queue && s->del == first->del) {
-            *pp = s->next;
-            s->next = NULL;
-            *tail = s;
-            tail = &s->next;
-            (*n)++;
-        } else {
-            pp = &s->next;
-        }
-    }
-    return batch;
-}
-
-unsigned sqs_backoff_ms(int attempt, unsigned cap_ms, double jitter)
-{
-    unsigned d = 200;
-    for (int i = 1; i < attempt && d < cap_ms; i++)
-        d *= 2;
-    if (d > cap_ms)
-        d = cap_ms;
-    if (jitter < 0)
-        jitter = 0;
-    if (jitter > 1)
-        jitter = 1;
-    return d / 2 + (unsigned)(jitter * (double)(d / 2));
-}
+#define MAX_CONSUMERS 1024
 
 /* ------------------------------------------------------------ state */
 
@@ -110,26 +73,25 @@ struct cons {
     struct broker_queue q;
     struct qurl *qu;
     int polling; /* a ReceiveMessage is in flight */
-    int asked;   /* its MaxNumberOfMessages */
+    int asked;   /* its MaxNumberOfMessages (room the session holds for it) */
     int cancelled;
     int failures;
     uint64_t paused_until; /* loop ms */
 };
 
-/* A message received and not settled. */
+/* A session record's data: a message received and not settled (its tag
+ * says the queue and the receipt handle). */
 struct held {
-    struct held *prev, *next;
     struct qurl *qu;
-    char *receipt;
-    uint64_t received_ms;
-    uint64_t extended_ms;
+    uint64_t received_ms; /* SQS's 12 h cap counts from here */
 };
 
 /* A settlement waiting for the next flush: delete, or change visibility. */
 struct settle {
     struct sqs_pending p; /* first: next, the queue (its qurl), the kind */
     struct qurl *qu;
-    char *receipt;
+    char *tag;           /* the session's: queue name, space, receipt handle */
+    const char *receipt; /* in tag */
     long vis_s;
 };
 
@@ -183,18 +145,14 @@ struct sqs_broker {
     struct qurl *urls;
     struct cons *cons;
     int ncons, cap_cons;
-    struct held *held;
-    int nheld;
+    struct vsession *vs;         /* what is held, polled, acked, refreshed */
     struct sqs_pending *settles; /* struct settle nodes, to flush */
     struct req *active;
     struct req *retry;
     int nactive_receives;
     int connected;
-    int consuming;
-    int prefetch;
     int freeing;
     char last_err[256]; /* why the last add_consumer failed */
-    uint64_t last_extend_ms;
 };
 
 static uint64_t now_ms(struct sqs_broker *b)
@@ -210,8 +168,9 @@ static double jitter(void)
     return (double)((r[0] << 8) | r[1]) / 65535.0;
 }
 
-static void pump(struct sqs_broker *b);
 static void req_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status);
+static void settles_done(struct sqs_broker *b, struct settle *list,
+                         enum vsession_reply rep);
 
 /* ------------------------------------------------------------ curl on the loop */
 
@@ -309,7 +268,7 @@ static void settles_free(struct settle *s)
 {
     while (s) {
         struct settle *n = (struct settle *)s->p.next;
-        cr_free(s->receipt);
+        cr_free(s->tag);
         cr_free(s);
         s = n;
     }
@@ -621,7 +580,7 @@ static void resolved(struct sqs_broker *b, struct qurl *u)
         else
             pub_finish(b, p, 0);
     }
-    pump(b);
+    vsession_pop(b->vs, now_ms(b));
 }
 
 static int sqs_publish(struct broker *base, const struct outbound *o,
@@ -681,12 +640,42 @@ static int sqs_publish(struct broker *base, const struct outbound *o,
 
 /* ------------------------------------------------------------ receiving */
 
+static long vis_of(const struct sqs_broker *b, const struct qurl *u)
+{
+    return u->vis_s > 0 ? u->vis_s : b->conf.visibility_timeout_s;
+}
+
+/* A third of a visibility timeout, at least a second (the short timeouts
+ * tests use). */
+static uint64_t lease_of(long vis_s)
+{
+    uint64_t ms = (uint64_t)(vis_s > 0 ? vis_s : 0) * 1000 / 3;
+    return ms < 1000 ? 1000 : ms;
+}
+
+/* The session's lease period: the shortest of the consumed queues' (a queue
+ * with a longer timeout is refreshed more often than it needs, never less). */
+static void set_lease(struct sqs_broker *b)
+{
+    uint64_t ms = lease_of(b->conf.visibility_timeout_s);
+    for (int i = 0; i < b->ncons; i++) {
+        uint64_t q = lease_of(vis_of(b, b->cons[i].qu));
+        if (q < ms)
+            ms = q;
+    }
+    vsession_set_lease_ms(b->vs, ms);
+}
+
+/* Hands sm over, held by the session under its tag (out of memory, it is
+ * left: it comes back after the visibility timeout). */
 static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm)
 {
     struct kombu_msg km;
     struct cr_err err = {0};
     struct delivery *m;
     struct held *h;
+    char *tag;
+    int rc;
     size_t bound = b->cfg.max_message_bytes ? 2 * b->cfg.max_message_bytes + 65536 : 0;
 
     if (sm->oversize || !sm->body) {
@@ -708,27 +697,27 @@ static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm
     }
     m = delivery_new();
     h = cr_calloc(1, sizeof(*h));
-    if (!m || !h || !(h->receipt = cr_strdup(sm->receipt_handle)) ||
-        !(m->rec.id = cr_strdup(sm->receipt_handle)) ||
-        !(m->queue = cr_strdup(c->q.name))) {
+    tag = sqs_tag_new(c->qu->name, sm->receipt_handle);
+    rc = m && h && tag && (m->queue = cr_strdup(c->q.name)) ? 0 : CR_ENOMEM;
+    if (!rc) {
+        h->qu = c->qu;
+        h->received_ms = now_ms(b);
+        rc = vsession_hold(b->vs, tag, h, 1); /* the receive made it in flight */
+    }
+    if (rc < 0) {
         LOG(LOG_ERROR, "broker: out of memory receiving a message");
-        if (h)
-            cr_free(h->receipt);
+        cr_free(tag);
         cr_free(h);
         delivery_free(m);
         kombu_msg_release(&km);
         return;
     }
-    h->qu = c->qu;
-    h->received_ms = h->extended_ms = now_ms(b);
-    h->next = b->held;
-    if (b->held)
-        b->held->prev = h;
-    b->held = h;
-    b->nheld++;
+    if (rc == 1)
+        cr_free(h); /* a receipt handle we hold already (never seen): one record */
 
+    m->rec.id = tag;
     m->rec.generation = 1;
-    m->rec.seq = (uint64_t)(uintptr_t)h;
+    m->rec.seq = 1; /* 0 once settled */
     m->redelivered = sm->receive_count > 1;
     kombu_msg_move_to(&km, m);
     m->received_ms = now_ms(b);
@@ -739,22 +728,13 @@ static void deliver(struct sqs_broker *b, struct cons *c, struct sqs_message *sm
     b->on_delivery(&b->base, m, b->privdata);
 }
 
-static int asked_total(const struct sqs_broker *b)
-{
-    int n = 0;
-    for (int i = 0; i < b->ncons; i++)
-        if (b->cons[i].polling)
-            n += b->cons[i].asked;
-    return n;
-}
-
-static void poll_start(struct sqs_broker *b, struct cons *c, int n)
+static int poll_start(struct sqs_broker *b, struct cons *c, int n)
 {
     struct req *r = req_new(b, RK_RECEIVE, SQS_RECEIVE_MESSAGE, c->qu);
     struct sqs_receive rcv;
     struct cr_err err = {0};
     if (!r)
-        return;
+        return CR_ENOMEM;
     memset(&rcv, 0, sizeof(rcv));
     rcv.queue_url = c->qu->url;
     rcv.max_messages = n;
@@ -765,32 +745,12 @@ static void poll_start(struct sqs_broker *b, struct cons *c, int n)
             LOG(LOG_ERROR, "broker: sqs: cannot poll %s: %s", c->qu->name, err.msg);
         req_free(r);
         c->paused_until = now_ms(b) + POLL_ERROR_PAUSE_MS;
-        return;
+        return CR_EBROKER;
     }
     r->cons = c;
     c->polling = 1;
     c->asked = n;
-}
-
-/* Starts the polls that may go now: one per consumed queue, while the window
- * has room. */
-static void pump(struct sqs_broker *b)
-{
-    uint64_t now;
-    if (!b->connected || !b->consuming || b->freeing)
-        return;
-    now = now_ms(b);
-    for (int i = 0; i < b->ncons; i++) {
-        struct cons *c = &b->cons[i];
-        int n;
-        if (c->polling || c->cancelled || c->q.no_consume || !c->qu || !c->qu->url ||
-            c->paused_until > now)
-            continue;
-        n = sqs_receive_room(b->prefetch, b->nheld, asked_total(b));
-        if (n <= 0)
-            return;
-        poll_start(b, c, n);
-    }
+    return 0;
 }
 
 static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
@@ -799,12 +759,15 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
     struct sqs_messages ms;
     struct cr_err err = {0};
     struct sqs_error e;
+    long asked = c->asked;
 
     b->nactive_receives--;
     c->polling = 0;
     c->asked = 0;
     if (cc != CURLE_OK || status != 200) {
         unsigned pause;
+        vsession_on_batch(b->vs, asked, cc != CURLE_OK ? VSESSION_LOST : VSESSION_REFUSED,
+                          now_ms(b));
         if (cc != CURLE_OK) {
             c->failures++;
             pause = sqs_backoff_ms(c->failures, BACKOFF_CAP_MS, jitter());
@@ -832,45 +795,47 @@ static void receive_done(struct sqs_broker *b, struct req *r, CURLcode cc, long 
     c->failures = 0;
     if (sqs_parse_receive(r->ans.resp.data ? r->ans.resp.data : "", r->ans.resp.len, 0,
                           &ms, &err)) {
+        vsession_on_batch(b->vs, asked, VSESSION_MALFORMED, now_ms(b));
         LOG(LOG_ERROR, "broker: sqs: ReceiveMessage on %s: %s", c->qu->name, err.msg);
         c->paused_until = now_ms(b) + POLL_ERROR_PAUSE_MS;
         return;
     }
+    vsession_on_batch(b->vs, asked, VSESSION_OK, now_ms(b));
     for (int i = 0; i < ms.n; i++)
         deliver(b, c, &ms.v[i]);
+    vsession_on_batch_end(b->vs, asked, ms.n, 0);
     sqs_messages_release(&ms);
 }
 
 /* ------------------------------------------------------------ settling */
 
-static int settle_add(struct sqs_broker *b, struct qurl *u, const char *receipt, int del,
-                      long vis_s)
+/* Queues a settlement of tag (copied) for the next flush: a delete, or a
+ * visibility change to vis_s. Out of memory, it is lost: the message comes
+ * back after its visibility timeout. */
+static void settle_push(struct sqs_broker *b, const char *tag, int del, long vis_s)
 {
-    struct settle *s = cr_calloc(1, sizeof(*s));
-    if (!s || !(s->receipt = cr_strdup(receipt))) {
+    size_t qlen;
+    const char *receipt = sqs_tag_split(tag, &qlen);
+    struct settle *s;
+    struct qurl *u;
+    for (u = b->urls; receipt && u; u = u->next)
+        if (strlen(u->name) == qlen && !memcmp(u->name, tag, qlen))
+            break;
+    if (!u || !u->url)
+        return; /* not a tag of ours (never expected) */
+    s = cr_calloc(1, sizeof(*s));
+    if (!s || !(s->tag = cr_strdup(tag))) {
+        LOG(LOG_ERROR, "broker: sqs: out of memory settling a message on %s", u->name);
         cr_free(s);
-        return CR_ENOMEM;
+        return;
     }
+    s->receipt = s->tag + (receipt - tag);
     s->qu = u;
     s->p.queue = u;
     s->p.del = del;
     s->vis_s = vis_s;
     s->p.next = b->settles;
     b->settles = &s->p;
-    return 0;
-}
-
-static void held_remove(struct sqs_broker *b, struct held *h)
-{
-    if (h->prev)
-        h->prev->next = h->next;
-    else
-        b->held = h->next;
-    if (h->next)
-        h->next->prev = h->prev;
-    b->nheld--;
-    cr_free(h->receipt);
-    cr_free(h);
 }
 
 /* Sends the batched settlements: per queue and kind, ten at a time. */
@@ -896,7 +861,7 @@ static void flush_settles(struct sqs_broker *b)
                                  : SQS_CHANGE_MESSAGE_VISIBILITY_BATCH,
                     first->qu);
         if (!r) {
-            settles_free(batch);
+            settles_done(b, batch, VSESSION_CANCELED);
             continue;
         }
         r->settles = batch;
@@ -909,9 +874,27 @@ static void flush_settles(struct sqs_broker *b)
         if (rc) {
             LOG(LOG_ERROR, "broker: sqs: cannot settle %d message(s) on %s: %s", n,
                 first->qu->name, err.msg[0] ? err.msg : cr_strerror(rc));
+            r->settles = NULL;
             req_free(r);
+            settles_done(b, batch, VSESSION_CANCELED);
         }
     }
+}
+
+/* The answer to a batch: deletes are the session's acks (OK, or CANCELED
+ * once given up: they come back after their visibility timeout). Frees the
+ * list. */
+static void settles_done(struct sqs_broker *b, struct settle *list,
+                         enum vsession_reply rep)
+{
+    const char *tags[SQS_BATCH_MAX];
+    int n = 0;
+    for (struct settle *s = list; s && n < SQS_BATCH_MAX; s = (struct settle *)s->p.next)
+        if (s->p.del)
+            tags[n++] = s->tag;
+    if (n && b->vs)
+        vsession_on_acked(b->vs, tags, n, rep, now_ms(b));
+    settles_free(list);
 }
 
 static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long status)
@@ -919,6 +902,7 @@ static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long s
     struct sqs_batch_result br;
     struct cr_err err = {0};
     struct sqs_error e;
+    struct settle *list = r->settles;
     const char *what = r->action == SQS_DELETE_MESSAGE_BATCH
                            ? "DeleteMessageBatch"
                            : "ChangeMessageVisibilityBatch";
@@ -931,9 +915,13 @@ static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long s
             "their visibility timeout",
             what, r->nsettles, r->qu->name,
             cc != CURLE_OK ? curl_easy_strerror(cc) : sqs_err_kind_name(kind));
+        r->settles = NULL;
         req_free(r);
+        settles_done(b, list, VSESSION_CANCELED);
         return;
     }
+    /* An entry SQS refused (ReceiptHandleIsInvalid, MessageNotInflight: the
+     * message went back, or was deleted, meanwhile) is logged, not sent again. */
     if (sqs_parse_batch(r->ans.resp.data ? r->ans.resp.data : "", r->ans.resp.len, &br,
                         &err) == 0 &&
         br.n_failed)
@@ -941,68 +929,133 @@ static void settle_done(struct sqs_broker *b, struct req *r, CURLcode cc, long s
             if (br.v[i].kind != SQS_ERR_NONE)
                 LOG(LOG_WARNING, "broker: sqs: %s on %s: entry %s failed: %s %s", what,
                     r->qu->name, br.v[i].id, br.v[i].code, br.v[i].message);
+    r->settles = NULL;
     req_free(r);
-}
-
-static struct held *held_of(const struct delivery *d)
-{
-    return (struct held *)(uintptr_t)d->rec.seq;
-}
-
-static int settle(struct sqs_broker *b, struct delivery *d, int del, long vis_s)
-{
-    struct held *h;
-    int rc;
-    if (d->settled || d->no_ack || !d->rec.seq)
-        return 0;
-    h = held_of(d);
-    rc = settle_add(b, h->qu, h->receipt, del, vis_s);
-    if (rc)
-        return rc;
-    held_remove(b, h);
-    d->rec.seq = 0;
-    d->settled = 1;
-    return 0;
+    settles_done(b, list, VSESSION_OK);
 }
 
 static int sqs_ack(struct broker *base, struct delivery *d)
 {
-    return settle((struct sqs_broker *)base, d, 1, 0);
+    struct sqs_broker *b = (struct sqs_broker *)base;
+    if (d->settled || d->no_ack || !d->rec.seq)
+        return 0;
+    d->rec.seq = 0;
+    d->settled = 1;
+    if (vsession_ack(b->vs, d->rec.id)) {
+        LOG(LOG_ERROR, "broker: sqs: out of memory acking a message; it comes back after "
+                       "the visibility timeout");
+        return CR_ENOMEM;
+    }
+    return 0;
 }
 
 /* requeue: visible again after wait_time_seconds (kombu 5.6.2's rule: an
- * orphaned long poll of ours cannot take it); no requeue: deleted (the worker
- * has published the dead letter itself). */
+ * orphaned long poll of ours cannot take it; op_restore()); no requeue:
+ * deleted (the worker has published the dead letter itself). */
 static int sqs_reject(struct broker *base, struct delivery *d, int requeue)
 {
     struct sqs_broker *b = (struct sqs_broker *)base;
-    return settle(b, d, !requeue, requeue ? b->conf.wait_time_s : 0);
+    if (!requeue)
+        return sqs_ack(base, d);
+    if (d->settled || d->no_ack || !d->rec.seq)
+        return 0;
+    d->rec.seq = 0;
+    d->settled = 1;
+    vsession_requeue(b->vs, d->rec.id);
+    return 0;
 }
+
+/* ------------------------------------------------------------ the session's ops */
+
+/* HTTP has no link to lose: both are up once connected. */
+static int op_link_up(void *ctx, enum vsession_link l)
+{
+    struct sqs_broker *b = ctx;
+    (void)l;
+    return b->connected;
+}
+
+/* One long poll of max messages on the first consumed queue without one out
+ * (nor a pause after a failure). */
+static int op_pop_batch(void *ctx, long max, int wide)
+{
+    struct sqs_broker *b = ctx;
+    uint64_t now = now_ms(b);
+    (void)wide;
+    for (int i = 0; i < b->ncons; i++) {
+        struct cons *c = &b->cons[i];
+        if (c->polling || c->cancelled || c->q.no_consume || !c->qu || !c->qu->url ||
+            c->paused_until > now)
+            continue;
+        if (poll_start(b, c, (int)max) == 0)
+            return 0;
+    }
+    return CR_ENOTFOUND;
+}
+
+/* One DeleteMessageBatch per queue and ten tags, at the next flush. */
+static int op_ack(void *ctx, const char *const *tags, int n)
+{
+    for (int i = 0; i < n; i++)
+        settle_push(ctx, tags[i], 1, 0);
+    return 0;
+}
+
+/* Every held message's visibility is pushed back to its queue's timeout
+ * every third of it (the session's lease), so a long task or a held eta is
+ * never handed to another worker meanwhile; but not past SQS's 12 h, which
+ * count from the receive. */
+static void op_refresh(void *ctx, const char *const *tags, int n)
+{
+    struct sqs_broker *b = ctx;
+    uint64_t now = now_ms(b);
+    for (int i = 0; i < n; i++) {
+        struct vsession_rec *r = vsession_held(b->vs, tags[i]);
+        struct held *h = r ? r->data : NULL;
+        long vis;
+        if (!h)
+            continue;
+        vis = vis_of(b, h->qu);
+        if (now - h->received_ms > (uint64_t)SQS_VISIBILITY_MAX_S * 1000 - lease_of(vis))
+            continue;
+        settle_push(b, tags[i], 0, vis);
+    }
+}
+
+/* A requeue: visible again after wait_time_seconds (see sqs_reject()); our
+ * stop (sqs_free()): at once, unless a poll of ours is still open. */
+static void op_restore(void *ctx, const char *tag, void *data, enum vsession_rec_state st,
+                       char side, int round)
+{
+    struct sqs_broker *b = ctx;
+    int now = vsession_state(b->vs) == VSESSION_DRAINING && !b->nactive_receives;
+    (void)st;
+    (void)side;
+    (void)round;
+    settle_push(b, tag, 0, now ? 0 : b->conf.wait_time_s);
+    cr_free(data);
+}
+
+static void op_release(void *ctx, void *data)
+{
+    (void)ctx;
+    cr_free(data);
+}
+
+static const struct vsession_ops session_ops = {
+    .link_up = op_link_up,
+    .pop_batch = op_pop_batch,
+    .ack = op_ack,
+    .refresh = op_refresh,
+    .restore = op_restore,
+    .release = op_release,
+};
 
 static void on_prepare(uv_prepare_t *p)
 {
     struct sqs_broker *b = p->data;
+    vsession_pump(b->vs, now_ms(b)); /* the acks, then polls while there is room */
     flush_settles(b);
-    pump(b);
-}
-
-/* Every held message's visibility is pushed back to visibility_timeout
- * every third of it, so a long task or a held eta is never handed to
- * another worker meanwhile. */
-static void extend_visibility(struct sqs_broker *b, uint64_t now)
-{
-    for (struct held *h = b->held; h; h = h->next) {
-        long vis = h->qu->vis_s > 0 ? h->qu->vis_s : b->conf.visibility_timeout_s;
-        uint64_t period = (uint64_t)vis * 1000 / 3;
-        if (period < 1000)
-            period = 1000;
-        if (now - h->extended_ms < period)
-            continue;
-        if (now - h->received_ms > (uint64_t)SQS_VISIBILITY_MAX_S * 1000 - period)
-            continue; /* SQS's 12 h cap counts from receipt */
-        if (settle_add(b, h->qu, h->receipt, 0, vis) == 0)
-            h->extended_ms = now;
-    }
 }
 
 static void on_tick(uv_timer_t *t)
@@ -1020,8 +1073,8 @@ static void on_tick(uv_timer_t *t)
         if (req_start(b, r))
             req_done(b, r, CURLE_OUT_OF_MEMORY, 0);
     }
-    extend_visibility(b, now);
-    pump(b);
+    vsession_tick(b->vs, now); /* leases */
+    vsession_pop(b->vs, now);  /* a queue whose pause ended */
 }
 
 /* ------------------------------------------------------------ answers */
@@ -1103,7 +1156,7 @@ static void req_done(struct sqs_broker *b, struct req *r, CURLcode cc, long stat
     case RK_RECEIVE:
         receive_done(b, r, cc, status);
         req_free(r);
-        pump(b);
+        vsession_pop(b->vs, now_ms(b));
         return;
     case RK_SETTLE:
         settle_done(b, r, cc, status);
@@ -1140,10 +1193,13 @@ static int sqs_connect(struct broker *base, struct cr_err *err)
         if (!u || (!u->url && resolve_blocking(b, u, err)))
             return err->code;
     }
+    set_lease(b);
     b->connected = 1;
     LOG(LOG_INFO, "broker: sqs: %s, %d queue%s, wait_time_seconds %d", desc, b->ncons,
         b->ncons == 1 ? "" : "s", b->conf.wait_time_s);
-    pump(b);
+    vsession_on_link(b->vs, VSESSION_LINK_STORE, 1, now_ms(b));
+    vsession_on_link(b->vs, VSESSION_LINK_POP, 1, now_ms(b));
+    vsession_pop(b->vs, now_ms(b));
     return 0;
 }
 
@@ -1197,7 +1253,7 @@ static int sqs_add_consumer(struct broker *base, const struct broker_queue *q)
     if (b->ncons == b->cap_cons) {
         int cap = b->cap_cons ? 2 * b->cap_cons : 8;
         struct cons *v;
-        if (cap > 1024)
+        if (cap > MAX_CONSUMERS)
             return CR_ERANGE;
         v = cr_realloc(b->cons, (size_t)cap * sizeof(*v));
         if (!v)
@@ -1285,13 +1341,13 @@ static void sqs_queue_stats_cancel(struct broker *base, void *privdata)
 static void sqs_set_prefetch(struct broker *base, int prefetch_count)
 {
     struct sqs_broker *b = (struct sqs_broker *)base;
-    b->prefetch = prefetch_count;
+    vsession_set_prefetch(b->vs, prefetch_count);
 }
 
 static void sqs_stop_consuming(struct broker *base)
 {
     struct sqs_broker *b = (struct sqs_broker *)base;
-    b->consuming = 0;
+    vsession_stop_consuming(b->vs);
 }
 
 static void on_handle_closed(uv_handle_t *h)
@@ -1329,27 +1385,22 @@ static int all_answered(struct sqs_broker *b)
 static void sqs_free(struct broker *base)
 {
     struct sqs_broker *b = (struct sqs_broker *)base;
-    long vis;
-    int n = 0;
-    b->consuming = 0;
+    long n;
+    vsession_stop_consuming(b->vs);
     if (b->connected) {
+        vsession_pump(b->vs, now_ms(b)); /* the acks made so far */
         flush_settles(b);
         run_until(b, no_receive, FREE_WAIT_MS);
-        vis = b->nactive_receives ? b->conf.wait_time_s : 0;
-        while (b->held) {
-            settle_add(b, b->held->qu, b->held->receipt, 0, vis);
-            held_remove(b, b->held);
-            n++;
-        }
+        n = vsession_nheld(b->vs);
+        vsession_drain(b->vs, now_ms(b)); /* op_restore() for each, the last acks */
         if (n)
-            LOG(LOG_INFO, "broker: sqs: restoring %d unacknowledged message(s)", n);
+            LOG(LOG_INFO, "broker: sqs: restoring %ld unacknowledged message(s)", n);
         b->freeing = 1;
         flush_settles(b);
         run_until(b, all_answered, FREE_WAIT_MS);
     }
     b->freeing = 1;
-    while (b->held)
-        held_remove(b, b->held);
+    vsession_close(b->vs);
     while (b->active) {
         struct req *r = b->active;
         b->active = r->next;
@@ -1374,6 +1425,8 @@ static void sqs_free(struct broker *base)
     }
     settles_free((struct settle *)b->settles);
     b->settles = NULL;
+    vsession_free(b->vs); /* what a late poll brought: left to its visibility timeout */
+    b->vs = NULL;
     while (b->urls) {
         struct qurl *u = b->urls;
         b->urls = u->next;
@@ -1435,6 +1488,26 @@ static cJSON *pairs_json(const struct sqs_pair *p, int n)
     return o;
 }
 
+/* Long polls of at most SQS_BATCH_MAX, one per queue (op_pop_batch() says
+ * when none can go: the cons array's bound is the calls'); nothing recorded
+ * by us (the receive is the record), no restore round, no replay (a delete
+ * SQS answered stays done); acks handed over in one call per flush, cut per
+ * queue into batches of ten in op_ack(). The lease is set at connect. */
+static struct vsession *session_new(struct sqs_broker *b, long prefetch)
+{
+    struct vsession_config vc;
+    vsession_config_default(&vc);
+    vc.prefetch = prefetch;
+    vc.ack_emulation = 0;
+    vc.long_polls = 1;
+    vc.batch = SQS_BATCH_MAX;
+    vc.calls = MAX_CONSUMERS;
+    vc.lease_ms = lease_of(b->conf.visibility_timeout_s);
+    vc.replay_max = 0;
+    vc.replay_ms = 0;
+    return vsession_new(&vc, &session_ops, b);
+}
+
 int broker_url_is_sqs(const char *url)
 {
     return url && !strncasecmp(url, "sqs://", 6);
@@ -1456,8 +1529,6 @@ struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->cfg = *cfg;
     b->on_delivery = on_delivery;
     b->privdata = privdata;
-    b->prefetch = cfg->prefetch_count;
-    b->consuming = 1;
     sqs_conf_init(&b->conf);
     if (sqs_conf_parse(&b->conf, cfg->url, opts, opts ? strlen(opts) : 0,
                        (const char *const *)environ, err)) {
@@ -1466,11 +1537,13 @@ struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     }
     b->create_attrs = pairs_json(b->conf.create_attrs, b->conf.ncreate_attrs);
     b->tags = pairs_json(b->conf.tags, b->conf.ntags);
+    b->vs = session_new(b, cfg->prefetch_count);
     b->epfd = epoll_create1(EPOLL_CLOEXEC);
     b->multi = b->epfd >= 0 ? curl_multi_init() : NULL;
     if ((b->conf.ncreate_attrs && !b->create_attrs) || (b->conf.ntags && !b->tags) ||
-        !b->multi || uv_poll_init(loop, &b->epoll, b->epfd) != 0) {
+        !b->vs || !b->multi || uv_poll_init(loop, &b->epoll, b->epfd) != 0) {
         cr_err_set(err, CR_ENOMEM, "sqs: cannot set up the HTTP client");
+        vsession_free(b->vs);
         if (b->multi)
             curl_multi_cleanup(b->multi);
         if (b->epfd >= 0)

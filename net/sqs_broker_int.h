@@ -1,13 +1,19 @@
-/* sqs_broker_int.h -- the pure arithmetic of the SQS transport
- * (net/sqs_broker.c), apart so that it is unit-tested alone. No I/O. */
+/* sqs_broker_int.h -- the pure parts of the SQS transport (net/sqs_broker.c),
+ * in net/sqs_batch.c, apart so that they are unit-tested alone. No I/O. */
 #ifndef CR_SQS_BROKER_INT_H
 #define CR_SQS_BROKER_INT_H
 
-/* MaxNumberOfMessages for the next ReceiveMessage: what the prefetch window
- * (prefetch; 0 = none) still has room for, with held messages received and
- * not settled, and asked already requested by polls in flight, at most
- * SQS_BATCH_MAX. 0 means no poll now. */
-int sqs_receive_room(int prefetch, int held, int asked);
+#include <stddef.h>
+
+/* A held message's tag in the session (net/vsession.h): its SQS queue name,
+ * a space, its receipt handle. Queue names have no space, so an ack, which
+ * carries only the tag, finds both. Returns a new string (cr_free()), or
+ * NULL when out of memory. */
+char *sqs_tag_new(const char *queue, const char *receipt);
+
+/* The receipt handle in tag (borrowed from it), with the queue name's length
+ * in *qlen; NULL when tag has no space or an empty part. */
+const char *sqs_tag_split(const char *tag, size_t *qlen);
 
 /* The back-off before attempt n (1 = the first retry) of a failed call, in
  * ms: 200 ms doubling, at most cap_ms; jitter in 0..1 scales the upper half

@@ -299,6 +299,20 @@ static int up(const struct vsession *s, enum vsession_link l)
     return s->ops->link_up(s->ctx, l);
 }
 
+/* Batch calls of at most cap messages, within the room, until calls are in
+ * flight or the owner sends none. */
+static void send_batches(struct vsession *s, long cap, long calls, int wide)
+{
+    while (s->calls_out < calls && vsession_room(s) > 0) {
+        long room = vsession_room(s);
+        long max = room < cap ? room : cap;
+        if (s->ops->pop_batch(s->ctx, max, wide))
+            break;
+        s->calls_out++;
+        s->reserved += max;
+    }
+}
+
 /* Pops while there is room: batch calls while messages keep coming, one
  * blocking pop (alone on its link) once a call found the queues dry, and
  * batch calls again as soon as the blocking pop brings one. */
@@ -310,20 +324,18 @@ static void maybe_pop(struct vsession *s, uint64_t now)
     if (s->state == VSESSION_CLOSED || s->block != VSESSION_BLOCK_IDLE ||
         !up(s, VSESSION_LINK_POP) || !up(s, VSESSION_LINK_STORE))
         return;
+    if (s->cfg.long_polls) {
+        /* each call waits for messages itself: no blocking pop, ever */
+        if (consuming)
+            send_batches(s, s->cfg.batch, s->cfg.calls, 0);
+        return;
+    }
     if (s->pop == VSESSION_POP_WARM && consuming &&
         (s->script != VSESSION_SCRIPT_OFF || now >= s->script_retry_at)) {
         int wide = vsession_room(s) >= s->cfg.wide_room;
-        long cap = wide ? s->cfg.wide_batch : s->cfg.batch;
-        long calls = wide ? s->cfg.wide_calls : s->cfg.calls;
         s->ops->pop_wide(s->ctx, wide);
-        while (s->calls_out < calls && vsession_room(s) > 0) {
-            long room = vsession_room(s);
-            long max = room < cap ? room : cap;
-            if (s->ops->pop_batch(s->ctx, max, wide))
-                break;
-            s->calls_out++;
-            s->reserved += max;
-        }
+        send_batches(s, wide ? s->cfg.wide_batch : s->cfg.batch,
+                     wide ? s->cfg.wide_calls : s->cfg.calls, wide);
     }
     if (s->calls_out)
         return; /* their replies decide what comes next */
@@ -336,6 +348,8 @@ void vsession_on_batch(struct vsession *s, long asked, enum vsession_reply rep,
 {
     s->calls_out--;
     s->reserved -= asked;
+    if (s->cfg.long_polls)
+        return; /* a refused long poll is the owner's to pause */
     switch (rep) {
     case VSESSION_OK:
         set_script(s, 0, now);
@@ -356,7 +370,7 @@ void vsession_on_batch(struct vsession *s, long asked, enum vsession_reply rep,
 
 void vsession_on_batch_end(struct vsession *s, long asked, long got, int cut)
 {
-    if (got < asked && !cut)
+    if (got < asked && !cut && !s->cfg.long_polls)
         set_pop(s, VSESSION_POP_COLD); /* the queues ran dry: a blocking pop next */
 }
 
@@ -735,7 +749,8 @@ void vsession_on_link(struct vsession *s, enum vsession_link l, int is_up, uint6
     flush_acks(s, now);
     refresh_leases(s);
     s->lease_due = now + s->cfg.lease_ms;
-    s->ops->restores_again(s->ctx);
+    if (s->ops->restores_again)
+        s->ops->restores_again(s->ctx);
     recover_lost(s);
 }
 
@@ -768,7 +783,8 @@ void vsession_tick(struct vsession *s, uint64_t now)
         send_pending_records(s);
     if (s->again == VSESSION_AGAIN_DUE && now >= s->again_at) {
         set_again(s, VSESSION_AGAIN_NONE, now);
-        s->ops->restores_again(s->ctx);
+        if (s->ops->restores_again)
+            s->ops->restores_again(s->ctx);
         recover_lost(s);
     }
 }
@@ -803,6 +819,11 @@ void vsession_close(struct vsession *s)
 void vsession_set_prefetch(struct vsession *s, long n)
 {
     s->prefetch = n < 0 ? 0 : n;
+}
+
+void vsession_set_lease_ms(struct vsession *s, uint64_t ms)
+{
+    s->cfg.lease_ms = ms;
 }
 
 /* ------------------------------------------------------------ queries */

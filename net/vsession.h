@@ -2,11 +2,15 @@
  * transport (kombu/transport/virtual) keeps for Redis, and SQS and RQ's job
  * queues keep too, decided apart from any I/O.
  *
+ * Redis (net/redis_broker.c) and SQS (net/sqs_broker.c) sit on it.
+ *
  * It answers, for one consumer on a store of lists plus an unacked table:
  *   - when to pop and how: batched pop calls while messages keep coming
  *     (narrow or wide by the free room), one blocking pop once a call found
  *     the queues dry, the blocking pop alone while the store refuses the batch
- *     call, a pause after a refused blocking pop; never more popped than the
+ *     call, a pause after a refused blocking pop; or, for a store whose pop
+ *     calls wait for messages themselves (SQS's long polls, long_polls), only
+ *     batch calls, as many as the owner can send; never more popped than the
  *     prefetch window allows;
  *   - the records it holds (popped, recording, held, untracked) and their
  *     copies (a peer's restore of a message we hold has the same tag);
@@ -19,11 +23,16 @@
  *     to be put back;
  *   - when restores or look-ups the store refused for now go again.
  *
+ * On SQS a record is a message received and not deleted: it is "recorded"
+ * by the receive itself (held at once), its lease is its visibility timeout,
+ * an ack is a delete and a restore a visibility change; there is no restore
+ * round, no lost pop call and no replay (a delete SQS answered stays done).
+ *
  * No I/O, no clock, no loop: the owner feeds it events with the time (any
  * monotonic ms) and it asks for commands through struct vsession_ops. None
  * of the ops may call back into the session from inside the call (but for
- * the one named in ops->restore); each answer comes later through the
- * vsession_on_*() named beside it.
+ * the one named in ops->restore; the queries below may be read); each answer
+ * comes later through the vsession_on_*() named beside it.
  * Not thread-safe. */
 #ifndef CR_VSESSION_H
 #define CR_VSESSION_H
@@ -112,7 +121,8 @@ enum vsession_reply {
     VSESSION_REFUSED,  /* the store said no (an error reply) */
     VSESSION_NOSCRIPT, /* the batch call's script is not loaded there */
     VSESSION_LOST,     /* the connection went: unknown whether it ran */
-    VSESSION_CANCELED, /* the owner is freeing */
+    VSESSION_CANCELED, /* the owner is freeing, or gave up after retries of
+                        * its own */
     VSESSION_MALFORMED /* answered, but not in a shape we know */
 };
 
@@ -134,12 +144,18 @@ struct vsession_rec {
 
 struct vsession;
 
+/* An op that the configuration never asks for may be NULL: pop_wide and
+ * pop_block with long_polls; record without ack_emulation when every hold is
+ * recorded; round_* without ack_emulation; scan_lost when the owner never
+ * calls vsession_on_pop_lost(); restores_again always. */
 struct vsession_ops {
     /* Whether a link can take commands now (a query, not a command). */
     int (*link_up)(void *ctx, enum vsession_link l);
     /* One batch pop of at most max messages. wide: the window is wide (the
-     * owner may read whole replies). 0: sent, answered by vsession_on_batch()
-     * and vsession_on_batch_end(); else nothing was sent. */
+     * owner may read whole replies; never with long_polls). 0: sent, answered
+     * by vsession_on_batch() and vsession_on_batch_end(); else nothing was
+     * sent (with long_polls: no queue can be polled now, say all have a poll
+     * out or are paused, and no more are asked for until the next pop). */
     int (*pop_batch)(void *ctx, long max, int wide);
     /* Called each time batch calls are considered, before any is sent. */
     void (*pop_wide)(void *ctx, int wide);
@@ -150,7 +166,8 @@ struct vsession_ops {
     /* Writes the record of r. 0: sent, answered by vsession_on_recorded(). */
     int (*record)(void *ctx, struct vsession_rec *r);
     /* Removes the records of n tags (borrowed for the call). 0: sent,
-     * answered by vsession_on_acked() with the same tags. */
+     * answered by vsession_on_acked() with the same tags, or in parts (each
+     * tag once) when the owner splits the batch. */
     int (*ack)(void *ctx, const char *const *tags, int n);
     /* Refreshes the lease of n records (tags borrowed for the call); no answer. */
     void (*refresh)(void *ctx, const char *const *tags, int n);
@@ -187,8 +204,14 @@ struct vsession_config {
     uint64_t lease_ms;   /* refresh period */
     uint64_t restore_ms; /* restore round period (the first at once) */
     uint64_t retry_ms;   /* a refused ack batch waits this long */
-    long batch, calls;   /* narrow: messages per call, calls in flight */
-    long wide_room;      /* room from which the window is wide */
+    /* 1: every pop is a batch call that waits for messages itself (SQS's
+     * long poll), so batch calls go whatever the last ones brought, never a
+     * blocking pop, and a refused call is the owner's to pause (the script
+     * state stays ON); batch and calls bound them, the wide_* and script_*
+     * values are not used. */
+    int long_polls;
+    long batch, calls; /* narrow: messages per call, calls in flight */
+    long wide_room;    /* room from which the window is wide */
     long wide_batch, wide_calls;
     int script_tries; /* refusals in a row before SCRIPT_OFF */
     uint64_t script_retry_ms;
@@ -258,9 +281,10 @@ void vsession_requeue(struct vsession *s, const char *tag);
 /* Queues the removal of a record we do not hold (a message set aside, or a
  * record written otherwise than ours). Returns 0 or CR_ENOMEM. */
 int vsession_ack_tag(struct vsession *s, const char *tag);
-/* An ack batch's answer, with the tags it was sent with: OK keeps them for
- * a replay; REFUSED and LOST queue them again (REFUSED holds the queue a
- * tick); CANCELED drops them. */
+/* An ack batch's answer, with the tags it was sent with (or a part): OK
+ * keeps them for a replay; REFUSED and LOST queue them again (REFUSED holds
+ * the queue a tick); CANCELED drops them (their records come back after the
+ * visibility timeout). */
 void vsession_on_acked(struct vsession *s, const char *const *tags, int n,
                        enum vsession_reply rep, uint64_t now);
 
@@ -298,6 +322,9 @@ void vsession_drain(struct vsession *s, uint64_t now);
 void vsession_close(struct vsession *s);
 
 void vsession_set_prefetch(struct vsession *s, long n);
+/* The lease refresh period from the next refresh on (the one due keeps its
+ * time). */
+void vsession_set_lease_ms(struct vsession *s, uint64_t ms);
 
 /* ---------------------------------------------------------------- queries */
 

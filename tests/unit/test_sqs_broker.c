@@ -1,29 +1,43 @@
-/* test_sqs_broker.c -- the SQS transport's pure arithmetic: how many
- * messages a poll may ask for, the back-off of a failed call, and how the
- * pending settlements are cut into batches. */
+/* test_sqs_broker.c -- the SQS transport's pure parts: a held message's
+ * session tag, the back-off of a failed call, and how the pending
+ * settlements are cut into batches. (How many messages a poll may ask for is
+ * the session's: test_vsession.c, test_long_polls_window.) */
 #include <check.h>
+#include <string.h>
 
 #include "net/sqs_broker_int.h"
 #include "protocol/sqs.h"
+#include "util/alloc.h"
 
-START_TEST(test_receive_room)
+START_TEST(test_tag)
 {
-    /* no window: always a full batch */
-    ck_assert_int_eq(sqs_receive_room(0, 0, 0), SQS_BATCH_MAX);
-    ck_assert_int_eq(sqs_receive_room(0, 500, 30), SQS_BATCH_MAX);
-    ck_assert_int_eq(sqs_receive_room(-1, 3, 0), SQS_BATCH_MAX);
-    /* the free room, at most ten */
-    ck_assert_int_eq(sqs_receive_room(8, 0, 0), 8);
-    ck_assert_int_eq(sqs_receive_room(40, 0, 0), SQS_BATCH_MAX);
-    ck_assert_int_eq(sqs_receive_room(40, 25, 0), 10);
-    ck_assert_int_eq(sqs_receive_room(40, 25, 8), 7);
-    ck_assert_int_eq(sqs_receive_room(1, 0, 0), 1);
-    /* full (or over, after the window shrank): no poll */
-    ck_assert_int_eq(sqs_receive_room(1, 1, 0), 0);
-    ck_assert_int_eq(sqs_receive_room(4, 2, 2), 0);
-    ck_assert_int_eq(sqs_receive_room(4, 9, 0), 0);
-    /* a negative count (never expected) is read as none */
-    ck_assert_int_eq(sqs_receive_room(4, -3, -3), 4);
+    static const char *const receipts[] = {"AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a+/==", "r",
+                                           "a b c", "x\n y"};
+    size_t qlen = 99;
+    for (size_t i = 0; i < sizeof(receipts) / sizeof(receipts[0]); i++) {
+        char *t = sqs_tag_new("celery.fifo", receipts[i]);
+        const char *r;
+        ck_assert_ptr_nonnull(t);
+        r = sqs_tag_split(t, &qlen);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(qlen, strlen("celery.fifo"));
+        ck_assert(!strncmp(t, "celery.fifo", qlen));
+        ck_assert_str_eq(r, receipts[i]); /* the first space splits */
+        ck_assert_ptr_eq(r, t + qlen + 1);
+        cr_free(t);
+    }
+    /* malformed: no space, an empty queue name or receipt */
+    qlen = 99;
+    ck_assert_ptr_null(sqs_tag_split("", &qlen));
+    ck_assert_ptr_null(sqs_tag_split("celery", &qlen));
+    ck_assert_ptr_null(sqs_tag_split(" receipt", &qlen));
+    ck_assert_ptr_null(sqs_tag_split("celery ", &qlen));
+    ck_assert_uint_eq(qlen, 99);
+    /* out of memory */
+    cr_alloc_fail_after(1);
+    ck_assert_ptr_null(sqs_tag_new("celery", "r"));
+    ck_assert_int_eq(cr_alloc_failed(), 1);
+    cr_alloc_fail_after(0);
 }
 END_TEST
 
@@ -138,7 +152,7 @@ Suite *suite(void)
 {
     Suite *s = suite_create("sqs_broker");
     TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_receive_room);
+    tcase_add_test(tc, test_tag);
     tcase_add_test(tc, test_backoff);
     tcase_add_test(tc, test_batch_take);
     suite_add_tcase(s, tc);

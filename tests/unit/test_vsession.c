@@ -8,8 +8,10 @@
  * switches; every held record's lease is refreshed before it would look
  * stale; restore rounds end once; acks replay after a reconnect; a lost pop
  * call's records are looked up once, when the store can be asked, and a
- * refused look-up or restore goes again after retry_ms and not before; and
- * allocation-failure sweeps over pop, deliver and ack, and over a lost call. */
+ * refused look-up or restore goes again after retry_ms and not before;
+ * allocation-failure sweeps over pop, deliver and ack, and over a lost call;
+ * and SQS's long polls (long_polls): batch calls only, one per queue, at most
+ * the room, refusals left to the owner, with an allocation-failure sweep. */
 #include <check.h>
 #include <limits.h>
 #include <stdio.h>
@@ -90,6 +92,8 @@ struct fake {
     /* refusals the fake makes at the call */
     int fail_batch, fail_block, fail_record, fail_ack, fail_lock, fail_scan;
     int fail_scan_lost;
+    /* long polls: one call out per queue at most (0: no bound) */
+    int poll_slots;
     /* the stale records a scan finds */
     const char *stale[8];
     int nstale;
@@ -131,7 +135,7 @@ static int op_pop_batch(void *ctx, long max, int wide)
 {
     struct fake *f = ctx;
     ck_assert_int_gt(max, 0);
-    if (f->fail_batch || !f->pop_up)
+    if (f->fail_batch || !f->pop_up || (f->poll_slots && f->nbatches >= f->poll_slots))
         return CR_EBROKER;
     note(f, (struct cmd){.kind = C_BATCH, .max = max, .wide = wide});
     ck_assert_int_lt(f->nbatches, 64);
@@ -292,6 +296,16 @@ static const struct vsession_ops fake_ops = {
     .restores_again = op_restores_again,
 };
 
+/* SQS's: no blocking pop, no record write, no round, no lost call. */
+static const struct vsession_ops long_ops = {
+    .link_up = op_link_up,
+    .pop_batch = op_pop_batch,
+    .ack = op_ack,
+    .refresh = op_refresh,
+    .restore = op_restore,
+    .release = op_release,
+};
+
 /* ------------------------------------------------------------ the fake */
 
 static void fake_init(struct fake *f, long prefetch, int nmsg)
@@ -309,6 +323,27 @@ static void fake_init(struct fake *f, long prefetch, int nmsg)
     c.lease_ms = 1000;
     c.restore_ms = 60000;
     f->s = vsession_new(&c, &fake_ops, f);
+    ck_assert_ptr_nonnull(f->s);
+}
+
+/* As SQS configures it: long polls of at most ten, one per queue (queues
+ * of them), nothing recorded by the session. */
+static void fake_init_long(struct fake *f, long prefetch, int nmsg, int queues)
+{
+    struct vsession_config c;
+    fake_init(f, prefetch, nmsg);
+    vsession_free(f->s);
+    vsession_config_default(&c);
+    c.prefetch = prefetch;
+    c.ack_emulation = 0;
+    c.long_polls = 1;
+    c.batch = 10;
+    c.calls = 1024;
+    c.lease_ms = 1000;
+    c.replay_max = 0;
+    c.replay_ms = 0;
+    f->poll_slots = queues;
+    f->s = vsession_new(&c, &long_ops, f);
     ck_assert_ptr_nonnull(f->s);
 }
 
@@ -482,20 +517,23 @@ static int dry(struct fake *f)
 }
 
 /* Answers everything in flight until nothing is, pumping between; a
- * blocking pop on dry lists is left out, as it waits on a real store. */
+ * blocking pop or a long poll on dry lists is left out, as it waits on a
+ * real store. */
 static void settle_all(struct fake *f)
 {
     for (int rounds = 0; rounds < 1000; rounds++) {
+        int polls_wait = f->poll_slots && dry(f);
         if (f->nrecording)
             answer_records(f, VSESSION_OK);
         while (f->nacks)
             answer_acks(f, VSESSION_OK);
-        while (f->nbatches)
+        while (f->nbatches && !polls_wait)
             answer_batch(f, VSESSION_OK);
         if (f->block_out && !dry(f))
             answer_block(f, VSESSION_OK);
         vsession_pump(f->s, f->now);
-        if (!f->nbatches && (!f->block_out || dry(f)) && !f->nrecording && !f->nacks)
+        if ((!f->nbatches || polls_wait) && (!f->block_out || dry(f)) && !f->nrecording &&
+            !f->nacks)
             return;
     }
     ck_abort_msg("the fake never went quiet");
@@ -1233,6 +1271,227 @@ START_TEST(test_oom_sweep)
 }
 END_TEST
 
+/* ------------------------------------------------------------ long polls */
+
+START_TEST(test_long_polls_window)
+{
+    struct fake f;
+    int from;
+    /* three queues, a window of 25: 10, 10 and 5 asked, then nothing */
+    fake_init_long(&f, 25, 100, 3);
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_BATCH, 0), 3);
+    ck_assert_int_eq(f.log[0].max, 10);
+    ck_assert_int_eq(f.log[1].max, 10);
+    ck_assert_int_eq(f.log[2].max, 5);
+    ck_assert_int_eq(f.log[0].wide, 0);
+    ck_assert_int_eq(vsession_room(f.s), 0);
+    from = f.nlog;
+    vsession_pump(f.s, f.now);
+    vsession_tick(f.s, f.now + 100);
+    vsession_pop(f.s, f.now + 100);
+    ck_assert_int_eq(f.nlog, from);
+    /* a poll that found nothing: polled again at once, never a blocking pop */
+    f.nmsg = 0;
+    ck_assert_int_eq(answer_batch(&f, VSESSION_OK), 0);
+    ck_assert_int_eq(vsession_pop_state(f.s), VSESSION_POP_WARM);
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_BATCH, from), 1);
+    ck_assert_int_eq(f.log[f.nlog - 1].max, 10);
+    /* messages: held, counted against the window */
+    f.nmsg = 100;
+    ck_assert_int_eq(answer_batch(&f, VSESSION_OK), 10);
+    ck_assert_int_eq(vsession_nheld(f.s), 10);
+    from = f.nlog;
+    vsession_pump(f.s, f.now); /* room 0: 10 held, 5 and 10 asked */
+    ck_assert_int_eq(f.nlog, from);
+    ck_assert_int_eq(answer_batch(&f, VSESSION_OK), 5);
+    vsession_pump(f.s, f.now); /* room 0 still: 15 held, 10 asked */
+    ck_assert_int_eq(f.nlog, from);
+    ck_assert_int_eq(ack_msg(&f, 0), 0);
+    ck_assert_int_eq(ack_msg(&f, 1), 0);
+    vsession_pump(f.s, f.now); /* the acks, and a poll of 2 */
+    ck_assert_int_eq(count(&f, C_ACK, from), 1);
+    ck_assert_int_eq(count(&f, C_BATCH, from), 1);
+    ck_assert_int_eq(f.log[f.nlog - 1].max, 2);
+    ck_assert_int_eq(count(&f, C_BLOCK, 0), 0);
+    while (vsession_nheld(f.s) || !dry(&f)) {
+        ack_all(&f);
+        settle_all(&f);
+        ck_assert_int_le(vsession_nheld(f.s), 25);
+    }
+    ck_assert_int_eq(f.nbatches, 3); /* the polls wait on the dry queues */
+    ck_assert_int_eq(f.next_msg, 100);
+    ck_assert_int_eq(count(&f, C_BLOCK, 0), 0);
+    check_once(&f);
+    fake_release(&f);
+
+    /* no window: ten a poll, one poll per queue */
+    fake_init_long(&f, 0, 100, 2);
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_BATCH, 0), 2);
+    ck_assert_int_eq(f.log[0].max, 10);
+    ck_assert_int_eq(f.log[1].max, 10);
+    ck_assert_int_eq(f.log[1].wide, 0);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_long_polls_refused_and_stopped)
+{
+    struct fake f;
+    int from;
+    fake_init_long(&f, 10, 20, 1);
+    /* refusals, lost and unreadable replies: the owner's; polls go on */
+    for (int i = 0; i < 25; i++) {
+        static const enum vsession_reply reps[] = {VSESSION_REFUSED, VSESSION_NOSCRIPT,
+                                                   VSESSION_LOST, VSESSION_MALFORMED};
+        vsession_pump(f.s, f.now);
+        ck_assert_int_eq(f.nbatches, 1);
+        answer_batch(&f, reps[i % 4]);
+        ck_assert_int_eq(vsession_script_state(f.s), VSESSION_SCRIPT_ON);
+        ck_assert_int_eq(vsession_pop_state(f.s), VSESSION_POP_WARM);
+        ck_assert_int_eq(vsession_room(f.s), 10);
+    }
+    /* a queue paused by the owner: nothing asked, nothing blocks */
+    f.fail_batch = 1;
+    from = f.nlog;
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(f.nlog, from);
+    ck_assert(!vsession_popping(f.s));
+    f.fail_batch = 0;
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(answer_batch(&f, VSESSION_OK), 10);
+    /* stopped: no poll at all, acks still go */
+    vsession_stop_consuming(f.s);
+    ack_all(&f);
+    from = f.nlog;
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_ACK, from), 1);
+    ck_assert_int_eq(count(&f, C_BATCH, from) + count(&f, C_BLOCK, from), 0);
+    settle_all(&f);
+    check_once(&f);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_long_polls_lease_requeue_drain)
+{
+    struct fake f;
+    int from;
+    fake_init_long(&f, 10, 30, 2);
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now);
+    vsession_on_link(f.s, VSESSION_LINK_POP, 1, f.now);
+    vsession_pump(f.s, f.now);
+    answer_batch(&f, VSESSION_OK);
+    ck_assert_int_eq(vsession_nheld(f.s), 10);
+    /* held at once: nothing written */
+    ck_assert_int_eq(count(&f, C_RECORD, 0), 0);
+    for (int m = 0; m < 10; m++) {
+        char tag[16];
+        tag_of(m, tag, sizeof(tag));
+        ck_assert_int_eq(vsession_held(f.s, tag)->state, VSESSION_REC_HELD);
+    }
+    /* leases every lease_ms; a shorter period from the next refresh on */
+    from = f.nlog;
+    vsession_tick(f.s, f.now + 999);
+    ck_assert_int_eq(count(&f, C_REFRESH, from), 0);
+    vsession_set_lease_ms(f.s, 300);
+    vsession_tick(f.s, f.now + 999);
+    ck_assert_int_eq(count(&f, C_REFRESH, from), 0);
+    vsession_tick(f.s, f.now + 1000);
+    ck_assert_int_eq(count(&f, C_REFRESH, from), 1);
+    ck_assert_int_eq(f.log[f.nlog - 1].n, 10);
+    vsession_tick(f.s, f.now + 1299);
+    ck_assert_int_eq(count(&f, C_REFRESH, from), 1);
+    vsession_tick(f.s, f.now + 1300);
+    ck_assert_int_eq(count(&f, C_REFRESH, from), 2);
+    /* a requeue while consuming goes to the tail, no ack sent */
+    from = f.nlog;
+    vsession_requeue(f.s, "t4");
+    ck_assert_int_eq(count(&f, C_RESTORE, from), 1);
+    ck_assert_int_eq(f.log[f.nlog - 1].side, 'L');
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_ACK, from), 0);
+    ck_assert_int_eq(f.log[f.nlog - 1].max, 1); /* the room it left */
+    /* the owner's stop: every record back, the acks out, no more polls */
+    ck_assert_int_eq(ack_msg(&f, 2), 0);
+    vsession_stop_consuming(f.s);
+    from = f.nlog;
+    vsession_drain(f.s, f.now);
+    ck_assert_int_eq(count(&f, C_RESTORE, from), 8);
+    ck_assert_int_eq(count(&f, C_ACK, from), 1);
+    for (int i = from; i < f.nlog; i++)
+        if (f.log[i].kind == C_RESTORE)
+            ck_assert_int_eq(f.log[i].side, 'R');
+    answer_batch(&f, VSESSION_OK); /* a poll answered late: held, freed at the end */
+    while (f.nacks)
+        answer_acks(&f, VSESSION_OK);
+    ck_assert_int_eq(vsession_nheld(f.s), 1);
+    vsession_close(f.s);
+    fake_release(&f);
+    ck_assert_int_eq(f.released[10], 1);
+}
+END_TEST
+
+/* An ack given up on by the owner (CANCELED) is not sent again. */
+START_TEST(test_long_polls_ack_given_up)
+{
+    struct fake f;
+    int from;
+    fake_init_long(&f, 10, 5, 1);
+    vsession_pump(f.s, f.now);
+    answer_batch(&f, VSESSION_OK);
+    ack_all(&f);
+    vsession_pump(f.s, f.now);
+    ck_assert_int_eq(f.nacks, 1);
+    answer_acks(&f, VSESSION_CANCELED);
+    from = f.nlog;
+    vsession_pump(f.s, f.now + 1000);
+    vsession_on_link(f.s, VSESSION_LINK_STORE, 1, f.now + 1000);
+    ck_assert_int_eq(count(&f, C_ACK, from), 0);
+    ck_assert_int_eq(vsession_nacks(f.s), 0);
+    fake_release(&f);
+}
+END_TEST
+
+START_TEST(test_long_polls_oom_sweep)
+{
+    long n;
+    for (n = 1; n < 1000; n++) {
+        struct fake f;
+        long failed;
+        int acked = 0;
+        fake_init_long(&f, 10, 5, 2);
+        cr_alloc_fail_after(n);
+        vsession_pump(f.s, f.now);
+        while (f.nbatches)
+            answer_batch(&f, VSESSION_OK);
+        vsession_requeue(f.s, "t0");
+        ack_all(&f);
+        vsession_pump(f.s, f.now);
+        while (f.nacks)
+            answer_acks(&f, VSESSION_OK);
+        failed = cr_alloc_failed();
+        cr_alloc_fail_after(0);
+        settle_all(&f);
+        ack_all(&f);
+        settle_all(&f);
+        check_once(&f);
+        for (int m = 0; m < 5; m++)
+            acked += f.settled[m];
+        fake_release(&f);
+        if (failed == 0) {
+            ck_assert_int_eq(acked, 4);
+            ck_assert_int_eq(f.restored[0], 1);
+            break;
+        }
+    }
+    ck_assert_int_gt(n, 5); /* failures were met on the way */
+    ck_assert_int_lt(n, 1000);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("vsession");
@@ -1253,6 +1512,11 @@ Suite *suite(void)
     tcase_add_test(tc, test_lost_oom_sweep);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_oom_sweep);
+    tcase_add_test(tc, test_long_polls_window);
+    tcase_add_test(tc, test_long_polls_refused_and_stopped);
+    tcase_add_test(tc, test_long_polls_lease_requeue_drain);
+    tcase_add_test(tc, test_long_polls_ack_given_up);
+    tcase_add_test(tc, test_long_polls_oom_sweep);
     suite_add_tcase(s, tc);
     return s;
 }
