@@ -16,7 +16,7 @@ import re
 import urllib.error
 import urllib.request
 
-from conftest import PY, free_port, wait_until
+from conftest import PY, free_port, wait_progress, wait_until
 
 
 def sqs_worker(env, emu, prefix, *args, **kw):
@@ -322,6 +322,17 @@ PYAPP = textwrap.dedent('''
 ''')
 
 
+# Issue 33's mixed fleet: one Python worker (solo pool) and one celeriac on one
+# queue, each task run once, none lost.
+FLEET_TASKS = 1000
+FLEET_CONCURRENCY = "10"
+FLEET_LATENCY_MS = 20
+
+
+def py_done(log_path):
+    return sum(1 for l in log_path.read_text(errors="replace").splitlines() if "succeeded" in l)
+
+
 def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path):
     prefix = sqs_emu.prefix()
     app = sqs_emu.make_app(env.backend, prefix=prefix)
@@ -340,17 +351,23 @@ def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path)
         wait_until(lambda: "ready." in log_path.read_text() or py.poll() is not None, 60,
                    what="the Python worker")
         assert py.poll() is None, log_path.read_text()[-3000:]
-        env.fake.script(["latency_ms=150;tokens=2"] * 40)
-        w = sqs_worker(env, sqs_emu, prefix, "-c", "2", "--prefetch-multiplier", "1")
-        rs = [app.send_task("llm.generate", args=["fleet %d" % i]) for i in range(40)]
-        out = [r.get(timeout=60) for r in rs]
+        env.fake.script(["latency_ms=%d;tokens=2" % FLEET_LATENCY_MS] * FLEET_TASKS)
+        w = sqs_worker(env, sqs_emu, prefix, "-c", FLEET_CONCURRENCY, "--prefetch-multiplier", "1")
+        t0 = time.time()
+        rs = [app.send_task("llm.generate", args=["fleet %d" % i]) for i in range(FLEET_TASKS)]
+        sent = time.time()
+        wait_progress(lambda: w.count(r"Task llm.generate\[.*\] succeeded") + py_done(log_path),
+                      FLEET_TASKS, stall=20, cap=120, what="the fleet's tasks")
+        out = [r.get(timeout=30) for r in rs]
         by_py = sum(1 for o in out if o.startswith("py:"))
-        assert 0 < by_py < 40, by_py
+        print("mixed fleet: %d tasks sent in %.1f s, all done in %.1f s, %d by Python"
+              % (FLEET_TASKS, sent - t0, time.time() - t0, by_py))
+        assert 0 < by_py < FLEET_TASKS, by_py
         time.sleep(0.5)
         ran_here = w.count(r"Task llm.generate\[.*\] succeeded")
-        assert ran_here == 40 - by_py
-        assert len(set(l for l in log_path.read_text().splitlines()
-                       if "succeeded" in l)) == by_py
+        assert ran_here == FLEET_TASKS - by_py
+        assert len([c for c in env.fake.stats() if c["path"].startswith("/v1/")]) == ran_here
+        assert py_done(log_path) == by_py
         wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
     finally:
         py.terminate()
