@@ -155,7 +155,10 @@ def test_warm_shutdown_gives_back_what_was_prefetched(env, sqs_emu):
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
     assert first.get(timeout=5)
-    assert sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    # rows 9 and 13: the requeue is a visibility change to wait_time_seconds
+    cmv = sqs_emu.requests("ChangeMessageVisibilityBatch", since=mark)
+    assert cmv and all(e["VisibilityTimeout"] == 1 for c in cmv
+                       for e in c["params"]["Entries"]), cmv
     # visible again at once, not after the 1800 s visibility timeout
     t0 = time.time()
     wait_until(lambda: visible(sqs_emu, prefix + "celery") == (1, 0), 5, what="given back")
@@ -333,24 +336,45 @@ def py_done(log_path):
     return sum(1 for l in log_path.read_text(errors="replace").splitlines() if "succeeded" in l)
 
 
-def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path):
-    prefix = sqs_emu.prefix()
-    app = sqs_emu.make_app(env.backend, prefix=prefix)
+def start_py_worker(env, emu, tmp_path, opts):
+    """A Debian Celery worker (solo pool) running PYAPP's llm.generate on the
+    emulator with the transport options `opts`; its process and log path.
+    Not waited for: py_ready() does."""
     (tmp_path / "pyfleet.py").write_text(PYAPP)
     log_path = tmp_path / "py.log"
-    penv = dict(os.environ, SQS_BROKER=sqs_emu.broker_url, SQS_BACKEND=env.backend,
-                SQS_TRANSPORT_OPTIONS=json.dumps(
-                    sqs_emu.transport_options(queue_name_prefix=prefix)))
+    penv = dict(os.environ, SQS_BROKER=emu.broker_url, SQS_BACKEND=env.backend,
+                SQS_TRANSPORT_OPTIONS=json.dumps(opts))
     with open(log_path, "w") as log:
         py = subprocess.Popen([PY, "-m", "celery", "-A", "pyfleet", "worker", "-P", "solo",
                                "--without-gossip", "--without-mingle", "-n",
                                "py-%s@%%h" % uuid.uuid4().hex[:6], "-l", "info"],
                               cwd=str(tmp_path), env=penv, stdout=log,
                               stderr=subprocess.STDOUT)
+    return py, log_path
+
+
+def py_ready(py, log_path):
+    wait_until(lambda: "ready." in log_path.read_text() or py.poll() is not None, 60,
+               what="the Python worker")
+    assert py.poll() is None, log_path.read_text()[-3000:]
+
+
+def py_stop(py):
+    py.terminate()
     try:
-        wait_until(lambda: "ready." in log_path.read_text() or py.poll() is not None, 60,
-                   what="the Python worker")
-        assert py.poll() is None, log_path.read_text()[-3000:]
+        py.wait(20)
+    except subprocess.TimeoutExpired:
+        py.kill()
+        py.wait()
+
+
+def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path):
+    prefix = sqs_emu.prefix()
+    app = sqs_emu.make_app(env.backend, prefix=prefix)
+    py, log_path = start_py_worker(env, sqs_emu, tmp_path,
+                                   sqs_emu.transport_options(queue_name_prefix=prefix))
+    try:
+        py_ready(py, log_path)
         env.fake.script(["latency_ms=%d;tokens=2" % FLEET_LATENCY_MS] * FLEET_TASKS)
         w = sqs_worker(env, sqs_emu, prefix, "-c", FLEET_CONCURRENCY, "--prefetch-multiplier", "1")
         t0 = time.time()
@@ -370,12 +394,34 @@ def test_mixed_fleet_with_a_python_worker_each_task_once(env, sqs_emu, tmp_path)
         assert py_done(log_path) == by_py
         wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="all deleted")
     finally:
-        py.terminate()
-        try:
-            py.wait(20)
-        except subprocess.TimeoutExpired:
-            py.kill()
-            py.wait()
+        py_stop(py)
+
+
+def test_kill_9_mid_task_a_python_worker_completes_it(env, sqs_emu, tmp_path):
+    """Row 14: celeriac killed during a task it acks late; the message comes
+    back after the queue's visibility timeout (3 s) and a Python worker
+    completes it, once."""
+    prefix = sqs_emu.prefix()
+    opts = sqs_emu.transport_options(queue_name_prefix=prefix, visibility_timeout=3)
+    app = sqs_emu.make_app(env.backend, prefix=prefix, transport_options={"visibility_timeout": 3})
+    hold = "p" + prefix
+    env.fake.script(["hold=%s;tokens=2" % hold])
+    w = env.worker("-b", sqs_emu.broker_url, "--broker-transport-options", json.dumps(opts))
+    r = app.send_task("llm.generate", args=["killed"])
+    wait_until(lambda: env.fake.held(hold) == 1, 10, what="running")
+    w.signal(signal.SIGKILL)
+    w.wait(10)
+    t_kill = time.time()
+    env.fake.release(hold)
+    py, log_path = start_py_worker(env, sqs_emu, tmp_path, opts)
+    try:
+        assert r.get(timeout=30) == "py:killed"
+        assert time.time() - t_kill >= 2.5  # not before the visibility timeout
+        assert py_done(log_path) == 1
+        assert env.meta(r.id)["status"] == "SUCCESS"
+        wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
+    finally:
+        py_stop(py)
 
 
 class FaultyFront:
