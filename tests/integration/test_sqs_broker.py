@@ -196,9 +196,12 @@ def test_burst_acked_in_batches_of_ten(env, sqs_emu):
     hold = "b" + prefix
     env.fake.script(["hold=%s;tokens=2" % hold] * 24)
     mark = sqs_emu.mark()
-    sqs_worker(env, sqs_emu, prefix, "-c", "24")
+    sqs_worker(env, sqs_emu, prefix, "-c", "24", "--prefetch-multiplier", "1")
     rs = [app.send_task("llm.generate", args=["burst %d" % i]) for i in range(24)]
     wait_until(lambda: env.fake.held(hold) == 24, 15, what="all 24 running")
+    # row 7: the window (24) is full, so no poll starts until a slot frees
+    full_ms = time.time() * 1000
+    time.sleep(1.5)
     env.fake.release(hold)
     for r in rs:
         r.get(timeout=20)
@@ -206,9 +209,13 @@ def test_burst_acked_in_batches_of_ten(env, sqs_emu):
     batches = [len(q["params"]["Entries"]) for q in
                sqs_emu.requests("DeleteMessageBatch", since=mark)]
     assert sum(batches) == 24 and max(batches) <= 10 and len(batches) < 24, batches
-    polls = [q["params"]["MaxNumberOfMessages"] for q in
-             sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    ours = [q for q in sqs_emu.requests("ReceiveMessage", since=mark) if q.get("json")]
+    polls = [q["params"]["MaxNumberOfMessages"] for q in ours]
     assert polls and max(polls) <= 10
+    assert not [q for q in ours if full_ms < q["t"] < full_ms + 1400], ours
+    # one poll of the queue in flight at a time
+    spans = sorted((q["t"], q["t"] + q["ms"]) for q in ours)
+    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), spans
 
 
 def test_visibility_extended_while_a_task_runs(env, sqs_emu):
