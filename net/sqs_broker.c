@@ -39,6 +39,7 @@
 #include "protocol/sqs.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/uuid.h"
 
@@ -100,6 +101,7 @@ struct pub {
     struct pub *next; /* on its qurl's waiting list */
     struct qurl *qu;
     struct buf msg; /* the Body */
+    long delay_s;   /* DelaySeconds on a standard queue, -1: none */
     broker_confirm_fn *cb;
     void *privdata;
 };
@@ -522,7 +524,9 @@ static void send_start(struct sqs_broker *b, struct pub *p)
     s.queue_url = p->qu->url;
     s.body = p->msg.data;
     s.body_len = p->msg.len;
-    s.delay_s = -1;
+    /* SQS refuses a per-message delay on a FIFO queue: there the eta header
+     * alone holds the task, as it does for every Python publisher. */
+    s.delay_s = sqs_is_fifo(p->qu->url) ? -1 : p->delay_s;
     s.dedup_id = dedup;
     if (sqs_req_send(&r->body, &s, &err)) {
         LOG(LOG_ERROR, "broker: sqs: cannot publish to %s: %s", p->qu->name, err.msg);
@@ -595,12 +599,14 @@ static int sqs_publish(struct broker *base, const struct outbound *o,
     struct pub *p;
     char tag[CR_UUID_LEN + 1];
     unsigned char rnd[16];
-    int rc;
+    int rc, dead = 0;
 
     /* No exchanges on SQS (kombu keeps them in memory): a direct exchange
      * routes by queue name, and the dead-letter exchange to its queue. */
-    if (b->cfg.dlx && b->cfg.dlq && !strcmp(ex, b->cfg.dlx))
+    if (b->cfg.dlx && b->cfg.dlq && !strcmp(ex, b->cfg.dlx)) {
         queue = b->cfg.dlq;
+        dead = 1;
+    }
     if (!*queue) {
         LOG(LOG_WARNING, "broker: sqs: a publish without a queue name (exchange '%s')",
             ex);
@@ -625,6 +631,14 @@ static int sqs_publish(struct broker *base, const struct outbound *o,
         return rc;
     }
     p->qu = u;
+    /* A task with an eta (a retry's countdown, a follow-up's eta) is kept out
+     * of sight by SQS until its last whole second, up to 15 min, instead of
+     * being received at once and held in flight: Python workers still read
+     * the eta header, so a mixed fleet sees the message it always did. Worked out here,
+     * not when the queue's URL is known: a first publish to a queue waits a round trip
+     * for it, and the eta header covers that much. Never on a dead letter: it is read at
+     * once by `celeriac dlq`, whatever its eta. */
+    p->delay_s = dead ? -1 : sqs_eta_delay_s(o->headers, clock_epoch_us());
     p->cb = cb;
     p->privdata = privdata;
     if (u->url) {

@@ -10,6 +10,7 @@
 #include "../util/alloc.h"
 #include "../util/base64.h"
 #include "../util/md5.h"
+#include "isotime.h"
 #include "pyjson.h"
 
 /* ------------------------------------------------------------ names tables */
@@ -515,6 +516,22 @@ static int json_body_string(struct buf *out, const char *s, size_t n)
     if (rc == 0)
         rc = buf_putc(out, '"');
     return rc;
+}
+
+long sqs_eta_delay_s(const cJSON *headers, int64_t now_us)
+{
+    const cJSON *eta = cJSON_GetObjectItemCaseSensitive(headers, "eta");
+    int64_t eta_us, left_us;
+
+    if (!cJSON_IsString(eta) || !eta->valuestring ||
+        iso8601_parse(eta->valuestring, &eta_us))
+        return -1;
+    if (eta_us - now_us < 1000000)
+        return -1;
+    left_us = eta_us - now_us;
+    if (left_us > (int64_t)SQS_DELAY_MAX_S * 1000000)
+        return SQS_DELAY_MAX_S;
+    return (long)(left_us / 1000000);
 }
 
 int sqs_req_send(struct buf *out, const struct sqs_send *s, struct cr_err *err)

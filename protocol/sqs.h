@@ -14,6 +14,7 @@
 #define CR_SQS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <cjson/cJSON.h>
 
 #include "../util/buf.h"
@@ -136,6 +137,20 @@ struct sqs_send {
                            * with content-based deduplication) */
     size_t max_bytes;     /* the queue's MaximumMessageSize; 0: SQS_MESSAGE_MAX_BYTES */
 };
+
+/* The DelaySeconds celeriac adds when it publishes a task whose headers
+ * (borrowed for the call; NULL reads as none) carry an eta, at now_us (epoch
+ * microseconds): the whole seconds until the eta, at most SQS_DELAY_MAX_S.
+ * The fraction of a second is cut, not rounded up, as Celery cuts it for
+ * RabbitMQ's delayed delivery (protocol/delayed.h): the message shows just
+ * before its eta and the receiving worker holds the rest, so the task runs
+ * on time rather than up to a second late (a 0.2 s retry back-off gets no
+ * delay at all). -1, meaning "send no DelaySeconds", when there is no eta
+ * (absent, null, not a string, not an ISO-8601 time) or it is less than a
+ * second away. The caller leaves it out on FIFO queues, which refuse a
+ * per-message delay. Python workers read the eta header alone, so the same
+ * message serves a mixed fleet. */
+long sqs_eta_delay_s(const cJSON *headers, int64_t now_us);
 
 /* SendMessage. FIFO-ness is read from the URL's name. A body over max_bytes
  * is CR_ETOOBIG; a byte SQS refuses (NUL, other control characters, invalid

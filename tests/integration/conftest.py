@@ -13,7 +13,11 @@ Brokers: a test runs over RabbitMQ only, unless it is marked
 (ids `[amqp]` / `[redis]`). Over Redis, Env.broker is redis://.../<db> with a
 database of the test's own (16 + the result backend's db, so kombu's keys and
 its `/<db>.` pub/sub channels never meet another test's), flushed before and
-after. Env.transport says which broker a test has.
+after. Over SQS ("sqs"), the broker is the process's SQS emulator (the
+`sqs_emu` fixture, started only when a test asks for it) with a
+queue_name_prefix of the test's own, passed to the workers and the client
+apps as broker transport options; results stay in Redis. Env.transport says
+which broker a test has.
 """
 import json
 import os
@@ -38,7 +42,7 @@ _db_counter = [0]
 # Result backends use dbs 1..15; a Redis broker uses 16 + that db, so that the
 # two never share a db (scripts/services.sh starts Redis with 64 databases).
 BROKER_DB_BASE = 16
-BROKERS = ("amqp", "redis")
+BROKERS = ("amqp", "redis", "sqs")
 
 
 def _read_env(path):
@@ -490,8 +494,9 @@ class Env:
     """A test's world: a broker (a vhost, or a Redis db of its own), a Redis db
     for results, the fake LLM, workers and a client."""
 
-    def __init__(self, services, fake_llm, transport="amqp"):
+    def __init__(self, services, fake_llm, transport="amqp", sqs=None):
         assert transport in BROKERS, transport
+        assert (transport == "sqs") == (sqs is not None), "an SQS env needs the emulator"
         self.services = services
         self.fake = fake_llm
         self.transport = transport
@@ -503,7 +508,13 @@ class Env:
         self.vhost = None  # RabbitMQ: the vhost's name; Redis: a RedisBrokerDb
         self.broker_db = None
         self.broker_redis = None
-        if transport == "amqp":
+        self.sqs = sqs
+        self.transport_options = None
+        if transport == "sqs":
+            self.sqs_prefix = sqs.prefix()
+            self.transport_options = sqs.transport_options(queue_name_prefix=self.sqs_prefix)
+            self.broker = sqs.broker_url
+        elif transport == "amqp":
             self.vhost = services.new_vhost()
             self.broker = services.broker_url(self.vhost)
         else:
@@ -518,6 +529,8 @@ class Env:
 
     def make_app(self, **conf):
         app = Celery("it", broker=self.broker, backend=self.backend)
+        if self.transport_options is not None:
+            conf.setdefault("broker_transport_options", self.transport_options)
         app.conf.update(result_expires=3600, broker_connection_retry_on_startup=True, **conf)
         return app
 
@@ -530,6 +543,8 @@ class Env:
         # a test's own --loglevel comes later and wins.
         full = ["-b", self.broker, "--result-backend", self.backend, "-n", "celeriac-%s@%%h" % uuid.uuid4().hex[:6],
                 "-l", "info"]
+        if self.transport_options is not None:
+            full += ["--broker-transport-options", json.dumps(self.transport_options)]
         full += list(args)
         w = Worker(full, e)
         self.workers.append(w)
@@ -539,7 +554,21 @@ class Env:
 
     def queue_depth(self, queue="celery"):
         """Messages ready in a queue, over either broker (None: no such AMQP
-        queue). On Redis: the sum of LLEN over kombu's four priority lists."""
+        queue). On Redis: the sum of LLEN over kombu's four priority lists.
+        On SQS: the messages neither in flight nor delayed (None: no such
+        queue; the emulator counts in-flight ones in ApproximateNumberOfMessages)."""
+        if self.sqs is not None:
+            name = (self.sqs_prefix + queue).replace(".", "-") if not queue.endswith(
+                ".fifo") else self.sqs_prefix + queue[:-5].replace(".", "-") + ".fifo"
+            try:
+                a = self.sqs.client().get_queue_attributes(
+                    QueueUrl=self.sqs.queue_url(name),
+                    AttributeNames=["ApproximateNumberOfMessages",
+                                    "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+            except Exception:
+                return None
+            return int(a["ApproximateNumberOfMessages"]) - \
+                int(a["ApproximateNumberOfMessagesNotVisible"])
         return self.services.queue_depth(self.vhost, queue)
 
     def unacked(self):
@@ -564,6 +593,14 @@ class Env:
                 self.broker_redis.flushdb()
             except Exception:
                 pass
+        if self.sqs is not None:
+            # the emulator keeps queues for its whole life: drop the test's own
+            try:
+                sqs = self.sqs.client()
+                for url in sqs.list_queues(QueueNamePrefix=self.sqs_prefix).get("QueueUrls", []):
+                    sqs.delete_queue(QueueUrl=url)
+            except Exception:
+                pass
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
@@ -575,7 +612,7 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "brokers(*names): run the test once over each broker "
-                            "named (amqp, redis); unmarked tests run over amqp only")
+                            "named (amqp, redis, sqs); unmarked tests run over amqp only")
     config.addinivalue_line("markers", "slow: takes 15 s or more on its own "
                             "(make test runs them; -m 'not slow' leaves them out)")
 
@@ -618,11 +655,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_generate_tests(metafunc):
-    """`@pytest.mark.brokers("amqp", "redis")` parametrizes the env fixture."""
+    """`@pytest.mark.brokers("amqp", "redis", "sqs")` parametrizes the env fixture;
+    a bare `@pytest.mark.brokers` means amqp and redis (SQS is picked by name: its
+    runs cost a second per long poll on the emulator, see SqsEmu)."""
     m = metafunc.definition.get_closest_marker("brokers")
     if m is None or "env" not in metafunc.fixturenames:
         return
-    names = m.args or BROKERS
+    names = m.args or ("amqp", "redis")
     for n in names:
         assert n in BROKERS, "unknown broker %r in @pytest.mark.brokers" % n
     metafunc.parametrize("env", list(names), indirect=True, ids=list(names))
@@ -630,7 +669,9 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def env(request, services, fake_llm):
-    e = Env(services, fake_llm, getattr(request, "param", "amqp"))
+    transport = getattr(request, "param", "amqp")
+    sqs = request.getfixturevalue("sqs_emu") if transport == "sqs" else None
+    e = Env(services, fake_llm, transport, sqs)
     yield e
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:

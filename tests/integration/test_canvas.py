@@ -17,6 +17,7 @@ def acc(app, *args, **kw):
     return app.signature("celery.accumulate", args=args, kwargs=kw)
 
 
+@pytest.mark.brokers("amqp", "sqs")
 def test_chain_three_steps(env):
     env.worker("-c", "4")
     res = chain(acc(env.app, 1), acc(env.app, 2), acc(env.app, 3))()
@@ -98,6 +99,7 @@ def test_chord_of_100_with_body(env):
     assert out == [list(range(100)), "end"]
 
 
+@pytest.mark.brokers("amqp", "sqs")
 def test_chain_inside_chord_header(env):
     env.worker("-c", "8")
     app = env.app

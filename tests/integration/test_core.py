@@ -11,7 +11,7 @@ import pytest
 from conftest import BIN, wait_until
 
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_send_task_generate(env):
     env.worker("-c", "10")
     r = env.app.send_task("llm.generate", args=["Explain quantum computing"])
@@ -82,7 +82,7 @@ def test_accumulate_and_alias(env):
     assert r.get(timeout=20) == env.fake.expected_text("aliased")
 
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_unknown_task_and_bad_arguments(env):
     from celery.exceptions import NotRegistered
     w = env.worker()
@@ -109,7 +109,7 @@ def test_protocol_v1_message(env):
     assert r.get(timeout=20) == env.fake.expected_text("v1 prompt")
 
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_result_extended_track_started_ignore_result(env):
     env.worker("--result-extended", "--track-started")
     env.fake.script(["latency_ms=700;tps=20;tokens=20"])

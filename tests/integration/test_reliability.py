@@ -69,7 +69,7 @@ def states_of(result, timeout=30):
 
 # ----------------------------------------------------------------- retries
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_retry_honours_retry_after_then_succeeds(env):
     env.worker(*FAST)
     env.fake.script(["status=429;ra=1", "status=503;ra_ms=700", "tokens=5"])
@@ -246,7 +246,7 @@ def test_stream_quirks_still_succeed(env):
 
 # ----------------------------------------------------------- time and eta
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_countdown_and_eta(env):
     from datetime import datetime, timedelta, timezone
     env.worker()
@@ -260,7 +260,7 @@ def test_countdown_and_eta(env):
     assert by_prompt["at eta"] - t0 >= 1.4
 
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_eta_tasks_hold_no_slot_and_do_not_starve(env):
     env.worker("-c", "1", "--prefetch-multiplier", "1")
     held = [env.app.send_task("llm.generate", args=["held %d" % i], countdown=3) for i in range(3)]
@@ -291,7 +291,7 @@ def test_expired_tasks_are_revoked(env):
     assert calls(env) == []
 
 
-@pytest.mark.brokers("amqp", "redis")
+@pytest.mark.brokers("amqp", "redis", "sqs")
 def test_time_limits(env):
     from celery.exceptions import TimeLimitExceeded, SoftTimeLimitExceeded
     w = env.worker()

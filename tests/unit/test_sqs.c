@@ -474,6 +474,71 @@ START_TEST(test_send_requests)
 }
 END_TEST
 
+/* The DelaySeconds of a publish: eta headers as Celery writes them, against
+ * 2026-12-07T08:41:46.223775Z (the 5.6.3 fixture's send time, its eta 5 s on). */
+#define DELAY_NOW_US INT64_C(1796632906223775)
+static const struct {
+    const char *headers; /* JSON, or NULL for no headers at all */
+    long want;
+} delays[] = {
+    {"{\"eta\": \"2026-12-07T08:41:51.223775+00:00\"}", 5}, /* countdown=5 */
+    {"{\"eta\": \"2026-12-07T08:41:51.223776+00:00\"}", 5}, /* the fraction cut */
+    {"{\"eta\": \"2026-12-07T08:41:52.223774+00:00\"}", 5},
+    {"{\"eta\": \"2026-12-07T08:41:47.223775+00:00\"}", 1}, /* a second: the least */
+    {"{\"eta\": \"2026-12-07T08:41:51.5Z\"}", 5},
+    {"{\"eta\": \"2026-12-07T09:41:51.223775+01:00\"}", 5},   /* an offset */
+    {"{\"eta\": \"2026-12-07T08:41:51.223775\"}", 5},         /* naive: UTC */
+    {"{\"eta\": \"2026-12-07T08:56:46.223775+00:00\"}", 900}, /* 900 s: SQS's most */
+    {"{\"eta\": \"2026-12-07T08:56:47.223775+00:00\"}", 900}, /* over: capped */
+    {"{\"eta\": \"2026-12-08T08:41:46+00:00\"}", 900},
+    {"{\"eta\": \"9999-12-31T23:59:59+00:00\"}", 900},
+    {"{\"eta\": \"2026-12-07T08:41:47.223774+00:00\"}", -1}, /* under a second */
+    {"{\"eta\": \"2026-12-07T08:41:46.423775+00:00\"}", -1}, /* a 0.2 s back-off */
+    {"{\"eta\": \"2026-12-07T08:41:46.223775+00:00\"}", -1}, /* due now */
+    {"{\"eta\": \"2026-12-07T08:41:40+00:00\"}", -1},        /* past */
+    {"{\"eta\": null, \"retries\": 1}", -1},
+    {"{\"retries\": 1}", -1},
+    {"{}", -1},
+    {NULL, -1},
+    {"{\"eta\": 1796632911}", -1}, /* not a string */
+    {"{\"eta\": \"\"}", -1},
+    {"{\"eta\": \"tomorrow\"}", -1},
+    {"{\"eta\": \"2026-13-07T08:41:51+00:00\"}", -1},
+    {"{\"eta\": \"2026-12-07T08:41:51+00:00 \"}", -1},
+    {"{\"ETA\": \"2026-12-07T08:41:51+00:00\"}", -1}, /* Celery's key is lower-case */
+    {"[\"2026-12-07T08:41:51+00:00\"]", -1},          /* not an object */
+};
+#define N_DELAYS (int)(sizeof delays / sizeof delays[0])
+
+START_TEST(test_eta_delay)
+{
+    cJSON *h = delays[_i].headers ? cJSON_Parse(delays[_i].headers) : NULL;
+    ck_assert(!delays[_i].headers || h);
+    ck_assert_msg(sqs_eta_delay_s(h, DELAY_NOW_US) == delays[_i].want, "%s: %ld, not %ld",
+                  delays[_i].headers ? delays[_i].headers : "NULL",
+                  sqs_eta_delay_s(h, DELAY_NOW_US), delays[_i].want);
+    cJSON_Delete(h);
+}
+END_TEST
+
+/* The 5.6.3 countdown fixture's own headers: 5 s from its send, and nothing
+ * once the clock has passed the eta. */
+START_TEST(test_eta_delay_fixture)
+{
+    size_t n;
+    char *text = unit_read_file(FX "env_celery563_countdown.json", &n);
+    cJSON *env = cJSON_Parse(text);
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(env, "headers");
+    ck_assert_ptr_nonnull(h);
+    ck_assert_int_eq(sqs_eta_delay_s(h, DELAY_NOW_US), 5);
+    ck_assert_int_eq(sqs_eta_delay_s(h, DELAY_NOW_US + 3500000), 1);
+    ck_assert_int_eq(sqs_eta_delay_s(h, DELAY_NOW_US + 4500000), -1);
+    ck_assert_int_eq(sqs_eta_delay_s(h, DELAY_NOW_US + 5000000), -1);
+    cJSON_Delete(env);
+    free(text);
+}
+END_TEST
+
 START_TEST(test_batch_requests)
 {
     struct buf out;
@@ -1159,6 +1224,7 @@ Suite *suite(void)
     tcase_add_test(fx, test_batch_fixture);
     tcase_add_test(fx, test_send_answer);
     tcase_add_test(fx, test_error_fixtures);
+    tcase_add_test(fx, test_eta_delay_fixture);
     suite_add_tcase(s, fx);
     tcase_add_loop_test(hand, test_queue_names, 0, N_NAMES);
     tcase_add_test(hand, test_name_helpers);
@@ -1166,6 +1232,7 @@ Suite *suite(void)
     tcase_add_test(hand, test_queue_requests);
     tcase_add_test(hand, test_send_requests);
     tcase_add_test(hand, test_batch_requests);
+    tcase_add_loop_test(hand, test_eta_delay, 0, N_DELAYS);
     tcase_add_loop_test(hand, test_error_forms, 0, N_ERROR_FORMS);
     tcase_add_test(hand, test_error_names);
     suite_add_tcase(s, hand);
