@@ -1134,6 +1134,16 @@ static int start_call(struct job *j)
     memset(&err, 0, sizeof(err));
     rc = e->ops->call_llm(e->ctx, j, &call, &err);
     task_call_release(&call);
+    if (rc == CR_EBUDGET) {
+        /* The provider's daily budget is spent (llm/budget.h): nothing was
+         * sent. Permanent today, so dead-lettered with the reason, to be
+         * replayed (celeriac dlq replay) once a new day opens it again. */
+        engine__release_slot(j);
+        LOG(LOG_WARNING, "Task %s[%s] not sent: %s", job_name(j), j->tm.id, err.msg);
+        fail_job(j, "BudgetExceeded", "celeriac.exceptions", err.msg, "budget exceeded",
+                 1);
+        return rc;
+    }
     if (rc) {
         /* CR_EINVAL: the provider cannot express this request (a bad
          * deployment name, an operation it lacks); retrying cannot help. */

@@ -202,15 +202,18 @@ static int parse_default(struct llm_registry *r, const cJSON *o, struct cr_err *
         return cr_err_set(err, CR_EINVAL, "llm provider 'default' must be an object");
     cJSON_ArrayForEach(k, o)
     {
-        if (strcmp(k->string, "prices"))
+        if (strcmp(k->string, "prices") && strcmp(k->string, "budget"))
             return cr_err_set(err, CR_EINVAL,
                               "llm provider 'default' is the worker's own provider "
                               "(--llm-base-url and the other options): its entry may "
-                              "only hold 'prices', not '%.40s'",
+                              "only hold 'prices' and 'budget', not '%.40s'",
                               k->string);
     }
-    if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")))
-        return llm_prices_parse(&r->default_prices, k, "default", err);
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")) &&
+        llm_prices_parse(&r->default_prices, k, "default", err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "budget")))
+        return llm_budget_parse(&r->default_budget, k, "default", err);
     return 0;
 }
 
@@ -220,7 +223,7 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
     static const char *const keys[] = {"type",        "base_url",   "api_key_env",
                                        "api_version", "deployment", "headers",
                                        "max_tokens",  "timeouts",   "max_connections",
-                                       "prices",      NULL};
+                                       "prices",      "budget",     NULL};
     const char *name = o->string, *type;
     const struct llm_provider *impl;
     struct llm_named *p;
@@ -244,7 +247,8 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
                               name, k->string);
         if (strcmp(k->string, "headers") && strcmp(k->string, "max_tokens") &&
             strcmp(k->string, "timeouts") && strcmp(k->string, "max_connections") &&
-            strcmp(k->string, "prices") && !cJSON_IsString(k))
+            strcmp(k->string, "prices") && strcmp(k->string, "budget") &&
+            !cJSON_IsString(k))
             return cr_err_set(err, CR_EINVAL, "llm provider '%s': '%s' must be a string",
                               name, k->string);
     }
@@ -301,6 +305,9 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")) &&
         llm_prices_parse(&p->prices, k, name, err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "budget")) &&
+        llm_budget_parse(&p->budget, k, name, err))
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "headers"))) {
         if (!cJSON_IsArray(k))

@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 
+#include "budget.h"
 #include "prices.h"
 #include "provider.h"
 #include "util/err.h"
@@ -58,6 +59,7 @@ struct llm_named {
     double connect_s, first_byte_s, first_token_s, idle_s; /* 0: the worker's */
     long max_connections;     /* calls in flight at once; 0: no cap of its own */
     struct llm_prices prices; /* its "prices" (llm/prices.h); empty: none */
+    struct llm_budget budget; /* its "budget" (llm/budget.h); usd_per_day 0: none */
 };
 
 struct llm_target {
@@ -79,6 +81,7 @@ struct llm_registry {
     /* The default provider's prices: "providers": {"default": {"prices":
      * {...}}}, the one key its entry may hold (it is configured by options). */
     struct llm_prices default_prices;
+    struct llm_budget default_budget; /* "budget" in that entry too */
 };
 
 /* What resolve() gives for one step of a model's list. */

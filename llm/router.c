@@ -5,6 +5,7 @@
 
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/clock.h"
 
 /* base without its trailing slashes, then path: the default provider's
  * endpoints, as --llm-base-url has always been read. */
@@ -34,6 +35,13 @@ int llm_router_init(struct llm_router *rt, struct llm_client *client,
     rt->providers = providers;
     rt->gates = gates;
     rt->deflt = *deflt;
+    if (providers) {
+        for (int i = 0; i < providers->nproviders; i++)
+            rt->budgets[i] = providers->providers[i].budget;
+        rt->budgets[providers->nproviders] = providers->default_budget;
+        for (int i = 0; i <= providers->nproviders; i++)
+            rt->budgets[i].day = -1;
+    }
     rt->chat_url = join(base, "/chat/completions");
     rt->embed_url = join(base, "/embeddings");
     if (!rt->chat_url || !rt->embed_url) {
@@ -150,14 +158,52 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
     return r;
 }
 
+struct llm_budget *llm_router_budget(struct llm_router *rt, int i, const char **name)
+{
+    if (!rt->providers || i < 0 || i > rt->providers->nproviders)
+        return NULL;
+    *name = i < rt->providers->nproviders ? rt->providers->providers[i].name : "default";
+    return &rt->budgets[i];
+}
+
+static struct llm_budget *budget_named(struct llm_router *rt, const char *name)
+{
+    int i;
+    if (!rt->providers)
+        return NULL;
+    if (!name || !name[0] || !strcmp(name, "default"))
+        return &rt->budgets[rt->providers->nproviders];
+    i = llm_registry_find(rt->providers, name, strlen(name));
+    return i >= 0 ? &rt->budgets[i] : NULL;
+}
+
+void llm_router_spent(struct llm_router *rt, const char *name, long day, double usd)
+{
+    struct llm_budget *b = budget_named(rt, name);
+    if (b && b->usd_per_day > 0)
+        llm_budget_add(b, day, usd);
+}
+
 struct llm_req *llm_router_call(struct llm_router *rt, const struct llm_call *c,
                                 llm_delta_fn *on_delta, llm_done_fn *on_done,
                                 void *privdata, struct cr_err *err)
 {
     struct llm_route to;
+    struct llm_budget *b;
 
     if (llm_router_plan(rt, c, &to, err))
         return NULL;
+    b = budget_named(rt, to.name);
+    if (b && b->usd_per_day > 0) {
+        long day = llm_budget_day(clock_epoch_us() / 1000);
+        if (!llm_budget_open(b, day)) {
+            cr_err_set(err, CR_EBUDGET,
+                       "provider %s reached its budget of %.2f USD for today (UTC): %.4f "
+                       "USD spent across the fleet",
+                       to.name, b->usd_per_day, llm_budget_spent(b, day));
+            return NULL;
+        }
+    }
     if (to.fast)
         return call_fast(rt, c, &to, on_delta, on_done, privdata, err);
     return call_built(rt, c, &to, on_delta, on_done, privdata, err);

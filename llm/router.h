@@ -53,6 +53,9 @@ struct llm_router {
     struct llm_gate *gates;           /* one per named provider, or NULL */
     struct llm_provider_config deflt; /* the default provider; strings borrowed */
     char *chat_url, *embed_url;       /* its endpoints, owned */
+    /* Each provider's budget state (llm/budget.h): the named ones in the
+     * registry's order, then the default provider's. */
+    struct llm_budget budgets[LLM_REGISTRY_MAX_PROVIDERS + 1];
 };
 
 /* Sets up rt for client, the named providers and their gates (one per
@@ -77,6 +80,17 @@ int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
  * CR_ENOMEM; on_done is then never called. Otherwise on_done is called
  * exactly once, as llm_client_submit() says; on_delta (may be NULL) gets
  * each streamed text delta. */
+/* The budget state of provider i (0 .. nproviders: the last is the default
+ * provider's) and its name; NULL past the end. The worker keeps the shared
+ * counts with it (llm/budget.h). */
+struct llm_budget *llm_router_budget(struct llm_router *rt, int i, const char **name);
+
+/* An answer of the provider named name ("" or "default": the default) cost
+ * usd on day (llm_budget_day()). */
+void llm_router_spent(struct llm_router *rt, const char *name, long day, double usd);
+
+/* As described above; a call whose provider has reached its budget today is
+ * refused too: NULL with CR_EBUDGET and a message naming it. */
 struct llm_req *llm_router_call(struct llm_router *rt, const struct llm_call *c,
                                 llm_delta_fn *on_delta, llm_done_fn *on_done,
                                 void *privdata, struct cr_err *err);

@@ -25,7 +25,8 @@
     X(EQOS, -201, "global qos refused")                                                  \
     X(EBACKEND, -300, "result backend error")                                            \
     X(ELLM, -400, "llm provider error")                                                  \
-    X(EPEER, -401, "peer refused")
+    X(EPEER, -401, "peer refused")                                                       \
+    X(EBUDGET, -402, "budget exceeded")
 
 enum cr_errno {
     CR_OK = 0,

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -32,6 +33,7 @@
 #include "sdnotify.h"
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/startup_retry.h"
 #include "util/uuid.h"
@@ -59,6 +61,11 @@ struct worker {
      * calls are failing, for the WARNING lines of an outage. */
     struct llm_health *health;
     struct llm_router router; /* which provider answers a task's call */
+    /* Budgeted providers (router order): a spend count command out, and
+     * when the counts were last synced (loop ms). */
+    unsigned char budget_out[LLM_REGISTRY_MAX_PROVIDERS + 1];
+    unsigned char budget_failing[LLM_REGISTRY_MAX_PROVIDERS + 1]; /* said once */
+    uint64_t budget_synced_ms;
     struct broker_config bcfg;
     struct engine_config ecfg;
     struct engine *engine;
@@ -323,6 +330,111 @@ static void note_health(struct worker *w, const struct llm_result *res, uint64_t
     }
 }
 
+/* --------------------------------------------------- fleet budgets */
+
+/* How often the spend of budgeted providers is read back from Redis when
+ * this worker has spent nothing new (a fleet's other workers may have). */
+#define BUDGET_SYNC_MS 2000
+/* A day's count lives two days: long enough for any clock's view of "today". */
+#define BUDGET_KEY_TTL "172800"
+
+struct budget_cmd {
+    struct worker *w;
+    int i;
+    long day;
+    double amount; /* > 0: an increment; 0: a read */
+};
+
+static void budget_key(struct worker *w, const char *name, long day, char *out, size_t n)
+{
+    time_t t = (time_t)day * 86400;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    snprintf(out, n, "%sceleriac:spend:%s:%04d-%02d-%02d", backend_key_prefix(w->backend),
+             name, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
+}
+
+static void on_budget_reply(struct backend *bk, int status,
+                            const struct redisReply *reply, void *privdata)
+{
+    struct budget_cmd *c = privdata;
+    struct llm_budget *b;
+    const char *name;
+    int ok;
+    double total = 0;
+    (void)bk;
+    if (status == CR_ECANCELED) { /* backend_free(): the worker is going */
+        cr_free(c);
+        return;
+    }
+    c->w->budget_out[c->i] = 0;
+    b = llm_router_budget(&c->w->router, c->i, &name);
+    ok = status == 0 && reply &&
+         (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_NIL);
+    if (ok && reply->type == REDIS_REPLY_STRING)
+        total = strtod(reply->str, NULL);
+    if (!ok && !c->w->budget_failing[c->i])
+        LOG(LOG_WARNING,
+            "budget of %s: cannot count the spend in Redis (%s); counting alone", name,
+            reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "no reply");
+    else if (ok && c->w->budget_failing[c->i])
+        LOG(LOG_WARNING, "budget of %s: counting the spend in Redis again", name);
+    c->w->budget_failing[c->i] = !ok;
+    if (b && c->amount > 0)
+        llm_budget_sent(b, c->day, c->amount, ok, total);
+    else if (b && ok)
+        llm_budget_read(b, c->day, total);
+    cr_free(c);
+}
+
+/* Hands each budgeted provider's new spend to the shared count (or, every
+ * BUDGET_SYNC_MS when there is none, reads the count back), one command
+ * per provider out at a time. */
+static void budget_sync(struct worker *w, int reads)
+{
+    long day = llm_budget_day(clock_epoch_us() / 1000);
+    const char *name;
+    struct llm_budget *b;
+
+    if (!w->backend)
+        return;
+    for (int i = 0; (b = llm_router_budget(&w->router, i, &name)); i++) {
+        struct budget_cmd *c;
+        char key[192], amount[48];
+        double a;
+        if (b->usd_per_day <= 0 || w->budget_out[i])
+            continue;
+        a = llm_budget_take(b, day);
+        if (a <= 0 && !reads)
+            continue;
+        if (!(c = cr_calloc(1, sizeof(*c)))) {
+            if (a > 0)
+                llm_budget_sent(b, day, a, 0, 0);
+            continue;
+        }
+        *c = (struct budget_cmd){w, i, day, a > 0 ? a : 0};
+        budget_key(w, name, day, key, sizeof(key));
+        snprintf(amount, sizeof(amount), "%.10f", a);
+        if (a > 0) {
+            const char *incr[] = {"INCRBYFLOAT", key, amount};
+            const char *exp[] = {"EXPIRE", key, BUDGET_KEY_TTL};
+            if (backend_command(w->backend, 3, incr, NULL, on_budget_reply, c)) {
+                llm_budget_sent(b, day, a, 0, 0);
+                cr_free(c);
+                continue;
+            }
+            backend_command(w->backend, 3, exp, NULL, NULL, NULL);
+        } else {
+            const char *get[] = {"GET", key};
+            if (backend_command(w->backend, 2, get, NULL, on_budget_reply, c)) {
+                cr_free(c);
+                continue;
+            }
+        }
+        w->budget_out[i] = 1;
+    }
+}
+
 static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
 {
     struct job *j = privdata;
@@ -330,6 +442,11 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     struct engine_now now = now_of(w);
     (void)r;
     note_health(w, res, now.loop_ms);
+    if (res->cost_usd > 0) {
+        llm_router_spent(&w->router, res->provider,
+                         llm_budget_day(clock_epoch_us() / 1000), res->cost_usd);
+        budget_sync(w, 0);
+    }
     engine_on_llm_done(j->e, now, j, res);
 }
 
@@ -431,7 +548,12 @@ static void new_uuid(char out[37], void *arg)
 static void on_cron(uv_timer_t *t)
 {
     struct worker *w = t->data;
-    engine_on_tick(w->engine, now_of(w));
+    struct engine_now now = now_of(w);
+    if (now.loop_ms - w->budget_synced_ms >= BUDGET_SYNC_MS) {
+        w->budget_synced_ms = now.loop_ms;
+        budget_sync(w, 1);
+    }
+    engine_on_tick(w->engine, now);
 }
 
 static void shutdown_warm(void *owner)
