@@ -1005,12 +1005,29 @@ static uint32_t timeout_ms(double own_s, double client_s)
     return s * 1000 > 4e9 ? 4000000000u : (uint32_t)(s * 1000);
 }
 
+/* Appends a call's trace lines to list; NULL (list freed) when out of
+ * memory. */
+static struct curl_slist *add_trace_lines(struct curl_slist *list,
+                                          const struct llm_request *rq)
+{
+    struct curl_slist *h = list;
+    for (size_t i = 0; h && i < rq->ntrace_headers; i++)
+        h = curl_slist_append(list, rq->trace_headers[i]);
+    if (!h) {
+        curl_slist_free_all(list);
+        return NULL;
+    }
+    return list;
+}
+
 /* A provider call's own header list: its lines, and the empty Expect. */
 static struct curl_slist *request_headers(const struct llm_request *rq)
 {
     struct curl_slist *list = curl_slist_append(NULL, "Expect:"), *h = list;
     for (size_t i = 0; h && i < rq->nheaders; i++)
         h = curl_slist_append(list, rq->headers[i]);
+    for (size_t i = 0; h && i < rq->ntrace_headers; i++)
+        h = curl_slist_append(list, rq->trace_headers[i]);
     if (!h) {
         curl_slist_free_all(list);
         return NULL;
@@ -1118,8 +1135,10 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     if (rq->provider) {
         if (!(hdrs = provider_reader(r, rq)))
             goto oom;
-    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
+    } else if (rq->ntrace_headers || !(hdrs = shared_headers(c, rq->op, rq->api_key))) {
         r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
+        if (r->headers && rq->ntrace_headers)
+            r->headers = add_trace_lines(r->headers, rq);
         if (!r->headers)
             goto oom;
         hdrs = r->headers;

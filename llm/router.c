@@ -87,6 +87,8 @@ static struct llm_req *call_fast(struct llm_router *rt, const struct llm_call *c
     rq.body_len = c->body_len;
     rq.embed_list = c->embed_list;
     rq.fallback_left = to->more;
+    rq.trace_headers = c->trace_headers;
+    rq.ntrace_headers = c->ntrace_headers;
     return llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
 }
 
@@ -132,6 +134,8 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
     rq.framing = hr.framing;
     rq.provider_name = to->name; /* the registry's, or a literal */
     rq.fallback_left = to->more;
+    rq.trace_headers = c->trace_headers;
+    rq.ntrace_headers = c->ntrace_headers;
     if (to->named) {
         rq.gate = &rt->gates[to->named - rt->providers->providers];
         rq.connect_timeout_s = to->named->connect_s;

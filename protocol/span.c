@@ -77,8 +77,17 @@ int span_attr_str(struct span *s, const char *key, const char *value)
         return CR_ENOMEM;
     s->attrs[s->nattrs].key = key;
     s->attrs[s->nattrs].is_int = 0;
+    s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs++].s = v;
     return 0;
+}
+
+int span_attr_str_list(struct span *s, const char *key, const char *value)
+{
+    int n = s->nattrs, rc = span_attr_str(s, key, value);
+    if (rc == 0 && s->nattrs > n)
+        s->attrs[n].is_list = 1;
+    return rc;
 }
 
 int span_attr_int(struct span *s, const char *key, int64_t value)
@@ -89,6 +98,7 @@ int span_attr_int(struct span *s, const char *key, int64_t value)
     }
     s->attrs[s->nattrs].key = key;
     s->attrs[s->nattrs].is_int = 1;
+    s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs].s = NULL;
     s->attrs[s->nattrs++].i = value;
     return 0;
@@ -224,6 +234,21 @@ static void kv_str(struct pb *p, unsigned field, const char *key, const char *va
     close_msg(p, at);
 }
 
+/* AnyValue { ArrayValue array_value = 5; } ArrayValue { AnyValue values = 1; } */
+static void kv_str_list(struct pb *p, unsigned field, const char *key, const char *value)
+{
+    size_t at = open_msg(p, field), v, arr, one;
+    str_field(p, 1, key);
+    v = open_msg(p, 2);
+    arr = open_msg(p, 5);
+    one = open_msg(p, 1);
+    bytes_field(p, 1, value, strlen(value));
+    close_msg(p, one);
+    close_msg(p, arr);
+    close_msg(p, v);
+    close_msg(p, at);
+}
+
 static void kv_int(struct pb *p, unsigned field, const char *key, int64_t value)
 {
     size_t at = open_msg(p, field), v;
@@ -260,6 +285,8 @@ static void pb_span(struct pb *p, const struct span *s)
     for (int i = 0; i < s->nattrs; i++) {
         if (s->attrs[i].is_int)
             kv_int(p, 9, s->attrs[i].key, s->attrs[i].i);
+        else if (s->attrs[i].is_list)
+            kv_str_list(p, 9, s->attrs[i].key, s->attrs[i].s);
         else
             kv_str(p, 9, s->attrs[i].key, s->attrs[i].s);
     }
@@ -346,6 +373,15 @@ static void jkv_str(struct js *j, const char *key, const char *value)
     jraw(j, "}}");
 }
 
+static void jkv_str_list(struct js *j, const char *key, const char *value)
+{
+    jraw(j, "{\"key\":");
+    jstr(j, key);
+    jraw(j, ",\"value\":{\"arrayValue\":{\"values\":[{\"stringValue\":");
+    jstr(j, value);
+    jraw(j, "}]}}}");
+}
+
 static void jkv_int(struct js *j, const char *key, int64_t value)
 {
     char d[48];
@@ -385,6 +421,8 @@ static void js_span(struct js *j, const struct span *s)
             jraw(j, ",");
         if (s->attrs[i].is_int)
             jkv_int(j, s->attrs[i].key, s->attrs[i].i);
+        else if (s->attrs[i].is_list)
+            jkv_str_list(j, s->attrs[i].key, s->attrs[i].s);
         else
             jkv_str(j, s->attrs[i].key, s->attrs[i].s);
     }

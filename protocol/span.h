@@ -44,6 +44,7 @@ enum span_status {
 struct span_attr {
     const char *key; /* borrowed: a string literal */
     int is_int;
+    int is_list; /* a string array of one element */
     int64_t i;
     char *s; /* owned when !is_int */
 };
@@ -77,6 +78,9 @@ void span_free(struct span *s);
  * span is unchanged). A NULL value adds nothing. */
 int span_attr_str(struct span *s, const char *key, const char *value);
 int span_attr_int(struct span *s, const char *key, int64_t value);
+/* The same, as a string array of one element (the semantic conventions'
+ * string[] attributes, such as gen_ai.response.finish_reasons). */
+int span_attr_str_list(struct span *s, const char *key, const char *value);
 /* Sets the status and its message (copied, bounded; NULL: none). 0 or
  * CR_ENOMEM (the code is set anyway). */
 int span_set_status(struct span *s, enum span_status code, const char *msg);

@@ -30,6 +30,7 @@
 #include "pidbox.h"
 #include "progress.h"
 #include "sdnotify.h"
+#include "tracing.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/log.h"
@@ -75,6 +76,7 @@ struct worker {
     struct pidbox *pidbox;
     struct metrics *metrics;
     struct progress *progress;
+    struct tracing *tracing; /* NULL unless OTEL_* ask for it */
 };
 
 static struct engine_now now_of(struct worker *w)
@@ -323,6 +325,16 @@ static void note_health(struct worker *w, const struct llm_result *res, uint64_t
     }
 }
 
+/* The kind of provider that answered ("openai" for the default one). */
+static const char *provider_type(struct worker *w, const struct llm_result *res)
+{
+    int i;
+    if (!res->provider || !*res->provider)
+        return "openai";
+    i = llm_registry_find(&w->providers, res->provider, strlen(res->provider));
+    return i >= 0 ? w->providers.providers[i].impl->name : "openai";
+}
+
 static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
 {
     struct job *j = privdata;
@@ -330,6 +342,8 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     struct engine_now now = now_of(w);
     (void)r;
     note_health(w, res, now.loop_ms);
+    if (w->tracing)
+        tracing_llm_done(w->tracing, j, res, provider_type(w, res));
     engine_on_llm_done(j->e, now, j, res);
 }
 
@@ -341,8 +355,20 @@ static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
     struct worker *w = ctx;
     struct llm_call call = {c->op,    c->body,       c->body_len, c->embed_list,
                             c->model, c->route_step, c->tools};
+    const char *trace_lines[2];
 
+    call.ntrace_headers = tracing_llm_start(w->tracing, j, c, trace_lines);
+    call.trace_headers = trace_lines;
     j->call = llm_router_call(&w->router, &call, on_llm_delta, on_llm_done, j, err);
+    if (!j->call) {
+        struct llm_result none;
+        memset(&none, 0, sizeof(none));
+        none.verdict = LLM_PERMANENT;
+        none.code = err->code ? err->code : CR_ENOMEM;
+        none.exc_type = "APIError";
+        none.message = err->msg;
+        tracing_llm_done(w->tracing, j, &none, NULL);
+    }
     return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
 }
 
@@ -369,6 +395,7 @@ static void op_notify(void *ctx, struct job *j, const struct task_event_info *in
         metrics_on_dead_letter(w->metrics, j);
         return;
     }
+    tracing_on_task(w->tracing, j, info);
     events_on_task(w->events, j, info);
     metrics_on_task(w->metrics, j, info);
     progress_on_task(w->progress, j, info);
@@ -378,6 +405,13 @@ static void op_forget(void *ctx, struct job *j)
 {
     struct worker *w = ctx;
     progress_forget(w->progress, j);
+    tracing_forget(w->tracing, j);
+}
+
+static void op_outbound_headers(void *ctx, const struct job *j, cJSON *headers)
+{
+    struct worker *w = ctx;
+    tracing_outbound_headers(w->tracing, j, headers);
 }
 
 static void op_stop(void *ctx, int cold)
@@ -405,6 +439,7 @@ static const struct engine_ops worker_ops = {
     .stop = op_stop,
     .store_for = op_store_for,
     .chord = op_chord,
+    .outbound_headers = op_outbound_headers,
 };
 
 /* The ids given to canvas follow-ups (a new group, a chord header member without
@@ -759,6 +794,10 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     }
     if (clients_new(w, err))
         goto fail;
+    w->tracing = tracing_new(loop, (const char *const *)environ, cfg->hostname, err);
+    if (!w->tracing && err->code)
+        goto fail;
+    w->ctx.otlp = tracing_exporter(w->tracing);
     uv_timer_init(loop, &w->cron);
     w->cron.data = w;
     uv_signal_init(loop, &w->sigterm);
@@ -771,6 +810,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     sdnotify_init(&w->notify, loop);
     return w;
 fail:
+    /* tracing_new() failed or was not reached: nothing of it to close */
     broker_free(w->broker);
     llm_client_free(w->llm);
     backend_free(w->backend);
@@ -995,6 +1035,10 @@ void worker_free(struct worker *w)
     w->broker = w->ctx.broker = NULL;
     llm_client_free(w->llm);
     backend_free(w->backend);
+    /* its handles close with the others; the spans of calls that come back
+     * cancelled below are freed unsent */
+    tracing_stop(w->tracing);
+    w->ctx.otlp = NULL;
     uv_close((uv_handle_t *)&w->cron, on_closed);
     uv_close((uv_handle_t *)&w->sigterm, on_closed);
     uv_close((uv_handle_t *)&w->sigint, on_closed);
@@ -1003,6 +1047,8 @@ void worker_free(struct worker *w)
     /* Let every closed handle run its close callback. */
     uv_run(w->loop, UV_RUN_DEFAULT);
     engine_free(w->engine);
+    /* after engine_free(): every job's forget has run */
+    tracing_free(w->tracing);
     llm_router_release(&w->router);
     redact_release(&w->secrets);
     /* After llm_client_free(): every call that named a gate has ended. */

@@ -164,6 +164,8 @@ static struct span *two_spans(struct span **child)
     (*child)->start_ns = 5;
     (*child)->end_ns = 6;
     ck_assert_int_eq(span_attr_int(*child, "gen_ai.usage.input_tokens", 12), 0);
+    ck_assert_int_eq(span_attr_str_list(*child, "gen_ai.response.finish_reasons", "stop"),
+                     0);
     ck_assert_int_eq(span_set_status(*child, SPAN_STATUS_ERROR, "RateLimitError \"x\""),
                      0);
     return s;
@@ -238,6 +240,15 @@ START_TEST(test_proto)
     ck_assert(find(span, 4, 0, &g));
     ck_assert_int_eq(memcmp(g.data, "\x11\x22\x33\x44\x55\x66\x77\x88", 8), 0);
     kv_at(span, 9, 0, "gen_ai.usage.input_tokens", NULL, 12);
+    {
+        struct field kv, v, arr, one, x;
+        ck_assert(find(span, 9, 1, &kv));
+        ck_assert(find(sub(&kv), 2, 0, &v));
+        ck_assert(find(sub(&v), 5, 0, &arr));
+        ck_assert_int_eq(count(sub(&arr), 1), 1);
+        ck_assert(find(sub(&arr), 1, 0, &one));
+        ck_assert(find(sub(&one), 1, 0, &x) && str_is(&x, "stop"));
+    }
     ck_assert(find(span, 15, 0, &f));
     ck_assert(find(sub(&f), 2, 0, &g) && str_is(&g, "RateLimitError \"x\""));
     ck_assert(find(sub(&f), 3, 0, &g));
@@ -329,6 +340,17 @@ START_TEST(test_json)
                 ->valuestring,
             "3");
         x = cJSON_GetArrayItem(sp, 1);
+        at = cJSON_GetArrayItem(cJSON_GetObjectItem(x, "attributes"), 1);
+        ck_assert_str_eq(cJSON_GetObjectItem(
+                             cJSON_GetArrayItem(
+                                 cJSON_GetObjectItem(
+                                     cJSON_GetObjectItem(cJSON_GetObjectItem(at, "value"),
+                                                         "arrayValue"),
+                                     "values"),
+                                 0),
+                             "stringValue")
+                             ->valuestring,
+                         "stop");
         ck_assert_str_eq(
             cJSON_GetObjectItem(cJSON_GetObjectItem(x, "status"), "message")->valuestring,
             "RateLimitError \"x\"");
