@@ -345,6 +345,15 @@ void tracing_outbound_headers(struct tracing *t, const struct job *j, cJSON *hea
         cJSON_DeleteItemFromObjectCaseSensitive(headers, "tracestate");
 }
 
+int tracing_job_ids(const struct job *j, char trace_id[33], char span_id[17])
+{
+    if (!j || !j->trace)
+        return 0;
+    tracectx_hex(j->trace->ctx.trace_id, TRACE_ID_BYTES, trace_id);
+    tracectx_hex(j->trace->ctx.span_id, SPAN_ID_BYTES, span_id);
+    return 1;
+}
+
 void tracing_forget(struct tracing *t, struct job *j)
 {
     struct jtrace *jt = j->trace;

@@ -59,6 +59,10 @@ void tracing_llm_done(struct tracing *t, struct job *j, const struct llm_result 
  * nothing. */
 void tracing_outbound_headers(struct tracing *t, const struct job *j, cJSON *headers);
 
+/* The trace id and the run span's id of j as hex (32 and 16 characters and
+ * a NUL), for its log lines. 1, or 0 when j is not traced. */
+int tracing_job_ids(const struct job *j, char trace_id[33], char span_id[17]);
+
 /* j is about to be freed: spans still open are dropped with it. */
 void tracing_forget(struct tracing *t, struct job *j);
 

@@ -408,6 +408,19 @@ static void op_forget(void *ctx, struct job *j)
     tracing_forget(w->tracing, j);
 }
 
+/* log_trace_fn: the trace of the task a JSON log line names. */
+static int log_trace_ids(const char *id, size_t id_len, char trace_id[33],
+                         char span_id[17], void *arg)
+{
+    struct worker *w = arg;
+    char key[256];
+    if (id_len >= sizeof(key))
+        return 0;
+    memcpy(key, id, id_len);
+    key[id_len] = '\0';
+    return tracing_job_ids(engine_find_job(w->engine, key), trace_id, span_id);
+}
+
 static void op_outbound_headers(void *ctx, const struct job *j, cJSON *headers)
 {
     struct worker *w = ctx;
@@ -798,6 +811,8 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     if (!w->tracing && err->code)
         goto fail;
     w->ctx.otlp = tracing_exporter(w->tracing);
+    if (w->tracing && log_format == LOG_FORMAT_JSON)
+        log_set_trace_lookup(log_trace_ids, w);
     uv_timer_init(loop, &w->cron);
     w->cron.data = w;
     uv_signal_init(loop, &w->sigterm);
@@ -1022,6 +1037,7 @@ void worker_free(struct worker *w)
      * every unacked delivery is back in its queue before anything else; the
      * completions the clients still owe come back into a halted engine. */
     engine_halt(w->engine);
+    log_set_trace_lookup(NULL, NULL);
     /* worker-offline goes out while the connection is still up */
     events_free(w->events);
     w->events = w->ctx.events = NULL;

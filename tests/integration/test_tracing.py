@@ -221,3 +221,19 @@ def test_collector_down_drops_and_counts(env):
     wait_until(lambda: metric(port, "celeriac_otel_spans_dropped_total") == 400, timeout=20,
                what="every span counted as dropped")
     assert metric(port, "celeriac_otel_spans_exported_total") == 0
+
+
+def test_json_log_lines_carry_the_trace(env, rx):
+    import json
+    w = env.worker("--log-format", "json", start=False, env=otel_env(rx))
+    w.start(wait_ready=False)
+    w.wait_for(r' ready\.",')
+    tid = str(uuid.uuid4())
+    with Producer("00-%s-%s-01" % (TRACE, PARENT)):
+        env.app.send_task("llm.generate", args=["logged"], task_id=tid).get(timeout=20)
+    w.wait_for(r'succeeded in', timeout=10)
+    wait_until(lambda: len(rx.named("run/llm.generate")) == 1, timeout=10, what="run span")
+    [run] = rx.named("run/llm.generate")
+    lines = [json.loads(x) for x in w.log().split("\n") if x]
+    [done] = [o for o in lines if o.get("task_id") == tid and "succeeded in" in o["message"]]
+    assert done["trace_id"] == TRACE and done["span_id"] == run["spanId"]
