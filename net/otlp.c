@@ -26,7 +26,7 @@ struct otlp_exporter {
     CURLM *multi;
     int epfd;
     uv_poll_t epoll;
-    uv_timer_t curl_timer, tick;
+    uv_timer_t curl_timer, tick, drain_timer;
     int closed_handles;
     struct curl_slist *headers;
     struct span *head, *tail; /* queued, oldest first */
@@ -34,10 +34,13 @@ struct otlp_exporter {
     struct export_req *active;
     int ninflight;
     uint64_t exported, dropped;
-    int failing; /* the last request failed: said once, until one succeeds */
+    int failing;              /* the last request failed: said once, until one succeeds */
+    otlp_drained_fn *drained; /* a drain under way */
+    void *drained_data;
 };
 
 static void send_batch(struct otlp_exporter *x);
+static void drain_check(struct otlp_exporter *x);
 
 /* ------------------------------------------------------------ curl on the loop */
 
@@ -48,6 +51,8 @@ static void req_free(struct export_req *r)
     buf_release(&r->body);
     cr_free(r);
 }
+
+static void on_tick(uv_timer_t *t);
 
 static void req_done(struct otlp_exporter *x, struct export_req *r, CURLcode cc,
                      long status)
@@ -69,6 +74,10 @@ static void req_done(struct otlp_exporter *x, struct export_req *r, CURLcode cc,
         x->failing = 1;
     }
     req_free(r);
+    /* draining: the next batch, or the drain's end, on the next turn (not
+     * from inside curl's callback chain) */
+    if (x->drained)
+        uv_timer_start(&x->tick, on_tick, 0, x->cfg.interval_ms);
 }
 
 static void check_multi_info(struct otlp_exporter *x)
@@ -156,6 +165,39 @@ static void on_tick(uv_timer_t *t)
         if (x->nqueued == before)
             break;
     }
+    drain_check(x);
+}
+
+/* ------------------------------------------------------------ draining */
+
+static void drain_end(struct otlp_exporter *x)
+{
+    otlp_drained_fn *done = x->drained;
+    x->drained = NULL;
+    uv_timer_stop(&x->drain_timer);
+    if (done)
+        done(x, x->drained_data);
+}
+
+static void drain_check(struct otlp_exporter *x)
+{
+    if (x->drained && !x->nqueued && !x->ninflight)
+        drain_end(x);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    drain_end(t->data);
+}
+
+void otlp_exporter_drain(struct otlp_exporter *x, uint64_t timeout_ms,
+                         otlp_drained_fn *done, void *privdata)
+{
+    x->drained = done;
+    x->drained_data = privdata;
+    uv_timer_start(&x->drain_timer, on_drain_timeout, timeout_ms, 0);
+    /* the first batch on the next turn; each answer sends the next */
+    uv_timer_start(&x->tick, on_tick, 0, x->cfg.interval_ms);
 }
 
 /* Takes up to batch_max spans off the queue and starts their request; on
@@ -310,6 +352,8 @@ struct otlp_exporter *otlp_exporter_new(uv_loop_t *loop,
     x->curl_timer.data = x;
     uv_timer_init(loop, &x->tick);
     x->tick.data = x;
+    uv_timer_init(loop, &x->drain_timer);
+    x->drain_timer.data = x;
     uv_poll_start(&x->epoll, UV_READABLE, on_sockets_ready);
     uv_timer_start(&x->tick, on_tick, x->cfg.interval_ms, x->cfg.interval_ms);
     /* the ticker alone must not keep a finished loop running */
@@ -320,7 +364,7 @@ struct otlp_exporter *otlp_exporter_new(uv_loop_t *loop,
 static void on_handle_closed(uv_handle_t *h)
 {
     struct otlp_exporter *x = h->data;
-    if (++x->closed_handles < 3)
+    if (++x->closed_handles < 4)
         return;
     close(x->epfd);
     cr_free(x);
@@ -346,4 +390,5 @@ void otlp_exporter_free(struct otlp_exporter *x)
     uv_close((uv_handle_t *)&x->epoll, on_handle_closed);
     uv_close((uv_handle_t *)&x->curl_timer, on_handle_closed);
     uv_close((uv_handle_t *)&x->tick, on_handle_closed);
+    uv_close((uv_handle_t *)&x->drain_timer, on_handle_closed);
 }

@@ -51,6 +51,18 @@ void otlp_exporter_add(struct otlp_exporter *x, struct span *s);
 /* The counters. NULL x reads as all zeros. */
 void otlp_exporter_stats(const struct otlp_exporter *x, struct otlp_stats *st);
 
+/* Called once when a drain ends: everything sent and answered, or the
+ * time ran out. */
+typedef void otlp_drained_fn(struct otlp_exporter *x, void *privdata);
+
+/* Sends what is queued now (in batches, max_inflight at a time) and calls
+ * done once nothing is queued or in flight, or after timeout_ms, whichever
+ * comes first; never from inside this call. For a warm shutdown: the last
+ * tasks' spans go out before the loop stops. A second drain before the
+ * first ended replaces its callback. */
+void otlp_exporter_drain(struct otlp_exporter *x, uint64_t timeout_ms,
+                         otlp_drained_fn *done, void *privdata);
+
 /* Aborts requests in flight and drops what is queued (neither counted),
  * then frees once the loop has closed its handles. NULL is a no-op. */
 void otlp_exporter_free(struct otlp_exporter *x);

@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "net/broker.h"
 #include "net/backend.h"
+#include "net/otlp.h"
 #include "pidbox.h"
 #include "progress.h"
 #include "sdnotify.h"
@@ -41,6 +42,7 @@
 
 #define CRON_MS 100
 #define LEASE_PREFIX "celeriac-lease-"
+#define TRACE_DRAIN_MS 3000
 
 /* pool_grow clamps to the configured bound, the engine to its own. */
 _Static_assert(ENGINE_MAX_CONCURRENCY == CONFIG_MAX_CONCURRENCY, "concurrency bounds");
@@ -427,11 +429,25 @@ static void op_outbound_headers(void *ctx, const struct job *j, cJSON *headers)
     tracing_outbound_headers(w->tracing, j, headers);
 }
 
+static void on_spans_drained(struct otlp_exporter *x, void *privdata)
+{
+    struct worker *w = privdata;
+    (void)x;
+    uv_stop(w->loop);
+}
+
+/* A warm stop first sends the spans still queued (the last tasks'), for at
+ * most TRACE_DRAIN_MS; a cold one loses them. */
 static void op_stop(void *ctx, int cold)
 {
     struct worker *w = ctx;
+    struct otlp_exporter *x = tracing_exporter(w->tracing);
     if (cold)
         w->exit_code = 1;
+    if (!cold && x) {
+        otlp_exporter_drain(x, TRACE_DRAIN_MS, on_spans_drained, w);
+        return;
+    }
     uv_stop(w->loop);
 }
 

@@ -237,3 +237,12 @@ def test_json_log_lines_carry_the_trace(env, rx):
     lines = [json.loads(x) for x in w.log().split("\n") if x]
     [done] = [o for o in lines if o.get("task_id") == tid and "succeeded in" in o["message"]]
     assert done["trace_id"] == TRACE and done["span_id"] == run["spanId"]
+
+
+def test_warm_shutdown_sends_the_last_spans(env, rx):
+    import signal
+    w = env.worker(env=otel_env(rx))
+    env.app.send_task("llm.generate", args=["last one"]).get(timeout=20)
+    w.signal(signal.SIGTERM)  # well within the one-second batch period
+    assert w.wait(timeout=30) == 0
+    assert len(rx.named("run/llm.generate")) == 1
