@@ -246,3 +246,30 @@ def test_warm_shutdown_sends_the_last_spans(env, rx):
     w.signal(signal.SIGTERM)  # well within the one-second batch period
     assert w.wait(timeout=30) == 0
     assert len(rx.named("run/llm.generate")) == 1
+
+
+def test_fallback_is_a_span_per_provider(env, rx):
+    from test_providers import KEYS, providers_doc
+    e = dict(KEYS)
+    e.update(otel_env(rx))
+    env.worker("--llm-providers",
+               providers_doc(env.fake, {"smart": ["claude/claude-fake", "local/llama3",
+                                                  "default/gpt-fake"]}), env=e)
+    env.fake.script(["status=529", "status=500", "tokens=3"])
+    msgs = [{"role": "user", "content": "fall"}]
+    with Producer("00-%s-%s-01" % (TRACE, PARENT)):
+        out = env.app.send_task("llm.chat", args=[msgs], kwargs={"model": "smart"}) \
+            .get(timeout=20)
+    assert out["provider"] == "default"
+    wait_until(lambda: len([s for s in spans_of(rx, TRACE) if s["kind"] == 3]) == 3,
+               timeout=10, what="three CLIENT spans")
+    [run] = rx.named("run/llm.chat")
+    calls = sorted((s for s in spans_of(rx, TRACE) if s["kind"] == 3), key=lambda s: s["start"])
+    assert all(c["parentSpanId"] == run["spanId"] for c in calls)
+    assert [c["attributes"]["gen_ai.provider.name"] for c in calls] == \
+        ["anthropic", "ollama", "openai"]
+    assert [c["status"]["code"] for c in calls] == [2, 2, 0]
+    assert [c["attributes"].get("celeriac.llm.route_step", 0) for c in calls] == [0, 1, 2]
+    # each provider saw its own span's context
+    seen = [r["headers"].get("traceparent") for r in env.fake.stats()]
+    assert seen == ["00-%s-%s-01" % (TRACE, c["spanId"]) for c in calls]
