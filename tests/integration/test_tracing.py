@@ -273,3 +273,28 @@ def test_fallback_is_a_span_per_provider(env, rx):
     # each provider saw its own span's context
     seen = [r["headers"].get("traceparent") for r in env.fake.stats()]
     assert seen == ["00-%s-%s-01" % (TRACE, c["spanId"]) for c in calls]
+
+
+def test_gateway_submit_passes_the_callers_context(env, rx):
+    from test_gateway import Gateway
+    env.worker(env=otel_env(rx))
+    g = Gateway(env)
+    try:
+        st, out = g.json("POST", "/v1/tasks", {"task": "llm.generate", "args": ["via gw"]},
+                         headers={"traceparent": "00-%s-%s-01" % (TRACE, PARENT),
+                                  "tracestate": "gw=1"})
+        assert st == 202, out
+        st, bad = g.json("POST", "/v1/tasks", {"task": "llm.generate", "args": ["bad"]},
+                         headers={"traceparent": "00-zz"})
+        assert st == 202, bad  # a malformed context is dropped, the task goes
+        wait_until(lambda: len(rx.named("run/llm.generate")) == 2, timeout=15,
+                   what="two run spans")
+        runs = {s["attributes"]["messaging.message.id"]: s
+                for s in rx.named("run/llm.generate")}
+        mine = runs[out["task_id"]]
+        assert mine["traceId"] == TRACE and mine["parentSpanId"] == PARENT
+        assert mine["traceState"] == "gw=1"
+        assert runs[bad["task_id"]]["traceId"] != TRACE
+        assert not runs[bad["task_id"]].get("parentSpanId")
+    finally:
+        assert g.stop() == 0
