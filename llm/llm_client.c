@@ -1005,14 +1005,14 @@ static uint32_t timeout_ms(double own_s, double client_s)
     return s * 1000 > 4e9 ? 4000000000u : (uint32_t)(s * 1000);
 }
 
-/* Appends a call's trace lines to list; NULL (list freed) when out of
- * memory. */
-static struct curl_slist *add_trace_lines(struct curl_slist *list,
-                                          const struct llm_request *rq)
+/* Appends n lines to list; NULL (list freed) when out of memory, or when
+ * list is NULL already (an earlier append failed). */
+static struct curl_slist *add_lines(struct curl_slist *list, const char *const *lines,
+                                    size_t n)
 {
     struct curl_slist *h = list;
-    for (size_t i = 0; h && i < rq->ntrace_headers; i++)
-        h = curl_slist_append(list, rq->trace_headers[i]);
+    for (size_t i = 0; h && i < n; i++)
+        h = curl_slist_append(list, lines[i]);
     if (!h) {
         curl_slist_free_all(list);
         return NULL;
@@ -1020,19 +1020,13 @@ static struct curl_slist *add_trace_lines(struct curl_slist *list,
     return list;
 }
 
-/* A provider call's own header list: its lines, and the empty Expect. */
+/* A provider call's own header list: the empty Expect, its lines, and the
+ * call's trace lines. */
 static struct curl_slist *request_headers(const struct llm_request *rq)
 {
-    struct curl_slist *list = curl_slist_append(NULL, "Expect:"), *h = list;
-    for (size_t i = 0; h && i < rq->nheaders; i++)
-        h = curl_slist_append(list, rq->headers[i]);
-    for (size_t i = 0; h && i < rq->ntrace_headers; i++)
-        h = curl_slist_append(list, rq->trace_headers[i]);
-    if (!h) {
-        curl_slist_free_all(list);
-        return NULL;
-    }
-    return list;
+    struct curl_slist *list = curl_slist_append(NULL, "Expect:");
+    list = add_lines(list, rq->headers, rq->nheaders);
+    return add_lines(list, rq->trace_headers, rq->ntrace_headers);
 }
 
 /* The options of one transfer on r's easy handle (new, or reset from the
@@ -1138,7 +1132,7 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     } else if (rq->ntrace_headers || !(hdrs = shared_headers(c, rq->op, rq->api_key))) {
         r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
         if (r->headers && rq->ntrace_headers)
-            r->headers = add_trace_lines(r->headers, rq);
+            r->headers = add_lines(r->headers, rq->trace_headers, rq->ntrace_headers);
         if (!r->headers)
             goto oom;
         hdrs = r->headers;
