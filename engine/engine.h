@@ -201,6 +201,11 @@ struct engine_ops {
     int (*store_for)(void *ctx, struct job *j, const char *task_id, char *meta, size_t n);
     /* A chord command for j (c borrowed for the call): engine_on_chord(). */
     int (*chord)(void *ctx, struct job *j, const struct engine_chord_cmd *c);
+    /* May be NULL. Adds to headers (a message j publishes: a canvas follow-up
+     * or its retry, before it is encoded for the wire) what the switchboard
+     * wants carried on: the trace context of j's run. A failure (OOM) leaves
+     * the message without it and is not an error. */
+    void (*outbound_headers)(void *ctx, const struct job *j, cJSON *headers);
 };
 
 struct engine;

@@ -380,6 +380,8 @@ static int publish_msg(struct job *j, const struct canvas_msg *m)
     o.reply_to = m->reply_to;
     o.delivery_mode = 2;
     o.priority = m->priority;
+    if (j->e->ops->outbound_headers && m->headers)
+        j->e->ops->outbound_headers(j->e->ctx, j, m->headers);
     o.headers = m->headers;
     o.body = m->body.data ? m->body.data : "";
     o.body_len = m->body.len;

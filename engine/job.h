@@ -4,7 +4,7 @@
  * A job is created by the engine for a delivery and freed by it; observers get
  * it borrowed, for the duration of a notification or an engine_each_job()
  * callback. Fields under "read-only" are the engine's: read them, never write
- * them. The two fields under "private" belong to one outside module each and
+ * them. The fields under "private" belong to one outside module each and
  * the engine never reads them. */
 #ifndef CR_ENGINE_JOB_H
 #define CR_ENGINE_JOB_H
@@ -20,6 +20,7 @@
 struct engine;
 struct fanout;
 struct ptask;
+struct jtrace;
 
 /* The job's life. Only job_set_state() (engine.c) changes it. */
 enum job_state {
@@ -67,6 +68,9 @@ struct job {
     void *call;
     /* private to the progress writer: its state of the running attempt */
     struct ptask *ptask;
+    /* private to the switchboard's tracing (worker/tracing.c): its spans of
+     * this job, NULL when tracing is off or the trace is not sampled */
+    struct jtrace *trace;
 
     /* private to the engine */
     struct job *prev, *next;   /* ready queue or eta list */

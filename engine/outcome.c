@@ -300,6 +300,8 @@ int engine__retry_message(struct job *j, int64_t delay_ms, struct outbound *o,
     }
     /* A quorum queue's count of the original's deliveries is not the retry's. */
     cJSON_DeleteItemFromObjectCaseSensitive(*headers, "x-delivery-count");
+    if (j->e->ops->outbound_headers)
+        j->e->ops->outbound_headers(j->e->ctx, j, *headers);
     if (engine__stamp_first_received(j, *headers)) {
         cJSON_Delete(*headers);
         *headers = NULL;

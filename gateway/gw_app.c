@@ -16,6 +16,7 @@
 #include "net/broker.h"
 #include "net/backend.h"
 #include "protocol/celery_msg.h"
+#include "protocol/tracectx.h"
 #include "protocol/progress.h"
 #include "protocol/result.h"
 #include "util/alloc.h"
@@ -131,6 +132,26 @@ static int json_content_type(const char *ct)
     return n == 16 && !strncasecmp(ct, "application/json", 16);
 }
 
+/* The caller's W3C trace context, when valid, goes into the message where
+ * opentelemetry-instrumentation-celery puts it (top-level headers), so the
+ * worker's task span continues the caller's trace. A malformed one is
+ * dropped, never an error; on OOM the message goes without it. The gateway
+ * makes no span of its own (it exports nothing). */
+static void pass_trace(const struct gw_conn *c, cJSON *headers)
+{
+    const char *tp, *ts;
+    struct trace_ctx t;
+    char canon[TRACEPARENT_LEN + 1];
+
+    gw_conn_trace(c, &tp, &ts);
+    if (!tp || tracectx_parse_traceparent(&t, tp, strlen(tp)))
+        return;
+    tracectx_format_traceparent(&t, canon);
+    cJSON_AddStringToObject(headers, "traceparent", canon);
+    if (ts && tracectx_set_state(&t, ts, strlen(ts)) == 0)
+        cJSON_AddStringToObject(headers, "tracestate", t.state);
+}
+
 static void submit(struct gw_app *app, struct gw_conn *c)
 {
     struct gw_submit s;
@@ -194,6 +215,7 @@ static void submit(struct gw_app *app, struct gw_conn *c)
         goto oom;
     if (celery_msg_encode_v2(&tm, &body, &headers))
         goto oom;
+    pass_trace(c, headers);
     pc = cr_calloc(1, sizeof(*pc));
     if (!pc)
         goto oom;

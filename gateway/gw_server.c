@@ -32,6 +32,7 @@ struct gw_conn {
     void *data;
     char method[8];
     char *path, *query, *auth, *origin, *ctype;
+    char *traceparent, *tracestate; /* the caller's W3C context, or NULL */
     struct buf body;
     int too_big;         /* body over max_body_bytes: dropped, 413 */
     int length_required; /* a body without Content-Length (chunked): 411 */
@@ -193,6 +194,8 @@ void gw_conn_unref(struct gw_conn *c)
     cr_free(c->auth);
     cr_free(c->origin);
     cr_free(c->ctype);
+    cr_free(c->traceparent);
+    cr_free(c->tracestate);
     buf_release(&c->body);
     buf_release(&c->resp);
     cr_free(c);
@@ -238,6 +241,13 @@ const char *gw_conn_origin(const struct gw_conn *c)
 const char *gw_conn_content_type(const struct gw_conn *c)
 {
     return c->ctype;
+}
+
+void gw_conn_trace(const struct gw_conn *c, const char **traceparent,
+                   const char **tracestate)
+{
+    *traceparent = c->traceparent;
+    *tracestate = c->tracestate;
 }
 const char *gw_conn_body(const struct gw_conn *c, size_t *len)
 {
@@ -345,6 +355,31 @@ static char *hdr_dup(struct lws *wsi, enum lws_token_indexes t)
     return s;
 }
 
+/* A header lws has no token for ("name:" with its colon, lower case), or
+ * NULL when absent, too long for a trace header, or lws was built without
+ * custom headers. */
+static char *custom_dup(struct lws *wsi, const char *name)
+{
+#if defined(LWS_WITH_CUSTOM_HEADERS)
+    int nl = (int)strlen(name), n = lws_hdr_custom_length(wsi, name, nl);
+    char *s;
+    if (n <= 0 || n > 1024)
+        return NULL;
+    s = cr_malloc((size_t)n + 1);
+    if (!s)
+        return NULL;
+    if (lws_hdr_custom_copy(wsi, s, n + 1, name, nl) < 0) {
+        cr_free(s);
+        return NULL;
+    }
+    return s;
+#else
+    (void)wsi;
+    (void)name;
+    return NULL;
+#endif
+}
+
 /* Reads what the handlers need; 0 or CR_ENOMEM. */
 static int capture(struct gw_conn *c, struct lws *wsi)
 {
@@ -391,6 +426,8 @@ static int capture(struct gw_conn *c, struct lws *wsi)
     c->auth = hdr_dup(wsi, WSI_TOKEN_HTTP_AUTHORIZATION);
     c->origin = hdr_dup(wsi, WSI_TOKEN_ORIGIN);
     c->ctype = hdr_dup(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE);
+    c->traceparent = custom_dup(wsi, "traceparent:");
+    c->tracestate = custom_dup(wsi, "tracestate:");
     return 0;
 }
 

@@ -77,6 +77,10 @@ const char *gw_conn_query(const struct gw_conn *c); /* "a=1&b=2" or NULL */
 const char *gw_conn_authorization(const struct gw_conn *c);
 const char *gw_conn_origin(const struct gw_conn *c);
 const char *gw_conn_content_type(const struct gw_conn *c);
+/* The request's "traceparent" and "tracestate" headers as sent (borrowed
+ * until the connection is freed), each NULL when absent. Not checked. */
+void gw_conn_trace(const struct gw_conn *c, const char **traceparent,
+                   const char **tracestate);
 const char *gw_conn_body(const struct gw_conn *c, size_t *len);
 int gw_conn_body_too_big(const struct gw_conn *c);
 /* The body came without a Content-Length (chunked), which is not read. */

@@ -1016,17 +1016,28 @@ static uint32_t timeout_ms(double own_s, double client_s)
     return s * 1000 > 4e9 ? 4000000000u : (uint32_t)(s * 1000);
 }
 
-/* A provider call's own header list: its lines, and the empty Expect. */
-static struct curl_slist *request_headers(const struct llm_request *rq)
+/* Appends n lines to list; NULL (list freed) when out of memory, or when
+ * list is NULL already (an earlier append failed). */
+static struct curl_slist *add_lines(struct curl_slist *list, const char *const *lines,
+                                    size_t n)
 {
-    struct curl_slist *list = curl_slist_append(NULL, "Expect:"), *h = list;
-    for (size_t i = 0; h && i < rq->nheaders; i++)
-        h = curl_slist_append(list, rq->headers[i]);
+    struct curl_slist *h = list;
+    for (size_t i = 0; h && i < n; i++)
+        h = curl_slist_append(list, lines[i]);
     if (!h) {
         curl_slist_free_all(list);
         return NULL;
     }
     return list;
+}
+
+/* A provider call's own header list: the empty Expect, its lines, and the
+ * call's trace lines. */
+static struct curl_slist *request_headers(const struct llm_request *rq)
+{
+    struct curl_slist *list = curl_slist_append(NULL, "Expect:");
+    list = add_lines(list, rq->headers, rq->nheaders);
+    return add_lines(list, rq->trace_headers, rq->ntrace_headers);
 }
 
 /* The options of one transfer on r's easy handle (new, or reset from the
@@ -1131,8 +1142,10 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     if (rq->provider) {
         if (!(hdrs = provider_reader(r, rq)))
             goto oom;
-    } else if (!(hdrs = shared_headers(c, rq->op, rq->api_key))) {
+    } else if (rq->ntrace_headers || !(hdrs = shared_headers(c, rq->op, rq->api_key))) {
         r->headers = build_headers(rq->op, rq->api_key, c->cfg.headers);
+        if (r->headers && rq->ntrace_headers)
+            r->headers = add_lines(r->headers, rq->trace_headers, rq->ntrace_headers);
         if (!r->headers)
             goto oom;
         hdrs = r->headers;

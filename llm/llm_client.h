@@ -68,6 +68,12 @@ struct llm_request {
     const struct llm_provider *provider;
     const char *const *headers; /* nheaders "Name: value" lines (copied) */
     size_t nheaders;
+    /* This call's own lines, added on either path (copied): the W3C trace
+     * context (traceparent, tracestate) of its span, so that a provider or
+     * gateway that traces continues the task's trace. NULL/0: none, and the
+     * default provider's calls share one header list. */
+    const char *const *trace_headers;
+    size_t ntrace_headers;
     enum llm_framing framing;
     /* Borrowed, must outlive the call: named in the result. */
     const char *provider_name;

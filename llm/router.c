@@ -97,6 +97,8 @@ static struct llm_req *call_fast(struct llm_router *rt, const struct llm_call *c
     rq.fallback_left = to->more;
     rq.prices = rt->providers ? &rt->providers->default_prices : NULL;
     rq.model = c->model;
+    rq.trace_headers = c->trace_headers;
+    rq.ntrace_headers = c->ntrace_headers;
     return llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
 }
 
@@ -146,6 +148,8 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
                 : rt->providers ? &rt->providers->default_prices
                                 : NULL;
     rq.model = to->model;
+    rq.trace_headers = c->trace_headers;
+    rq.ntrace_headers = c->ntrace_headers;
     if (to->named) {
         rq.gate = &rt->gates[to->named - rt->providers->providers];
         rq.connect_timeout_s = to->named->connect_s;

@@ -32,6 +32,10 @@ struct llm_call {
     const char *model; /* the task's model: what the registry routes */
     int route_step;    /* 0: the model's first provider, 1: its first fallback... */
     int tools;         /* a chat that passes tools: its answer may hold tool calls */
+    /* Header lines of this call's trace context, or NULL/0 (llm_request's
+     * trace_headers): sent whichever provider answers. */
+    const char *const *trace_headers;
+    size_t ntrace_headers;
 };
 
 /* Who answers one call, and how (llm_router_plan()). Borrowed from the

@@ -624,3 +624,19 @@ cJSON *celery_msg_headers(const struct task_msg *m)
     cJSON_Delete(empty_kwargs);
     return h;
 }
+
+int celery_msg_trace_ctx(const struct task_msg *m, struct trace_ctx *out)
+{
+    const cJSON *tp = get(m->headers, "traceparent");
+    const cJSON *ts = get(m->headers, "tracestate");
+    struct trace_ctx c;
+
+    if (!cJSON_IsString(tp) ||
+        tracectx_parse_traceparent(&c, tp->valuestring, strlen(tp->valuestring)))
+        return 0;
+    c.state[0] = '\0';
+    if (cJSON_IsString(ts))
+        tracectx_set_state(&c, ts->valuestring, strlen(ts->valuestring));
+    *out = c;
+    return 1;
+}

@@ -13,6 +13,7 @@
 
 #include "../util/buf.h"
 #include "../util/err.h"
+#include "tracectx.h"
 
 /* What arrived (all borrowed for the duration of the call). */
 struct celery_raw_msg {
@@ -142,5 +143,15 @@ int celery_msg_encode_v2(const struct task_msg *m, struct buf *body, cJSON **hea
  * captured fixtures are tested so); for v1 the headers as received. New
  * object, or NULL on OOM. */
 cJSON *celery_msg_headers(const struct task_msg *m);
+
+/* The W3C trace context a producer put in m (tracectx.h says where
+ * opentelemetry-instrumentation-celery writes it): the "traceparent" and
+ * "tracestate" headers, read from m->headers, which keeps every header
+ * Celery does not define (v2) or every header (v1). A header that is not a
+ * string, or a traceparent tracectx_parse_traceparent() refuses, counts as
+ * absent; a bad tracestate is dropped alone. Returns 1 with *out filled, or
+ * 0 (no usable context: *out untouched). Never an error: a producer's
+ * malformed context must not fail its task. */
+int celery_msg_trace_ctx(const struct task_msg *m, struct trace_ctx *out);
 
 #endif

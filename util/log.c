@@ -259,12 +259,24 @@ void log_set_worker(const char *name)
         esc_ctl(worker_name.name, sizeof(worker_name.name), name, strlen(name), 0);
 }
 
+static struct {
+    log_trace_fn *fn;
+    void *arg;
+} trace_lookup;
+
+void log_set_trace_lookup(log_trace_fn *fn, void *arg)
+{
+    trace_lookup.fn = fn;
+    trace_lookup.arg = arg;
+}
+
 static void json_line(int level, const struct timeval *tv, const char *file,
                       const char *msg, size_t m)
 {
     /* Each escaped byte may double: the message, the logger, the worker and
-     * the task's two fields, with room for the keys and the stamp. */
-    char buf[256 + 2 * LOG_SAFE_MAX + 8 * (LOG_FIELD_MAX + 1)];
+     * the task's two fields, with room for the keys, the stamp and the two
+     * trace ids (hex: never escaped). */
+    char buf[256 + 2 * LOG_SAFE_MAX + 8 * (LOG_FIELD_MAX + 1) + 96];
     char logger[128], ms[8];
     struct jline j = {buf, 0, sizeof(buf) - 1};
     const char *name, *id;
@@ -285,8 +297,14 @@ static void json_line(int level, const struct timeval *tv, const char *file,
     if (worker_name.len)
         j_field(&j, "worker", worker_name.name, worker_name.len);
     if (task_of(msg, m, &name, &nlen, &id, &ilen)) {
+        char trace_id[33], span_id[17];
         j_field(&j, "task_id", id, ilen);
         j_field(&j, "task_name", name, nlen);
+        if (trace_lookup.fn &&
+            trace_lookup.fn(id, ilen, trace_id, span_id, trace_lookup.arg)) {
+            j_field(&j, "trace_id", trace_id, strnlen(trace_id, 32));
+            j_field(&j, "span_id", span_id, strnlen(span_id, 16));
+        }
     }
     j_raw(&j, "}");
     buf[j.len++] = '\n';

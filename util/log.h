@@ -15,8 +15,8 @@
  * Two formats (log_format, set once from config before the loop starts):
  * Celery's text lines, the default, or one JSON object per line for log
  * pipelines: {"time", "level", "logger", "message"} and, where known,
- * "worker", "task_id", "task_name". The logger is "celeriac." and the source
- * file the LOG() came from ("celeriac.engine.engine"). A task's id and name
+ * "worker", "task_id", "task_name", "trace_id", "span_id". The logger is "celeriac." and
+ * the source file the LOG() came from ("celeriac.engine.engine"). A task's id and name
  * are read from the message when it starts as every task line does, with
  * Celery's "Task NAME[ID]" (bounded scan; an id that itself holds "] "
  * is cut there in the field, the message keeps it whole). In both formats every control
@@ -25,6 +25,8 @@
  * put in a task id. */
 #ifndef CR_LOG_H
 #define CR_LOG_H
+
+#include <stddef.h>
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARNING, LOG_ERROR, LOG_CRITICAL };
 
@@ -51,6 +53,17 @@ int log_format_parse(const char *s);
 /* The worker's name for JSON lines (copied; at most 255 bytes kept; NULL or
  * "" clears it). */
 void log_set_worker(const char *name);
+/* Says which trace a task's JSON lines belong to: given the task id a line
+ * names (id_len bytes, not NUL-terminated), fills trace_id (32 lowercase hex
+ * and a NUL) and span_id (16 and a NUL) and returns 1, or returns 0 when the
+ * task is not traced. */
+typedef int log_trace_fn(const char *id, size_t id_len, char trace_id[33],
+                         char span_id[17], void *arg);
+/* With fn set, a JSON line that has a "task_id" also gets "trace_id" and
+ * "span_id" when fn knows them (the worker's tracing: the task's run span).
+ * Set it once the lookup can answer and clear it (NULL) before that stops;
+ * the text format never calls it. */
+void log_set_trace_lookup(log_trace_fn *fn, void *arg);
 /* Parses "debug", "info", "warning"/"warn", "error", "critical"/"fatal"
  * (any case). Returns the level or -1. */
 int log_level_parse(const char *s);

@@ -13,6 +13,7 @@
 
 #include "events.h"
 #include "net/listener.h"
+#include "net/otlp.h"
 #include "util/log.h"
 #include "util/version.h"
 #include "worker_ctx.h"
@@ -41,6 +42,7 @@ struct metrics {
     struct prom_family *queue_messages, *queue_consumers, *broker_up, *backend_up;
     struct prom_family *broker_blocked;
     struct prom_family *broker_reconnects, *backend_reconnects, *uptime, *events_on;
+    struct prom_family *otel_exported, *otel_dropped;
 
     uv_timer_t *timer; /* queue polls and loop liveness; heap, freed on close */
     uint64_t poll_ms;
@@ -146,6 +148,12 @@ static int add_families(struct metrics *m)
       "Result backend reconnections since start.", PROM_COUNTER, NULL, 0, NULL, 0);
     F(events_on, "celeriac_task_events_enabled", "1 while task events are sent.",
       PROM_GAUGE, NULL, 0, NULL, 0);
+    F(otel_exported, "celeriac_otel_spans_exported_total",
+      "Trace spans an OTLP collector accepted.", PROM_COUNTER, NULL, 0, NULL, 0);
+    F(otel_dropped, "celeriac_otel_spans_dropped_total",
+      "Trace spans dropped: the export queue was full or the collector did not take "
+      "them.",
+      PROM_COUNTER, NULL, 0, NULL, 0);
 #undef F
     return 0;
 }
@@ -368,6 +376,7 @@ static void set_gauges(struct metrics *m)
     const struct worker_ctx *w = m->w;
     const char *info[] = {w->cfg->hostname, CELERIAC_VERSION};
     struct engine_stats st;
+    struct otlp_stats ot;
 
     engine_stats(w->engine, &st);
     prom_set(m->info, info, 1);
@@ -384,6 +393,9 @@ static void set_gauges(struct metrics *m)
     prom_set(m->broker_reconnects, NULL, (double)broker_reconnects(w->broker));
     prom_set(m->backend_reconnects, NULL, (double)backend_reconnects(w->backend));
     prom_set(m->events_on, NULL, events_enabled(w->events));
+    otlp_exporter_stats(w->otlp, &ot);
+    prom_set(m->otel_exported, NULL, (double)ot.exported);
+    prom_set(m->otel_dropped, NULL, (double)ot.dropped);
     prom_family_clear(m->queue_messages);
     prom_family_clear(m->queue_consumers);
     for (int i = 0; i < m->ndepths; i++) {

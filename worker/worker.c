@@ -28,9 +28,11 @@
 #include "metrics.h"
 #include "net/broker.h"
 #include "net/backend.h"
+#include "net/otlp.h"
 #include "pidbox.h"
 #include "progress.h"
 #include "sdnotify.h"
+#include "tracing.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/clock.h"
@@ -42,6 +44,7 @@
 
 #define CRON_MS 100
 #define LEASE_PREFIX "celeriac-lease-"
+#define TRACE_DRAIN_MS 3000
 
 /* pool_grow clamps to the configured bound, the engine to its own. */
 _Static_assert(ENGINE_MAX_CONCURRENCY == CONFIG_MAX_CONCURRENCY, "concurrency bounds");
@@ -82,6 +85,7 @@ struct worker {
     struct pidbox *pidbox;
     struct metrics *metrics;
     struct progress *progress;
+    struct tracing *tracing; /* NULL unless OTEL_* ask for it */
 };
 
 static struct engine_now now_of(struct worker *w)
@@ -435,6 +439,16 @@ static void budget_sync(struct worker *w, int reads)
     }
 }
 
+/* The kind of provider that answered ("openai" for the default one). */
+static const char *provider_type(struct worker *w, const struct llm_result *res)
+{
+    int i;
+    if (!res->provider || !*res->provider)
+        return "openai";
+    i = llm_registry_find(&w->providers, res->provider, strlen(res->provider));
+    return i >= 0 ? w->providers.providers[i].impl->name : "openai";
+}
+
 static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
 {
     struct job *j = privdata;
@@ -447,6 +461,8 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
                          llm_budget_day(clock_epoch_us() / 1000), res->cost_usd);
         budget_sync(w, 0);
     }
+    if (w->tracing)
+        tracing_llm_done(w->tracing, j, res, provider_type(w, res));
     engine_on_llm_done(j->e, now, j, res);
 }
 
@@ -458,8 +474,20 @@ static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
     struct worker *w = ctx;
     struct llm_call call = {c->op,    c->body,       c->body_len, c->embed_list,
                             c->model, c->route_step, c->tools};
+    const char *trace_lines[2];
 
+    call.ntrace_headers = tracing_llm_start(w->tracing, j, c, trace_lines);
+    call.trace_headers = trace_lines;
     j->call = llm_router_call(&w->router, &call, on_llm_delta, on_llm_done, j, err);
+    if (!j->call) {
+        struct llm_result none;
+        memset(&none, 0, sizeof(none));
+        none.verdict = LLM_PERMANENT;
+        none.code = err->code ? err->code : CR_ENOMEM;
+        none.exc_type = "APIError";
+        none.message = err->msg;
+        tracing_llm_done(w->tracing, j, &none, NULL);
+    }
     return j->call ? 0 : err->code ? err->code : CR_ENOMEM;
 }
 
@@ -486,6 +514,7 @@ static void op_notify(void *ctx, struct job *j, const struct task_event_info *in
         metrics_on_dead_letter(w->metrics, j);
         return;
     }
+    tracing_on_task(w->tracing, j, info);
     events_on_task(w->events, j, info);
     metrics_on_task(w->metrics, j, info);
     progress_on_task(w->progress, j, info);
@@ -495,13 +524,47 @@ static void op_forget(void *ctx, struct job *j)
 {
     struct worker *w = ctx;
     progress_forget(w->progress, j);
+    tracing_forget(w->tracing, j);
 }
 
+/* log_trace_fn: the trace of the task a JSON log line names. */
+static int log_trace_ids(const char *id, size_t id_len, char trace_id[33],
+                         char span_id[17], void *arg)
+{
+    struct worker *w = arg;
+    char key[256];
+    if (id_len >= sizeof(key))
+        return 0;
+    memcpy(key, id, id_len);
+    key[id_len] = '\0';
+    return tracing_job_ids(engine_find_job(w->engine, key), trace_id, span_id);
+}
+
+static void op_outbound_headers(void *ctx, const struct job *j, cJSON *headers)
+{
+    struct worker *w = ctx;
+    tracing_outbound_headers(w->tracing, j, headers);
+}
+
+static void on_spans_drained(struct otlp_exporter *x, void *privdata)
+{
+    struct worker *w = privdata;
+    (void)x;
+    uv_stop(w->loop);
+}
+
+/* A warm stop first sends the spans still queued (the last tasks'), for at
+ * most TRACE_DRAIN_MS; a cold one loses them. */
 static void op_stop(void *ctx, int cold)
 {
     struct worker *w = ctx;
+    struct otlp_exporter *x = tracing_exporter(w->tracing);
     if (cold)
         w->exit_code = 1;
+    if (!cold && x) {
+        otlp_exporter_drain(x, TRACE_DRAIN_MS, on_spans_drained, w);
+        return;
+    }
     uv_stop(w->loop);
 }
 
@@ -522,6 +585,7 @@ static const struct engine_ops worker_ops = {
     .stop = op_stop,
     .store_for = op_store_for,
     .chord = op_chord,
+    .outbound_headers = op_outbound_headers,
 };
 
 /* The ids given to canvas follow-ups (a new group, a chord header member without
@@ -881,6 +945,12 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     }
     if (clients_new(w, err))
         goto fail;
+    w->tracing = tracing_new(loop, (const char *const *)environ, cfg->hostname, err);
+    if (!w->tracing && err->code)
+        goto fail;
+    w->ctx.otlp = tracing_exporter(w->tracing);
+    if (w->tracing && log_format == LOG_FORMAT_JSON)
+        log_set_trace_lookup(log_trace_ids, w);
     uv_timer_init(loop, &w->cron);
     w->cron.data = w;
     uv_signal_init(loop, &w->sigterm);
@@ -893,6 +963,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     sdnotify_init(&w->notify, loop);
     return w;
 fail:
+    /* tracing_new() failed or was not reached: nothing of it to close */
     broker_free(w->broker);
     llm_client_free(w->llm);
     backend_free(w->backend);
@@ -1104,6 +1175,7 @@ void worker_free(struct worker *w)
      * every unacked delivery is back in its queue before anything else; the
      * completions the clients still owe come back into a halted engine. */
     engine_halt(w->engine);
+    log_set_trace_lookup(NULL, NULL);
     /* worker-offline goes out while the connection is still up */
     events_free(w->events);
     w->events = w->ctx.events = NULL;
@@ -1117,6 +1189,10 @@ void worker_free(struct worker *w)
     w->broker = w->ctx.broker = NULL;
     llm_client_free(w->llm);
     backend_free(w->backend);
+    /* its handles close with the others; the spans of calls that come back
+     * cancelled below are freed unsent */
+    tracing_stop(w->tracing);
+    w->ctx.otlp = NULL;
     uv_close((uv_handle_t *)&w->cron, on_closed);
     uv_close((uv_handle_t *)&w->sigterm, on_closed);
     uv_close((uv_handle_t *)&w->sigint, on_closed);
@@ -1125,6 +1201,8 @@ void worker_free(struct worker *w)
     /* Let every closed handle run its close callback. */
     uv_run(w->loop, UV_RUN_DEFAULT);
     engine_free(w->engine);
+    /* after engine_free(): every job's forget has run */
+    tracing_free(w->tracing);
     llm_router_release(&w->router);
     redact_release(&w->secrets);
     /* After llm_client_free(): every call that named a gate has ended. */

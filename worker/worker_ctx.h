@@ -20,6 +20,7 @@
 #include "util/redact.h"
 
 struct events;
+struct otlp_exporter;
 
 struct worker_ctx {
     /* read-only */
@@ -31,6 +32,7 @@ struct worker_ctx {
     const struct broker_config *bcfg;
     const struct redact *secrets; /* config_secrets(): cut out of what is shown */
     struct events *events;        /* NULL until made, and once freed */
+    struct otlp_exporter *otlp;   /* NULL unless tracing is on */
     uint64_t started_ms;          /* loop time at start */
     int64_t started_epoch_us;
     /* Warm shutdown, as SIGTERM. */

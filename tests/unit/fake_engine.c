@@ -267,9 +267,17 @@ static int f_chord(void *ctx, struct job *j, const struct engine_chord_cmd *c)
     return 0;
 }
 
+static void f_outbound_headers(void *ctx, const struct job *j, cJSON *headers)
+{
+    struct fake *f = ctx;
+    if (f->mark_outbound)
+        cJSON_AddStringToObject(headers, "x-from", j->tm.id);
+}
+
 const struct engine_ops fake_ops = {
-    f_ack,   f_reject, f_live,     f_release, f_read_state, f_store, f_publish,   f_call,
-    f_abort, f_lease,  f_prefetch, f_notify,  f_forget,     f_stop,  f_store_for, f_chord,
+    f_ack,     f_reject, f_live,      f_release, f_read_state,       f_store,
+    f_publish, f_call,   f_abort,     f_lease,   f_prefetch,         f_notify,
+    f_forget,  f_stop,   f_store_for, f_chord,   f_outbound_headers,
 };
 
 /* ------------------------------------------------------------ lifecycle */

@@ -78,6 +78,7 @@ struct fake {
     int fail_call;     /* call_llm() refuses with CR_ENOMEM */
     int fail_chord;    /* chord() refuses with this code (0: takes it) */
     int fallback_left; /* fake_llm_done() results say another provider follows */
+    int mark_outbound; /* outbound_headers() adds "x-from": the job's task id */
     /* hooks */
     fake_notify_fn *on_notify;
 

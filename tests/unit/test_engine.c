@@ -1306,6 +1306,35 @@ START_TEST(test_chain_next_step)
 }
 END_TEST
 
+/* What a job publishes (a chain's next step, its retry) passes through
+ * outbound_headers first: the switchboard's trace context goes with it. */
+START_TEST(test_outbound_headers_hook)
+{
+    struct fake f;
+    fake_init(&f, NULL);
+    f.mark_outbound = 1;
+    fake_start(&f);
+    deliver(&f, fixture(&f, "chain", NULL, NULL));
+    log_is(&f, "publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "x-from"), "0f0b8c1e-0011-4000-8000-000000000011");
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    log_is(&f, "confirm store-SUCCESS stored ack1 release1");
+    fake_release(&f);
+
+    fake_init(&f, NULL);
+    f.mark_outbound = 1;
+    fake_start(&f);
+    deliver(&f, generate(&f, "send_task_args"));
+    llm_done(&f, 0, LLM_RETRYABLE, "RateLimitError", 1500, NULL);
+    log_is(&f, "call1 done publish:celery");
+    ck_assert_str_eq(pub_header(&f, 0, "x-from"), pub_header(&f, 0, "id"));
+    confirm(&f, 0, 1);
+    stored(&f, 0, 0);
+    fake_release(&f);
+}
+END_TEST
+
 #define CHAIN_GENERATE_BODY                                                              \
     "[[\"hello\"], {}, {\"callbacks\": null, \"errbacks\": null, \"chain\": "            \
     "[{\"task\": \"proj.add\", \"args\": [4], \"kwargs\": {}, \"options\": "             \
@@ -1975,6 +2004,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_callback_nack_leaves_it_unacked);
     tcase_add_test(tc, test_callback_broker_away);
     tcase_add_test(tc, test_chain_next_step);
+    tcase_add_test(tc, test_outbound_headers_hook);
     tcase_add_test(tc, test_chain_failure_fails_later_steps);
     tcase_add_test(tc, test_chord_member_not_last);
     tcase_add_test(tc, test_chord_member_completes);

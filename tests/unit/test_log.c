@@ -289,6 +289,55 @@ START_TEST(test_json_format)
 }
 END_TEST
 
+/* A lookup that knows one task. */
+static int known_trace(const char *id, size_t n, char trace_id[33], char span_id[17],
+                       void *arg)
+{
+    int *calls = arg;
+    (*calls)++;
+    if (n != 5 || memcmp(id, "t-one", 5) != 0)
+        return 0;
+    memcpy(trace_id, "4bf92f3577b34da6a3ce929d0e0e4736", 33);
+    memcpy(span_id, "00f067aa0ba902b7", 17);
+    return 1;
+}
+
+START_TEST(test_json_trace_ids)
+{
+    char *s;
+    int lines, calls = 0;
+    cJSON *o;
+    capture();
+    log_threshold = LOG_INFO;
+    log_format = LOG_FORMAT_JSON;
+    log_set_trace_lookup(known_trace, &calls);
+    LOG(LOG_INFO, "Task llm.chat[t-one] succeeded in 0.1s: 'x'");
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_str_eq(field(o, "trace_id"), "4bf92f3577b34da6a3ce929d0e0e4736");
+    ck_assert_str_eq(field(o, "span_id"), "00f067aa0ba902b7");
+    ck_assert_str_eq(field(o, "task_id"), "t-one");
+    cJSON_Delete(o);
+    free(s);
+    /* another task, a line without a task: no ids, and no lookup for the latter */
+    LOG(LOG_INFO, "Task llm.chat[t-two] received");
+    LOG(LOG_INFO, "Connected to somewhere");
+    s = written(NULL);
+    o = json_lines(s, &lines);
+    ck_assert_int_eq(lines, 3);
+    ck_assert_ptr_null(field(o, "trace_id"));
+    ck_assert_int_eq(calls, 2);
+    cJSON_Delete(o);
+    free(s);
+    /* the text format never asks */
+    log_format = LOG_FORMAT_TEXT;
+    LOG(LOG_INFO, "Task llm.chat[t-one] received");
+    ck_assert_int_eq(calls, 2);
+    log_set_trace_lookup(NULL, NULL);
+    release();
+}
+END_TEST
+
 START_TEST(test_json_hostile_ids)
 {
     /* Whatever a publisher puts in a task id or name, each call is one line
@@ -395,6 +444,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_exit_flushes);
     tcase_add_test(tc, test_level_parse);
     tcase_add_test(tc, test_json_format);
+    tcase_add_test(tc, test_json_trace_ids);
     tcase_add_test(tc, test_json_hostile_ids);
     tcase_add_test(tc, test_json_long_and_random);
     tcase_add_test(tc, test_format_parse);

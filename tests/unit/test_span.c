@@ -1,0 +1,441 @@
+/* test_span.c -- span records and their OTLP encodings, the protobuf read
+ * back field by field with a small decoder written here. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+
+#include "protocol/span.h"
+#include "util/alloc.h"
+#include "util/err.h"
+
+/* ------------------------------------------------ a protobuf reader */
+
+struct field {
+    unsigned num, wt;
+    uint64_t v;          /* varint, fixed32, fixed64 */
+    const uint8_t *data; /* length-delimited */
+    size_t len;
+};
+
+struct reader {
+    const uint8_t *p, *end;
+};
+
+static uint64_t rd_varint(struct reader *r)
+{
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+        ck_assert_msg(r->p < r->end, "varint runs past the end");
+        ck_assert_int_lt(shift, 64);
+        v |= (uint64_t)(*r->p & 0x7f) << shift;
+        if (!(*r->p++ & 0x80))
+            return v;
+    }
+}
+
+/* The next field, or 0 at the end. */
+static int next_field(struct reader *r, struct field *f)
+{
+    uint64_t key;
+    if (r->p == r->end)
+        return 0;
+    key = rd_varint(r);
+    f->num = (unsigned)(key >> 3);
+    f->wt = (unsigned)(key & 7);
+    f->data = NULL;
+    f->len = 0;
+    f->v = 0;
+    switch (f->wt) {
+    case 0:
+        f->v = rd_varint(r);
+        break;
+    case 1:
+        ck_assert_int_ge(r->end - r->p, 8);
+        for (int i = 0; i < 8; i++)
+            f->v |= (uint64_t)r->p[i] << (8 * i);
+        r->p += 8;
+        break;
+    case 5:
+        ck_assert_int_ge(r->end - r->p, 4);
+        for (int i = 0; i < 4; i++)
+            f->v |= (uint64_t)r->p[i] << (8 * i);
+        r->p += 4;
+        break;
+    case 2:
+        f->len = (size_t)rd_varint(r);
+        ck_assert_uint_le(f->len, (size_t)(r->end - r->p));
+        f->data = r->p;
+        r->p += f->len;
+        break;
+    default:
+        ck_abort_msg("wire type %u", f->wt);
+    }
+    return 1;
+}
+
+static struct reader sub(const struct field *f)
+{
+    struct reader r = {f->data, f->data + f->len};
+    ck_assert_uint_eq(f->wt, 2);
+    return r;
+}
+
+/* The only (or n-th) field num of a message. */
+static int find(struct reader r, unsigned num, int nth, struct field *out)
+{
+    struct field f;
+    while (next_field(&r, &f))
+        if (f.num == num && nth-- == 0) {
+            *out = f;
+            return 1;
+        }
+    return 0;
+}
+
+static int count(struct reader r, unsigned num)
+{
+    struct field f;
+    int n = 0;
+    while (next_field(&r, &f))
+        n += f.num == num;
+    return n;
+}
+
+static int str_is(const struct field *f, const char *s)
+{
+    return f->wt == 2 && f->len == strlen(s) && memcmp(f->data, s, f->len) == 0;
+}
+
+/* KeyValue n of a message's field num: its key, and its string or int. */
+static void kv_at(struct reader m, unsigned num, int nth, const char *key,
+                  const char *sval, int64_t ival)
+{
+    struct field kv, k, v, x;
+    ck_assert(find(m, num, nth, &kv));
+    ck_assert(find(sub(&kv), 1, 0, &k));
+    ck_assert_msg(str_is(&k, key), "key %d is not %s", nth, key);
+    ck_assert(find(sub(&kv), 2, 0, &v));
+    if (sval) {
+        ck_assert(find(sub(&v), 1, 0, &x));
+        ck_assert_msg(str_is(&x, sval), "value of %s", key);
+    } else {
+        ck_assert(find(sub(&v), 3, 0, &x));
+        ck_assert_uint_eq(x.wt, 0);
+        ck_assert((int64_t)x.v == ival);
+    }
+}
+
+/* ---------------------------------------------------------- fixtures */
+
+static const struct otel_kv res_attrs[] = {
+    {(char *)"service.name", (char *)"svc"},
+    {(char *)"deployment.environment", (char *)""},
+};
+static const struct otlp_resource res = {res_attrs, 2, "celeriac", "1.2.3"};
+
+static struct span *two_spans(struct span **child)
+{
+    struct trace_ctx c;
+    struct span *s;
+    memset(&c, 0, sizeof(c));
+    tracectx_parse_traceparent(
+        &c, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", 55);
+    tracectx_set_state(&c, "rojo=1", 6);
+    /* the run span: a new span id, the message's span as remote parent */
+    memcpy(c.span_id, "\x11\x22\x33\x44\x55\x66\x77\x88", 8);
+    s = span_new("run/llm.generate", SPAN_KIND_CONSUMER, &c);
+    ck_assert_ptr_nonnull(s);
+    memcpy(s->parent_id, "\x00\xf0\x67\xaa\x0b\xa9\x02\xb7", 8);
+    s->has_parent = 1;
+    s->parent_remote = 1;
+    s->start_ns = UINT64_C(1796006784831674000);
+    s->end_ns = UINT64_C(1796006785000000000);
+    ck_assert_int_eq(span_attr_str(s, "celery.action", "run"), 0);
+    ck_assert_int_eq(span_attr_str(s, "celery.task_name", "llm.generate"), 0);
+    ck_assert_int_eq(span_attr_int(s, "celery.retries", 3), 0);
+    ck_assert_int_eq(span_attr_int(s, "neg", -2), 0);
+
+    memcpy(c.span_id, "\x99\xaa\xbb\xcc\xdd\xee\xff\x01", 8);
+    *child = span_new("chat gpt-4o-mini", SPAN_KIND_CLIENT, &c);
+    ck_assert_ptr_nonnull(*child);
+    memcpy((*child)->parent_id, s->ctx.span_id, 8);
+    (*child)->has_parent = 1;
+    (*child)->start_ns = 5;
+    (*child)->end_ns = 6;
+    ck_assert_int_eq(span_attr_int(*child, "gen_ai.usage.input_tokens", 12), 0);
+    ck_assert_int_eq(span_attr_str_list(*child, "gen_ai.response.finish_reasons", "stop"),
+                     0);
+    ck_assert_int_eq(span_set_status(*child, SPAN_STATUS_ERROR, "RateLimitError \"x\""),
+                     0);
+    return s;
+}
+
+START_TEST(test_proto)
+{
+    struct span *child, *s = two_spans(&child);
+    struct span *list[2] = {s, child};
+    struct buf out;
+    struct reader top, rs, resource, ss, scope, span;
+    struct field f, g;
+
+    buf_init(&out);
+    ck_assert_int_eq(otlp_encode_proto(&res, list, 2, &out), 0);
+    top = (struct reader){(const uint8_t *)out.data, (const uint8_t *)out.data + out.len};
+    ck_assert_int_eq(count(top, 1), 1);
+    ck_assert(find(top, 1, 0, &f));
+    rs = sub(&f);
+    ck_assert(find(rs, 1, 0, &f));
+    resource = sub(&f);
+    ck_assert_int_eq(count(resource, 1), 2);
+    kv_at(resource, 1, 0, "service.name", "svc", 0);
+    kv_at(resource, 1, 1, "deployment.environment", "", 0);
+    ck_assert(find(rs, 2, 0, &f));
+    ss = sub(&f);
+    ck_assert(find(ss, 1, 0, &f));
+    scope = sub(&f);
+    ck_assert(find(scope, 1, 0, &g) && str_is(&g, "celeriac"));
+    ck_assert(find(scope, 2, 0, &g) && str_is(&g, "1.2.3"));
+    ck_assert_int_eq(count(ss, 2), 2);
+
+    ck_assert(find(ss, 2, 0, &f));
+    span = sub(&f);
+    ck_assert(find(span, 1, 0, &g));
+    ck_assert_uint_eq(g.len, 16);
+    ck_assert_int_eq(
+        memcmp(g.data, "\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
+               16),
+        0);
+    ck_assert(find(span, 2, 0, &g));
+    ck_assert_int_eq(memcmp(g.data, "\x11\x22\x33\x44\x55\x66\x77\x88", 8), 0);
+    ck_assert(find(span, 3, 0, &g) && str_is(&g, "rojo=1"));
+    ck_assert(find(span, 4, 0, &g));
+    ck_assert_uint_eq(g.len, 8);
+    ck_assert_int_eq(memcmp(g.data, "\x00\xf0\x67\xaa\x0b\xa9\x02\xb7", 8), 0);
+    ck_assert(find(span, 5, 0, &g) && str_is(&g, "run/llm.generate"));
+    ck_assert(find(span, 6, 0, &g));
+    ck_assert_uint_eq(g.wt, 0);
+    ck_assert_uint_eq(g.v, 5);
+    ck_assert(find(span, 7, 0, &g));
+    ck_assert_uint_eq(g.wt, 1);
+    ck_assert(g.v == UINT64_C(1796006784831674000));
+    ck_assert(find(span, 8, 0, &g));
+    ck_assert(g.v == UINT64_C(1796006785000000000));
+    ck_assert_int_eq(count(span, 9), 4);
+    kv_at(span, 9, 0, "celery.action", "run", 0);
+    kv_at(span, 9, 1, "celery.task_name", "llm.generate", 0);
+    kv_at(span, 9, 2, "celery.retries", NULL, 3);
+    kv_at(span, 9, 3, "neg", NULL, -2);
+    ck_assert(!find(span, 10, 0, &g)); /* nothing dropped */
+    ck_assert(!find(span, 15, 0, &g)); /* status unset */
+    ck_assert(find(span, 16, 0, &g));
+    ck_assert_uint_eq(g.wt, 5);
+    ck_assert_uint_eq(g.v, 0x301);
+
+    ck_assert(find(ss, 2, 1, &f));
+    span = sub(&f);
+    ck_assert(find(span, 5, 0, &g) && str_is(&g, "chat gpt-4o-mini"));
+    ck_assert(find(span, 6, 0, &g));
+    ck_assert_uint_eq(g.v, 3);
+    ck_assert(find(span, 4, 0, &g));
+    ck_assert_int_eq(memcmp(g.data, "\x11\x22\x33\x44\x55\x66\x77\x88", 8), 0);
+    kv_at(span, 9, 0, "gen_ai.usage.input_tokens", NULL, 12);
+    {
+        struct field kv, v, arr, one, x;
+        ck_assert(find(span, 9, 1, &kv));
+        ck_assert(find(sub(&kv), 2, 0, &v));
+        ck_assert(find(sub(&v), 5, 0, &arr));
+        ck_assert_int_eq(count(sub(&arr), 1), 1);
+        ck_assert(find(sub(&arr), 1, 0, &one));
+        ck_assert(find(sub(&one), 1, 0, &x) && str_is(&x, "stop"));
+    }
+    ck_assert(find(span, 15, 0, &f));
+    ck_assert(find(sub(&f), 2, 0, &g) && str_is(&g, "RateLimitError \"x\""));
+    ck_assert(find(sub(&f), 3, 0, &g));
+    ck_assert_uint_eq(g.v, 2);
+    ck_assert(find(span, 16, 0, &g));
+    ck_assert_uint_eq(g.v, 0x101);
+
+    buf_release(&out);
+    span_free(s);
+    span_free(child);
+}
+END_TEST
+
+START_TEST(test_proto_long_lengths)
+{
+    /* lengths past 127 and 16383 need two and three varint bytes: the
+     * length room is given back exactly */
+    struct trace_ctx c;
+    struct span *many[200];
+    struct buf out;
+    struct reader top;
+    struct field f, g;
+    memset(&c, 0, sizeof(c));
+    c.trace_id[0] = 1;
+    c.span_id[0] = 1;
+    for (int i = 0; i < 200; i++) {
+        many[i] = span_new("a name of some length to make the request long",
+                           SPAN_KIND_CLIENT, &c);
+        ck_assert_int_eq(span_attr_str(many[i], "k", "v"), 0);
+    }
+    buf_init(&out);
+    ck_assert_int_eq(otlp_encode_proto(&res, many, 200, &out), 0);
+    top = (struct reader){(const uint8_t *)out.data, (const uint8_t *)out.data + out.len};
+    ck_assert(find(top, 1, 0, &f));
+    ck_assert_uint_gt(f.len, 16384);
+    ck_assert(top.p == top.end || 1);
+    ck_assert(find(sub(&f), 2, 0, &g));
+    ck_assert_int_eq(count(sub(&g), 2), 200);
+    buf_release(&out);
+    for (int i = 0; i < 200; i++)
+        span_free(many[i]);
+}
+END_TEST
+
+START_TEST(test_json)
+{
+    struct span *child, *s = two_spans(&child);
+    struct span *list[2] = {s, child};
+    struct buf out;
+    cJSON *doc, *sp, *a;
+
+    buf_init(&out);
+    ck_assert_int_eq(otlp_encode_json(&res, list, 2, &out), 0);
+    ck_assert_int_eq(buf_putc(&out, '\0'), 0);
+    doc = cJSON_Parse(out.data);
+    ck_assert_ptr_nonnull(doc);
+    a = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(
+            cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "resourceSpans"), 0), "resource"),
+        "attributes");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(a, 0), "key")->valuestring,
+                     "service.name");
+    sp = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(
+            cJSON_GetObjectItem(
+                cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "resourceSpans"), 0),
+                "scopeSpans"),
+            0),
+        "spans");
+    ck_assert_int_eq(cJSON_GetArraySize(sp), 2);
+    s = NULL;
+    {
+        cJSON *x = cJSON_GetArrayItem(sp, 0), *at;
+        ck_assert_str_eq(cJSON_GetObjectItem(x, "traceId")->valuestring,
+                         "4bf92f3577b34da6a3ce929d0e0e4736");
+        ck_assert_str_eq(cJSON_GetObjectItem(x, "spanId")->valuestring,
+                         "1122334455667788");
+        ck_assert_str_eq(cJSON_GetObjectItem(x, "parentSpanId")->valuestring,
+                         "00f067aa0ba902b7");
+        ck_assert_str_eq(cJSON_GetObjectItem(x, "traceState")->valuestring, "rojo=1");
+        ck_assert_str_eq(cJSON_GetObjectItem(x, "startTimeUnixNano")->valuestring,
+                         "1796006784831674000");
+        ck_assert_int_eq(cJSON_GetObjectItem(x, "kind")->valueint, 5);
+        ck_assert_int_eq(cJSON_GetObjectItem(x, "flags")->valueint, 0x301);
+        at = cJSON_GetObjectItem(x, "attributes");
+        ck_assert_str_eq(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(at, 2), "value"),
+                                "intValue")
+                ->valuestring,
+            "3");
+        x = cJSON_GetArrayItem(sp, 1);
+        at = cJSON_GetArrayItem(cJSON_GetObjectItem(x, "attributes"), 1);
+        ck_assert_str_eq(cJSON_GetObjectItem(
+                             cJSON_GetArrayItem(
+                                 cJSON_GetObjectItem(
+                                     cJSON_GetObjectItem(cJSON_GetObjectItem(at, "value"),
+                                                         "arrayValue"),
+                                     "values"),
+                                 0),
+                             "stringValue")
+                             ->valuestring,
+                         "stop");
+        ck_assert_str_eq(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(x, "status"), "message")->valuestring,
+            "RateLimitError \"x\"");
+        ck_assert_int_eq(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(x, "status"), "code")->valueint, 2);
+    }
+    cJSON_Delete(doc);
+    buf_release(&out);
+    span_free(list[0]);
+    span_free(child);
+}
+END_TEST
+
+START_TEST(test_bounds)
+{
+    struct trace_ctx c;
+    struct span *s;
+    char big[2000];
+    memset(&c, 0, sizeof(c));
+    memset(big, 'x', sizeof(big));
+    big[sizeof(big) - 1] = '\0';
+    /* a cut never splits a character: 511 x then a 2-byte one */
+    big[SPAN_MAX_STR - 1] = (char)0xc3;
+    big[SPAN_MAX_STR] = (char)0xa9;
+    s = span_new(big, SPAN_KIND_INTERNAL, &c);
+    ck_assert_uint_eq(strlen(s->name), SPAN_MAX_STR - 1);
+    ck_assert_int_eq(span_attr_str(s, "bad",
+                                   "a\xff\xfe"
+                                   "b\xc3"),
+                     0);
+    ck_assert_str_eq(s->attrs[0].s, "a??b?");
+    for (int i = 0; i < SPAN_MAX_ATTRS + 5; i++)
+        ck_assert_int_eq(span_attr_int(s, "n", i), 0);
+    ck_assert_int_eq(s->nattrs, SPAN_MAX_ATTRS);
+    ck_assert_int_eq(s->dropped_attrs, 6);
+    ck_assert_int_eq(span_attr_str(s, "k", NULL), 0);
+    span_free(s);
+    span_free(NULL);
+}
+END_TEST
+
+START_TEST(test_oom)
+{
+    long n;
+    for (n = 1; n < 500; n++) {
+        struct span *child = NULL, *s = NULL, *list[2];
+        struct trace_ctx c;
+        struct buf out;
+        int rc = 0;
+        memset(&c, 0, sizeof(c));
+        buf_init(&out);
+        cr_alloc_fail_after(n);
+        s = span_new("run/x", SPAN_KIND_CONSUMER, &c);
+        if (s)
+            rc = span_attr_str(s, "a", "b");
+        if (s && !rc)
+            rc = span_set_status(s, SPAN_STATUS_ERROR, "m");
+        child = s && !rc ? span_new("chat m", SPAN_KIND_CLIENT, &c) : NULL;
+        list[0] = s;
+        list[1] = child;
+        if (child)
+            rc = otlp_encode_proto(&res, list, 2, &out);
+        if (child && !rc)
+            rc = otlp_encode_json(&res, list, 2, &out);
+        cr_alloc_fail_after(0);
+        span_free(s);
+        span_free(child);
+        buf_release(&out);
+        if (child && !rc && cr_alloc_failed() == 0)
+            break;
+        ck_assert(!child || rc == CR_ENOMEM || cr_alloc_failed() == 0);
+    }
+    ck_assert_int_lt(n, 500);
+}
+END_TEST
+
+Suite *suite(void)
+{
+    Suite *s = suite_create("span");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_proto);
+    tcase_add_test(tc, test_proto_long_lengths);
+    tcase_add_test(tc, test_json);
+    tcase_add_test(tc, test_bounds);
+    tcase_add_test(tc, test_oom);
+    suite_add_tcase(s, tc);
+    return s;
+}
