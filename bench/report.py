@@ -392,6 +392,14 @@ def build(res, out):
     if sq:
         sqs_section(sq, res, L)
 
+    rqr = res.get("rq")
+    if rqr:
+        rq_section(rqr, L)
+
+    tr = res.get("tracing")
+    if tr:
+        tracing_section(tr, L, verdicts)
+
     if verdicts:
         L.append("### Targets")
         L.append("")
@@ -587,6 +595,71 @@ EMU_LIMIT_PCT = 90
 # Messages per second one outstanding receive can take from local-aws-sqs:
 # at most 10 per call, each answered from its 10 ms scan.
 SQS_POLL_CAP = 1000
+
+
+def tracing_section(rows, L, verdicts):
+    """Section 12 (issue 35): dispatch with every span exported against none."""
+    L.append("### 12. Tracing (issue 35): dispatch with every span exported")
+    L.append("")
+    on = [r for r in rows if r["traced"]]
+    off = [r for r in rows if not r["traced"]]
+    L.append("llm.generate x %d on a 0 ms fake LLM, celeriac -c %d, alternating; traced: "
+             "OTEL_EXPORTER_OTLP_ENDPOINT set (OTLP/HTTP protobuf, the default sampler: "
+             "every task's two spans exported) to a receiver that answers at once." % (
+                 rows[0]["n"], rows[0]["c"]))
+    L.append("")
+    L.append("| run | tasks/s (median) | worker CPU per task | OTLP requests | bytes per task |")
+    L.append("|---|---|---|---|---|")
+    for label, rs in (("untraced", off), ("traced", on)):
+        if not rs:
+            continue
+        L.append("| %s (%d runs) | %.0f | %.0f us | %d | %.0f |" % (
+            label, len(rs), med([r["rate"] for r in rs]),
+            med([1e6 * r["cpu_s"] / max(r["done"], 1) for r in rs]),
+            med([r["otlp_requests"] for r in rs]),
+            med([r["otlp_bytes"] / max(r["done"], 1) for r in rs])))
+    L.append("")
+    if on and off:
+        ratio = med([r["rate"] for r in on]) / med([r["rate"] for r in off])
+        verdicts.append(("traced dispatch >= 90% of untraced (issue 35)",
+                         "%.0f%%" % (100 * ratio), ratio >= 0.9))
+
+
+def rq_section(rqr, L):
+    """Section 11 (issue 34): one-second LLM jobs from RQ's queues, celeriac
+    against RQ's own workers (one job at a time each, so fewer jobs)."""
+    L.append("### 11. RQ job queues (issue 34)")
+    L.append("")
+    if rqr.get("missing"):
+        L.append("**missing** (%s)." % rqr["missing"].replace("|", "/")[:300])
+        L.append("")
+        return
+    L.append("RQ %s (Debian's python3-rq): jobs enqueued by name (`pyapp.generate`, the same "
+             "streamed call as the Celery rows), each one second at the fake LLM; time from "
+             "the workers' start to the last job in the finished registry. celeriac runs "
+             "%d jobs at -c %d; RQ's workers %d jobs on %d processes (`rq worker`, a forked "
+             "work horse per job; `SimpleWorker`, none). CPU counts every process, forked "
+             "ones included; RSS is the peak of all of them together." % (
+                 rqr.get("rq_version", "?"), rqr["n"], rqr["c"], rqr["py_n"],
+                 rqr["py_workers"]))
+    L.append("")
+    L.append("| worker | jobs | wall s (ideal) | jobs/s | CPU per job | peak RSS | "
+             "celeriac jobs/s / this |")
+    L.append("|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rqr.get("rows", []):
+        by.setdefault(r["impl"], []).append(r)
+    cel = med([r["rate"] for r in by.get("celeriac", [])]) if by.get("celeriac") else None
+    for impl, rs in by.items():
+        rate = med([r["rate"] for r in rs])
+        done = min(r["done"] for r in rs)
+        ratio = "" if impl == "celeriac" or not cel or not rate else "**%.0fx**" % (cel / rate)
+        L.append("| %s%s | %d%s | %.1f (%.1f) | %.1f | %.1f ms | %.1f MB | %s |" % (
+            impl, " (median of %d)" % len(rs) if len(rs) > 1 else "", rs[0]["n"],
+            "" if done >= rs[0]["n"] else " (%d done)" % done, med([r["wall_s"] for r in rs]),
+            rs[0]["ideal_s"], rate, med([1e3 * r["cpu_s"] / max(r["done"], 1) for r in rs]),
+            med([r["peak_rss_kb"] for r in rs]) / 1024, ratio))
+    L.append("")
 
 
 def sqs_section(sq, res, L):

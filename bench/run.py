@@ -85,6 +85,16 @@ SQS_C = int(os.environ.get("BENCH_SQS_C", 500 if QUICK else 1000))
 SQS_PY_BOUND_S = 15 if QUICK else 40
 SQS_WAIT_S = 1
 SQS_OPTIONS = {"region": "us-east-1", "is_secure": False, "wait_time_seconds": SQS_WAIT_S}
+# The RQ section (issue 34): RQ's own db on the same Redis, the one-second LLM
+# jobs celeriac runs at RQ_C, and the fewer jobs RQ's own workers get (one job
+# at a time per worker process: RQ_PY_N jobs over RQ_PY_WORKERS processes take
+# RQ_PY_N / RQ_PY_WORKERS seconds at best).
+RQ_DB = 3
+RQ_N = int(os.environ.get("BENCH_RQ_N", 500 if QUICK else 2000))
+RQ_C = int(os.environ.get("BENCH_RQ_C", 500 if QUICK else 1000))
+RQ_PY_N = int(os.environ.get("BENCH_RQ_PY_N", 50 if QUICK else 200))
+RQ_PY_WORKERS = int(os.environ.get("BENCH_RQ_PY_WORKERS", 10))
+RQ_BOUND_S = 60 if QUICK else 180
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -428,8 +438,9 @@ class Bench:
         self.runs += 1
         return "bench%d" % self.runs
 
-    def celeriac(self, queue, c, extra=(), llm_base=None, broker=None, options=None):
-        env = dict(os.environ, OPENAI_BASE_URL=llm_base or self.llm_base)
+    def celeriac(self, queue, c, extra=(), llm_base=None, broker=None, options=None,
+                 env_extra=None):
+        env = dict(os.environ, OPENAI_BASE_URL=llm_base or self.llm_base, **(env_extra or {}))
         wrap = os.environ.get("BENCH_CELERIAC_WRAP", "").split()  # e.g. perf record -g --
         cmd = wrap + [BIN, "worker", "-b", broker or self.broker, "--result-backend", self.backend,
                "-c", str(c), "-Q", queue, "-l", "warning", "-n", "celeriac@bench"] + list(extra)
@@ -455,7 +466,7 @@ class Bench:
                     ready=r"BENCH-READY")
 
     def run_tasks(self, impl, pool, c, task, args, kwargs, n, bound_s, hold_for=None,
-                  extra=(), quiet=False, broker="amqp", llm_base=None):
+                  extra=(), quiet=False, broker="amqp", llm_base=None, env_extra=None):
         """Pre-publishes n tasks, starts a worker, times ready -> n results stored.
 
         Samples the worker's RSS and CPU and the fake's CPU every 100 ms. With
@@ -483,7 +494,8 @@ class Bench:
         counter = ResultCounter(self.redis_port)
         url = {"redis": self.redis_broker, "sqs": getattr(self, "sqs_url", None)}.get(broker)
         opts = SQS_OPTIONS if broker == "sqs" else None
-        w = (self.celeriac(queue, c, extra, broker=url, llm_base=llm_base, options=opts)
+        w = (self.celeriac(queue, c, extra, broker=url, llm_base=llm_base, options=opts,
+                           env_extra=env_extra)
              if impl == "celeriac" else self.python(queue, pool, c, broker=url, options=opts))
         rec = {"impl": impl, "pool": pool, "c": c, "task": task, "n": n,
                "model": kwargs.get("model"), "publish_rate": round(pub_rate),
@@ -1016,6 +1028,174 @@ class Bench:
         for r in res["dispatch"] + res["concurrency"]:
             r.pop("timeline", None)
 
+    # ------------------------------------------------------------ tracing
+
+    def tracing_section(self):
+        """Section 12 (issue 35): dispatch of llm.generate (0 ms fake LLM,
+        two spans a task: run/llm.generate and its chat span) with every span
+        exported over OTLP/HTTP protobuf to a local receiver, against the same
+        without OTEL_*, alternating, REPEAT times each. The receiver (a
+        thread of this harness) answers 200 at once and counts the bytes."""
+        import http.server
+        log("12. tracing (issue 35): %d llm.generate, traced (every span exported) "
+            "against untraced" % N_DISPATCH)
+        got = {"requests": 0, "bytes": 0}
+
+        class Receiver(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                got["requests"] += 1
+                got["bytes"] += len(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:%d" % srv.server_port,
+                "OTEL_SERVICE_NAME": "celeriac-bench"}
+        rows = []
+        try:
+            for _ in range(REPEAT):
+                for traced in (False, True):
+                    before = dict(got)
+                    r = self.run_tasks("celeriac", "libuv", DISPATCH_C, "llm.generate",
+                                       ["bench"], {"model": LLM_ZERO}, N_DISPATCH, 120,
+                                       env_extra=otel if traced else None)
+                    if r:
+                        r["traced"] = traced
+                        r["otlp_requests"] = got["requests"] - before["requests"]
+                        r["otlp_bytes"] = got["bytes"] - before["bytes"]
+                        r.pop("timeline", None)
+                        rows.append(r)
+        finally:
+            srv.shutdown()
+        self.results["tracing"] = rows
+        on = [r["rate"] for r in rows if r["traced"] and r["complete"]]
+        off = [r["rate"] for r in rows if not r["traced"] and r["complete"]]
+        if on and off:
+            log("  traced %.0f tasks/s, untraced %.0f (medians): %.0f%%" % (
+                statistics.median(on), statistics.median(off),
+                100 * statistics.median(on) / statistics.median(off)))
+
+    # ------------------------------------------------------------ RQ
+
+    def rq_run(self, impl, procs_fn, n, queue):
+        """Enqueues n one-second LLM jobs as an RQ 1.13 producer does
+        (enqueue_many by the function's name), starts the workers procs_fn()
+        gives, and times their start -> n jobs ended (finished or failed
+        registry), sampling their CPU and RSS (every process of each tree)."""
+        import redis
+        import rq
+        r = redis.Redis(port=self.redis_port, db=RQ_DB)
+        r.flushdb()
+        q = rq.Queue(queue, connection=r)
+        t0 = time.perf_counter()
+        q.enqueue_many([rq.Queue.prepare_data("pyapp.generate", args=("bench",),
+                                              kwargs={"model": LLM_1S}, result_ttl=3600)
+                        for _ in range(n)], pipeline=None)
+        pub_rate = n / (time.perf_counter() - t0)
+        if r.llen("rq:queue:" + queue) != n:
+            raise RuntimeError("rq enqueue: %d queued, not %d" % (r.llen("rq:queue:" + queue), n))
+        fcpu0 = cpu_s([self.fake.p.pid])
+        rcpu0 = cpu_s([self.svc_pids["redis"]]) if "redis" in self.svc_pids else 0
+        # Every worker process is waited for by stop(), and an RQ worker
+        # waits for the work horses it forks: the CPU of all of them is in
+        # this process's reaped-children account once the run is over.
+        ccpu0 = children_cpu_s()
+        t_start = time.time()
+        procs = procs_fn()
+        rec = {"impl": impl, "n": n, "publish_rate": round(pub_rate), "workers": len(procs)}
+        peak_rss, done, failed = 0, 0, 0
+        try:
+            while True:
+                done = r.zcard("rq:finished:" + queue)
+                failed = r.zcard("rq:failed:" + queue)
+                if done + failed >= n or time.time() - t_start > RQ_BOUND_S:
+                    break
+                if all(p.p.poll() is not None for p in procs):
+                    break
+                peak_rss = max(peak_rss, rss_kb([x for p in procs for x in tree(p.p.pid)]))
+                time.sleep(0.2)
+            t_end = time.time()
+        finally:
+            for p in procs:
+                p.stop()
+        rec["done"], rec["failed"] = done, failed
+        rec["wall_s"] = round(t_end - t_start, 3)
+        rec["rate"] = round(done / (t_end - t_start), 1)
+        rec["cpu_s"] = round(children_cpu_s() - ccpu0, 3)
+        rec["peak_rss_kb"] = peak_rss
+        rec["fake_cpu_s"] = round(cpu_s([self.fake.p.pid]) - fcpu0, 3)
+        if "redis" in self.svc_pids:
+            rec["redis_cpu_s"] = round(cpu_s([self.svc_pids["redis"]]) - rcpu0, 3)
+        rec["ideal_s"] = n * LLM_1S_S / (RQ_C if impl == "celeriac" else len(procs))
+        rec["complete"] = done >= n
+        log("  %-10s %5d jobs on %4d %s: %7.1f s (ideal %.1f s), %6.1f jobs/s, CPU %.1f s, "
+            "RSS %.1f MB, failed %d" % (impl, n, RQ_C if impl == "celeriac" else len(procs),
+                                         "slots" if impl == "celeriac" else "processes",
+                                         rec["wall_s"], rec["ideal_s"], rec["rate"],
+                                         rec["cpu_s"], peak_rss / 1024, failed))
+        r.flushdb()
+        return rec
+
+    def rq_section(self):
+        """Section 11 (issue 34): RQ's job queues. RQ_N queued jobs, each a
+        one-second streamed LLM call (the fake's LLM_1S), run by `celeriac rq
+        worker -c RQ_C`, against RQ 1.13's own workers (Debian's python3-rq)
+        on fewer jobs: RQ_PY_WORKERS `rq worker` processes, forking a work
+        horse per job as RQ does by default, then as many SimpleWorkers (no
+        fork: RQ's fastest). An RQ worker runs one job at a time, so its
+        rows are rates to compare, not the same wall time."""
+        log("11. RQ (issue 34): %d one-second LLM jobs on celeriac -c %d; %d on %d RQ workers"
+            % (RQ_N, RQ_C, RQ_PY_N, RQ_PY_WORKERS))
+        res = {"n": RQ_N, "c": RQ_C, "py_n": RQ_PY_N, "py_workers": RQ_PY_WORKERS,
+               "model": LLM_1S, "rows": [], "missing": None}
+        self.results["rq"] = res
+        try:
+            import rq
+            res["rq_version"] = rq.__version__
+        except ImportError as e:
+            res["missing"] = "no python3-rq (make deps): %s" % e
+            log("  RQ: missing (%s)" % res["missing"])
+            return
+        url = "redis://127.0.0.1:%d/%d" % (self.redis_port, RQ_DB)
+        queue = "benchrq"
+        env = dict(os.environ, OPENAI_BASE_URL=self.llm_base, PYTHONWARNINGS="ignore",
+                   PYTHONPATH=os.path.join(ROOT, "bench"))
+
+        def celeriac():
+            return [Proc("celeriac-rq", [BIN, "rq", "worker", queue, "--url", url, "-c",
+                                         str(RQ_C), "--task-alias", "pyapp.generate=llm.generate",
+                                         "-l", "warning"], env=env)]
+
+        def rq_workers(cls):
+            def start():
+                cmd = [PY, "-m", "rq.cli", "worker", "--burst", "-u", url, "-q"]
+                if cls:
+                    cmd += ["-w", cls]
+                return [Proc("rq-worker", cmd + [queue], env=env, cwd=os.path.join(ROOT, "bench"))
+                        for _ in range(RQ_PY_WORKERS)]
+            return start
+        rows = []
+        for _ in range(REPEAT):
+            try:
+                rows.append(self.rq_run("celeriac", celeriac, RQ_N, queue))
+            except RuntimeError as e:
+                log("  celeriac rq: %s" % str(e)[:300])
+        for label, cls in (("rq-fork", None), ("rq-simple", "rq.worker.SimpleWorker")):
+            try:
+                rows.append(self.rq_run(label, rq_workers(cls), RQ_PY_N, queue))
+            except RuntimeError as e:
+                log("  %s: %s" % (label, str(e)[:300]))
+        res["rows"] = rows
+
     # ------------------------------------------------------------ canvas
 
     def canvas_pool(self):
@@ -1418,12 +1598,13 @@ def main():
         b.results["machine"] = machine()
         only = os.environ.get("BENCH_ONLY",
                               "limits,dispatch,concurrency,memory,latency,cpu,canvas,redis,tls,"
-                              "sqs")
+                              "sqs,rq,tracing")
         for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
                          ("concurrency", b.concurrency), ("memory", b.memory),
                          ("latency", b.latency), ("cpu", b.cpu_per_token),
                          ("canvas", b.canvas), ("redis", b.redis_section),
-                         ("tls", lambda: tls_section(b)), ("sqs", b.sqs_section)):
+                         ("tls", lambda: tls_section(b)), ("sqs", b.sqs_section),
+                         ("rq", b.rq_section), ("tracing", b.tracing_section)):
             if name in only.split(","):
                 fn()
         b.results["elapsed_s"] = round(time.time() - t0, 1)
