@@ -1,0 +1,292 @@
+/* rq_redis.c -- an RQ worker's Redis commands, each step one EVAL (see
+ * rq_redis.h). The scripts write what RQ 1.13's worker writes at the same
+ * step (rq-protocol.md sections 7 and 8), field for field. */
+#include "rq_redis.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "protocol/rq_job.h"
+
+/* KEYS: worker hash, rq:workers, rq:workers:<q>...
+ * ARGV: ts, queues, pid, hostname, version, ttl */
+static const char birth_lua[] =
+    "if redis.call('EXISTS', KEYS[1]) == 1 and "
+    "redis.call('HEXISTS', KEYS[1], 'death') == 0 then return 0 end\n"
+    "redis.call('DEL', KEYS[1])\n"
+    "redis.call('HSET', KEYS[1], 'birth', ARGV[1], 'last_heartbeat', ARGV[1], "
+    "'queues', ARGV[2], 'pid', ARGV[3], 'hostname', ARGV[4], 'ip_address', 'unknown', "
+    "'version', ARGV[5], 'python_version', 'celeriac (native)', 'state', 'idle')\n"
+    "for i = 2, #KEYS do redis.call('SADD', KEYS[i], KEYS[1]) end\n"
+    "redis.call('EXPIRE', KEYS[1], ARGV[6])\n"
+    "return 1\n";
+
+/* KEYS: as birth. ARGV: ts, queues, pid, hostname, version, ttl, state */
+static const char idle_lua[] =
+    "local r = 1\n"
+    "if redis.call('EXISTS', KEYS[1]) == 0 then\n"
+    "  redis.call('HSET', KEYS[1], 'birth', ARGV[1], 'queues', ARGV[2], 'pid', ARGV[3], "
+    "'hostname', ARGV[4], 'ip_address', 'unknown', 'version', ARGV[5], "
+    "'python_version', 'celeriac (native)')\n"
+    "  for i = 2, #KEYS do redis.call('SADD', KEYS[i], KEYS[1]) end\n"
+    "  r = 0\n"
+    "end\n"
+    "redis.call('HSET', KEYS[1], 'last_heartbeat', ARGV[1], 'state', ARGV[7])\n"
+    "redis.call('EXPIRE', KEYS[1], ARGV[6])\n"
+    "return r\n";
+
+/* KEYS: as birth. ARGV: ts */
+static const char death_lua[] =
+    "for i = 2, #KEYS do redis.call('SREM', KEYS[i], KEYS[1]) end\n"
+    "redis.call('HSET', KEYS[1], 'death', ARGV[1])\n"
+    "redis.call('EXPIRE', KEYS[1], 60)\n"
+    "return 1\n";
+
+/* KEYS: job, started registry, worker. ARGV: id, worker name, ts, score, ttl */
+static const char start_lua[] =
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return false end\n"
+    "redis.call('HSET', KEYS[3], 'current_job', ARGV[1], 'current_job_working_time', "
+    "'0', "
+    "'last_heartbeat', ARGV[3], 'state', 'busy')\n"
+    "redis.call('EXPIRE', KEYS[3], ARGV[5])\n"
+    "redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])\n"
+    "redis.call('HSET', KEYS[1], 'last_heartbeat', ARGV[3], 'status', 'started', "
+    "'started_at', ARGV[3], 'worker_name', ARGV[2])\n"
+    "redis.call('PERSIST', KEYS[1])\n"
+    "return redis.call('HGETALL', KEYS[1])\n";
+
+/* KEYS: job, started registry, worker. ARGV: id, ts, score, ttl, working time */
+static const char busy_lua[] =
+    "redis.call('HSET', KEYS[3], 'last_heartbeat', ARGV[2], 'current_job_working_time', "
+    "ARGV[5])\n"
+    "redis.call('EXPIRE', KEYS[3], ARGV[4])\n"
+    "if redis.call('EXISTS', KEYS[1]) == 1 then\n"
+    "  redis.call('HSET', KEYS[1], 'last_heartbeat', ARGV[2])\n"
+    "end\n"
+    "redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[1])\n"
+    "return 1\n";
+
+/* KEYS: job, started registry, worker, results, dependents, dependencies,
+ *       the registry the job goes to (finished, failed or scheduled), the
+ *       origin queue, rq:queues.
+ * ARGV: how, id, ts, working time, ttl, score, value (return_value or
+ *       exc_string, "" for none), retries left, interval, 1 when the stream
+ *       takes the failure TTL. */
+static const char end_lua[] =
+    "local how = ARGV[1]\n"
+    "redis.call('ZREM', KEYS[2], ARGV[2])\n"
+    "redis.call('HDEL', KEYS[3], 'current_job')\n"
+    "redis.call('HSET', KEYS[3], 'current_job_working_time', '0', 'state', 'idle')\n"
+    "redis.call('HINCRBYFLOAT', KEYS[3], 'total_working_time', ARGV[4])\n"
+    "if how == 'finished' then\n"
+    "  redis.call('HINCRBY', KEYS[3], 'successful_job_count', 1)\n"
+    "else\n"
+    "  redis.call('HINCRBY', KEYS[3], 'failed_job_count', 1)\n"
+    "end\n"
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
+    "local ttl = tonumber(ARGV[5])\n"
+    "if how == 'finished' then\n"
+    "  if ttl == 0 then\n"
+    "    redis.call('DEL', KEYS[1], KEYS[5], KEYS[6])\n"
+    "    return 1\n"
+    "  end\n"
+    "  redis.call('HSET', KEYS[1], 'status', 'finished', 'ended_at', ARGV[3])\n"
+    "  if ARGV[7] ~= '' then\n"
+    "    redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '1', "
+    "'return_value', ARGV[7])\n"
+    "  else\n"
+    "    redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '1')\n"
+    "  end\n"
+    "  redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
+    "  if ttl > 0 then\n"
+    "    for i = 4, 6 do redis.call('EXPIRE', KEYS[i], ttl) end\n"
+    "    redis.call('EXPIRE', KEYS[1], ttl)\n"
+    "  else\n"
+    "    redis.call('PERSIST', KEYS[1])\n"
+    "    redis.call('PERSIST', KEYS[4])\n"
+    "  end\n"
+    "elseif how == 'failed' or how == 'stopped' then\n"
+    "  redis.call('HSET', KEYS[1], 'status', how, 'ended_at', ARGV[3])\n"
+    "  redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '2', 'exc_string', "
+    "ARGV[7])\n"
+    "  redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
+    "  if ttl == -1 then\n"
+    "    redis.call('PERSIST', KEYS[1])\n"
+    "  else\n"
+    "    redis.call('EXPIRE', KEYS[1], ttl)\n"
+    "    redis.call('EXPIRE', KEYS[5], ttl)\n"
+    "    redis.call('EXPIRE', KEYS[6], ttl)\n"
+    "    if ARGV[10] == '1' then redis.call('EXPIRE', KEYS[4], ttl) end\n"
+    "  end\n"
+    "else\n"
+    "  redis.call('HSET', KEYS[1], 'retries_left', ARGV[8])\n"
+    "  if tonumber(ARGV[9]) > 0 then\n"
+    "    redis.call('HSET', KEYS[1], 'status', 'scheduled')\n"
+    "    redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
+    "  else\n"
+    "    redis.call('SADD', KEYS[9], KEYS[8])\n"
+    "    redis.call('HSET', KEYS[1], 'status', 'queued', 'enqueued_at', ARGV[3])\n"
+    "    redis.call('RPUSH', KEYS[8], ARGV[2])\n"
+    "  end\n"
+    "end\n"
+    "return 1\n";
+
+static void key_arg(struct redis_args *a, enum rq_key_kind kind, const char *name)
+{
+    char k[RQ_KEY_SIZE];
+    if (rq_key(k, kind, name))
+        a->oom = 1; /* an impossible name: refused as a whole at argv time */
+    redis_args_s(a, k);
+}
+
+static void num_arg(struct redis_args *a, long long v)
+{
+    char s[32];
+    snprintf(s, sizeof(s), "%lld", v);
+    redis_args_s(a, s);
+}
+
+static void eval_head(struct redis_args *a, const char *script, int nkeys)
+{
+    redis_args_s(a, "EVAL");
+    redis_args_s(a, script);
+    num_arg(a, nkeys);
+}
+
+void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
+                  int timeout_s)
+{
+    redis_args_s(a, "BLPOP");
+    for (int i = 0; i < nqueues; i++)
+        key_arg(a, RQ_KEY_QUEUE, queues[i]);
+    num_arg(a, timeout_s);
+}
+
+static void worker_keys(struct redis_args *a, const char *script,
+                        const struct rq_worker_info *w)
+{
+    eval_head(a, script, 2 + w->nqueues);
+    key_arg(a, RQ_KEY_WORKER, w->name);
+    redis_args_s(a, RQ_WORKERS_KEY);
+    for (int i = 0; i < w->nqueues; i++)
+        key_arg(a, RQ_KEY_WORKERS_OF, w->queue_names[i]);
+}
+
+static void worker_fields(struct redis_args *a, const struct rq_worker_info *w)
+{
+    redis_args_s(a, w->ts);
+    redis_args_s(a, w->queues);
+    num_arg(a, w->pid);
+    redis_args_s(a, w->hostname);
+    redis_args_s(a, w->version);
+    num_arg(a, w->ttl_s);
+}
+
+void rq_redis_birth(struct redis_args *a, const struct rq_worker_info *w)
+{
+    worker_keys(a, birth_lua, w);
+    worker_fields(a, w);
+}
+
+void rq_redis_idle_beat(struct redis_args *a, const struct rq_worker_info *w,
+                        const char *state)
+{
+    worker_keys(a, idle_lua, w);
+    worker_fields(a, w);
+    redis_args_s(a, state);
+}
+
+void rq_redis_death(struct redis_args *a, const struct rq_worker_info *w)
+{
+    worker_keys(a, death_lua, w);
+    redis_args_s(a, w->ts);
+}
+
+void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
+                    const char *queue, const char *ts, int64_t wip_score,
+                    long worker_ttl_s)
+{
+    eval_head(a, start_lua, 3);
+    key_arg(a, RQ_KEY_JOB, id);
+    key_arg(a, RQ_KEY_STARTED, queue);
+    key_arg(a, RQ_KEY_WORKER, worker);
+    redis_args_s(a, id);
+    redis_args_s(a, worker);
+    redis_args_s(a, ts);
+    num_arg(a, wip_score);
+    num_arg(a, worker_ttl_s);
+}
+
+void rq_redis_busy_beat(struct redis_args *a, const char *worker, const char *id,
+                        const char *queue, const char *ts, int64_t wip_score,
+                        long worker_ttl_s, double working_s)
+{
+    char w[64];
+    eval_head(a, busy_lua, 3);
+    key_arg(a, RQ_KEY_JOB, id);
+    key_arg(a, RQ_KEY_STARTED, queue);
+    key_arg(a, RQ_KEY_WORKER, worker);
+    redis_args_s(a, id);
+    redis_args_s(a, ts);
+    num_arg(a, wip_score);
+    num_arg(a, worker_ttl_s);
+    snprintf(w, sizeof(w), "%.6f", working_s);
+    redis_args_s(a, w);
+}
+
+void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
+{
+    static const char *const how[] = {"finished", "failed", "stopped", "retry"};
+    enum rq_key_kind reg = e->how == RQ_END_FINISHED ? RQ_KEY_FINISHED
+                           : e->how == RQ_END_RETRY  ? RQ_KEY_SCHEDULED
+                                                     : RQ_KEY_FAILED;
+    char score[32], w[64];
+    long ttl = 0;
+    const char *value = "";
+    int stream_ttl = 0;
+
+    switch (e->how) {
+    case RQ_END_FINISHED:
+        ttl = e->result_ttl_s;
+        rq_expiry_score(score, e->now_s, ttl, 1);
+        value = e->return_b64 ? e->return_b64 : "";
+        break;
+    case RQ_END_FAILED:
+    case RQ_END_STOPPED:
+        ttl = e->failure_ttl_s == -2 ? RQ_DEFAULT_FAILURE_TTL_S : e->failure_ttl_s;
+        stream_ttl = e->failure_ttl_s != -2 && e->failure_ttl_s != -1;
+        rq_expiry_score(score, e->now_s, ttl, 0);
+        value = e->exc_b64 ? e->exc_b64 : "";
+        break;
+    case RQ_END_RETRY:
+        snprintf(score, sizeof(score), "%lld", (long long)(e->now_s + e->interval_s));
+        break;
+    }
+    eval_head(a, end_lua, 9);
+    key_arg(a, RQ_KEY_JOB, e->id);
+    key_arg(a, RQ_KEY_STARTED, e->queue);
+    key_arg(a, RQ_KEY_WORKER, e->worker);
+    key_arg(a, RQ_KEY_RESULTS, e->id);
+    key_arg(a, RQ_KEY_DEPENDENTS, e->id);
+    key_arg(a, RQ_KEY_DEPENDENCIES, e->id);
+    key_arg(a, reg, e->queue);
+    key_arg(a, RQ_KEY_QUEUE, e->queue);
+    redis_args_s(a, RQ_QUEUES_KEY);
+    redis_args_s(a, how[e->how]);
+    redis_args_s(a, e->id);
+    redis_args_s(a, e->ts);
+    snprintf(w, sizeof(w), "%.6f", e->working_s);
+    redis_args_s(a, w);
+    num_arg(a, ttl);
+    redis_args_s(a, score);
+    redis_args_s(a, value);
+    num_arg(a, e->retries_left);
+    num_arg(a, e->interval_s);
+    redis_args_s(a, stream_ttl ? "1" : "0");
+}
+
+void rq_redis_suspended(struct redis_args *a)
+{
+    redis_args_s(a, "EXISTS");
+    redis_args_s(a, RQ_SUSPENDED_KEY);
+}
