@@ -1,0 +1,290 @@
+"""`celeriac rq worker` against Debian's python3-rq (RQ 1.13) as the producer and
+reader: jobs enqueued by name with `Queue.enqueue("mymod.llm_inference", ...)`,
+run as the built-in LLM tasks against the fake LLM, and read back with RQ's own
+client (job.get_status(), job.result, the registries) and its `rq info` CLI.
+Each test has a Redis database of its own, flushed before and after."""
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+import redis
+from rq import Queue, Retry, Worker as RqPyWorker
+from rq.job import Job
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+
+from conftest import BIN, Worker, next_result_db, wait_until
+
+ALIAS = ["--task-alias", "mymod.llm_inference=llm.generate",
+         "--task-alias", "mymod.chat=llm.chat", "--task-alias", "mymod.embed=llm.embed"]
+
+
+class RqWorker(Worker):
+    """A `celeriac rq worker` process, its log read line by line."""
+
+    def start(self, wait_ready=True, timeout=30):
+        self.read_lines(subprocess.Popen([BIN, "rq", "worker", *self.args], env=self.env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, errors="replace"))
+        if wait_ready:
+            self.wait_for(r"rq worker ready\.$", timeout)
+        return self
+
+
+class RqEnv:
+    def __init__(self, services, fake):
+        self.services = services
+        self.fake = fake
+        self.db = next_result_db()
+        self.url = services.redis_url(self.db)
+        self.r = redis.Redis(host="127.0.0.1", port=services.redis_port, db=self.db)
+        self.r.flushdb()
+        self.workers = []
+
+    def queue(self, name="default", **kw):
+        return Queue(name, connection=self.r, **kw)
+
+    def worker(self, *args, start=True, **kw):
+        e = dict(os.environ)
+        e["OPENAI_BASE_URL"] = self.fake.base + "/v1"
+        e["OPENAI_API_KEY"] = "sk-test-secret-key"
+        w = RqWorker(["--url", self.url, "-l", "info", *ALIAS, *args], e)
+        self.workers.append(w)
+        if start:
+            w.start(**kw)
+        return w
+
+    def wait_status(self, job, status, timeout=20):
+        wait_until(lambda: job.get_status() == status, timeout=timeout,
+                   what="job %s %s" % (job.id, status))
+        job.refresh()
+
+    def rq_info(self):
+        return subprocess.run(["rq", "info", "--url", self.url], capture_output=True,
+                              text=True, timeout=30).stdout
+
+    def close(self):
+        for w in self.workers:
+            w.stop()
+        self.r.flushdb()
+        self.r.close()
+
+
+@pytest.fixture
+def rqenv(services, fake_llm):
+    e = RqEnv(services, fake_llm)
+    yield e
+    e.close()
+
+
+def test_enqueue_by_name_finishes(rqenv):
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello")
+    rqenv.worker()
+    rqenv.wait_status(job, "finished")
+    want = rqenv.fake.expected("Hello")["text"]
+    assert job.is_finished
+    assert job.result == want
+    assert job.return_value() == want
+    assert job.latest_result().type.value == 1
+    assert job.started_at and job.ended_at and job.ended_at >= job.started_at
+    assert job.worker_name.startswith("celeriac-")
+    assert job.id in FinishedJobRegistry(queue=q).get_job_ids()
+    assert job.id not in StartedJobRegistry(queue=q).get_job_ids()
+    # result_ttl 500 (RQ's default) on the job, its stream, and the registry score
+    assert 490 < rqenv.r.ttl("rq:job:" + job.id) <= 500
+    assert 490 < rqenv.r.ttl("rq:results:" + job.id) <= 500
+    score = rqenv.r.zscore("rq:finished:default", job.id)
+    assert abs(score - (time.time() + 500)) < 10
+
+
+def test_kwargs_chat_and_memo(rqenv):
+    """llm.chat with a payload whose keys the pickler shares (BINGET), and
+    llm.generate with keyword arguments only."""
+    q = rqenv.queue()
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Grüß dich ✓"}]
+    chat = q.enqueue("mymod.chat", msgs, model="m", temperature=0.5)
+    gen = q.enqueue("mymod.llm_inference", prompt="Hi", max_tokens=64)
+    rqenv.worker()
+    rqenv.wait_status(chat, "finished")
+    rqenv.wait_status(gen, "finished")
+    assert chat.result["content"] == rqenv.fake.expected("Grüß dich ✓")["text"]
+    assert gen.result == rqenv.fake.expected("Hi")["text"]
+
+
+def test_priority_high_before_low(rqenv):
+    high, low = rqenv.queue("high"), rqenv.queue("low")
+    lows = [low.enqueue("mymod.llm_inference", "low %d" % i) for i in range(10)]
+    hi = high.enqueue("mymod.llm_inference", "high")
+    rqenv.worker("high", "low", "-c", "1")
+    for j in lows + [hi]:
+        rqenv.wait_status(j, "finished")
+    assert all(hi.started_at <= j.started_at for j in lows)
+    order = sorted(lows, key=lambda j: j.started_at)
+    assert [j.id for j in order] == [j.id for j in lows]  # FIFO within a queue
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch %s" % Evil.path,))
+
+
+def test_refused_jobs_fail_at_once(rqenv, tmp_path):
+    import datetime
+    q = rqenv.queue()
+    Evil.path = str(tmp_path / "pwned")
+    unmapped = q.enqueue("nomod.fn", "x", retry=Retry(max=3))
+    hostile = q.enqueue("mymod.llm_inference", Evil())
+    dated = q.enqueue("mymod.llm_inference", datetime.datetime(2026, 1, 1))
+    callback = q.enqueue("mymod.llm_inference", "x", on_success=os.path.join)
+    rqenv.worker()
+    for j in (unmapped, hostile, dated, callback):
+        rqenv.wait_status(j, "failed")
+    def last_line(j):
+        return j.latest_result().exc_string.rstrip("\n").splitlines()[-1]
+    assert last_line(unmapped) == \
+        "celeriac.UnsupportedJob: no task mapped for 'nomod.fn' (see --task-alias)"
+    assert "STACK_GLOBAL" in last_line(hostile)
+    assert "datetime.datetime" in last_line(dated)
+    assert "on_success callback 'posixpath.join'" in last_line(callback)
+    assert not os.path.exists(Evil.path)
+    # never retried: the refusal would be the same
+    unmapped.refresh()
+    assert unmapped.retries_left == 3
+    failed = FailedJobRegistry(queue=q).get_job_ids()
+    assert {unmapped.id, hostile.id, dated.id, callback.id} <= set(failed)
+    assert rqenv.fake.stats() == []
+
+
+def test_llm_failure_into_failed_registry_then_requeue(rqenv):
+    q = rqenv.queue()
+    rqenv.fake.script(["status=400;err_msg=bad prompt"])
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=2))
+    w = rqenv.worker()
+    rqenv.wait_status(job, "failed")
+    exc = job.latest_result().exc_string
+    assert exc.endswith("\n") and "bad prompt" in exc.splitlines()[-1]
+    assert len(rqenv.fake.stats()) == 1  # permanent: not retried, retries left or not
+    reg = FailedJobRegistry(queue=q)
+    assert job.id in reg.get_job_ids()
+    score = rqenv.r.zscore("rq:failed:default", job.id)
+    assert abs(score - (time.time() + 31536000)) < 10
+    reg.requeue(job.id)
+    rqenv.wait_status(job, "finished")
+    assert job.result == rqenv.fake.expected("Hello")["text"]
+    assert job.id not in reg.get_job_ids()
+    w.stop()
+
+
+def test_retry_without_interval(rqenv):
+    q = rqenv.queue()
+    rqenv.fake.script(["status=500", "status=500"])
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=2))
+    rqenv.worker()
+    rqenv.wait_status(job, "finished")
+    assert job.retries_left == 0
+    assert len(rqenv.fake.stats()) == 3
+    assert job.result == rqenv.fake.expected("Hello")["text"]
+
+
+def test_exhausted_retries_fail_once(rqenv):
+    q = rqenv.queue()
+    rqenv.fake.script(["status=500"] * 3)
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=1))
+    rqenv.worker()
+    rqenv.wait_status(job, "failed")
+    assert len(rqenv.fake.stats()) == 2
+    assert job.retries_left == 0
+    assert rqenv.r.xlen("rq:results:" + job.id) == 1
+
+
+def test_result_ttls(rqenv):
+    q = rqenv.queue()
+    gone = q.enqueue("mymod.llm_inference", "a", result_ttl=0)
+    kept = q.enqueue("mymod.llm_inference", "b", result_ttl=-1)
+    rqenv.worker("-c", "1")
+    rqenv.wait_status(kept, "finished")
+    wait_until(lambda: not rqenv.r.exists("rq:job:" + gone.id), what="job deleted")
+    assert rqenv.r.ttl("rq:job:" + kept.id) == -1
+    assert rqenv.r.ttl("rq:results:" + kept.id) == -1
+    assert rqenv.r.zscore("rq:finished:default", kept.id) == float("inf")
+    assert rqenv.r.zscore("rq:finished:default", gone.id) is None
+
+
+def test_running_job_is_started_and_claimed(rqenv):
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+    rqenv.worker("--name", "rqw", "-c", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    job.refresh()
+    assert job.get_status() == "started"
+    assert job.worker_name in ("rqw-1", "rqw-2")
+    score = rqenv.r.zscore("rq:wip:default", job.id)
+    assert score > time.time() + 30
+    # `rq info` runs the started registry's cleanup: the job must survive it
+    out = rqenv.rq_info()
+    assert "rqw-1" in out and "rqw-2" in out and "busy" in out and "idle" in out
+    assert job.id in StartedJobRegistry(queue=q).get_job_ids()
+    workers = {w.name: w for w in RqPyWorker.all(connection=rqenv.r)}
+    assert set(workers) == {"rqw-1", "rqw-2"}
+    busy = workers[job.worker_name]
+    assert busy.get_state() == "busy" and busy.get_current_job_id() == job.id
+    rqenv.fake.release(hold)
+    rqenv.wait_status(job, "finished")
+    wait_until(lambda: RqPyWorker.find_by_key("rq:worker:" + job.worker_name,
+                                              connection=rqenv.r).get_state() == "idle",
+               what="worker idle")
+
+
+def test_sigterm_is_warm(rqenv):
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+    w = rqenv.worker("--name", "warm", "-c", "1")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    w.signal(signal.SIGTERM)
+    w.wait_for(r"warm shutdown")
+    time.sleep(0.5)
+    assert w.proc.poll() is None  # waits for the running job
+    rqenv.fake.release(hold)
+    assert w.wait(timeout=20) == 0
+    job.refresh()
+    assert job.get_status() == "finished"
+    assert not rqenv.r.sismember("rq:workers", "rq:worker:warm")
+    assert not rqenv.r.sismember("rq:workers:default", "rq:worker:warm")
+    assert rqenv.r.hget("rq:worker:warm", "death")
+    assert 0 < rqenv.r.ttl("rq:worker:warm") <= 60
+
+
+def test_job_timeout_aborts(rqenv):
+    q = rqenv.queue()
+    # streamed slowly: the fake sees the abort at its next write
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=2,tokens=40",
+                    job_timeout=1)
+    rqenv.worker()
+    t0 = time.time()
+    rqenv.wait_status(job, "failed")
+    assert time.time() - t0 < 5
+    assert job.latest_result().exc_string.rstrip("\n").splitlines()[-1] == \
+        "rq.timeouts.JobTimeoutException: Task exceeded maximum timeout value (1 seconds)"
+    wait_until(lambda: [e["ended"] for e in rqenv.fake.stats()] == ["client_closed"],
+               timeout=5, what="the call aborted")
+
+
+def test_suspend_and_resume(rqenv):
+    q = rqenv.queue()
+    rqenv.worker("--name", "susp", "-c", "1")
+    subprocess.run(["rq", "suspend", "--url", rqenv.url], check=True, capture_output=True)
+    wait_until(lambda: rqenv.r.hget("rq:worker:susp", "state") == b"suspended",
+               what="suspended state")
+    time.sleep(1.5)  # a blocking pop already out when the suspension was seen ends
+    job = q.enqueue("mymod.llm_inference", "Hello")
+    time.sleep(2)
+    job.refresh()
+    assert job.get_status() == "queued"
+    subprocess.run(["rq", "resume", "--url", rqenv.url], check=True, capture_output=True)
+    rqenv.wait_status(job, "finished")
