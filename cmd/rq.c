@@ -34,6 +34,10 @@ static const struct opt rq_opts[] = {
     {"shutdown-timeout", 0, "CELERIAC_SHUTDOWN_TIMEOUT", OPTS_DOUBLE,
      OFF(shutdown_timeout), "600", 0, 86400,
      "seconds a warm shutdown waits for running jobs"},
+    {"with-scheduler", 0, "CELERIAC_RQ_WITH_SCHEDULER", OPTS_BOOL, OFF(with_scheduler),
+     "1", 0, 1,
+     "run RQ's scheduler for the queues (retries with an interval, enqueue_in and "
+     "enqueue_at), under RQ's per-queue lock"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(base.loglevel), "warning", 0, 0,
      "log level: debug, info, warning, error, critical"},
 };

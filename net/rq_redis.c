@@ -73,6 +73,44 @@ static const char busy_lua[] =
  *       exc_string, "" for none), retries left, interval, 1 when the stream
  *       takes the failure TTL. */
 static const char end_lua[] =
+    /* Queue.enqueue_dependents: a dependent goes to its queue once every
+     * job it waits for has finished (or failed, when it allows failures). */
+    "local function release(parent, failed)\n"
+    "  local deps = redis.call('SMEMBERS', KEYS[5])\n"
+    "  if #deps == 0 then return end\n"
+    "  local done, all = {}, true\n"
+    "  for _, d in ipairs(deps) do\n"
+    "    local jk = 'rq:job:' .. d\n"
+    "    local h = redis.call('HMGET', jk, 'origin', 'enqueue_at_front', "
+    "'allow_dependency_failures', 'status')\n"
+    "    local ready = h[1] ~= false and h[4] ~= 'canceled'\n"
+    "    if ready and failed and h[3] ~= '1' then ready = false end\n"
+    "    if ready then\n"
+    "      for _, o in ipairs(redis.call('SMEMBERS', 'rq:job::' .. d .. "
+    "':dependencies')) do\n"
+    "        if o ~= parent then\n"
+    "          local st = redis.call('HGET', 'rq:job:' .. o, 'status')\n"
+    "          if not (st == 'finished' or (st == 'failed' and h[3] == '1')) then\n"
+    "            ready = false\n"
+    "          end\n"
+    "        end\n"
+    "      end\n"
+    "    end\n"
+    "    if ready then\n"
+    "      local q = 'rq:queue:' .. h[1]\n"
+    "      redis.call('ZREM', 'rq:deferred:' .. h[1], d)\n"
+    "      redis.call('SADD', 'rq:queues', q)\n"
+    "      redis.call('HSET', jk, 'status', 'queued', 'enqueued_at', ARGV[3])\n"
+    "      if h[2] == '1' then redis.call('LPUSH', q, d) else redis.call('RPUSH', q, d) "
+    "end\n"
+    "      done[#done + 1] = d\n"
+    "    else\n"
+    "      all = false\n"
+    "    end\n"
+    "  end\n"
+    "  if all then redis.call('DEL', KEYS[5])\n"
+    "  elseif #done > 0 then redis.call('SREM', KEYS[5], unpack(done)) end\n"
+    "end\n"
     "local how = ARGV[1]\n"
     "redis.call('ZREM', KEYS[2], ARGV[2])\n"
     "redis.call('HDEL', KEYS[3], 'current_job')\n"
@@ -86,6 +124,7 @@ static const char end_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
     "local ttl = tonumber(ARGV[5])\n"
     "if how == 'finished' then\n"
+    "  release(ARGV[2], false)\n"
     "  if ttl == 0 then\n"
     "    redis.call('DEL', KEYS[1], KEYS[5], KEYS[6])\n"
     "    return 1\n"
@@ -110,6 +149,7 @@ static const char end_lua[] =
     "  redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '2', 'exc_string', "
     "ARGV[7])\n"
     "  redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
+    "  release(ARGV[2], true)\n"
     "  if ttl == -1 then\n"
     "    redis.call('PERSIST', KEYS[1])\n"
     "  else\n"
@@ -129,6 +169,35 @@ static const char end_lua[] =
     "    redis.call('RPUSH', KEYS[8], ARGV[2])\n"
     "  end\n"
     "end\n"
+    "return 1\n";
+
+/* RQScheduler's loop for one queue (rq-protocol.md 10), under its lock
+ * (the value is our pid, as 1.13's Queue.scheduler_pid reads it).
+ * KEYS: scheduled registry, queue, rq:queues, lock. ARGV: now, ts, pid.
+ * Reply: -1 when another scheduler holds the lock, else the jobs moved. */
+static const char schedule_lua[] =
+    "local v = redis.call('GET', KEYS[4])\n"
+    "if v and v ~= ARGV[3] then return -1 end\n"
+    "redis.call('SET', KEYS[4], ARGV[3], 'EX', 61)\n"
+    "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], 0, ARGV[1], 'LIMIT', 0, 1000)\n"
+    "for _, id in ipairs(ids) do\n"
+    "  local jk = 'rq:job:' .. id\n"
+    "  if redis.call('EXISTS', jk) == 1 then\n"
+    "    redis.call('SADD', KEYS[3], KEYS[2])\n"
+    "    redis.call('HSET', jk, 'status', 'queued', 'enqueued_at', ARGV[2])\n"
+    "    if redis.call('HGET', jk, 'enqueue_at_front') == '1' then\n"
+    "      redis.call('LPUSH', KEYS[2], id)\n"
+    "    else\n"
+    "      redis.call('RPUSH', KEYS[2], id)\n"
+    "    end\n"
+    "  end\n"
+    "  redis.call('ZREM', KEYS[1], id)\n"
+    "end\n"
+    "return #ids\n";
+
+/* KEYS: lock. ARGV: pid */
+static const char unlock_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
     "return 1\n";
 
 static void key_arg(struct redis_args *a, enum rq_key_kind kind, const char *name)
@@ -259,7 +328,9 @@ void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
         value = e->exc_b64 ? e->exc_b64 : "";
         break;
     case RQ_END_RETRY:
-        snprintf(score, sizeof(score), "%lld", (long long)(e->now_s + e->interval_s));
+        /* A second up: the scheduler compares whole seconds, and the wait
+         * must not come out shorter than asked. */
+        snprintf(score, sizeof(score), "%lld", (long long)(e->now_s + e->interval_s + 1));
         break;
     }
     eval_head(a, end_lua, 9);
@@ -283,6 +354,26 @@ void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
     num_arg(a, e->retries_left);
     num_arg(a, e->interval_s);
     redis_args_s(a, stream_ttl ? "1" : "0");
+}
+
+void rq_redis_schedule(struct redis_args *a, const char *queue, int64_t now_s,
+                       const char *ts, long pid)
+{
+    eval_head(a, schedule_lua, 4);
+    key_arg(a, RQ_KEY_SCHEDULED, queue);
+    key_arg(a, RQ_KEY_QUEUE, queue);
+    redis_args_s(a, RQ_QUEUES_KEY);
+    key_arg(a, RQ_KEY_SCHED_LOCK, queue);
+    num_arg(a, now_s);
+    redis_args_s(a, ts);
+    num_arg(a, pid);
+}
+
+void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid)
+{
+    eval_head(a, unlock_lua, 1);
+    key_arg(a, RQ_KEY_SCHED_LOCK, queue);
+    num_arg(a, pid);
 }
 
 void rq_redis_suspended(struct redis_args *a)

@@ -90,8 +90,22 @@ struct rq_end_info {
 
 /* Ends a job: one script that takes it out of the started registry, clears
  * the worker's current job and counts it, then (only if the job hash still
- * exists) writes the outcome. Reply 1, or 0 when the job was gone. */
+ * exists) writes the outcome. A finished job releases its dependents whose
+ * other dependencies have all finished; a failed or stopped one those that
+ * allow failures (Dependency(allow_failure=True)), in the same script.
+ * Reply 1, or 0 when the job was gone. */
 void rq_redis_end(struct redis_args *a, const struct rq_end_info *e);
+
+/* The scheduler's turn for one queue: under rq:scheduler-lock:<queue>
+ * (taken, or kept, with our pid; another holder's lock is left alone), the
+ * jobs of the scheduled registry due by now_s go to the queue's tail (its
+ * head with enqueue_at_front), status queued. Reply: -1 when another
+ * scheduler holds the lock, else how many were due. */
+void rq_redis_schedule(struct redis_args *a, const char *queue, int64_t now_s,
+                       const char *ts, long pid);
+
+/* Drops the scheduler lock of queue if pid holds it. Reply 1. */
+void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid);
 
 /* EXISTS rq:suspended: reply 1 while `rq suspend` holds. */
 void rq_redis_suspended(struct redis_args *a);

@@ -80,6 +80,7 @@ struct slot {
     int cmd_inflight, cmd_pending;
     struct redis_req beat_req;
     int beat_inflight;
+    struct redis_req death_req; /* apart: a heartbeat may still be out */
     uint64_t next_idle_beat_ms;
     int born; /* its birth was registered: its death is ours to register */
 };
@@ -96,6 +97,11 @@ struct rq_worker {
     struct redis_req susp_req;
     int susp_inflight, suspended;
     uint64_t next_susp_ms;
+
+    /* the scheduler: one request per queue */
+    struct redis_req *sched_reqs;
+    int *sched_inflight;
+    uint64_t next_sched_ms;
 
     struct slot *slots;
     int nslots;
@@ -614,17 +620,70 @@ static void check_suspended(struct rq_worker *w)
     redis_args_release(&a);
 }
 
+/* ------------------------------------------------------------ scheduler */
+
+static int queue_index(const struct rq_worker *w, const struct redis_req *req)
+{
+    return (int)(req - w->sched_reqs);
+}
+
+static void on_scheduled(struct redis_req *req, int status, redisReply *reply)
+{
+    struct rq_worker *w = req->data;
+    int i = queue_index(w, req);
+    w->sched_inflight[i] = 0;
+    if (status)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR)
+        LOG(LOG_WARNING, "rq: scheduler of queue %s refused: %s", w->cfg->queues[i],
+            reply->str);
+    else if (reply->type == REDIS_REPLY_INTEGER && reply->integer > 0)
+        LOG(LOG_INFO, "rq: scheduler moved %lld jobs to queue %s", reply->integer,
+            w->cfg->queues[i]);
+}
+
+/* RQ's scheduler for our queues (--with-scheduler): retries with an
+ * interval and enqueue_in/enqueue_at jobs run only if some process does it. */
+static void schedule(struct rq_worker *w)
+{
+    char ts[RQ_TS_SIZE];
+    ts_now(ts);
+    for (int i = 0; i < w->cfg->nqueues; i++) {
+        struct redis_args a;
+        const char **argv;
+        if (w->sched_inflight[i])
+            continue;
+        redis_args_init(&a);
+        rq_redis_schedule(&a, w->cfg->queues[i], now_s(), ts, w->pid);
+        argv = redis_args_argv(&a);
+        w->sched_reqs[i].data = w;
+        if (argv &&
+            !redis_conn_send(w->conn, &w->sched_reqs[i], on_scheduled, a.n, argv, a.len))
+            w->sched_inflight[i] = 1;
+        redis_args_release(&a);
+    }
+}
+
 /* ------------------------------------------------------------ shutdown */
 
 static void on_death(struct redis_req *req, int status, redisReply *reply)
 {
     struct slot *s = req->data;
     (void)reply;
-    s->beat_inflight = 0;
     if (status == CR_ECANCELED)
         return;
     if (--s->w->deaths_left == 0)
         uv_stop(s->w->loop);
+}
+
+static void on_unlocked(struct redis_req *req, int status, redisReply *reply)
+{
+    struct rq_worker *w = req->data;
+    (void)reply;
+    if (status == CR_ECANCELED)
+        return;
+    if (--w->deaths_left == 0)
+        uv_stop(w->loop);
 }
 
 static void register_deaths(struct rq_worker *w)
@@ -643,13 +702,25 @@ static void register_deaths(struct rq_worker *w)
         redis_args_init(&a);
         rq_redis_death(&a, &s->info);
         argv = redis_args_argv(&a);
-        s->beat_req.data = s;
-        /* Sent even with a heartbeat in flight: the reply order is the send order. */
-        if (argv && !redis_conn_send(w->conn, &s->beat_req, on_death, a.n, argv, a.len))
+        s->death_req.data = s;
+        if (argv && !redis_conn_send(w->conn, &s->death_req, on_death, a.n, argv, a.len))
             w->deaths_left++;
         redis_args_release(&a);
     }
     LOG(LOG_INFO, "rq: %d workers registered their death", w->deaths_left);
+    for (int i = 0; w->cfg->with_scheduler && i < w->cfg->nqueues; i++) {
+        struct redis_args a;
+        const char **argv;
+        redis_args_init(&a);
+        rq_redis_unlock_scheduler(&a, w->cfg->queues[i], w->pid);
+        argv = redis_args_argv(&a);
+        w->sched_reqs[w->cfg->nqueues + i].data = w;
+        /* After a turn still in flight: replies come in the order sent. */
+        if (argv && !redis_conn_send(w->conn, &w->sched_reqs[w->cfg->nqueues + i],
+                                     on_unlocked, a.n, argv, a.len))
+            w->deaths_left++;
+        redis_args_release(&a);
+    }
     if (w->deaths_left == 0)
         uv_stop(w->loop);
 }
@@ -711,6 +782,8 @@ static void on_cron(uv_timer_t *t)
     }
     if (now >= w->next_susp_ms && redis_conn_up(w->conn)) {
         check_suspended(w);
+        if (w->cfg->with_scheduler && !w->stopping)
+            schedule(w);
         w->next_susp_ms = now + SUSPEND_CHECK_MS;
     }
     if (w->stopping && !w->pop_inflight && (busy_slots(w) == 0 || now >= w->stop_at_ms)) {
@@ -804,6 +877,13 @@ struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
         snprintf(base, sizeof(base), "%s", cfg->name);
     else
         snprintf(base, sizeof(base), "celeriac-%.100s-%ld", w->hostname, w->pid);
+    /* each queue's turn, then each queue's unlock at the end */
+    w->sched_reqs = cr_calloc((size_t)cfg->nqueues * 2, sizeof(*w->sched_reqs));
+    w->sched_inflight = cr_calloc((size_t)cfg->nqueues, sizeof(*w->sched_inflight));
+    if (!w->sched_reqs || !w->sched_inflight) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        goto fail;
+    }
     w->nslots = cfg->concurrency;
     w->slots = cr_calloc((size_t)w->nslots, sizeof(*w->slots));
     if (!w->slots) {
@@ -936,6 +1016,8 @@ void rq_worker_free(struct rq_worker *w)
     for (int i = 0; w->slots && i < w->nslots; i++)
         redis_args_release(&w->slots[i].cmd);
     cr_free(w->slots);
+    cr_free(w->sched_reqs);
+    cr_free(w->sched_inflight);
     cr_free(w->queues_csv);
     cr_free(w);
 }

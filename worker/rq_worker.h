@@ -26,6 +26,7 @@ struct rq_config {
     int worker_ttl;            /* seconds (RQ's --worker-ttl) */
     int monitoring_interval;   /* seconds between a running job's heartbeats */
     double shutdown_timeout;   /* seconds a warm shutdown waits for running jobs */
+    int with_scheduler;        /* move due scheduled jobs of our queues (RQScheduler) */
     const char *const *queues; /* borrowed from argv, in priority order */
     int nqueues;
 };

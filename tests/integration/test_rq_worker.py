@@ -73,9 +73,14 @@ class RqEnv:
 
 
 @pytest.fixture
-def rqenv(services, fake_llm):
+def rqenv(request, services, fake_llm):
     e = RqEnv(services, fake_llm)
     yield e
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for i, w in enumerate(e.workers):
+            print("\n----- rq worker %d log (last 60 lines) -----" % i)
+            print("\n".join(w.lines[-60:]))
     e.close()
 
 
@@ -288,3 +293,66 @@ def test_suspend_and_resume(rqenv):
     assert job.get_status() == "queued"
     subprocess.run(["rq", "resume", "--url", rqenv.url], check=True, capture_output=True)
     rqenv.wait_status(job, "finished")
+
+
+def test_retry_with_intervals_through_scheduled_registry(rqenv):
+    q = rqenv.queue()
+    rqenv.fake.script(["status=500"] * 3)
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=2, interval=[1, 2]))
+    rqenv.worker()
+    wait_until(lambda: rqenv.r.zscore("rq:scheduled:default", job.id) is not None,
+               what="first retry scheduled")
+    job.refresh()
+    assert job.get_status() == "scheduled" and job.retries_left == 1
+    rqenv.wait_status(job, "failed", timeout=20)
+    times = [e["t"] for e in rqenv.fake.stats()]
+    assert len(times) == 3
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert 0.9 <= gaps[0] < 3 and 1.9 <= gaps[1] < 4, gaps
+    assert job.retries_left == 0
+    assert rqenv.r.xlen("rq:results:" + job.id) == 1  # one FAILED entry in all
+    assert rqenv.r.get("rq:scheduler-lock:default") == str(rqenv.workers[0].proc.pid).encode()
+
+
+def test_enqueue_in_runs_later(rqenv):
+    from datetime import timedelta
+    q = rqenv.queue()
+    rqenv.worker()
+    t0 = time.time()
+    job = q.enqueue_in(timedelta(seconds=2), "mymod.llm_inference", "later")
+    rqenv.wait_status(job, "finished")
+    assert time.time() - t0 >= 1.5
+    assert job.result == rqenv.fake.expected("later")["text"]
+
+
+def test_dependents_released(rqenv):
+    from rq.job import Dependency
+    q = rqenv.queue()
+    ok = q.enqueue("mymod.llm_inference", "parent ok")
+    bad = q.enqueue("mymod.llm_inference", "parent bad", model="fake/status=400")
+    child = q.enqueue("mymod.llm_inference", "child", depends_on=ok)
+    stuck = q.enqueue("mymod.llm_inference", "stuck", depends_on=bad)
+    allowed = q.enqueue("mymod.llm_inference", "allowed",
+                        depends_on=Dependency(jobs=[bad], allow_failure=True))
+    assert child.get_status() == "deferred"
+    rqenv.worker("-c", "1")
+    rqenv.wait_status(child, "finished")
+    rqenv.wait_status(allowed, "finished")
+    rqenv.wait_status(bad, "failed")
+    time.sleep(1)
+    assert stuck.get_status() == "deferred"
+    assert stuck.id in rqenv.r.zrange("rq:deferred:default", 0, -1) or \
+        stuck.id.encode() in rqenv.r.zrange("rq:deferred:default", 0, -1)
+
+
+def test_json_serializer_and_at_front(rqenv):
+    from rq.serializers import JSONSerializer
+    q = rqenv.queue("jq", serializer=JSONSerializer)
+    first = q.enqueue("mymod.chat", [{"role": "user", "content": "json hi"}])
+    front = q.enqueue("mymod.llm_inference", "front", at_front=True)
+    rqenv.worker("jq", "-c", "1")
+    rqenv.wait_status(first, "finished")
+    rqenv.wait_status(front, "finished")
+    assert front.started_at <= first.started_at
+    j = Job.fetch(first.id, connection=rqenv.r, serializer=JSONSerializer)
+    assert j.return_value()["content"] == rqenv.fake.expected("json hi")["text"]
