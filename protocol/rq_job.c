@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include <zlib.h>
+#include <cjson/cJSON.h>
 
 #include "../util/alloc.h"
 #include "../util/base64.h"
@@ -250,5 +251,44 @@ int rq_exc_string(struct buf *out, const char *text, size_t len)
     }
     rc = base64_encode(z, zn, out);
     cr_free(z);
+    return rc;
+}
+
+/* ------------------------------------------------------------ commands */
+
+int rq_command_parse(const char *p, size_t n, struct rq_command *out, struct cr_err *err)
+{
+    cJSON *root = cJSON_ParseWithLength(p, n);
+    const cJSON *cmd, *id;
+    int rc = 0;
+    memset(out, 0, sizeof(*out));
+    if (!root || !cJSON_IsObject(root)) {
+        rc = cr_err_set(err, CR_EDECODE, "command is not a JSON object");
+        goto done;
+    }
+    cmd = cJSON_GetObjectItemCaseSensitive(root, "command");
+    if (!cJSON_IsString(cmd)) {
+        rc = cr_err_set(err, CR_EDECODE, "command has no \"command\" string");
+        goto done;
+    }
+    if (!strcmp(cmd->valuestring, "shutdown")) {
+        out->kind = RQ_CMD_SHUTDOWN;
+    } else if (!strcmp(cmd->valuestring, "kill-horse")) {
+        out->kind = RQ_CMD_KILL_HORSE;
+    } else if (!strcmp(cmd->valuestring, "stop-job")) {
+        size_t len;
+        out->kind = RQ_CMD_STOP_JOB;
+        id = cJSON_GetObjectItemCaseSensitive(root, "job_id");
+        len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
+        if (len == 0 || len > RQ_MAX_ID) {
+            rc = cr_err_set(err, CR_EDECODE, "stop-job without a valid job_id");
+            goto done;
+        }
+        memcpy(out->job_id, id->valuestring, len + 1);
+    } else {
+        rc = cr_err_set(err, CR_EDECODE, "unknown command '%.40s'", cmd->valuestring);
+    }
+done:
+    cJSON_Delete(root);
     return rc;
 }

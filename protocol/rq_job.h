@@ -118,4 +118,21 @@ int rq_exc_text(struct buf *out, const char *func, const char *exc_type,
  * Returns 0 or CR_ENOMEM. */
 int rq_exc_string(struct buf *out, const char *text, size_t len);
 
+/* A command published on rq:pubsub:<worker> (rq/command.py). */
+enum rq_command_kind {
+    RQ_CMD_SHUTDOWN,   /* {"command": "shutdown"}: warm shutdown */
+    RQ_CMD_KILL_HORSE, /* {"command": "kill-horse"}: end the running job as killed */
+    RQ_CMD_STOP_JOB,   /* {"command": "stop-job", "job_id": ID}: stop that job */
+};
+
+struct rq_command {
+    enum rq_command_kind kind;
+    char job_id[RQ_MAX_ID + 1]; /* RQ_CMD_STOP_JOB */
+};
+
+/* Reads a command message of n bytes. Returns 0, or CR_EDECODE with a
+ * one-line reason: not a JSON object, no "command" string, an unknown
+ * command, or stop-job without a job_id string of 1..RQ_MAX_ID bytes. */
+int rq_command_parse(const char *p, size_t n, struct rq_command *out, struct cr_err *err);
+
 #endif

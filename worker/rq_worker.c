@@ -71,6 +71,8 @@ struct slot {
     uint64_t deadline_ms; /* 0: no timeout */
     uint64_t next_beat_ms;
     int timed_out;
+    int stopped; /* stop-job: ends as stopped, never retried */
+    int killed;  /* kill-horse: ends as RQ ends a killed work-horse */
 
     /* The slot's one command in flight (start or end), kept to be sent again
      * when the connection lost it unanswered. */
@@ -92,6 +94,8 @@ struct rq_worker {
     struct redis_url url;
     struct redis_conn *conn; /* commands */
     struct redis_conn *popc; /* BLPOP alone: it holds its connection while it waits */
+    struct redis_conn *subc; /* SUBSCRIBE rq:pubsub:<each slot's name> */
+    struct redis_req sub_req;
     struct redis_req pop_req;
     int pop_inflight;
     struct redis_req susp_req;
@@ -233,8 +237,9 @@ static void fail_job(struct slot *s, const char *exc_type, const char *message,
 {
     struct rq_end_info e;
     struct buf text, b64;
+    int rc;
     memset(&e, 0, sizeof(e));
-    if (may_retry && s->retries_left > 0) {
+    if (may_retry && s->retries_left > 0 && !s->stopped) {
         LOG(LOG_WARNING, "rq job %s (%s) failed, %ld retries left: %s: %s", s->id,
             s->func, s->retries_left, exc_type, message);
         e.how = RQ_END_RETRY;
@@ -243,16 +248,19 @@ static void fail_job(struct slot *s, const char *exc_type, const char *message,
         end_job(s, &e);
         return;
     }
-    LOG(LOG_ERROR, "rq job %s (%s) failed: %s: %s", s->id, s->func[0] ? s->func : "?",
-        exc_type, message);
+    LOG(LOG_ERROR, "rq job %s (%s) %s: %s%s%s", s->id, s->func[0] ? s->func : "?",
+        s->stopped ? "stopped" : "failed", exc_type ? exc_type : "", exc_type ? ": " : "",
+        message);
     buf_init(&text);
     buf_init(&b64);
-    if (rq_exc_text(&text, s->func, exc_type, message) ||
-        rq_exc_string(&b64, text.data, text.len)) {
+    /* A stopped or killed job's text is RQ's own line, no traceback. */
+    rc = exc_type ? rq_exc_text(&text, s->func, exc_type, message)
+                  : buf_puts(&text, message);
+    if (rc || rq_exc_string(&b64, text.data, text.len)) {
         buf_reset(&b64);
         buf_puts(&b64, "");
     }
-    e.how = RQ_END_FAILED;
+    e.how = s->stopped ? RQ_END_STOPPED : RQ_END_FAILED;
     e.exc_b64 = b64.data ? b64.data : "";
     end_job(s, &e);
     buf_release(&text);
@@ -295,6 +303,16 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     if (w->done)
         return; /* a cold stop: the job stays started, RQ's cleanup fails it */
     llm_stack_note(&w->ls, res, uv_now(w->loop));
+    if (s->stopped) {
+        fail_job(s, NULL, "Job stopped by user, work-horse terminated.", 0);
+        return;
+    }
+    if (s->killed) {
+        fail_job(s, NULL,
+                 "Work-horse terminated unexpectedly; waitpid returned 9 (signal 9); ",
+                 1);
+        return;
+    }
     if (s->timed_out) {
         char msg[96];
         snprintf(msg, sizeof(msg), "Task exceeded maximum timeout value (%ld seconds)",
@@ -339,6 +357,10 @@ static void run_job(struct slot *s, const struct rq_job *job)
     s->ser = RQ_SERIALIZER_PICKLE;
     s->func[0] = '\0';
 
+    if (s->stopped) {
+        fail_job(s, NULL, "Job stopped by user, work-horse terminated.", 0);
+        return;
+    }
     if (job->callback) {
         snprintf(why, sizeof(why),
                  "%s callback '%.*s' is Python code celeriac does not run",
@@ -485,7 +507,7 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     s->failure_ttl_s = -2;
     s->retries_left = s->interval_s = 0;
     s->ser = RQ_SERIALIZER_PICKLE;
-    s->timed_out = 0;
+    s->timed_out = s->stopped = s->killed = 0;
     s->call = NULL;
     s->started_ms = uv_now(w->loop);
     ts_now(ts);
@@ -733,6 +755,15 @@ static int busy_slots(const struct rq_worker *w)
     return n;
 }
 
+static void shutdown_warm(struct rq_worker *w, const char *why)
+{
+    if (w->stopping || w->done)
+        return;
+    w->stopping = 1;
+    w->stop_at_ms = uv_now(w->loop) + (uint64_t)(w->cfg->shutdown_timeout * 1000);
+    LOG(LOG_WARNING, "rq: warm shutdown (%s): %d jobs finish first", why, busy_slots(w));
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     struct rq_worker *w = h->data;
@@ -743,10 +774,92 @@ static void on_signal(uv_signal_t *h, int signum)
         uv_stop(w->loop);
         return;
     }
-    w->stopping = 1;
-    w->stop_at_ms = uv_now(w->loop) + (uint64_t)(w->cfg->shutdown_timeout * 1000);
-    LOG(LOG_WARNING, "rq: warm shutdown (%s): %d jobs finish first",
-        signum == SIGINT ? "SIGINT" : "SIGTERM", busy_slots(w));
+    shutdown_warm(w, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* ------------------------------------------------------------ commands */
+
+/* Aborts the slot's call; on_llm_done then ends the job by the flag set. */
+static void abort_job(struct slot *s, int *flag)
+{
+    *flag = 1;
+    if (s->call)
+        llm_req_abort(s->call, CR_ECANCELED, "JobStopped", "stopped");
+}
+
+static void on_command(struct rq_worker *w, const char *channel, size_t clen,
+                       const char *msg, size_t mlen)
+{
+    const size_t pfx = strlen("rq:pubsub:");
+    struct rq_command cmd;
+    struct cr_err err = {0};
+    struct slot *s = NULL;
+
+    if (clen <= pfx)
+        return;
+    for (int i = 0; i < w->nslots && !s; i++)
+        if (strlen(w->slots[i].name) == clen - pfx &&
+            !memcmp(w->slots[i].name, channel + pfx, clen - pfx))
+            s = &w->slots[i];
+    if (!s)
+        return;
+    if (rq_command_parse(msg, mlen, &cmd, &err)) {
+        LOG(LOG_WARNING, "rq worker %s: command ignored: %s", s->name, err.msg);
+        return;
+    }
+    switch (cmd.kind) {
+    case RQ_CMD_SHUTDOWN:
+        /* One process holds every slot: a shutdown of one is a shutdown of all. */
+        shutdown_warm(w, "shutdown command");
+        break;
+    case RQ_CMD_KILL_HORSE:
+        if (s->state == SLOT_RUNNING) {
+            LOG(LOG_WARNING, "rq worker %s: kill-horse: job %s ends", s->name, s->id);
+            abort_job(s, &s->killed);
+        }
+        break;
+    case RQ_CMD_STOP_JOB:
+        /* RQ stops a job only where it is the worker's current job. */
+        if (s->state == SLOT_RUNNING && !strcmp(s->id, cmd.job_id)) {
+            LOG(LOG_WARNING, "rq worker %s: stop-job %s", s->name, s->id);
+            abort_job(s, &s->stopped);
+        } else if (s->state == SLOT_STARTING && !strcmp(s->id, cmd.job_id)) {
+            s->stopped = 1; /* seen when the start's reply comes */
+        }
+        break;
+    }
+}
+
+static void on_pubsub(struct redis_req *req, int status, redisReply *reply)
+{
+    struct rq_worker *w = req->data;
+    if (status || reply->type != REDIS_REPLY_ARRAY || reply->elements != 3)
+        return;
+    if (reply->element[0]->type == REDIS_REPLY_STRING &&
+        !strcmp(reply->element[0]->str, "message") &&
+        reply->element[1]->type == REDIS_REPLY_STRING &&
+        reply->element[2]->type == REDIS_REPLY_STRING)
+        on_command(w, reply->element[1]->str, reply->element[1]->len,
+                   reply->element[2]->str, reply->element[2]->len);
+}
+
+static void subscribe(struct rq_worker *w)
+{
+    struct redis_args a;
+    const char **argv;
+    redis_args_init(&a);
+    redis_args_s(&a, "SUBSCRIBE");
+    for (int i = 0; i < w->nslots; i++) {
+        char k[RQ_KEY_SIZE];
+        rq_key(k, RQ_KEY_PUBSUB, w->slots[i].name);
+        redis_args_s(&a, k);
+    }
+    argv = redis_args_argv(&a);
+    w->sub_req.data = w;
+    if (!argv ||
+        redis_conn_send_pubsub(w->subc, &w->sub_req, on_pubsub, a.n, argv, a.len))
+        LOG(LOG_WARNING, "rq: cannot subscribe to the command channels");
+    redis_args_release(&a);
 }
 
 /* ------------------------------------------------------------ cron */
@@ -801,8 +914,9 @@ static void on_conn_event(struct redis_conn *c, enum redis_conn_event ev,
                           const struct redis_conn_news *news, void *privdata)
 {
     struct rq_worker *w = privdata;
-    (void)c;
     if (ev == REDIS_CONN_UP) {
+        if (c == w->subc)
+            subscribe(w); /* again after every reconnect */
         kick(w);
         return;
     }
@@ -927,6 +1041,12 @@ struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
         w->popc = redis_conn_new(loop, &rc, err);
         if (!w->popc)
             goto fail;
+        /* Subscribed: replies come when a command is published, never
+         * awaited; no PING probe on a subscribed connection. */
+        rc.timeout = 0;
+        w->subc = redis_conn_new(loop, &rc, err);
+        if (!w->subc)
+            goto fail;
     }
     uv_timer_init(loop, &w->cron);
     w->cron.data = w;
@@ -1004,6 +1124,7 @@ void rq_worker_free(struct rq_worker *w)
         return;
     w->done = 1;
     llm_stack_close(&w->ls);
+    redis_conn_free(w->subc);
     redis_conn_free(w->popc);
     redis_conn_free(w->conn);
     if (w->cron.data) {

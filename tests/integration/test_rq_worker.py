@@ -356,3 +356,39 @@ def test_json_serializer_and_at_front(rqenv):
     assert front.started_at <= first.started_at
     j = Job.fetch(first.id, connection=rqenv.r, serializer=JSONSerializer)
     assert j.return_value()["content"] == rqenv.fake.expected("json hi")["text"]
+
+
+def test_stop_job_command(rqenv):
+    from rq.command import send_stop_job_command
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold,
+                    retry=Retry(max=3))
+    rqenv.worker("--name", "stopper", "-c", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    time.sleep(0.3)  # the subscription is made once the connection is up
+    send_stop_job_command(rqenv.r, job.id)
+    rqenv.wait_status(job, "stopped")
+    assert job.latest_result().type.value == 2
+    assert "Job stopped by user" in job.latest_result().exc_string
+    assert job.id in FailedJobRegistry(queue=q).get_job_ids()
+    assert job.retries_left == 3  # never retried
+    rqenv.fake.release(hold)
+
+
+def test_shutdown_command(rqenv):
+    from rq.command import send_shutdown_command
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+    w = rqenv.worker("--name", "shut", "-c", "1")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    time.sleep(0.3)
+    send_shutdown_command(rqenv.r, "shut")
+    w.wait_for(r"warm shutdown \(shutdown command\)")
+    rqenv.fake.release(hold)
+    assert w.wait(timeout=20) == 0
+    job.refresh()
+    assert job.get_status() == "finished"
+    assert not rqenv.r.sismember("rq:workers", "rq:worker:shut")
+    assert rqenv.r.hget("rq:worker:shut", "death")

@@ -384,6 +384,58 @@ START_TEST(test_exc_oom_sweep)
 }
 END_TEST
 
+static const struct {
+    const char *in;
+    int rc;
+    int kind;
+    const char *id;
+} commands[] = {
+    {"{\"command\": \"shutdown\"}", 0, RQ_CMD_SHUTDOWN, ""},
+    {"{\"command\": \"kill-horse\"}", 0, RQ_CMD_KILL_HORSE, ""},
+    {"{\"command\": \"stop-job\", \"job_id\": \"abc-1\"}", 0, RQ_CMD_STOP_JOB, "abc-1"},
+    {"{\"command\": \"stop-job\"}", CR_EDECODE, 0, NULL},
+    {"{\"command\": \"stop-job\", \"job_id\": \"\"}", CR_EDECODE, 0, NULL},
+    {"{\"command\": \"stop-job\", \"job_id\": 7}", CR_EDECODE, 0, NULL},
+    {"{\"command\": \"reboot\"}", CR_EDECODE, 0, NULL},
+    {"{\"command\": 1}", CR_EDECODE, 0, NULL},
+    {"[\"shutdown\"]", CR_EDECODE, 0, NULL},
+    {"{\"command\": \"shutdown\"", CR_EDECODE, 0, NULL},
+    {"", CR_EDECODE, 0, NULL},
+};
+
+START_TEST(test_command)
+{
+    struct rq_command c;
+    struct cr_err err = {0};
+    const char *in = commands[_i].in;
+    int rc = rq_command_parse(in, strlen(in), &c, &err);
+    ck_assert_int_eq(rc, commands[_i].rc);
+    if (rc == 0) {
+        ck_assert_int_eq(c.kind, commands[_i].kind);
+        ck_assert_str_eq(c.job_id, commands[_i].id);
+    }
+    /* every proper prefix of a good command is refused */
+    for (size_t n = 0; rc == 0 && n < strlen(in); n++)
+        ck_assert_int_eq(rq_command_parse(in, n, &c, &err), CR_EDECODE);
+}
+END_TEST
+
+START_TEST(test_command_long_id)
+{
+    char in[RQ_MAX_ID + 64], id[RQ_MAX_ID + 2];
+    struct rq_command c;
+    struct cr_err err = {0};
+    memset(id, 'x', sizeof(id) - 1);
+    id[sizeof(id) - 1] = '\0';
+    snprintf(in, sizeof(in), "{\"command\": \"stop-job\", \"job_id\": \"%s\"}", id);
+    ck_assert_int_eq(rq_command_parse(in, strlen(in), &c, &err), CR_EDECODE);
+    id[RQ_MAX_ID] = '\0';
+    snprintf(in, sizeof(in), "{\"command\": \"stop-job\", \"job_id\": \"%s\"}", id);
+    ck_assert_int_eq(rq_command_parse(in, strlen(in), &c, &err), 0);
+    ck_assert_str_eq(c.job_id, id);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("rq_job");
@@ -402,6 +454,9 @@ Suite *suite(void)
     tcase_add_test(tc, test_expiry_score);
     tcase_add_test(tc, test_exc);
     tcase_add_test(tc, test_exc_oom_sweep);
+    tcase_add_loop_test(tc, test_command, 0,
+                        (int)(sizeof(commands) / sizeof(commands[0])));
+    tcase_add_test(tc, test_command_long_id);
     suite_add_tcase(s, tc);
     return s;
 }
