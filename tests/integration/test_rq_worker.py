@@ -392,3 +392,57 @@ def test_shutdown_command(rqenv):
     assert job.get_status() == "finished"
     assert not rqenv.r.sismember("rq:workers", "rq:worker:shut")
     assert rqenv.r.hget("rq:worker:shut", "death")
+
+
+def test_concurrency_and_two_processes_in_rq_info(rqenv):
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    jobs = [q.enqueue("mymod.llm_inference", "p%d" % i, model="fake/hold=" + hold)
+            for i in range(6)]
+    rqenv.worker("-c", "3")
+    rqenv.worker("-c", "3")
+    wait_until(lambda: rqenv.fake.held(hold) == 6, what="six calls at once")
+    workers = RqPyWorker.all(connection=rqenv.r)
+    assert len(workers) == 6 and len({w.name for w in workers}) == 6
+    assert sorted(w.get_state() for w in workers) == ["busy"] * 6
+    assert {w.get_current_job_id() for w in workers} == {j.id for j in jobs}
+    assert "6 workers" in rqenv.rq_info()
+    rqenv.fake.release(hold)
+    for j in jobs:
+        rqenv.wait_status(j, "finished")
+
+
+def test_embed_result_is_a_pickled_list(rqenv):
+    q = rqenv.queue()
+    job = q.enqueue("mymod.embed", ["one", "two"])
+    rqenv.worker()
+    rqenv.wait_status(job, "finished")
+    v = job.result
+    assert isinstance(v, list) and len(v) == 2
+    assert all(isinstance(x, float) for x in v[0])
+
+
+@pytest.mark.slow
+def test_kill_9_mid_job_is_failed_by_rq_cleanup(rqenv):
+    """A killed celeriac leaves its job started; once the started registry's
+    score passes (60 s + the monitoring interval), RQ's own cleanup in `rq
+    info` fails it, or requeues it while retries are left: nothing is lost
+    or left started for ever."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    once = q.enqueue("mymod.llm_inference", "a", model="fake/hold=" + hold)
+    again = q.enqueue("mymod.llm_inference", "b", model="fake/hold=" + hold,
+                      retry=Retry(max=1))
+    w = rqenv.worker("-c", "2", "--job-monitoring-interval", "1")
+    wait_until(lambda: rqenv.fake.held(hold) == 2, what="both held")
+    w.proc.kill()
+    w.proc.wait()
+    score = max(rqenv.r.zscore("rq:wip:default", j.id) for j in (once, again))
+    assert score <= time.time() + 62
+    time.sleep(max(0, score - time.time()) + 1.5)
+    rqenv.rq_info()
+    assert once.get_status() == "failed"
+    assert again.get_status() == "queued"
+    rqenv.fake.release(hold)
+    rqenv.worker()
+    rqenv.wait_status(again, "finished")
