@@ -83,7 +83,7 @@ int cmd_rq(int argc, char **argv)
     spec.n = NRQ + nllm;
     spec.head =
         "usage: celeriac rq worker [QUEUE...] [options]\n\n"
-        "Works RQ's job queues (python-rq 1.13's layout) like `rq worker`, running\n"
+        "Works RQ's job queues (python-rq 1.13's layout) as rq worker does, running\n"
         "jobs mapped to the built-in LLM tasks; queues are popped in the order\n"
         "given (strict priority; default: default). Nothing pickled is ever run.\n"
         "\noptions:\n";
