@@ -186,12 +186,17 @@ static int lost(struct slot *s, int status)
 
 /* ------------------------------------------------------------ ending */
 
+static void idle_beat(struct slot *s, uint64_t now_ms);
+
 static void slot_idle(struct slot *s)
 {
     s->state = SLOT_IDLE;
     s->call = NULL;
     s->id[0] = '\0';
     slot_reset_cmd(s);
+    /* The end script marks it idle; a suspended worker says so again. */
+    if (s->w->suspended)
+        idle_beat(s, uv_now(s->w->loop));
     kick(s->w);
 }
 
