@@ -446,3 +446,59 @@ def test_kill_9_mid_job_is_failed_by_rq_cleanup(rqenv):
     rqenv.fake.release(hold)
     rqenv.worker()
     rqenv.wait_status(again, "finished")
+
+
+class Greeter:
+    def hello(self, prompt):
+        return prompt
+
+
+def test_enqueue_by_function_and_the_seed_example(rqenv, tmp_path, monkeypatch):
+    """The seed's example: enqueue by function (its module importable on the
+    producer's side only) and by name, job.refresh(), job.is_finished, job.result."""
+    import importlib
+    import sys
+    (tmp_path / "mymod.py").write_text("def llm_inference(prompt):\n    raise SystemExit\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("mymod", None)
+    mymod = importlib.import_module("mymod")
+    q = rqenv.queue()
+    by_func = q.enqueue(mymod.llm_inference, "Hello")
+    by_name = q.enqueue("mymod.llm_inference", "Hello")
+    assert rqenv.r.hget("rq:job:" + by_func.id, "data") == \
+        rqenv.r.hget("rq:job:" + by_name.id, "data")
+    rqenv.worker()
+    for job in (by_func, by_name):
+        for _ in range(200):
+            job.refresh()
+            if job.is_finished:
+                break
+            time.sleep(0.05)
+        assert job.is_finished
+        assert job.result == rqenv.fake.expected("Hello")["text"]
+
+
+def test_bound_method_bombs_and_expired_jobs(rqenv):
+    import pickle
+    import zlib
+    q = rqenv.queue()
+    bound = q.enqueue(Greeter().hello, "x")
+    bomb = q.enqueue("mymod.llm_inference", "x")
+    rqenv.r.hset("rq:job:" + bomb.id, "data",
+                 zlib.compress(b"\x80\x05" + b"\x00" * (80 << 20), 9))
+    frame = q.enqueue("mymod.llm_inference", "x")
+    rqenv.r.hset("rq:job:" + frame.id, "data", b"\x80\x05\x95\xff\xff\x00\x00\x00\x00\x00\x00")
+    expired = q.enqueue("mymod.llm_inference", "x", ttl=1)
+    time.sleep(1.5)  # its hash expires before a worker starts it
+    after = q.enqueue("mymod.llm_inference", "after")
+    w = rqenv.worker("-c", "1")
+    rqenv.wait_status(after, "finished")
+    for j in (bound, bomb, frame):
+        assert j.get_status() == "failed", j.id
+    assert "STACK_GLOBAL (0x93) 'test_rq_worker.Greeter'" in \
+        bound.latest_result().exc_string
+    assert "inflates past" in bomb.latest_result().exc_string
+    assert "exceeds the 0 bytes left" in frame.latest_result().exc_string  # truncated FRAME
+    assert not rqenv.r.exists("rq:job:" + expired.id)
+    assert w.count(expired.id) == 0 or "skipped" in w.log()
+    assert len(rqenv.fake.stats()) == 1
