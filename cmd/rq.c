@@ -38,6 +38,13 @@ static const struct opt rq_opts[] = {
      "1", 0, 1,
      "run RQ's scheduler for the queues (retries with an interval, enqueue_in and "
      "enqueue_at), under RQ's per-queue lock"},
+    {"progress-meta", 0, "CELERIAC_RQ_PROGRESS_META", OPTS_BOOL, OFF(progress_meta), "1",
+     0, 1,
+     "write a running job's text so far into job.meta['progress'] ({text, tokens}); the "
+     "job's own meta is kept"},
+    {"progress-interval", 0, "CELERIAC_PROGRESS_INTERVAL", OPTS_INT,
+     OFF(progress_interval_ms), "500", 50, 600000,
+     "milliseconds between two progress writes of a job"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(base.loglevel), "warning", 0, 0,
      "log level: debug, info, warning, error, critical"},
 };

@@ -200,6 +200,11 @@ static const char unlock_lua[] =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
     "return 1\n";
 
+/* KEYS: job. ARGV: meta */
+static const char meta_lua[] = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
+                               "redis.call('HSET', KEYS[1], 'meta', ARGV[1])\n"
+                               "return 1\n";
+
 static void key_arg(struct redis_args *a, enum rq_key_kind kind, const char *name)
 {
     char k[RQ_KEY_SIZE];
@@ -374,6 +379,13 @@ void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid
     eval_head(a, unlock_lua, 1);
     key_arg(a, RQ_KEY_SCHED_LOCK, queue);
     num_arg(a, pid);
+}
+
+void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_t n)
+{
+    eval_head(a, meta_lua, 1);
+    key_arg(a, RQ_KEY_JOB, id);
+    redis_args_add(a, meta, n);
 }
 
 void rq_redis_suspended(struct redis_args *a)

@@ -107,6 +107,10 @@ void rq_redis_schedule(struct redis_args *a, const char *queue, int64_t now_s,
 /* Drops the scheduler lock of queue if pid holds it. Reply 1. */
 void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid);
 
+/* Writes a running job's meta (n bytes, the serializer's form) if the job
+ * hash still exists. Reply 1, or 0 when it was gone. */
+void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_t n);
+
 /* EXISTS rq:suspended: reply 1 while `rq suspend` holds. */
 void rq_redis_suspended(struct redis_args *a);
 

@@ -152,6 +152,9 @@ int rq_job_parse(struct rq_job *j, const char *const *field, const size_t *len, 
         } else if (field_is(f, fn, "origin")) {
             j->origin = v;
             j->origin_len = vn;
+        } else if (field_is(f, fn, "meta")) {
+            j->meta = vn ? v : NULL;
+            j->meta_len = vn;
         } else if (field_is(f, fn, "status")) {
             j->status = v;
             j->status_len = vn;

@@ -71,6 +71,8 @@ struct rq_job {
     size_t origin_len;
     const char *status;
     size_t status_len;
+    const char *meta; /* serializer.dumps(dict), NULL when absent or "" */
+    size_t meta_len;
     long timeout_s;     /* RQ_DEFAULT_TIMEOUT_S when absent; -1: none */
     long result_ttl_s;  /* -2 when absent: the worker's default */
     long failure_ttl_s; /* -2 when absent: RQ_DEFAULT_FAILURE_TTL_S, and the result

@@ -72,7 +72,15 @@ struct slot {
     uint64_t next_beat_ms;
     int timed_out;
     int stopped; /* stop-job: ends as stopped, never retried */
-    int killed;  /* kill-horse: ends as RQ ends a killed work-horse */
+    /* progress in job.meta: the job's own meta (a dict), NULL when off or
+     * when its meta is not plain data (then nothing is written) */
+    cJSON *meta;
+    unsigned long deltas;
+    size_t meta_text_len; /* text length the last write carried */
+    uint64_t next_meta_ms;
+    struct redis_req meta_req;
+    int meta_inflight;
+    int killed; /* kill-horse: ends as RQ ends a killed work-horse */
 
     /* The slot's one command in flight (start or end), kept to be sent again
      * when the connection lost it unanswered. */
@@ -190,6 +198,8 @@ static void idle_beat(struct slot *s, uint64_t now_ms);
 
 static void slot_idle(struct slot *s)
 {
+    cJSON_Delete(s->meta);
+    s->meta = NULL;
     s->state = SLOT_IDLE;
     s->call = NULL;
     s->id[0] = '\0';
@@ -339,6 +349,93 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
              res->message ? res->message : "", res->verdict != LLM_PERMANENT);
 }
 
+static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *privdata)
+{
+    struct slot *s = privdata;
+    (void)r;
+    (void)text;
+    (void)len;
+    s->deltas++;
+}
+
+/* Keeps the job's own meta to write progress into; a meta that is not
+ * plain data is left alone (no progress for that job). */
+static void progress_setup(struct slot *s, const struct rq_job *job)
+{
+    struct rq_limits lim;
+    struct cr_err err = {0};
+    cJSON *v = NULL;
+    s->meta = NULL;
+    s->deltas = 0;
+    s->meta_text_len = 0;
+    if (!s->w->cfg->progress_meta || (s->kind != TASK_GENERATE && s->kind != TASK_CHAT))
+        return;
+    rq_limits_init(&lim);
+    if (!job->meta)
+        v = cJSON_CreateObject();
+    else if (rq_value_loads(job->meta, job->meta_len, s->ser, &lim, &v, &err) ||
+             !cJSON_IsObject(v)) {
+        LOG(LOG_DEBUG, "rq job %s: its meta is not plain data; no progress written",
+            s->id);
+        cJSON_Delete(v);
+        v = NULL;
+    }
+    s->meta = v;
+    s->next_meta_ms = uv_now(s->w->loop) + (uint64_t)s->w->cfg->progress_interval_ms;
+}
+
+static void on_meta_written(struct redis_req *req, int status, redisReply *reply)
+{
+    struct slot *s = req->data;
+    (void)status;
+    (void)reply;
+    s->meta_inflight = 0;
+}
+
+/* job.meta["progress"] = {"text": all so far, "tokens": deltas}, as the
+ * Celery worker's PROGRESS meta carries it. */
+static void progress_write(struct slot *s, uint64_t now_ms)
+{
+    struct rq_worker *w = s->w;
+    cJSON *p;
+    struct buf out;
+    struct redis_args a;
+    const char **argv;
+    size_t len = 0;
+    const char *text;
+
+    s->next_meta_ms = now_ms + (uint64_t)w->cfg->progress_interval_ms;
+    if (!s->meta || !s->call || s->meta_inflight)
+        return;
+    text = llm_req_text(s->call, &len);
+    if (len == s->meta_text_len)
+        return;
+    p = cJSON_CreateObject();
+    if (!p || !cJSON_AddStringToObject(p, "text", text) ||
+        !cJSON_AddNumberToObject(p, "tokens", (double)s->deltas)) {
+        cJSON_Delete(p);
+        return;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s->meta, "progress"))
+        cJSON_ReplaceItemInObjectCaseSensitive(s->meta, "progress", p);
+    else
+        cJSON_AddItemToObject(s->meta, "progress", p);
+    buf_init(&out);
+    redis_args_init(&a);
+    if (!rq_value_dumps(s->meta, s->ser, &out)) {
+        rq_redis_meta(&a, s->id, out.data, out.len);
+        argv = redis_args_argv(&a);
+        s->meta_req.data = s;
+        if (argv &&
+            !redis_conn_send(w->conn, &s->meta_req, on_meta_written, a.n, argv, a.len)) {
+            s->meta_inflight = 1;
+            s->meta_text_len = len;
+        }
+    }
+    redis_args_release(&a);
+    buf_release(&out);
+}
+
 static void run_job(struct slot *s, const struct rq_job *job)
 {
     struct rq_worker *w = s->w;
@@ -416,7 +513,8 @@ static void run_job(struct slot *s, const struct rq_job *job)
     {
         struct llm_call lc = {tc.op,    tc.body,       tc.body_len, tc.embed_list,
                               tc.model, tc.route_step, tc.tools};
-        s->call = llm_router_call(&w->ls.router, &lc, NULL, on_llm_done, s, &err);
+        progress_setup(s, job);
+        s->call = llm_router_call(&w->ls.router, &lc, on_llm_delta, on_llm_done, s, &err);
     }
     task_call_release(&tc);
     if (!s->call) {
@@ -893,6 +991,8 @@ static void on_cron(uv_timer_t *t)
             }
             if (now >= s->next_beat_ms && redis_conn_up(w->conn))
                 busy_beat(s, now);
+            if (s->meta && now >= s->next_meta_ms && redis_conn_up(w->conn))
+                progress_write(s, now);
         } else if (s->state == SLOT_IDLE && now >= s->next_idle_beat_ms &&
                    redis_conn_up(w->conn)) {
             idle_beat(s, now);
@@ -1139,8 +1239,10 @@ void rq_worker_free(struct rq_worker *w)
     }
     uv_run(w->loop, UV_RUN_DEFAULT);
     llm_stack_release(&w->ls);
-    for (int i = 0; w->slots && i < w->nslots; i++)
+    for (int i = 0; w->slots && i < w->nslots; i++) {
         redis_args_release(&w->slots[i].cmd);
+        cJSON_Delete(w->slots[i].meta);
+    }
     cr_free(w->slots);
     cr_free(w->sched_reqs);
     cr_free(w->sched_inflight);

@@ -27,6 +27,8 @@ struct rq_config {
     int monitoring_interval;   /* seconds between a running job's heartbeats */
     double shutdown_timeout;   /* seconds a warm shutdown waits for running jobs */
     int with_scheduler;        /* move due scheduled jobs of our queues (RQScheduler) */
+    int progress_meta;         /* streamed text so far in job.meta["progress"] */
+    int progress_interval_ms;  /* between two progress writes of a job */
     const char *const *queues; /* borrowed from argv, in priority order */
     int nqueues;
 };

@@ -502,3 +502,24 @@ def test_bound_method_bombs_and_expired_jobs(rqenv):
     assert not rqenv.r.exists("rq:job:" + expired.id)
     assert w.count(expired.id) == 0 or "skipped" in w.log()
     assert len(rqenv.fake.stats()) == 1
+
+
+def test_progress_in_job_meta(rqenv):
+    """The text streamed so far shows in job.meta["progress"] while the job
+    runs, next to the producer's own meta."""
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30",
+                    meta={"user": "u1"})
+    rqenv.worker("--progress-interval", "200")
+
+    def some_text():
+        job.refresh()
+        p = job.meta.get("progress")
+        return p and p["text"] and job.get_status() == "started"
+    wait_until(some_text, timeout=10, what="progress in meta")
+    assert job.meta["user"] == "u1"
+    partial = job.meta["progress"]["text"]
+    assert job.meta["progress"]["tokens"] >= 1
+    rqenv.wait_status(job, "finished")
+    assert job.result.startswith(partial) and len(partial) < len(job.result)
+    assert job.meta["user"] == "u1"

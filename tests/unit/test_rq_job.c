@@ -102,6 +102,8 @@ static const char *const captured[] = {
     "[1, 2]",
     "result_ttl",
     "-1",
+    "meta",
+    "\x80\x05}\x94.",
 };
 #define NCAPTURED (sizeof(captured) / sizeof(captured[0]))
 
@@ -131,6 +133,8 @@ START_TEST(test_parse_captured)
     ck_assert_int_eq(j.intervals[0], 1);
     ck_assert_int_eq(j.intervals[1], 2);
     ck_assert_ptr_null(j.callback);
+    ck_assert_uint_eq(j.meta_len, 5);
+    ck_assert_int_eq(memcmp(j.meta, "\x80\x05}\x94.", 5), 0);
 }
 END_TEST
 
@@ -168,6 +172,7 @@ START_TEST(test_parse_defaults)
     ck_assert_int_eq(j.retries_left, 0);
     ck_assert_int_eq(j.nintervals, 0);
     ck_assert_uint_eq(j.origin_len, 0);
+    ck_assert_ptr_null(j.meta);
 }
 END_TEST
 
