@@ -255,8 +255,9 @@ static void fail_job(struct slot *s, const char *exc_type, const char *message,
     int rc;
     memset(&e, 0, sizeof(e));
     if (may_retry && s->retries_left > 0 && !s->stopped) {
-        LOG(LOG_WARNING, "rq job %s (%s) failed, %ld retries left: %s: %s", s->id,
-            s->func, s->retries_left, exc_type, message);
+        LOG(LOG_WARNING, "rq job %s (%s) failed, %ld retries left: %s%s%s", s->id,
+            s->func, s->retries_left, exc_type ? exc_type : "", exc_type ? ": " : "",
+            message);
         e.how = RQ_END_RETRY;
         e.retries_left = s->retries_left - 1;
         e.interval_s = s->interval_s;

@@ -321,7 +321,9 @@ def test_enqueue_in_runs_later(rqenv):
     t0 = time.time()
     job = q.enqueue_in(timedelta(seconds=2), "mymod.llm_inference", "later")
     rqenv.wait_status(job, "finished")
-    assert time.time() - t0 >= 1.5
+    # RQ scores in whole seconds (the time cut down), and its schedulers compare
+    # whole seconds: a 2 s delay runs between 1 and 2 s later, with Python's too
+    assert time.time() - t0 >= 0.95
     assert job.result == rqenv.fake.expected("later")["text"]
 
 
