@@ -525,3 +525,34 @@ def test_progress_in_job_meta(rqenv):
     rqenv.wait_status(job, "finished")
     assert job.result.startswith(partial) and len(partial) < len(job.result)
     assert job.meta["user"] == "u1"
+
+
+def test_redis_connection_reset_mid_job(rqenv):
+    """Redis goes away while a job runs: its end waits for the connection and
+    is stored once it is back; the worker pops again after it."""
+    from tcpproxy import TcpProxy
+    proxy = TcpProxy(rqenv.services.redis_port).start()
+    try:
+        q = rqenv.queue()
+        hold = "h" + uuid.uuid4().hex[:8]
+        job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+        w = RqWorker(["--url", "redis://127.0.0.1:%d/%d" % (proxy.port, rqenv.db),
+                      "-l", "info", *ALIAS], dict(os.environ,
+                                                  OPENAI_BASE_URL=rqenv.fake.base + "/v1",
+                                                  OPENAI_API_KEY="sk-test"))
+        rqenv.workers.append(w)
+        w.start()
+        wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+        proxy.blackhole(True)
+        proxy.reset_all()
+        rqenv.fake.release(hold)
+        time.sleep(1)
+        job.refresh()
+        assert job.get_status() == "started"  # its end waits for Redis
+        proxy.blackhole(False)
+        rqenv.wait_status(job, "finished", timeout=30)
+        assert job.result == rqenv.fake.expected("Hello")["text"]
+        after = q.enqueue("mymod.llm_inference", "after")
+        rqenv.wait_status(after, "finished", timeout=30)
+    finally:
+        proxy.close()
