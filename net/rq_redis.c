@@ -200,6 +200,20 @@ static const char unlock_lua[] =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
     "return 1\n";
 
+/* KEYS: the queues in priority order. ARGV: the most ids to take.
+ * Reply: [queue key, id, queue key, id...], the first queue drained first. */
+static const char pop_many_lua[] = "local n, out = tonumber(ARGV[1]), {}\n"
+                                   "for _, k in ipairs(KEYS) do\n"
+                                   "  while #out < 2 * n do\n"
+                                   "    local id = redis.call('LPOP', k)\n"
+                                   "    if not id then break end\n"
+                                   "    out[#out + 1] = k\n"
+                                   "    out[#out + 1] = id\n"
+                                   "  end\n"
+                                   "  if #out >= 2 * n then break end\n"
+                                   "end\n"
+                                   "return out\n";
+
 /* KEYS: job. ARGV: meta */
 static const char meta_lua[] = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
                                "redis.call('HSET', KEYS[1], 'meta', ARGV[1])\n"
@@ -234,6 +248,15 @@ void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
     for (int i = 0; i < nqueues; i++)
         key_arg(a, RQ_KEY_QUEUE, queues[i]);
     num_arg(a, timeout_s);
+}
+
+void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
+                       int max)
+{
+    eval_head(a, pop_many_lua, nqueues);
+    for (int i = 0; i < nqueues; i++)
+        key_arg(a, RQ_KEY_QUEUE, queues[i]);
+    num_arg(a, max);
 }
 
 static void worker_keys(struct redis_args *a, const char *script,

@@ -19,6 +19,12 @@
 void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
                   int timeout_s);
 
+/* Takes up to max job ids at once without blocking, the first queue drained
+ * first (what a run of LPOPs in RQ's burst mode takes): the reply is an
+ * array [queue key, id, queue key, id...], empty when all were empty. */
+void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
+                       int max);
+
 /* What a worker identity writes about itself. */
 struct rq_worker_info {
     const char *name;   /* the worker name */

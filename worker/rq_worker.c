@@ -39,6 +39,7 @@
 
 #define CRON_MS 250
 #define POP_BLOCK_S 1      /* so suspension and shutdown are seen within a second */
+#define POP_BATCH_MAX 256  /* ids taken by one non-blocking pop */
 #define IDLE_BEAT_MS 30000 /* RQ beats before each pop, at most every 405 s */
 #define SUSPEND_CHECK_MS 1000
 #define DEATH_WAIT_MS 3000
@@ -106,6 +107,9 @@ struct rq_worker {
     struct redis_req sub_req;
     struct redis_req pop_req;
     int pop_inflight;
+    /* The last pop found jobs: the next takes as many as slots are free,
+     * without blocking; once one finds the queues dry, BLPOP waits for one. */
+    int pop_warm;
     struct redis_req susp_req;
     int susp_inflight, suspended;
     uint64_t next_susp_ms;
@@ -625,6 +629,12 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     slot_command(s, on_started);
 }
 
+static int is_str(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_STRING;
+}
+
+/* BLPOP's reply: nil, or [queue key, id]. */
 static void on_popped(struct redis_req *req, int status, redisReply *reply)
 {
     struct rq_worker *w = req->data;
@@ -632,28 +642,67 @@ static void on_popped(struct redis_req *req, int status, redisReply *reply)
     if (status == CR_ECANCELED)
         return;
     if (!status && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
-        reply->element[0]->type == REDIS_REPLY_STRING &&
-        reply->element[1]->type == REDIS_REPLY_STRING)
+        is_str(reply->element[0]) && is_str(reply->element[1])) {
         start_popped(w, reply->element[0]->str, reply->element[0]->len,
                      reply->element[1]->str, reply->element[1]->len);
-    else if (!status && reply->type == REDIS_REPLY_ERROR)
+        w->pop_warm = 1;
+    } else if (!status && reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "rq: BLPOP refused: %s", reply->str);
+    }
     kick(w);
 }
 
-/* Pops once more if a slot is free and nothing holds the pops back. */
+/* The batch pop's reply: [queue key, id, ...]. */
+static void on_popped_many(struct redis_req *req, int status, redisReply *reply)
+{
+    struct rq_worker *w = req->data;
+    w->pop_inflight = 0;
+    if (status == CR_ECANCELED)
+        return;
+    if (!status && reply->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i + 1 < reply->elements; i += 2)
+            if (is_str(reply->element[i]) && is_str(reply->element[i + 1]))
+                start_popped(w, reply->element[i]->str, reply->element[i]->len,
+                             reply->element[i + 1]->str, reply->element[i + 1]->len);
+        w->pop_warm = reply->elements > 0;
+    } else if (!status && reply->type == REDIS_REPLY_ERROR) {
+        LOG(LOG_ERROR, "rq: pop refused: %s", reply->str);
+        w->pop_warm = 0;
+    }
+    kick(w);
+}
+
+static int free_slots(const struct rq_worker *w, int max)
+{
+    int n = 0;
+    for (int i = 0; i < w->nslots && n < max; i++)
+        n += w->slots[i].state == SLOT_IDLE;
+    return n;
+}
+
+/* Pops once more if a slot is free and nothing holds the pops back: as many
+ * as are free while jobs keep coming, else one blocking pop. */
 static void kick(struct rq_worker *w)
 {
     struct redis_args a;
     const char **argv;
+    int n;
     if (w->done || w->stopping || w->suspended || !w->registered || w->pop_inflight ||
-        !redis_conn_up(w->popc) || !free_slot(w))
+        !redis_conn_up(w->popc))
+        return;
+    n = free_slots(w, POP_BATCH_MAX);
+    if (n == 0)
         return;
     redis_args_init(&a);
-    rq_redis_pop(&a, w->cfg->queues, w->cfg->nqueues, POP_BLOCK_S);
+    if (w->pop_warm)
+        rq_redis_pop_many(&a, w->cfg->queues, w->cfg->nqueues, n);
+    else
+        rq_redis_pop(&a, w->cfg->queues, w->cfg->nqueues, POP_BLOCK_S);
     argv = redis_args_argv(&a);
     w->pop_req.data = w;
-    if (argv && !redis_conn_send(w->popc, &w->pop_req, on_popped, a.n, argv, a.len))
+    if (argv &&
+        !redis_conn_send(w->popc, &w->pop_req, w->pop_warm ? on_popped_many : on_popped,
+                         a.n, argv, a.len))
         w->pop_inflight = 1;
     redis_args_release(&a);
 }
@@ -1200,6 +1249,7 @@ int rq_worker_start(struct rq_worker *w, struct cr_err *err)
         return cr_err_set(err, CR_EINVAL, "cannot register the RQ workers (see above)");
     }
     w->registered = 1;
+    w->pop_warm = 1;
     for (int i = 0; i < w->nslots; i++)
         w->slots[i].next_idle_beat_ms = uv_now(w->loop) + IDLE_BEAT_MS;
     uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);

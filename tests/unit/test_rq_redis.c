@@ -31,6 +31,22 @@ START_TEST(test_pop_order)
 }
 END_TEST
 
+START_TEST(test_pop_many)
+{
+    const char *q[] = {"high", "low"};
+    struct redis_args a;
+    redis_args_init(&a);
+    rq_redis_pop_many(&a, q, 2, 40);
+    ck_assert_int_eq(a.n, 6);
+    ck_assert_str_eq(arg(&a, 0), "EVAL");
+    ck_assert_str_eq(arg(&a, 2), "2");
+    ck_assert_str_eq(arg(&a, 3), "rq:queue:high");
+    ck_assert_str_eq(arg(&a, 4), "rq:queue:low");
+    ck_assert_str_eq(arg(&a, 5), "40");
+    redis_args_release(&a);
+}
+END_TEST
+
 /* EVAL script nkeys k1..k9 then ARGV: how id ts working ttl score value left
  * interval stream_ttl */
 enum { K0 = 3, A0 = 3 + 9 };
@@ -176,6 +192,7 @@ Suite *suite(void)
     Suite *s = suite_create("rq_redis");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_pop_order);
+    tcase_add_test(tc, test_pop_many);
     tcase_add_test(tc, test_end_finished);
     tcase_add_test(tc, test_end_failed);
     tcase_add_test(tc, test_end_retry);
