@@ -556,3 +556,14 @@ def test_redis_connection_reset_mid_job(rqenv):
         rqenv.wait_status(after, "finished", timeout=30)
     finally:
         proxy.close()
+
+
+def test_name_of_a_live_worker_is_refused(rqenv):
+    rqenv.worker("--name", "taken", "-c", "1")
+    second = rqenv.worker("--name", "taken", "-c", "1", start=False)
+    second.start(wait_ready=False)
+    assert second.wait(timeout=20) == 1
+    assert "there exists an active worker with that name already" in second.log()
+    # the first is untouched
+    assert rqenv.r.sismember("rq:workers", "rq:worker:taken")
+    assert not rqenv.r.hget("rq:worker:taken", "death")
