@@ -27,7 +27,7 @@ static const struct opt rq_opts[] = {
     {"results-ttl", 0, "CELERIAC_RQ_RESULTS_TTL", OPTS_INT, OFF(result_ttl), "500", -1,
      1e9, "seconds a result is kept when the job sets no result_ttl (RQ's default)"},
     {"worker-ttl", 0, "CELERIAC_RQ_WORKER_TTL", OPTS_INT, OFF(worker_ttl), "420", 60, 1e6,
-     "seconds an idle worker's registration lives without a heartbeat, less 60"},
+     "RQ's worker TTL: a worker's hash expires this plus 60 s after its last heartbeat"},
     {"job-monitoring-interval", 0, "CELERIAC_RQ_MONITORING_INTERVAL", OPTS_INT,
      OFF(monitoring_interval), "30", 1, 3600,
      "seconds: a running job's started-registry entry is kept this far ahead of now"},
