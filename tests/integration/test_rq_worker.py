@@ -567,3 +567,36 @@ def test_name_of_a_live_worker_is_refused(rqenv):
     # the first is untouched
     assert rqenv.r.sismember("rq:workers", "rq:worker:taken")
     assert not rqenv.r.hget("rq:worker:taken", "death")
+
+
+def test_scheduled_jobs_run_once_beside_a_python_scheduler(rqenv, tmp_path):
+    """A Python `rq worker --with-scheduler` on the same queue: the
+    scheduler-lock lets one scheduler move each due job, and each job runs
+    once, on whichever worker pops it."""
+    from datetime import timedelta
+    marks = tmp_path / "ran"
+    marks.mkdir()
+    (tmp_path / "mymod.py").write_text(
+        "import os, uuid\n"
+        "def llm_inference(prompt, **kw):\n"
+        "    open(os.path.join(%r, uuid.uuid4().hex), 'w').write(prompt)\n"
+        "    return 'python: ' + prompt\n" % str(marks))
+    rqenv.worker("-c", "2")
+    py = subprocess.Popen(["rq", "worker", "--with-scheduler", "--url", rqenv.url,
+                           "default"], cwd=str(tmp_path),
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        q = rqenv.queue()
+        jobs = [q.enqueue_in(timedelta(seconds=2), "mymod.llm_inference", "s%d" % i)
+                for i in range(6)]
+        for j in jobs:
+            rqenv.wait_status(j, "finished", timeout=30)
+        time.sleep(2)
+        ran = len(os.listdir(str(marks))) + len(rqenv.fake.stats())
+        assert ran == 6
+        lock = rqenv.r.get("rq:scheduler-lock:default")
+        assert lock in (str(py.pid).encode(), str(rqenv.workers[0].proc.pid).encode())
+    finally:
+        py.terminate()
+        py.wait(timeout=30)
