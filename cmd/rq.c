@@ -45,6 +45,9 @@ static const struct opt rq_opts[] = {
     {"progress-interval", 0, "CELERIAC_PROGRESS_INTERVAL", OPTS_INT,
      OFF(progress_interval_ms), "500", 50, 600000,
      "milliseconds between two progress writes of a job"},
+    {"rq-protocol", 0, "CELERIAC_RQ_PROTOCOL", OPTS_INT, OFF(protocol), "1", 1, 2,
+     "1: RQ 1.13's layout (read by 1.13 and 2.x); 2: RQ 2.x's, with execution records "
+     "(job.get_executions()), which 1.13's cleanup cannot read"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(base.loglevel), "warning", 0, 0,
      "log level: debug, info, warning, error, critical"},
 };

@@ -42,20 +42,31 @@ static const char death_lua[] =
     "redis.call('EXPIRE', KEYS[1], 60)\n"
     "return 1\n";
 
-/* KEYS: job, started registry, worker. ARGV: id, worker name, ts, score, ttl */
+/* KEYS: job, started registry, worker, execution, executions.
+ * ARGV: id, worker name, ts, score, ttl, execution id ("": layout 1), now
+ *       (epoch float) */
 static const char start_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return false end\n"
     "redis.call('HSET', KEYS[3], 'current_job', ARGV[1], 'current_job_working_time', "
-    "'0', "
-    "'last_heartbeat', ARGV[3], 'state', 'busy')\n"
+    "'0', 'last_heartbeat', ARGV[3], 'state', 'busy')\n"
     "redis.call('EXPIRE', KEYS[3], ARGV[5])\n"
-    "redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])\n"
+    "local member = ARGV[1]\n"
+    "if ARGV[6] ~= '' then\n"
+    "  member = ARGV[1] .. ':' .. ARGV[6]\n"
+    "  redis.call('HSET', KEYS[4], 'id', ARGV[6], 'created_at', ARGV[7], "
+    "'last_heartbeat', ARGV[7])\n"
+    "  redis.call('EXPIRE', KEYS[4], ARGV[5])\n"
+    "  redis.call('ZADD', KEYS[5], tonumber(ARGV[4]) + 60, ARGV[6])\n"
+    "  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]) + 60)\n"
+    "end\n"
+    "redis.call('ZADD', KEYS[2], ARGV[4], member)\n"
     "redis.call('HSET', KEYS[1], 'last_heartbeat', ARGV[3], 'status', 'started', "
     "'started_at', ARGV[3], 'worker_name', ARGV[2])\n"
     "redis.call('PERSIST', KEYS[1])\n"
     "return redis.call('HGETALL', KEYS[1])\n";
 
-/* KEYS: job, started registry, worker. ARGV: id, ts, score, ttl, working time */
+/* KEYS: job, started registry, worker, execution, executions.
+ * ARGV: id, ts, score, ttl, working time, execution id ("": layout 1), now */
 static const char busy_lua[] =
     "redis.call('HSET', KEYS[3], 'last_heartbeat', ARGV[2], 'current_job_working_time', "
     "ARGV[5])\n"
@@ -63,15 +74,24 @@ static const char busy_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 1 then\n"
     "  redis.call('HSET', KEYS[1], 'last_heartbeat', ARGV[2])\n"
     "end\n"
-    "redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[1])\n"
+    "local member = ARGV[1]\n"
+    "if ARGV[6] ~= '' then\n"
+    "  member = ARGV[1] .. ':' .. ARGV[6]\n"
+    "  redis.call('HSET', KEYS[4], 'last_heartbeat', ARGV[7])\n"
+    "  redis.call('EXPIRE', KEYS[4], ARGV[4])\n"
+    "  redis.call('ZADD', KEYS[5], tonumber(ARGV[3]) + 60, ARGV[6])\n"
+    "  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[4]) + 60)\n"
+    "end\n"
+    "redis.call('ZADD', KEYS[2], 'XX', ARGV[3], member)\n"
     "return 1\n";
 
 /* KEYS: job, started registry, worker, results, dependents, dependencies,
  *       the registry the job goes to (finished, failed or scheduled), the
- *       origin queue, rq:queues.
+ *       origin queue, rq:queues, execution, executions.
  * ARGV: how, id, ts, working time, ttl, score, value (return_value or
  *       exc_string, "" for none), retries left, interval, 1 when the stream
- *       takes the failure TTL. */
+ *       takes the failure TTL, execution id ("": layout 1), worker name,
+ *       execution started and ended (epoch floats). */
 static const char end_lua[] =
     /* Queue.enqueue_dependents: a dependent goes to its queue once every
      * job it waits for has finished (or failed, when it allows failures). */
@@ -112,7 +132,20 @@ static const char end_lua[] =
     "  elseif #done > 0 then redis.call('SREM', KEYS[5], unpack(done)) end\n"
     "end\n"
     "local how = ARGV[1]\n"
-    "redis.call('ZREM', KEYS[2], ARGV[2])\n"
+    "local member, extra = ARGV[2], {}\n"
+    "if ARGV[11] ~= '' then\n"
+    "  member = ARGV[2] .. ':' .. ARGV[11]\n"
+    "  redis.call('DEL', KEYS[10])\n"
+    "  redis.call('ZREM', KEYS[11], ARGV[11])\n"
+    "  extra = {'worker_name', ARGV[12], 'execution_id', ARGV[11], "
+    "'execution_started_at', ARGV[13], 'execution_ended_at', ARGV[14]}\n"
+    "end\n"
+    "local function xadd(...)\n"
+    "  local f = {...}\n"
+    "  for _, v in ipairs(extra) do f[#f + 1] = v end\n"
+    "  redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', unpack(f))\n"
+    "end\n"
+    "redis.call('ZREM', KEYS[2], member)\n"
     "redis.call('HDEL', KEYS[3], 'current_job')\n"
     "redis.call('HSET', KEYS[3], 'current_job_working_time', '0', 'state', 'idle')\n"
     "redis.call('HINCRBYFLOAT', KEYS[3], 'total_working_time', ARGV[4])\n"
@@ -131,10 +164,9 @@ static const char end_lua[] =
     "  end\n"
     "  redis.call('HSET', KEYS[1], 'status', 'finished', 'ended_at', ARGV[3])\n"
     "  if ARGV[7] ~= '' then\n"
-    "    redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '1', "
-    "'return_value', ARGV[7])\n"
+    "    xadd('type', '1', 'return_value', ARGV[7])\n"
     "  else\n"
-    "    redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '1')\n"
+    "    xadd('type', '1')\n"
     "  end\n"
     "  redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
     "  if ttl > 0 then\n"
@@ -146,8 +178,7 @@ static const char end_lua[] =
     "  end\n"
     "elseif how == 'failed' or how == 'stopped' then\n"
     "  redis.call('HSET', KEYS[1], 'status', how, 'ended_at', ARGV[3])\n"
-    "  redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10', '*', 'type', '2', 'exc_string', "
-    "ARGV[7])\n"
+    "  xadd('type', '2', 'exc_string', ARGV[7])\n"
     "  redis.call('ZADD', KEYS[7], ARGV[6], ARGV[2])\n"
     "  release(ARGV[2], true)\n"
     "  if ttl == -1 then\n"
@@ -299,36 +330,56 @@ void rq_redis_death(struct redis_args *a, const struct rq_worker_info *w)
     redis_args_s(a, w->ts);
 }
 
+static void epoch_arg(struct redis_args *a, double t)
+{
+    char s[64];
+    snprintf(s, sizeof(s), "%.6f", t);
+    redis_args_s(a, s);
+}
+
+/* The execution hash and registry keys (layout 2), or unused names. */
+static void exec_keys(struct redis_args *a, const char *id, const struct rq_exec *x)
+{
+    char composite[RQ_MAX_ID + 40];
+    snprintf(composite, sizeof(composite), "%s:%s", id, x ? x->eid : "");
+    key_arg(a, RQ_KEY_EXECUTION, composite);
+    key_arg(a, RQ_KEY_EXECUTIONS, id);
+}
+
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s)
+                    long worker_ttl_s, const struct rq_exec *x)
 {
-    eval_head(a, start_lua, 3);
+    eval_head(a, start_lua, 5);
     key_arg(a, RQ_KEY_JOB, id);
     key_arg(a, RQ_KEY_STARTED, queue);
     key_arg(a, RQ_KEY_WORKER, worker);
+    exec_keys(a, id, x);
     redis_args_s(a, id);
     redis_args_s(a, worker);
     redis_args_s(a, ts);
     num_arg(a, wip_score);
     num_arg(a, worker_ttl_s);
+    redis_args_s(a, x ? x->eid : "");
+    epoch_arg(a, x ? x->now_s : 0);
 }
 
 void rq_redis_busy_beat(struct redis_args *a, const char *worker, const char *id,
                         const char *queue, const char *ts, int64_t wip_score,
-                        long worker_ttl_s, double working_s)
+                        long worker_ttl_s, double working_s, const struct rq_exec *x)
 {
-    char w[64];
-    eval_head(a, busy_lua, 3);
+    eval_head(a, busy_lua, 5);
     key_arg(a, RQ_KEY_JOB, id);
     key_arg(a, RQ_KEY_STARTED, queue);
     key_arg(a, RQ_KEY_WORKER, worker);
+    exec_keys(a, id, x);
     redis_args_s(a, id);
     redis_args_s(a, ts);
     num_arg(a, wip_score);
     num_arg(a, worker_ttl_s);
-    snprintf(w, sizeof(w), "%.6f", working_s);
-    redis_args_s(a, w);
+    epoch_arg(a, working_s);
+    redis_args_s(a, x ? x->eid : "");
+    epoch_arg(a, x ? x->now_s : 0);
 }
 
 void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
@@ -361,7 +412,7 @@ void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
         snprintf(score, sizeof(score), "%lld", (long long)(e->now_s + e->interval_s + 1));
         break;
     }
-    eval_head(a, end_lua, 9);
+    eval_head(a, end_lua, 11);
     key_arg(a, RQ_KEY_JOB, e->id);
     key_arg(a, RQ_KEY_STARTED, e->queue);
     key_arg(a, RQ_KEY_WORKER, e->worker);
@@ -371,6 +422,7 @@ void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
     key_arg(a, reg, e->queue);
     key_arg(a, RQ_KEY_QUEUE, e->queue);
     redis_args_s(a, RQ_QUEUES_KEY);
+    exec_keys(a, e->id, e->exec);
     redis_args_s(a, how[e->how]);
     redis_args_s(a, e->id);
     redis_args_s(a, e->ts);
@@ -382,6 +434,10 @@ void rq_redis_end(struct redis_args *a, const struct rq_end_info *e)
     num_arg(a, e->retries_left);
     num_arg(a, e->interval_s);
     redis_args_s(a, stream_ttl ? "1" : "0");
+    redis_args_s(a, e->exec ? e->exec->eid : "");
+    redis_args_s(a, e->worker);
+    epoch_arg(a, e->exec ? e->exec->started_s : 0);
+    epoch_arg(a, e->exec ? e->exec->now_s : 0);
 }
 
 void rq_redis_schedule(struct redis_args *a, const char *queue, int64_t now_s,

@@ -51,19 +51,29 @@ void rq_redis_idle_beat(struct redis_args *a, const struct rq_worker_info *w,
 /* Death: out of the worker sets, `death` set, the hash kept 60 s. */
 void rq_redis_death(struct redis_args *a, const struct rq_worker_info *w);
 
+/* RQ 2.x's layout (rq-protocol.md 12): each run of a job is an execution,
+ * with a hash rq:execution:<id>:<eid> and a member of rq:executions:<id>, and
+ * the started registry holds "<id>:<eid>". NULL where a function takes one:
+ * RQ 1.13's layout (bare ids, no execution keys). */
+struct rq_exec {
+    const char *eid;  /* uuid4 hex */
+    double started_s; /* when this execution started (epoch seconds) */
+    double now_s;     /* now (epoch seconds) */
+};
+
 /* Starts a job popped from queue: the worker busy on it, the job in the
  * started registry with score wip_score, its status started. Reply: nil when
  * the job hash is gone (an expired ttl, a deleted job: skipped), else the
  * job's HGETALL taken after the start. */
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s);
+                    long worker_ttl_s, const struct rq_exec *x);
 
 /* A running job's heartbeat: the worker's TTL and working time, the job's
  * last_heartbeat (only if the hash still exists) and its started score. */
 void rq_redis_busy_beat(struct redis_args *a, const char *worker, const char *id,
                         const char *queue, const char *ts, int64_t wip_score,
-                        long worker_ttl_s, double working_s);
+                        long worker_ttl_s, double working_s, const struct rq_exec *x);
 
 /* How a job ended, for rq_redis_end(). */
 enum rq_end {
@@ -92,6 +102,9 @@ struct rq_end_info {
     /* RETRY: the retries left after this one, and the wait (0: at once). */
     long retries_left;
     long interval_s;
+    /* Layout 2: the execution ended (its stream entry names it and the
+     * worker); NULL: layout 1. */
+    const struct rq_exec *exec;
 };
 
 /* Ends a job: one script that takes it out of the started registry, clears

@@ -28,13 +28,16 @@ static const char *const key_fmt[] = {
     [RQ_KEY_WORKERS_OF] = "rq:workers:%s",
     [RQ_KEY_PUBSUB] = "rq:pubsub:%s",
     [RQ_KEY_SCHED_LOCK] = "rq:scheduler-lock:%s",
+    [RQ_KEY_EXECUTION] = "rq:execution:%s",
+    [RQ_KEY_EXECUTIONS] = "rq:executions:%s",
 };
 
 int rq_key(char out[RQ_KEY_SIZE], enum rq_key_kind kind, const char *name)
 {
     size_t n = name ? strlen(name) : 0;
     out[0] = '\0';
-    if (n == 0 || n > RQ_MAX_ID || (unsigned)kind >= sizeof(key_fmt) / sizeof(key_fmt[0]))
+    if (n == 0 || n > RQ_KEY_MAX_NAME ||
+        (unsigned)kind >= sizeof(key_fmt) / sizeof(key_fmt[0]))
         return CR_EINVAL;
     snprintf(out, RQ_KEY_SIZE, key_fmt[kind], name);
     return 0;

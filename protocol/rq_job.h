@@ -20,10 +20,13 @@
 #define RQ_MONITORING_INTERVAL_S 30       /* --job-monitoring-interval */
 
 /* The longest id accepted; a longer one is refused, never cut. */
-#define RQ_MAX_ID 200
+#define RQ_MAX_ID 180
 /* The longest queue or worker name. */
-#define RQ_MAX_NAME 200
-/* Room for any key built here: "rq:clean_registries:" plus a name. */
+#define RQ_MAX_NAME 180
+/* The longest name a key is built from: an id, a name, or "<id>:<eid>". */
+#define RQ_KEY_MAX_NAME 224
+/* Room for any key built here: the longest prefix and suffix ("rq:job::"
+ * and ":dependencies") around RQ_KEY_MAX_NAME bytes. */
 #define RQ_KEY_SIZE 256
 /* "2026-12-07T08:24:38.040468Z" and its NUL. */
 #define RQ_TS_SIZE 28
@@ -43,6 +46,8 @@ enum rq_key_kind {
     RQ_KEY_WORKERS_OF,   /* rq:workers:<q> */
     RQ_KEY_PUBSUB,       /* rq:pubsub:<w> */
     RQ_KEY_SCHED_LOCK,   /* rq:scheduler-lock:<q> */
+    RQ_KEY_EXECUTION,    /* rq:execution:<id>:<eid> (2.x; name = "<id>:<eid>") */
+    RQ_KEY_EXECUTIONS,   /* rq:executions:<id> (2.x) */
 };
 
 /* The sets and strings with fixed names. */
@@ -52,7 +57,7 @@ enum rq_key_kind {
 
 /* Writes the key of kind for name (a job id, queue or worker name) into out
  * (RQ_KEY_SIZE bytes). Returns 0, or CR_EINVAL when name is empty or longer
- * than RQ_MAX_ID (out is then ""). */
+ * than RQ_KEY_MAX_NAME (out is then ""). */
 int rq_key(char out[RQ_KEY_SIZE], enum rq_key_kind kind, const char *name);
 
 /* Writes RQ's timestamp text of epoch_us (UTC, six fraction digits, "Z"). */

@@ -69,6 +69,8 @@ struct slot {
     long timeout_s, result_ttl_s, failure_ttl_s, retries_left, interval_s;
     struct llm_req *call;
     uint64_t started_ms;
+    char eid[33];         /* layout 2: this run's execution id (uuid4 hex) */
+    double started_epoch; /* layout 2: when it started (epoch seconds) */
     uint64_t deadline_ms; /* 0: no timeout */
     uint64_t next_beat_ms;
     int timed_out;
@@ -231,10 +233,46 @@ static double working_s(const struct slot *s)
     return (double)(uv_now(s->w->loop) - s->started_ms) / 1000.0;
 }
 
+/* The slot's execution in RQ 2.x's layout, or NULL in 1.13's. */
+static const struct rq_exec *exec_of(struct slot *s, struct rq_exec *x)
+{
+    if (s->w->cfg->protocol != 2)
+        return NULL;
+    x->eid = s->eid;
+    x->started_s = s->started_epoch;
+    x->now_s = (double)clock_epoch_us() / 1e6;
+    return x;
+}
+
+static void new_eid(char out[33])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[16];
+    if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
+        /* no entropy source: mixed from the clock */
+        uint64_t x = uv_hrtime() ^ ((uint64_t)clock_epoch_us() << 20);
+        for (int i = 0; i < 16; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b[i] = (unsigned char)(x >> 24);
+        }
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40); /* uuid4, as uuid4().hex */
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = hex[b[i] >> 4];
+        out[2 * i + 1] = hex[b[i] & 15];
+    }
+    out[32] = '\0';
+}
+
 static void end_job(struct slot *s, struct rq_end_info *e)
 {
     char ts[RQ_TS_SIZE];
+    struct rq_exec x;
     ts_now(ts);
+    e->exec = exec_of(s, &x);
     e->worker = s->name;
     e->id = s->id;
     e->queue = s->queue;
@@ -592,6 +630,7 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     const size_t pfx = strlen("rq:queue:");
     char ts[RQ_TS_SIZE];
     int64_t score;
+    struct rq_exec x;
 
     if (!s) {
         /* Only popped with a slot free, so never; the id must not be lost. */
@@ -623,9 +662,11 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     score =
         now_s() + rq_heartbeat_ttl(RQ_DEFAULT_TIMEOUT_S, 0, w->cfg->monitoring_interval);
     slot_reset_cmd(s);
-    rq_redis_start(
-        &s->cmd, s->name, s->id, s->queue, ts, score,
-        rq_heartbeat_ttl(RQ_DEFAULT_TIMEOUT_S, 0, w->cfg->monitoring_interval));
+    new_eid(s->eid);
+    s->started_epoch = (double)clock_epoch_us() / 1e6;
+    rq_redis_start(&s->cmd, s->name, s->id, s->queue, ts, score,
+                   rq_heartbeat_ttl(RQ_DEFAULT_TIMEOUT_S, 0, w->cfg->monitoring_interval),
+                   exec_of(s, &x));
     slot_command(s, on_started);
 }
 
@@ -747,6 +788,7 @@ static void busy_beat(struct slot *s, uint64_t now_ms)
     char ts[RQ_TS_SIZE];
     int64_t elapsed = (int64_t)(now_ms - s->started_ms) / 1000;
     int64_t ttl = rq_heartbeat_ttl(s->timeout_s, elapsed, w->cfg->monitoring_interval);
+    struct rq_exec x;
     if (s->beat_inflight)
         return;
     if (ttl < 60)
@@ -754,7 +796,7 @@ static void busy_beat(struct slot *s, uint64_t now_ms)
     ts_now(ts);
     redis_args_init(&a);
     rq_redis_busy_beat(&a, s->name, s->id, s->queue, ts, now_s() + ttl, (long)ttl,
-                       working_s(s));
+                       working_s(s), exec_of(s, &x));
     send_beat(s, &a);
     redis_args_release(&a);
     s->next_beat_ms = now_ms + (uint64_t)w->cfg->monitoring_interval * 1000 / 2;
@@ -1166,7 +1208,7 @@ struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
         if (w->nslots == 1)
             snprintf(s->name, sizeof(s->name), "%s", base);
         else
-            snprintf(s->name, sizeof(s->name), "%.180s-%d", base, i + 1);
+            snprintf(s->name, sizeof(s->name), "%.160s-%d", base, i + 1);
         redis_args_init(&s->cmd);
         s->info.name = s->name;
         s->info.queues = w->queues_csv;

@@ -29,6 +29,7 @@ struct rq_config {
     int with_scheduler;        /* move due scheduled jobs of our queues (RQScheduler) */
     int progress_meta;         /* streamed text so far in job.meta["progress"] */
     int progress_interval_ms;  /* between two progress writes of a job */
+    int protocol;              /* 1: RQ 1.13's layout; 2: 2.x's (executions) */
     const char *const *queues; /* borrowed from argv, in priority order */
     int nqueues;
 };

@@ -600,3 +600,55 @@ def test_scheduled_jobs_run_once_beside_a_python_scheduler(rqenv, tmp_path):
     finally:
         py.terminate()
         py.wait(timeout=30)
+
+
+RQ2_CHECK = r'''
+import sys, time
+from redis import Redis
+import rq
+from rq import Queue
+from rq.job import Job
+from rq.registry import StartedJobRegistry
+r = Redis(port=int(sys.argv[1]), db=int(sys.argv[2]))
+assert rq.__version__.startswith("2."), rq.__version__
+held, done = Job.fetch(sys.argv[3], connection=r), Job.fetch(sys.argv[4], connection=r)
+ex = held.get_executions()
+assert len(ex) == 1 and ex[0].job_id == held.id, ex
+assert StartedJobRegistry(queue=Queue(connection=r)).get_job_ids() == [held.id]
+res = done.latest_result()
+assert res.type == res.Type.SUCCESSFUL and res.worker_name and res.execution_id
+print("ok", rq.__version__)
+'''
+
+
+def test_rq_protocol_2_layout(rqenv):
+    """--rq-protocol 2: RQ 2.x's execution records and composite started
+    members; RQ 1.13's client still reads the results. With CELERIAC_RQ2_PATH
+    naming an RQ 2.x source tree, its client checks the executions too."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    done = q.enqueue("mymod.llm_inference", "Hello")
+    held = q.enqueue("mymod.llm_inference", "Hi", model="fake/hold=" + hold)
+    rqenv.worker("--rq-protocol", "2", "-c", "2")
+    rqenv.wait_status(done, "finished")
+    assert done.result == rqenv.fake.expected("Hello")["text"]
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    members = [m.decode() for m in rqenv.r.zrange("rq:wip:default", 0, -1)]
+    assert len(members) == 1 and members[0].startswith(held.id + ":")
+    eid = members[0].split(":")[1]
+    assert len(eid) == 32
+    assert rqenv.r.hget("rq:execution:%s:%s" % (held.id, eid), "id") == eid.encode()
+    assert rqenv.r.zscore("rq:executions:" + held.id, eid) > time.time() + 60
+    entry = rqenv.r.xrevrange("rq:results:" + done.id, count=1)[0][1]
+    assert entry[b"worker_name"] and len(entry[b"execution_id"]) == 32
+    rq2 = os.environ.get("CELERIAC_RQ2_PATH")
+    if rq2:
+        out = subprocess.run(["/usr/bin/python3", "-c", RQ2_CHECK,
+                              str(rqenv.services.redis_port), str(rqenv.db), held.id,
+                              done.id], env=dict(os.environ, PYTHONPATH=rq2),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("ok 2."), out.stderr
+    rqenv.fake.release(hold)
+    rqenv.wait_status(held, "finished")
+    assert not rqenv.r.exists("rq:execution:%s:%s" % (held.id, eid))
+    assert rqenv.r.zcard("rq:wip:default") == 0

@@ -34,8 +34,10 @@ START_TEST(test_keys)
         {RQ_KEY_WORKERS_OF, "rq:workers:x"},
         {RQ_KEY_PUBSUB, "rq:pubsub:x"},
         {RQ_KEY_SCHED_LOCK, "rq:scheduler-lock:x"},
+        {RQ_KEY_EXECUTION, "rq:execution:x"},
+        {RQ_KEY_EXECUTIONS, "rq:executions:x"},
     };
-    char k[RQ_KEY_SIZE], big[RQ_MAX_ID + 2];
+    char k[RQ_KEY_SIZE], big[RQ_KEY_MAX_NAME + 2];
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         ck_assert_int_eq(rq_key(k, v[i].kind, "x"), 0);
         ck_assert_str_eq(k, v[i].want);
@@ -46,9 +48,10 @@ START_TEST(test_keys)
     memset(big, 'a', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
     ck_assert_int_eq(rq_key(k, RQ_KEY_SCHED_LOCK, big), CR_EINVAL);
-    big[RQ_MAX_ID] = '\0';
-    ck_assert_int_eq(rq_key(k, RQ_KEY_SCHED_LOCK, big), 0);
-    ck_assert_uint_eq(strlen(k), strlen("rq:scheduler-lock:") + RQ_MAX_ID);
+    big[RQ_KEY_MAX_NAME] = '\0';
+    ck_assert_int_eq(rq_key(k, RQ_KEY_DEPENDENCIES, big), 0);
+    ck_assert_uint_eq(strlen(k),
+                      strlen("rq:job::") + RQ_KEY_MAX_NAME + strlen(":dependencies"));
 }
 END_TEST
 

@@ -47,17 +47,17 @@ START_TEST(test_pop_many)
 }
 END_TEST
 
-/* EVAL script nkeys k1..k9 then ARGV: how id ts working ttl score value left
- * interval stream_ttl */
-enum { K0 = 3, A0 = 3 + 9 };
+/* EVAL script nkeys k1..k11 then ARGV: how id ts working ttl score value left
+ * interval stream_ttl eid worker started ended */
+enum { K0 = 3, A0 = 3 + 11 };
 
 static void end_args(struct redis_args *a, const struct rq_end_info *e)
 {
     redis_args_init(a);
     rq_redis_end(a, e);
-    ck_assert_int_eq(a->n, A0 + 10);
+    ck_assert_int_eq(a->n, A0 + 14);
     ck_assert_str_eq(arg(a, 0), "EVAL");
-    ck_assert_str_eq(arg(a, 2), "9");
+    ck_assert_str_eq(arg(a, 2), "11");
 }
 
 START_TEST(test_end_finished)
@@ -74,11 +74,13 @@ START_TEST(test_end_finished)
     static const char *const keys[] = {
         "rq:job:j1",           "rq:wip:default",       "rq:worker:w",
         "rq:results:j1",       "rq:job:j1:dependents", "rq:job::j1:dependencies",
-        "rq:finished:default", "rq:queue:default",     "rq:queues"};
+        "rq:finished:default", "rq:queue:default",     "rq:queues",
+        "rq:execution:j1:",    "rq:executions:j1"};
     struct redis_args a;
     end_args(&a, &e);
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < 11; i++)
         ck_assert_str_eq(arg(&a, K0 + i), keys[i]);
+    ck_assert_str_eq(arg(&a, A0 + 10), ""); /* layout 1: no execution */
     ck_assert_str_eq(arg(&a, A0), "finished");
     ck_assert_str_eq(arg(&a, A0 + 1), "j1");
     ck_assert_str_eq(arg(&a, A0 + 2), "T");
@@ -126,6 +128,36 @@ START_TEST(test_end_failed)
     e.failure_ttl_s = -1;
     end_args(&a, &e);
     ck_assert_str_eq(arg(&a, A0 + 5), "-1");
+    redis_args_release(&a);
+}
+END_TEST
+
+START_TEST(test_end_layout2)
+{
+    struct rq_exec x = {
+        .eid = "0123456789abcdef0123456789abcdef", .started_s = 10.5, .now_s = 12.25};
+    struct rq_end_info e = {.how = RQ_END_FINISHED,
+                            .worker = "w",
+                            .id = "j1",
+                            .queue = "q",
+                            .ts = "T",
+                            .now_s = 12,
+                            .result_ttl_s = 500,
+                            .exec = &x};
+    struct redis_args a;
+    end_args(&a, &e);
+    ck_assert_str_eq(arg(&a, K0 + 9), "rq:execution:j1:0123456789abcdef0123456789abcdef");
+    ck_assert_str_eq(arg(&a, K0 + 10), "rq:executions:j1");
+    ck_assert_str_eq(arg(&a, A0 + 10), x.eid);
+    ck_assert_str_eq(arg(&a, A0 + 11), "w");
+    ck_assert_str_eq(arg(&a, A0 + 12), "10.500000");
+    ck_assert_str_eq(arg(&a, A0 + 13), "12.250000");
+    redis_args_release(&a);
+    redis_args_init(&a);
+    rq_redis_start(&a, "w", "j1", "q", "T", 100, 90, &x);
+    ck_assert_str_eq(arg(&a, 2), "5");
+    ck_assert_str_eq(arg(&a, 6), "rq:execution:j1:0123456789abcdef0123456789abcdef");
+    ck_assert_str_eq(arg(&a, 13), x.eid);
     redis_args_release(&a);
 }
 END_TEST
@@ -196,6 +228,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_end_finished);
     tcase_add_test(tc, test_end_failed);
     tcase_add_test(tc, test_end_retry);
+    tcase_add_test(tc, test_end_layout2);
     tcase_add_test(tc, test_worker_keys);
     suite_add_tcase(s, tc);
     return s;
