@@ -9,6 +9,7 @@ int cmd_worker(int argc, char **argv);  /* cmd/main.c */
 int cmd_dlq(int argc, char **argv);     /* cmd/dlq.c */
 int cmd_top(int argc, char **argv);     /* cmd/top.c */
 int cmd_gateway(int argc, char **argv); /* cmd/gateway.c */
+int cmd_rq(int argc, char **argv);      /* cmd/rq.c */
 
 /* Batches log lines from now on and flushes them once per turn of loop, from
  * h (caller-embedded, unref'd: it never keeps the loop alive). Call right

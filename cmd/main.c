@@ -24,6 +24,7 @@ static const struct command {
     {"gateway", cmd_gateway, "HTTP and WebSocket gateway: submit tasks, stream progress"},
     {"dlq", cmd_dlq, "list, show, replay or purge dead-lettered tasks"},
     {"top", cmd_top, "live terminal view of workers"},
+    {"rq", cmd_rq, "rq worker: run RQ (python-rq) jobs as built-in LLM tasks"},
 };
 
 /* The whole command line, for the re-exec of a SIGHUP restart. */

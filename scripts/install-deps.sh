@@ -12,6 +12,7 @@ PKGS=(
     python3-websocket python3-yaml
     chromium
     python3-prometheus-client
+    python3-rq
 )
 
 # kombu's SQS transport (the Python side of the SQS tests): boto3 for its

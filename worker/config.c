@@ -253,6 +253,19 @@ static const struct opts_spec spec = {
     .help_line = "show this help and exit",
 };
 
+const struct opt *config_llm_opts(size_t *n)
+{
+    size_t first = 0, last = 0;
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (!strcmp(opts[i].name, "llm-base-url"))
+            first = i;
+        if (!strcmp(opts[i].name, "llm-keep-connections"))
+            last = i;
+    }
+    *n = last >= first ? last - first + 1 : 0;
+    return opts + first;
+}
+
 void config_usage(FILE *out)
 {
     opts_usage(&spec, out);

@@ -99,6 +99,13 @@ void config_release(struct config *cfg);
 /* Writes --help text, generated from the table. */
 void config_usage(FILE *out);
 
+/* The rows of the option table that configure the LLM client and its
+ * providers (--llm-base-url ... --llm-keep-connections), contiguous, *n of
+ * them; their offsets are into struct config. For another command that runs
+ * the built-in tasks with the same options (celeriac rq worker embeds a
+ * struct config first in its own). */
+const struct opt *config_llm_opts(size_t *n);
+
 /* Adds every secret the configuration holds to r, to be cut out of any text
  * that leaves the worker (see util/redact.h): the LLM API key; the password
  * of the broker, result backend and LLM base URLs (a user name alone too,

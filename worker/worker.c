@@ -21,10 +21,8 @@
 
 #include "engine/engine.h"
 #include "events.h"
-#include "llm/health.h"
 #include "llm/llm_client.h"
-#include "llm/registry.h"
-#include "llm/router.h"
+#include "llm_stack.h"
 #include "metrics.h"
 #include "net/broker.h"
 #include "net/backend.h"
@@ -54,16 +52,7 @@ struct worker {
     uv_loop_t *loop;
     struct broker *broker;
     struct backend *backend;
-    struct llm_client *llm;
-    struct redact secrets;         /* config_secrets(): cut out of provider messages */
-    struct llm_registry providers; /* named providers and model routes */
-    /* One per named provider (parallel to providers.providers), its
-     * max_connections as the cap; freed after the LLM client. */
-    struct llm_gate *gates;
-    /* One per named provider, then the default provider's last: whether its
-     * calls are failing, for the WARNING lines of an outage. */
-    struct llm_health *health;
-    struct llm_router router; /* which provider answers a task's call */
+    struct llm_stack ls; /* the LLM client, providers and router */
     /* Budgeted providers (router order): a spend count command out, and
      * when the counts were last synced (loop ms). */
     unsigned char budget_out[LLM_REGISTRY_MAX_PROVIDERS + 1];
@@ -293,47 +282,6 @@ static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *
     progress_on_delta(worker_of(j)->progress, j, text, len);
 }
 
-/* Says when a provider's calls start failing, are still failing (at most
- * once a minute) and answer again, at WARNING: a retried failure is logged
- * at INFO only, so at the default level an outage was silent. Which failures
- * count, and when a line is due, is llm/health.h's rule. */
-static void note_health(struct worker *w, const struct llm_result *res, uint64_t now_ms)
-{
-    static const struct llm_health_rule rule = LLM_HEALTH_RULE_DEFAULT;
-    const char *name = res->provider && res->provider[0] ? res->provider : "default";
-    enum llm_health_kind kind = llm_health_kind(res);
-    struct llm_health_report rep;
-    int i;
-
-    if (kind == LLM_HEALTH_NEUTRAL)
-        return;
-    i = llm_registry_find(&w->providers, name, strlen(name));
-    if (i < 0)
-        i = w->providers.nproviders; /* the default provider's */
-    switch (llm_health_note(&w->health[i], &rule, kind, (int64_t)now_ms, &rep)) {
-    case LLM_HEALTH_QUIET:
-        break;
-    case LLM_HEALTH_FAILING:
-        LOG(LOG_WARNING,
-            "LLM provider %s failing: %ld calls in a row failed in %.1fs (last: "
-            "%s('%s')); "
-            "tasks retry as configured",
-            name, rep.failed, (double)rep.for_ms / 1000.0, res->exc_type, res->message);
-        break;
-    case LLM_HEALTH_STILL:
-        LOG(LOG_WARNING,
-            "LLM provider %s still failing after %.0fs: %ld more calls failed since the "
-            "last report, %ld in a row (last: %s('%s'))",
-            name, (double)rep.for_ms / 1000.0, rep.failed_since, rep.failed,
-            res->exc_type, res->message);
-        break;
-    case LLM_HEALTH_RECOVERED:
-        LOG(LOG_WARNING, "LLM provider %s recovered after %.1fs (%ld failed calls)", name,
-            (double)rep.for_ms / 1000.0, rep.failed);
-        break;
-    }
-}
-
 /* --------------------------------------------------- fleet budgets */
 
 /* How often the spend of budgeted providers is read back from Redis when
@@ -372,7 +320,7 @@ static void on_budget_reply(struct backend *bk, int status,
         return;
     }
     c->w->budget_out[c->i] = 0;
-    b = llm_router_budget(&c->w->router, c->i, &name);
+    b = llm_router_budget(&c->w->ls.router, c->i, &name);
     ok = status == 0 && reply &&
          (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_NIL);
     if (ok && reply->type == REDIS_REPLY_STRING)
@@ -402,7 +350,7 @@ static void budget_sync(struct worker *w, int reads)
 
     if (!w->backend)
         return;
-    for (int i = 0; (b = llm_router_budget(&w->router, i, &name)); i++) {
+    for (int i = 0; (b = llm_router_budget(&w->ls.router, i, &name)); i++) {
         struct budget_cmd *c;
         char key[192], amount[48];
         double a;
@@ -445,8 +393,8 @@ static const char *provider_type(struct worker *w, const struct llm_result *res)
     int i;
     if (!res->provider || !*res->provider)
         return "openai";
-    i = llm_registry_find(&w->providers, res->provider, strlen(res->provider));
-    return i >= 0 ? w->providers.providers[i].impl->name : "openai";
+    i = llm_registry_find(&w->ls.providers, res->provider, strlen(res->provider));
+    return i >= 0 ? w->ls.providers.providers[i].impl->name : "openai";
 }
 
 static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
@@ -455,9 +403,9 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     struct worker *w = worker_of(j);
     struct engine_now now = now_of(w);
     (void)r;
-    note_health(w, res, now.loop_ms);
+    llm_stack_note(&w->ls, res, now.loop_ms);
     if (res->cost_usd > 0) {
-        llm_router_spent(&w->router, res->provider,
+        llm_router_spent(&w->ls.router, res->provider,
                          llm_budget_day(clock_epoch_us() / 1000), res->cost_usd);
         budget_sync(w, 0);
     }
@@ -478,7 +426,7 @@ static int op_call_llm(void *ctx, struct job *j, const struct task_call *c,
 
     call.ntrace_headers = tracing_llm_start(w->tracing, j, c, trace_lines);
     call.trace_headers = trace_lines;
-    j->call = llm_router_call(&w->router, &call, on_llm_delta, on_llm_done, j, err);
+    j->call = llm_router_call(&w->ls.router, &call, on_llm_delta, on_llm_done, j, err);
     if (!j->call) {
         struct llm_result none;
         memset(&none, 0, sizeof(none));
@@ -736,134 +684,13 @@ static void engine_config_of(struct engine_config *ec, const struct config *cfg,
     ec->new_uuid = new_uuid;
 }
 
-static const char *env_of(const char *name)
-{
-    return getenv(name);
-}
-
-/* Loads the named providers (the SDK variables, then --llm-providers) and
- * adds their keys and header values to the redaction set. Start-up only:
- * reading the file blocks. */
-static int providers_load(struct worker *w, struct cr_err *err)
-{
-    const char *src = w->cfg->llm_providers;
-    struct buf doc;
-    int rc;
-
-    llm_registry_init(&w->providers);
-    if ((rc = llm_registry_from_env(&w->providers, env_of, err)))
-        return rc;
-    buf_init(&doc);
-    if (src && src[0] == '{') {
-        rc = buf_puts(&doc, src);
-    } else if (src && src[0]) {
-        FILE *f = fopen(src, "rb");
-        char chunk[4096];
-        size_t n;
-        if (!f)
-            return cr_err_set(err, CR_EINVAL, "cannot open --llm-providers file %s: %s",
-                              src, strerror(errno));
-        while (!rc && (n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-            rc = doc.len + n > (1u << 20) ? CR_ETOOBIG : buf_append(&doc, chunk, n);
-        fclose(f);
-        if (rc) {
-            buf_release(&doc);
-            return cr_err_set(err, CR_EINVAL, "--llm-providers file %s: %s", src,
-                              rc == CR_ETOOBIG ? "over 1 MiB" : cr_strerror(rc));
-        }
-    }
-    if (!rc && doc.len) {
-        rc = llm_registry_parse(&w->providers, doc.data, doc.len, env_of, err);
-        if (rc && src[0] != '{') {
-            char why[sizeof(err->msg)];
-            const char *m = err->msg;
-            /* The file's name says what the registry's prefix would. */
-            if (!strncmp(m, "llm providers: ", 15))
-                m += 15;
-            snprintf(why, sizeof(why), "%s", m);
-            /* A long path keeps its end, where the file's name is. */
-            size_t n = strlen(src);
-            cr_err_set(err, rc, "--llm-providers file %s%s: %.100s", n > 130 ? "..." : "",
-                       n > 130 ? src + n - 127 : src, why);
-        }
-    } else if (rc)
-        cr_err_set(err, rc, "out of memory");
-    buf_release(&doc);
-    if (rc)
-        return rc;
-    for (int i = 0; i < w->providers.nproviders; i++) {
-        const struct llm_named *p = &w->providers.providers[i];
-        if (p->api_key && (rc = redact_add_str(&w->secrets, p->api_key)))
-            return cr_err_set(err, rc, "out of memory");
-        for (int k = 0; p->headers[k]; k++) {
-            const char *v = strchr(p->headers[k], ':');
-            v = v ? v + 1 : "";
-            v += strspn(v, " \t");
-            if ((rc = redact_add_str(&w->secrets, v)))
-                return cr_err_set(err, rc, "out of memory");
-        }
-        LOG(LOG_INFO, "LLM provider %s: %s API%s%s", p->name, p->impl->name,
-            p->api_key_env ? ", key from $" : "", p->api_key_env ? p->api_key_env : "");
-        if (p->max_connections > 0)
-            LOG(LOG_INFO, "LLM provider %s: at most %ld calls in flight", p->name,
-                p->max_connections);
-    }
-    /* One more than needed: never a zero-sized allocation. */
-    w->gates = cr_calloc((size_t)w->providers.nproviders + 1, sizeof(*w->gates));
-    if (!w->gates)
-        return cr_err_set(err, CR_ENOMEM, "out of memory");
-    for (int i = 0; i < w->providers.nproviders; i++)
-        llm_gate_init(&w->gates[i], w->providers.providers[i].max_connections);
-    w->health = cr_calloc((size_t)w->providers.nproviders + 1, sizeof(*w->health));
-    if (!w->health)
-        return cr_err_set(err, CR_ENOMEM, "out of memory");
-    for (int i = 0; i <= w->providers.nproviders; i++)
-        llm_health_init(&w->health[i]);
-    return 0;
-}
-
 static int clients_new(struct worker *w, struct cr_err *err)
 {
     const struct config *cfg = w->cfg;
-    struct llm_client_config lc;
     struct backend_config bc;
     int rc;
 
-    memset(&lc, 0, sizeof(lc));
-    lc.connect_timeout_s = cfg->llm_connect_timeout;
-    lc.first_byte_timeout_s = cfg->llm_first_byte_timeout;
-    lc.first_token_timeout_s = cfg->llm_first_token_timeout;
-    lc.idle_timeout_s = cfg->llm_idle_timeout;
-    lc.max_connections = cfg->llm_max_connections;
-    lc.keep_connections = cfg->llm_keep_connections;
-    if ((rc = config_secrets(cfg, &w->secrets)) != 0)
-        return cr_err_set(err, rc, "cannot keep the configured secrets: %s",
-                          cr_strerror(rc));
-    if ((rc = providers_load(w, err)) != 0)
-        return rc;
-    if (!cfg->llm_api_key || !cfg->llm_api_key[0]) {
-        /* Calls would go out unauthenticated and fail one by one (401) long
-         * after start-up; a local server may want no key, so not an error. */
-        char shown[512];
-        config_redact_url(cfg->llm_base_url, shown, sizeof(shown));
-        LOG(LOG_WARNING,
-            "LLM provider default (%s): no API key; set OPENAI_API_KEY (or "
-            "--llm-api-key), or its calls go without one",
-            shown);
-    }
-    lc.secrets = &w->secrets;
-    /* opts_list leaves items[n] NULL (config_load() caps n below the array). */
-    lc.headers = (const char *const *)cfg->llm_headers.items;
-    lc.ca_file = cfg->llm_ca_file;
-    lc.http2 = cfg->llm_http2;
-    w->llm = llm_client_new(w->loop, &lc, err);
-    if (!w->llm)
-        return err->code ? err->code : CR_ENOMEM;
-    if ((rc = llm_router_init(&w->router, w->llm, &w->providers, w->gates,
-                              &(struct llm_provider_config){.base_url = cfg->llm_base_url,
-                                                            .api_key = cfg->llm_api_key,
-                                                            .headers = lc.headers},
-                              err)))
+    if ((rc = llm_stack_open(&w->ls, w->loop, cfg, err)) != 0)
         return rc;
     memset(&bc, 0, sizeof(bc));
     bc.url = cfg->result_backend;
@@ -930,7 +757,7 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
     w->cfg = cfg;
     w->loop = loop;
     w->ctx.loop = loop;
-    redact_init(&w->secrets);
+    llm_stack_init(&w->ls);
     now = now_of(w);
     engine_config_of(&w->ecfg, cfg, ((uint64_t)getpid() << 32) ^ (uint64_t)now.epoch_us);
     /* Thousands of provider connections need thousands of descriptors. */
@@ -965,14 +792,10 @@ struct worker *worker_new(const struct config *cfg, uv_loop_t *loop, struct cr_e
 fail:
     /* tracing_new() failed or was not reached: nothing of it to close */
     broker_free(w->broker);
-    llm_client_free(w->llm);
+    llm_stack_close(&w->ls);
     backend_free(w->backend);
     engine_free(w->engine);
-    llm_router_release(&w->router);
-    redact_release(&w->secrets);
-    cr_free(w->gates);
-    cr_free(w->health);
-    llm_registry_release(&w->providers);
+    llm_stack_release(&w->ls);
     cr_free(w);
     return NULL;
 }
@@ -1103,7 +926,7 @@ int worker_start(struct worker *w, struct cr_err *err)
     w->ctx.backend = w->backend;
     w->ctx.engine = w->engine;
     w->ctx.bcfg = &w->bcfg;
-    w->ctx.secrets = &w->secrets;
+    w->ctx.secrets = &w->ls.secrets;
     w->ctx.request_shutdown = shutdown_warm;
     w->ctx.job_text = job_text;
     w->ctx.owner = w;
@@ -1187,7 +1010,7 @@ void worker_free(struct worker *w)
     w->progress = NULL;
     broker_free(w->broker);
     w->broker = w->ctx.broker = NULL;
-    llm_client_free(w->llm);
+    llm_stack_close(&w->ls);
     backend_free(w->backend);
     /* its handles close with the others; the spans of calls that come back
      * cancelled below are freed unsent */
@@ -1203,11 +1026,6 @@ void worker_free(struct worker *w)
     engine_free(w->engine);
     /* after engine_free(): every job's forget has run */
     tracing_free(w->tracing);
-    llm_router_release(&w->router);
-    redact_release(&w->secrets);
-    /* After llm_client_free(): every call that named a gate has ended. */
-    cr_free(w->gates);
-    cr_free(w->health);
-    llm_registry_release(&w->providers);
+    llm_stack_release(&w->ls);
     cr_free(w);
 }

@@ -75,7 +75,7 @@ def roff_page(cmd):
     return r.stdout
 
 
-@pytest.mark.parametrize("cmd", ["worker", "gateway", "dlq", "top"])
+@pytest.mark.parametrize("cmd", ["worker", "gateway", "dlq", "top", "rq"])
 def test_every_option_of_help_is_in_the_man_page(cmd):
     assert cmd in commands()
     helptext = subprocess.run([BIN, cmd, "--help"], capture_output=True, text=True).stdout
