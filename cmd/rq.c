@@ -50,6 +50,8 @@ static const struct opt rq_opts[] = {
      "(job.get_executions()), which 1.13's cleanup cannot read"},
     {"loglevel", 'l', "CELERIAC_LOGLEVEL", OPTS_STR, OFF(base.loglevel), "warning", 0, 0,
      "log level: debug, info, warning, error, critical"},
+    {"log-format", 0, "CELERIAC_LOG_FORMAT", OPTS_STR, OFF(base.log_format), "text", 0, 0,
+     "text (Celery's lines) or json (one object per line)"},
 };
 #define NRQ (sizeof(rq_opts) / sizeof(rq_opts[0]))
 
@@ -135,6 +137,15 @@ int cmd_rq(int argc, char **argv)
         return 2;
     }
     log_threshold = rc;
+    if ((rc = log_format_parse(cfg.base.log_format)) < 0) {
+        fprintf(stderr, "celeriac rq worker: invalid log format '%s' (text or json)\n",
+                cfg.base.log_format);
+        opts_release(&spec, &cfg);
+        cr_free(table);
+        cr_free(rest);
+        return 2;
+    }
+    log_format = rc;
     cfg.queues = nrest ? (const char *const *)rest : default_queue;
     cfg.nqueues = nrest ? nrest : 1;
     /* Its password is a secret to cut out of what is shown. */
