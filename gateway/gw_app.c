@@ -9,10 +9,13 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char **environ;
+
 #include "gw_msg.h"
 #include "gw_server.h"
 #include "gw_hub.h"
 #include "gw_sub.h"
+#include "gw_trace.h"
 #include "net/broker.h"
 #include "net/backend.h"
 #include "protocol/celery_msg.h"
@@ -42,8 +45,9 @@ struct gw_app {
     struct gw_server *srv;
     struct gw_server_config scfg;
     struct gw_rules rules;
-    uv_timer_t *cron; /* heap: freed in its close callback */
-    char origin[300]; /* "gen<pid>@<host>", as Python clients name themselves */
+    uv_timer_t *cron;       /* heap: freed in its close callback */
+    struct gw_trace *trace; /* OTEL_* tracing; NULL when off */
+    char origin[300];       /* "gen<pid>@<host>", as Python clients name themselves */
     char reply_to[37];
     int stopping;
 };
@@ -132,24 +136,17 @@ static int json_content_type(const char *ct)
     return n == 16 && !strncasecmp(ct, "application/json", 16);
 }
 
-/* The caller's W3C trace context, when valid, goes into the message where
- * opentelemetry-instrumentation-celery puts it (top-level headers), so the
- * worker's task span continues the caller's trace. A malformed one is
- * dropped, never an error; on OOM the message goes without it. The gateway
- * makes no span of its own (it exports nothing). */
-static void pass_trace(const struct gw_conn *c, cJSON *headers)
+/* The submit's place in a trace (gateway/gw_trace.h): the caller's W3C
+ * trace context, when valid, continued; the message carries the context
+ * where opentelemetry-instrumentation-celery puts it (top-level headers), so
+ * the worker's task span continues the trace. A malformed traceparent is
+ * dropped, never an error; on OOM the message goes without it. */
+static void pass_trace(struct gw_app *app, const struct gw_conn *c,
+                       const struct task_msg *tm, const char *queue, cJSON *headers)
 {
     const char *tp, *ts;
-    struct trace_ctx t;
-    char canon[TRACEPARENT_LEN + 1];
-
     gw_conn_trace(c, &tp, &ts);
-    if (!tp || tracectx_parse_traceparent(&t, tp, strlen(tp)))
-        return;
-    tracectx_format_traceparent(&t, canon);
-    cJSON_AddStringToObject(headers, "traceparent", canon);
-    if (ts && tracectx_set_state(&t, ts, strlen(ts)) == 0)
-        cJSON_AddStringToObject(headers, "tracestate", t.state);
+    gw_trace_submit(app->trace, tp, ts, tm->task, tm->id, queue, headers);
 }
 
 static void submit(struct gw_app *app, struct gw_conn *c)
@@ -215,7 +212,7 @@ static void submit(struct gw_app *app, struct gw_conn *c)
         goto oom;
     if (celery_msg_encode_v2(&tm, &body, &headers))
         goto oom;
-    pass_trace(c, headers);
+    pass_trace(app, c, &tm, s.queue, headers);
     pc = cr_calloc(1, sizeof(*pc));
     if (!pc)
         goto oom;
@@ -787,6 +784,9 @@ struct gw_app *gw_app_new(uv_loop_t *loop, const struct gw_app_config *cfg,
     app->srv = gw_server_new(loop, &app->scfg, &server_handlers, app, err);
     if (!app->srv)
         goto fail;
+    app->trace = gw_trace_new(loop, (const char *const *)environ, err);
+    if (!app->trace && err->code)
+        goto fail;
     uv_timer_start(app->cron, on_cron, CRON_MS, CRON_MS);
     return app;
 fail:
@@ -820,6 +820,7 @@ void gw_app_free(struct gw_app *app)
     broker_free(app->broker);
     backend_free(app->backend);
     gw_hub_free(app->hub);
+    gw_trace_free(app->trace);
     uv_timer_stop(app->cron);
     uv_close((uv_handle_t *)app->cron, on_cron_closed);
     cr_free(app);

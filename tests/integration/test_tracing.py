@@ -298,3 +298,37 @@ def test_gateway_submit_passes_the_callers_context(env, rx):
         assert not runs[bad["task_id"]].get("parentSpanId")
     finally:
         assert g.stop() == 0
+
+
+def test_gateway_with_otel_starts_or_continues_the_trace(env, rx):
+    """With OTEL_* set the gateway's submit is a PRODUCER span
+    "apply_async/<task>" (as a Python producer's), under the caller's
+    context when one came, else the root of a new trace; the worker's run
+    span is its child."""
+    from test_gateway import Gateway
+    env.worker(env=otel_env(rx))
+    g = Gateway(env, extra_env=otel_env(rx, OTEL_SERVICE_NAME="llm-gateway"))
+    try:
+        st, cont = g.json("POST", "/v1/tasks", {"task": "llm.generate", "args": ["gw span"]},
+                          headers={"traceparent": "00-%s-%s-01" % (TRACE, PARENT),
+                                   "tracestate": "gw=1"})
+        assert st == 202, cont
+        st, root = g.json("POST", "/v1/tasks", {"task": "llm.generate", "args": ["gw root"]})
+        assert st == 202, root
+        wait_until(lambda: len(rx.named("run/llm.generate")) == 2
+                   and len(rx.named("apply_async/llm.generate")) == 2, timeout=15,
+                   what="two run spans and two producer spans")
+        sends = {s["attributes"]["messaging.message.id"]: s
+                 for s in rx.named("apply_async/llm.generate")}
+        runs = {s["attributes"]["messaging.message.id"]: s
+                for s in rx.named("run/llm.generate")}
+        s1, r1 = sends[cont["task_id"]], runs[cont["task_id"]]
+        assert s1["traceId"] == TRACE and s1["parentSpanId"] == PARENT
+        assert s1["kind"] == 4 and s1["attributes"]["celery.action"] == "apply_async"
+        assert r1["traceId"] == TRACE and r1["parentSpanId"] == s1["spanId"]
+        assert r1["traceState"] == "gw=1"
+        s2, r2 = sends[root["task_id"]], runs[root["task_id"]]
+        assert not s2.get("parentSpanId") and s2["traceId"] != TRACE
+        assert r2["traceId"] == s2["traceId"] and r2["parentSpanId"] == s2["spanId"]
+    finally:
+        assert g.stop() == 0
