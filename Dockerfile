@@ -2,7 +2,8 @@
 FROM debian:12-slim AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         gcc make pkg-config librabbitmq-dev libcurl4-openssl-dev libcjson-dev libhiredis-dev \
-        libuv1-dev libwebsockets-dev libpcre2-dev ca-certificates && rm -rf /var/lib/apt/lists/*
+        libuv1-dev libwebsockets-dev libpcre2-dev zlib1g-dev ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN make -j"$(nproc)" all
@@ -17,7 +18,7 @@ FROM debian:12-slim
 # fails when a library is missing from it.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         librabbitmq4 libcurl4 libcjson1 libhiredis0.14 libuv1 libwebsockets17 \
-        libwebsockets-evlib-uv libpcre2-8-0 libssl3 ca-certificates \
+        libwebsockets-evlib-uv libpcre2-8-0 libssl3 zlib1g ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/celeriac /usr/local/bin/celeriac
 USER nobody

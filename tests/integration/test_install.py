@@ -11,6 +11,9 @@ import pytest
 from conftest import BIN, ROOT
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
+# Two of these tests run `make deb` into the same build directory: on two
+# xdist workers at once they wrote the same package and staging tree.
+pytestmark = pytest.mark.xdist_group("install")
 
 
 def commands():
