@@ -1,6 +1,7 @@
 /* span.c -- span records and their OTLP protobuf and JSON encodings. */
 #include "span.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -116,148 +117,62 @@ int span_set_status(struct span *s, enum span_status code, const char *msg)
 
 /* ----------------------------------------------------------- protobuf */
 
+/* Two passes: the size of every message first, then the bytes, written
+ * once into a buffer reserved for the whole request. A nested message's
+ * length is then known before its body, so nothing is moved afterwards, and
+ * the output is the canonical encoding (shortest varints). Sizes are
+ * computed again for each level of nesting, which costs less than moving
+ * the bodies (a kv is three levels deep at most). */
+
 /* Wire types */
 #define WT_VARINT 0
 #define WT_I64 1
 #define WT_LEN 2
 #define WT_I32 5
 
-/* Room left for a nested message's length, filled in by close_msg(): five
- * bytes hold any 32-bit length; close_msg() moves the body back over what
- * the varint did not need, so the output is the canonical encoding. */
-#define LEN_ROOM 5
-
-struct pb {
-    struct buf *b;
-    int err;
-};
-
-static void raw(struct pb *p, const void *d, size_t n)
+static size_t vlen(uint64_t v)
 {
-    if (!p->err && buf_append(p->b, d, n))
-        p->err = CR_ENOMEM;
-}
-
-static size_t varint_bytes(uint64_t v, uint8_t out[10])
-{
-    size_t n = 0;
-    do {
-        out[n] = (uint8_t)(v & 0x7f);
+    size_t n = 1;
+    while (v >= 0x80) {
         v >>= 7;
-        if (v)
-            out[n] |= 0x80;
         n++;
-    } while (v);
+    }
     return n;
 }
 
-static void varint(struct pb *p, uint64_t v)
+/* A length-delimited field whose body is n bytes. */
+static size_t ld_size(unsigned field, size_t n)
 {
-    uint8_t d[10];
-    raw(p, d, varint_bytes(v, d));
+    return vlen((uint64_t)field << 3 | WT_LEN) + vlen(n) + n;
 }
 
-static void tag(struct pb *p, unsigned field, unsigned wt)
+/* proto3: an empty string is not written */
+static size_t str_size(unsigned field, const char *s)
 {
-    varint(p, (uint64_t)field << 3 | wt);
+    return s && *s ? ld_size(field, strlen(s)) : 0;
 }
 
-static void bytes_field(struct pb *p, unsigned field, const void *d, size_t n)
+static size_t varint_field_size(unsigned field, uint64_t v)
 {
-    tag(p, field, WT_LEN);
-    varint(p, n);
-    raw(p, d, n);
-}
-
-static void str_field(struct pb *p, unsigned field, const char *s)
-{
-    if (s && *s) /* proto3: an empty string is not written */
-        bytes_field(p, field, s, strlen(s));
-}
-
-static void fixed64_field(struct pb *p, unsigned field, uint64_t v)
-{
-    uint8_t d[8];
-    for (int i = 0; i < 8; i++)
-        d[i] = (uint8_t)(v >> (8 * i));
-    tag(p, field, WT_I64);
-    raw(p, d, 8);
-}
-
-static void fixed32_field(struct pb *p, unsigned field, uint32_t v)
-{
-    uint8_t d[4];
-    for (int i = 0; i < 4; i++)
-        d[i] = (uint8_t)(v >> (8 * i));
-    tag(p, field, WT_I32);
-    raw(p, d, 4);
-}
-
-static void varint_field(struct pb *p, unsigned field, uint64_t v)
-{
-    if (v) {
-        tag(p, field, WT_VARINT);
-        varint(p, v);
-    }
-}
-
-static size_t open_msg(struct pb *p, unsigned field)
-{
-    static const uint8_t room[LEN_ROOM] = {0};
-    tag(p, field, WT_LEN);
-    raw(p, room, LEN_ROOM);
-    return p->err ? 0 : p->b->len;
-}
-
-static void close_msg(struct pb *p, size_t body_at)
-{
-    uint8_t d[10];
-    size_t n, k;
-    if (p->err)
-        return;
-    n = p->b->len - body_at;
-    k = varint_bytes(n, d);
-    memmove(p->b->data + body_at - LEN_ROOM + k, p->b->data + body_at, n);
-    memcpy(p->b->data + body_at - LEN_ROOM, d, k);
-    p->b->len -= LEN_ROOM - k;
+    return v ? vlen((uint64_t)field << 3) + vlen(v) : 0;
 }
 
 /* KeyValue { string key = 1; AnyValue value = 2; }
- * AnyValue { string string_value = 1; int64 int_value = 3; } */
-static void kv_str(struct pb *p, unsigned field, const char *key, const char *value)
+ * AnyValue { string string_value = 1; int64 int_value = 3;
+ *            ArrayValue array_value = 5; } ArrayValue { AnyValue values = 1; }
+ * The value's body by kind: "" is a value, so a string is always written. */
+static size_t any_size(const struct span_attr *a)
 {
-    size_t at = open_msg(p, field), v;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    bytes_field(p, 1, value, strlen(value)); /* "" is a value: written */
-    close_msg(p, v);
-    close_msg(p, at);
+    if (a->is_int)
+        return 1 + vlen((uint64_t)a->i); /* int64: ten bytes if < 0 */
+    if (a->is_list)
+        return ld_size(5, ld_size(1, ld_size(1, strlen(a->s))));
+    return ld_size(1, strlen(a->s));
 }
 
-/* AnyValue { ArrayValue array_value = 5; } ArrayValue { AnyValue values = 1; } */
-static void kv_str_list(struct pb *p, unsigned field, const char *key, const char *value)
+static size_t kv_size(const char *key, size_t any)
 {
-    size_t at = open_msg(p, field), v, arr, one;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    arr = open_msg(p, 5);
-    one = open_msg(p, 1);
-    bytes_field(p, 1, value, strlen(value));
-    close_msg(p, one);
-    close_msg(p, arr);
-    close_msg(p, v);
-    close_msg(p, at);
-}
-
-static void kv_int(struct pb *p, unsigned field, const char *key, int64_t value)
-{
-    size_t at = open_msg(p, field), v;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    tag(p, 3, WT_VARINT);
-    varint(p, (uint64_t)value); /* int64: two's complement, ten bytes if < 0 */
-    close_msg(p, v);
-    close_msg(p, at);
+    return str_size(1, key) + ld_size(2, any);
 }
 
 /* Span.flags: the W3C flags in the low byte; 0x100 says whether the parent
@@ -267,38 +182,131 @@ static uint32_t span_flags(const struct span *s)
     return s->ctx.flags | 0x100u | (s->has_parent && s->parent_remote ? 0x200u : 0);
 }
 
+/* Status { string message = 2; StatusCode code = 3; } */
+static size_t status_size(const struct span *s)
+{
+    return str_size(2, s->status_msg) + varint_field_size(3, (uint64_t)s->status);
+}
+
+static int has_status(const struct span *s)
+{
+    return s->status != SPAN_STATUS_UNSET || s->status_msg;
+}
+
 /* Span: trace_id 1, span_id 2, trace_state 3, parent_span_id 4, name 5,
  * kind 6, start 7, end 8, attributes 9, dropped_attributes_count 10,
- * status 15 { message 2, code 3 }, flags 16. */
-static void pb_span(struct pb *p, const struct span *s)
+ * status 15, flags 16. */
+static size_t span_size(const struct span *s)
 {
-    size_t at = open_msg(p, 2);
-    bytes_field(p, 1, s->ctx.trace_id, TRACE_ID_BYTES);
-    bytes_field(p, 2, s->ctx.span_id, SPAN_ID_BYTES);
-    str_field(p, 3, s->ctx.state);
+    size_t n = ld_size(1, TRACE_ID_BYTES) + ld_size(2, SPAN_ID_BYTES);
+    n += str_size(3, s->ctx.state);
     if (s->has_parent)
-        bytes_field(p, 4, s->parent_id, SPAN_ID_BYTES);
-    str_field(p, 5, s->name);
-    varint_field(p, 6, (uint64_t)s->kind);
-    fixed64_field(p, 7, s->start_ns);
-    fixed64_field(p, 8, s->end_ns);
-    for (int i = 0; i < s->nattrs; i++) {
-        if (s->attrs[i].is_int)
-            kv_int(p, 9, s->attrs[i].key, s->attrs[i].i);
-        else if (s->attrs[i].is_list)
-            kv_str_list(p, 9, s->attrs[i].key, s->attrs[i].s);
-        else
-            kv_str(p, 9, s->attrs[i].key, s->attrs[i].s);
+        n += ld_size(4, SPAN_ID_BYTES);
+    n += str_size(5, s->name);
+    n += varint_field_size(6, (uint64_t)s->kind);
+    n += 2 * (1 + 8); /* fixed64 7 and 8 */
+    for (int i = 0; i < s->nattrs; i++)
+        n += ld_size(9, kv_size(s->attrs[i].key, any_size(&s->attrs[i])));
+    n += varint_field_size(10, (uint64_t)s->dropped_attrs);
+    if (has_status(s))
+        n += ld_size(15, status_size(s));
+    return n + 2 + 4; /* fixed32 16: a two-byte tag */
+}
+
+/* The writer: p walks a buffer the sizes above reserved. */
+struct pw {
+    uint8_t *p;
+};
+
+static void put_varint(struct pw *w, uint64_t v)
+{
+    while (v >= 0x80) {
+        *w->p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
     }
-    varint_field(p, 10, (uint64_t)s->dropped_attrs);
-    if (s->status != SPAN_STATUS_UNSET || s->status_msg) {
-        size_t st = open_msg(p, 15);
-        str_field(p, 2, s->status_msg);
-        varint_field(p, 3, (uint64_t)s->status);
-        close_msg(p, st);
+    *w->p++ = (uint8_t)v;
+}
+
+static void put_tag(struct pw *w, unsigned field, unsigned wt)
+{
+    put_varint(w, (uint64_t)field << 3 | wt);
+}
+
+/* The head of a length-delimited field of n bytes; its body follows. */
+static void put_ld(struct pw *w, unsigned field, size_t n)
+{
+    put_tag(w, field, WT_LEN);
+    put_varint(w, n);
+}
+
+static void put_bytes(struct pw *w, unsigned field, const void *d, size_t n)
+{
+    put_ld(w, field, n);
+    memcpy(w->p, d, n);
+    w->p += n;
+}
+
+static void put_str(struct pw *w, unsigned field, const char *s)
+{
+    if (s && *s)
+        put_bytes(w, field, s, strlen(s));
+}
+
+static void put_varint_field(struct pw *w, unsigned field, uint64_t v)
+{
+    if (v) {
+        put_tag(w, field, WT_VARINT);
+        put_varint(w, v);
     }
-    fixed32_field(p, 16, span_flags(s));
-    close_msg(p, at);
+}
+
+static void put_fixed(struct pw *w, unsigned field, unsigned wt, uint64_t v, int nbytes)
+{
+    put_tag(w, field, wt);
+    for (int i = 0; i < nbytes; i++)
+        *w->p++ = (uint8_t)(v >> (8 * i));
+}
+
+static void put_kv(struct pw *w, unsigned field, const struct span_attr *a)
+{
+    size_t any = any_size(a), n;
+    put_ld(w, field, kv_size(a->key, any));
+    put_str(w, 1, a->key);
+    put_ld(w, 2, any);
+    if (a->is_int) {
+        put_tag(w, 3, WT_VARINT);
+        put_varint(w, (uint64_t)a->i);
+    } else if (a->is_list) {
+        n = strlen(a->s);
+        put_ld(w, 5, ld_size(1, ld_size(1, n)));
+        put_ld(w, 1, ld_size(1, n));
+        put_bytes(w, 1, a->s, n);
+    } else {
+        put_bytes(w, 1, a->s, strlen(a->s));
+    }
+}
+
+static void put_span(struct pw *w, const struct span *s)
+{
+    put_ld(w, 2, span_size(s));
+    put_bytes(w, 1, s->ctx.trace_id, TRACE_ID_BYTES);
+    put_bytes(w, 2, s->ctx.span_id, SPAN_ID_BYTES);
+    put_str(w, 3, s->ctx.state);
+    if (s->has_parent)
+        put_bytes(w, 4, s->parent_id, SPAN_ID_BYTES);
+    put_str(w, 5, s->name);
+    put_varint_field(w, 6, (uint64_t)s->kind);
+    put_fixed(w, 7, WT_I64, s->start_ns, 8);
+    put_fixed(w, 8, WT_I64, s->end_ns, 8);
+    for (int i = 0; i < s->nattrs; i++)
+        put_kv(w, 9, &s->attrs[i]);
+    put_varint_field(w, 10, (uint64_t)s->dropped_attrs);
+    if (has_status(s)) {
+        put_ld(w, 15, status_size(s));
+        put_str(w, 2, s->status_msg);
+        put_varint_field(w, 3, (uint64_t)s->status);
+    }
+    put_fixed(w, 16, WT_I32, span_flags(s), 4);
 }
 
 /* ExportTraceServiceRequest { ResourceSpans resource_spans = 1; }
@@ -309,23 +317,44 @@ static void pb_span(struct pb *p, const struct span *s)
 int otlp_encode_proto(const struct otlp_resource *r, struct span *const *spans, size_t n,
                       struct buf *out)
 {
-    struct pb p = {out, 0};
-    size_t rs = open_msg(&p, 1), res, ss, sc;
+    size_t res = 0, scope, ss, rs, total;
+    struct span_attr a;
+    struct pw w;
 
-    res = open_msg(&p, 1);
-    for (size_t i = 0; i < r->nattrs; i++)
-        kv_str(&p, 1, r->attrs[i].key, r->attrs[i].value);
-    close_msg(&p, res);
-    ss = open_msg(&p, 2);
-    sc = open_msg(&p, 1);
-    str_field(&p, 1, r->scope_name);
-    str_field(&p, 2, r->scope_version);
-    close_msg(&p, sc);
+    memset(&a, 0, sizeof(a));
+    for (size_t i = 0; i < r->nattrs; i++) {
+        a.key = r->attrs[i].key;
+        a.s = (char *)r->attrs[i].value;
+        res += ld_size(1, kv_size(a.key, any_size(&a)));
+    }
+    scope = str_size(1, r->scope_name) + str_size(2, r->scope_version);
+    ss = ld_size(1, scope);
     for (size_t i = 0; i < n; i++)
-        pb_span(&p, spans[i]);
-    close_msg(&p, ss);
-    close_msg(&p, rs);
-    return p.err;
+        ss += ld_size(2, span_size(spans[i]));
+    rs = ld_size(1, res) + ld_size(2, ss);
+    total = ld_size(1, rs);
+    if (buf_reserve(out, total))
+        return CR_ENOMEM;
+
+    w.p = (uint8_t *)out->data + out->len;
+    put_ld(&w, 1, rs);
+    put_ld(&w, 1, res);
+    for (size_t i = 0; i < r->nattrs; i++) {
+        a.key = r->attrs[i].key;
+        a.s = (char *)r->attrs[i].value;
+        put_kv(&w, 1, &a);
+    }
+    put_ld(&w, 2, ss);
+    put_ld(&w, 1, scope);
+    put_str(&w, 1, r->scope_name);
+    put_str(&w, 2, r->scope_version);
+    for (size_t i = 0; i < n; i++)
+        put_span(&w, spans[i]);
+    /* the sizes and the writer describe the same bytes */
+    assert((char *)w.p == out->data + out->len + total);
+    out->len += total;
+    out->data[out->len] = '\0';
+    return 0;
 }
 
 /* --------------------------------------------------------------- JSON */

@@ -427,6 +427,102 @@ START_TEST(test_oom)
 }
 END_TEST
 
+/* The request the protobuf encoder made before it sized its messages first
+ * (it wrote each body and moved it behind its length): the same bytes are
+ * expected now, down to the varints. Spans with tracestate, negative and
+ * large ints, "" values, lists, bad UTF-8, more attributes than kept, long
+ * names and status with and without a message; then with 206 more spans so
+ * that the outer lengths take three bytes. Checked by length and FNV-1a. */
+static size_t golden_spans(struct span **sp, int many)
+{
+    struct trace_ctx c;
+    char big[400];
+    size_t n = 0;
+    memset(&c, 0, sizeof(c));
+    memcpy(c.trace_id, "\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
+           16);
+    memcpy(c.span_id, "\x11\x22\x33\x44\x55\x66\x77\x88", 8);
+    c.flags = 1;
+    memcpy(c.state, "rojo=1,congo=t61rcWkgMzE", sizeof("rojo=1,congo=t61rcWkgMzE"));
+    sp[n] = span_new("run/llm.generate", SPAN_KIND_CONSUMER, &c);
+    memcpy(sp[n]->parent_id, "\x00\xf0\x67\xaa\x0b\xa9\x02\xb7", 8);
+    sp[n]->has_parent = 1;
+    sp[n]->parent_remote = 1;
+    sp[n]->start_ns = UINT64_C(1796006784831674000);
+    sp[n]->end_ns = UINT64_C(1796006785000000000);
+    span_attr_str(sp[n], "celery.action", "run");
+    span_attr_str(sp[n], "empty", "");
+    span_attr_int(sp[n], "celery.retries", 3);
+    span_attr_int(sp[n], "neg", -2);
+    span_attr_int(sp[n], "big", INT64_C(1) << 40);
+    span_attr_str(sp[n], "utf", "caf\xc3\xa9 \xff");
+    n++;
+    c.state[0] = 0;
+    c.flags = 0;
+    sp[n] = span_new("chat gpt-4o-mini", SPAN_KIND_CLIENT, &c);
+    sp[n]->has_parent = 1;
+    sp[n]->start_ns = 5;
+    sp[n]->end_ns = 6;
+    span_attr_str_list(sp[n], "gen_ai.response.finish_reasons", "stop");
+    span_attr_str_list(sp[n], "empty_list", "");
+    span_set_status(sp[n], SPAN_STATUS_ERROR, "RateLimitError \"x\"");
+    n++;
+    memset(big, 'n', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    sp[n] = span_new(big, SPAN_KIND_INTERNAL, &c);
+    for (int i = 0; i < 25; i++)
+        span_attr_str(sp[n], "k", big);
+    span_set_status(sp[n], SPAN_STATUS_UNSET, "only a message");
+    n++;
+    sp[n] = span_new("", SPAN_KIND_SERVER, &c);
+    span_set_status(sp[n], SPAN_STATUS_OK, NULL);
+    n++;
+    while (many && n < 210) {
+        sp[n] = span_new("a name of some length to make the request long",
+                         SPAN_KIND_PRODUCER, &c);
+        span_attr_str(sp[n], "k", "v");
+        n++;
+    }
+    for (size_t i = 0; i < n; i++)
+        ck_assert_ptr_nonnull(sp[i]);
+    return n;
+}
+
+static uint64_t fnv1a(const char *d, size_t n)
+{
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)d[i]) * UINT64_C(1099511628211);
+    return h;
+}
+
+static const struct {
+    int many;
+    size_t len;
+    uint64_t fnv;
+} golden[] = {
+    {0, 9240, UINT64_C(0x92804c7495dcf350)},
+    {1, 32726, UINT64_C(0x5ecde3c98dedd024)},
+};
+
+START_TEST(test_proto_bytes)
+{
+    struct span *sp[210];
+    struct buf out;
+    size_t n = golden_spans(sp, golden[_i].many);
+    buf_init(&out);
+    ck_assert_int_eq(buf_puts(&out, "before"), 0); /* appended after what is there */
+    ck_assert_int_eq(otlp_encode_proto(&res, sp, n, &out), 0);
+    ck_assert_uint_eq(out.len, 6 + golden[_i].len);
+    ck_assert_int_eq(memcmp(out.data, "before", 6), 0);
+    ck_assert(fnv1a(out.data + 6, out.len - 6) == golden[_i].fnv);
+    ck_assert_int_eq(out.data[out.len], '\0');
+    buf_release(&out);
+    for (size_t i = 0; i < n; i++)
+        span_free(sp[i]);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("span");
@@ -436,6 +532,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_json);
     tcase_add_test(tc, test_bounds);
     tcase_add_test(tc, test_oom);
+    tcase_add_loop_test(tc, test_proto_bytes, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
