@@ -3,6 +3,7 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,58 +12,174 @@
 
 /* ------------------------------------------------------------ the record */
 
-/* A bounded copy of s, valid UTF-8: at most SPAN_MAX_STR bytes, cut at a
- * character boundary, each byte of a bad sequence written as '?'. */
-static char *bounded(const char *s)
+/* The length of s's bounded copy: at most SPAN_MAX_STR bytes, cut at a
+ * character boundary, each byte of a bad sequence counted as one '?'. ASCII,
+ * what nearly every value is, is taken without decoding. */
+static size_t bounded_len(const char *s, size_t n)
 {
-    size_t n = strlen(s), i = 0, o = 0;
-    char *out = cr_malloc((n < SPAN_MAX_STR ? n : SPAN_MAX_STR) + 1);
-    if (!out)
-        return NULL;
+    size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t k = py_utf8_next(s + i, n - i, &cp);
-        if (k == 0) {
-            if (o + 1 > SPAN_MAX_STR)
+        size_t k;
+        if ((unsigned char)s[i] < 0x80) {
+            if (i + 1 > SPAN_MAX_STR)
                 break;
-            out[o++] = '?';
             i++;
             continue;
         }
-        if (o + k > SPAN_MAX_STR)
+        k = py_utf8_next(s + i, n - i, &cp);
+        if (k == 0)
+            k = 1; /* one '?' for the byte */
+        if (i + k > SPAN_MAX_STR)
             break;
-        memcpy(out + o, s + i, k);
-        o += k;
         i += k;
     }
-    out[o] = '\0';
+    return i;
+}
+
+/* Writes the bounded copy of s's first len bytes (len from bounded_len())
+ * into out, and a NUL. */
+static void bounded_copy(char *out, const char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        uint32_t cp;
+        size_t k = (unsigned char)s[i] < 0x80 ? 1 : py_utf8_next(s + i, len - i, &cp);
+        if (k == 0) {
+            out[i++] = '?';
+            continue;
+        }
+        memcpy(out + i, s + i, k);
+        i += k;
+    }
+    out[len] = '\0';
+}
+
+/* Whether s's n bytes are all ASCII, eight at a time. */
+static int is_ascii(const char *s, size_t n)
+{
+    uint64_t w, acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= (unsigned char)s[i];
+    return !(acc & UINT64_C(0x8080808080808080));
+}
+
+/* A bounded, valid UTF-8 copy of s owned by the span: in its text while
+ * there is room, else allocated. A short ASCII value, nearly every one, is
+ * copied as it is. */
+static char *keep(struct span *sp, const char *s)
+{
+    size_t n = strlen(s), len;
+    int plain = n <= SPAN_MAX_STR && is_ascii(s, n);
+    char *out;
+    len = plain ? n : bounded_len(s, n);
+    if (len + 1 <= SPAN_TEXT_INLINE - sp->text_used) {
+        out = sp->text + sp->text_used;
+        sp->text_used += len + 1;
+    } else if (!(out = cr_malloc(len + 1))) {
+        return NULL;
+    }
+    if (plain) {
+        memcpy(out, s, len);
+        out[len] = '\0';
+    } else {
+        bounded_copy(out, s, len);
+    }
     return out;
+}
+
+static void unkeep(struct span *sp, char *p)
+{
+    if (p && (p < sp->text || p >= sp->text + SPAN_TEXT_INLINE))
+        cr_free(p);
+}
+
+/* Frees the strings and sets the record as span_new() would. */
+static int span_setup(struct span *s, const char *name, enum span_kind kind,
+                      const struct trace_ctx *ctx)
+{
+    memset(s, 0, offsetof(struct span, text));
+    s->name = keep(s, name ? name : "");
+    if (!s->name)
+        return CR_ENOMEM;
+    s->kind = kind;
+    s->ctx = *ctx;
+    return 0;
+}
+
+static void span_clear_strings(struct span *s)
+{
+    for (int i = 0; i < s->nattrs; i++)
+        unkeep(s, s->attrs[i].s);
+    unkeep(s, s->name);
+    unkeep(s, s->status_msg);
 }
 
 struct span *span_new(const char *name, enum span_kind kind, const struct trace_ctx *ctx)
 {
-    struct span *s = cr_calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->name = bounded(name ? name : "");
-    if (!s->name) {
-        cr_free(s);
-        return NULL;
-    }
-    s->kind = kind;
-    s->ctx = *ctx;
-    return s;
+    return span_pool_new(NULL, name, kind, ctx);
 }
 
 void span_free(struct span *s)
 {
     if (!s)
         return;
-    for (int i = 0; i < s->nattrs; i++)
-        cr_free(s->attrs[i].s);
-    cr_free(s->name);
-    cr_free(s->status_msg);
+    span_clear_strings(s);
     cr_free(s);
+}
+
+void span_pool_init(struct span_pool *p, size_t max)
+{
+    p->free = NULL;
+    p->n = 0;
+    p->max = max;
+}
+
+void span_pool_release(struct span_pool *p)
+{
+    while (p->free) {
+        struct span *s = p->free;
+        p->free = s->next;
+        cr_free(s); /* strings were freed when it was put back */
+    }
+    p->n = 0;
+}
+
+struct span *span_pool_new(struct span_pool *p, const char *name, enum span_kind kind,
+                           const struct trace_ctx *ctx)
+{
+    struct span *s;
+    if (p && p->free) {
+        s = p->free;
+        p->free = s->next;
+        p->n--;
+    } else if (!(s = cr_malloc(sizeof(*s)))) {
+        return NULL;
+    }
+    if (span_setup(s, name, kind, ctx)) {
+        cr_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void span_pool_put(struct span_pool *p, struct span *s)
+{
+    if (!s)
+        return;
+    if (!p || p->n >= p->max) {
+        span_free(s);
+        return;
+    }
+    span_clear_strings(s);
+    s->next = p->free;
+    p->free = s;
+    p->n++;
 }
 
 int span_attr_str(struct span *s, const char *key, const char *value)
@@ -74,7 +191,7 @@ int span_attr_str(struct span *s, const char *key, const char *value)
         s->dropped_attrs++;
         return 0;
     }
-    if (!(v = bounded(value)))
+    if (!(v = keep(s, value)))
         return CR_ENOMEM;
     s->attrs[s->nattrs].key = key;
     s->attrs[s->nattrs].is_int = 0;
@@ -108,9 +225,9 @@ int span_attr_int(struct span *s, const char *key, int64_t value)
 int span_set_status(struct span *s, enum span_status code, const char *msg)
 {
     s->status = code;
-    cr_free(s->status_msg);
+    unkeep(s, s->status_msg); /* room it took in the text is not given back */
     s->status_msg = NULL;
-    if (msg && !(s->status_msg = bounded(msg)))
+    if (msg && !(s->status_msg = keep(s, msg)))
         return CR_ENOMEM;
     return 0;
 }

@@ -523,6 +523,128 @@ START_TEST(test_proto_bytes)
 }
 END_TEST
 
+/* Strings past the record's own room are allocated one by one, and read the
+ * same; replacing the status frees the allocated message. */
+START_TEST(test_text_spill)
+{
+    struct trace_ctx c;
+    struct span *s;
+    char v[300];
+    memset(&c, 0, sizeof(c));
+    s = span_new("n", SPAN_KIND_INTERNAL, &c);
+    for (int i = 0; i < 6; i++) {
+        memset(v, 'a' + i, sizeof(v) - 1);
+        v[sizeof(v) - 1] = '\0';
+        ck_assert_int_eq(span_attr_str(s, "k", v), 0);
+    }
+    ck_assert_uint_le(s->text_used, SPAN_TEXT_INLINE);
+    for (int i = 0; i < 6; i++) {
+        ck_assert_uint_eq(strlen(s->attrs[i].s), sizeof(v) - 1);
+        ck_assert_int_eq(s->attrs[i].s[0], 'a' + i);
+        ck_assert_int_eq(s->attrs[i].s[sizeof(v) - 2], 'a' + i);
+    }
+    /* the first two fit in the record, the rest did not */
+    ck_assert(s->attrs[1].s >= s->text && s->attrs[1].s < s->text + SPAN_TEXT_INLINE);
+    ck_assert(s->attrs[5].s < s->text || s->attrs[5].s >= s->text + SPAN_TEXT_INLINE);
+    ck_assert_int_eq(span_set_status(s, SPAN_STATUS_ERROR, v), 0);
+    ck_assert_int_eq(span_set_status(s, SPAN_STATUS_ERROR, "short"), 0);
+    {
+        /* plain ASCII past the bound is cut as well */
+        char long_ascii[SPAN_MAX_STR + 100];
+        memset(long_ascii, 'z', sizeof(long_ascii) - 1);
+        long_ascii[sizeof(long_ascii) - 1] = '\0';
+        ck_assert_int_eq(span_attr_str(s, "long", long_ascii), 0);
+        ck_assert_uint_eq(strlen(s->attrs[6].s), SPAN_MAX_STR);
+        ck_assert_int_eq(s->attrs[6].s[SPAN_MAX_STR - 1], 'z');
+    }
+    ck_assert_str_eq(s->status_msg, "short");
+    span_free(s); /* the leak check (make asan, valgrind) sees the rest */
+}
+END_TEST
+
+START_TEST(test_pool)
+{
+    struct span_pool pool;
+    struct trace_ctx c;
+    struct span *a, *b, *d, *again;
+    char v[600];
+    memset(&c, 0, sizeof(c));
+    memset(v, 'x', sizeof(v) - 1);
+    v[sizeof(v) - 1] = '\0';
+    span_pool_init(&pool, 1);
+    a = span_pool_new(&pool, "a", SPAN_KIND_CLIENT, &c);
+    b = span_pool_new(&pool, "b", SPAN_KIND_CLIENT, &c);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    a->has_parent = 1;
+    a->start_ns = 7;
+    span_attr_str(a, "k", v); /* spilled: freed when put back */
+    span_attr_int(a, "i", 1);
+    span_set_status(a, SPAN_STATUS_ERROR, "m");
+    span_pool_put(&pool, a);
+    span_pool_put(&pool, b); /* over max: freed */
+    span_pool_put(&pool, NULL);
+    c.flags = 1;
+    again = span_pool_new(&pool, "again", SPAN_KIND_SERVER, &c);
+    ck_assert_ptr_eq(again, a); /* the kept record */
+    ck_assert_str_eq(again->name, "again");
+    ck_assert_int_eq(again->kind, SPAN_KIND_SERVER);
+    ck_assert_int_eq(again->ctx.flags, 1);
+    ck_assert_int_eq(again->nattrs, 0);
+    ck_assert_int_eq(again->has_parent, 0);
+    ck_assert_int_eq(again->status, SPAN_STATUS_UNSET);
+    ck_assert_ptr_null(again->status_msg);
+    ck_assert(again->start_ns == 0);
+    ck_assert_uint_eq(again->text_used, sizeof("again"));
+    d = span_pool_new(&pool, "d", SPAN_KIND_CLIENT, &c); /* empty: allocated */
+    ck_assert_ptr_nonnull(d);
+    span_pool_put(&pool, again);
+    span_pool_put(NULL, d); /* no pool: freed */
+    span_pool_release(&pool);
+    span_pool_release(&pool);
+}
+END_TEST
+
+/* Records and spilled strings fail in turn; each failure leaves the span as
+ * it was, and nothing leaks. */
+START_TEST(test_pool_oom)
+{
+    struct trace_ctx c;
+    char v[600];
+    long n;
+    memset(&c, 0, sizeof(c));
+    memset(v, 'y', sizeof(v) - 1);
+    v[sizeof(v) - 1] = '\0';
+    for (n = 1; n < 100; n++) {
+        struct span_pool pool;
+        struct span *s, *t = NULL;
+        int rc = 0;
+        span_pool_init(&pool, 4);
+        cr_alloc_fail_after(n);
+        s = span_pool_new(&pool, "s", SPAN_KIND_CLIENT, &c);
+        if (s) {
+            rc = span_attr_str(s, "a", v);
+            ck_assert_int_eq(s->nattrs, rc ? 0 : 1); /* unchanged on failure */
+            if (!rc) {
+                rc = span_set_status(s, SPAN_STATUS_ERROR, v);
+                ck_assert_int_eq(s->status, SPAN_STATUS_ERROR); /* set anyway */
+                ck_assert(!rc || !s->status_msg);
+            }
+            span_pool_put(&pool, s);
+            t = span_pool_new(&pool, "t", SPAN_KIND_CLIENT, &c); /* reuses: no alloc */
+            ck_assert_ptr_eq(t, s);
+        }
+        cr_alloc_fail_after(0);
+        ck_assert(rc == 0 || rc == CR_ENOMEM);
+        span_free(t);
+        span_pool_release(&pool);
+        if (s && !rc && cr_alloc_failed() == 0)
+            break;
+    }
+    ck_assert_int_lt(n, 100);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("span");
@@ -533,6 +655,9 @@ Suite *suite(void)
     tcase_add_test(tc, test_bounds);
     tcase_add_test(tc, test_oom);
     tcase_add_loop_test(tc, test_proto_bytes, 0, 2);
+    tcase_add_test(tc, test_text_spill);
+    tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_pool_oom);
     suite_add_tcase(s, tc);
     return s;
 }
