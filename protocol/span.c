@@ -72,7 +72,7 @@ static int is_ascii(const char *s, size_t n)
 /* A bounded, valid UTF-8 copy of s owned by the span: in its text while
  * there is room, else allocated. A short ASCII value, nearly every one, is
  * copied as it is. */
-static char *keep(struct span *sp, const char *s)
+static char *keep(struct span *sp, const char *s, size_t *len_out)
 {
     size_t n = strlen(s), len;
     int plain = n <= SPAN_MAX_STR && is_ascii(s, n);
@@ -90,6 +90,8 @@ static char *keep(struct span *sp, const char *s)
     } else {
         bounded_copy(out, s, len);
     }
+    if (len_out)
+        *len_out = len;
     return out;
 }
 
@@ -104,7 +106,7 @@ static int span_setup(struct span *s, const char *name, enum span_kind kind,
                       const struct trace_ctx *ctx)
 {
     memset(s, 0, offsetof(struct span, text));
-    s->name = keep(s, name ? name : "");
+    s->name = keep(s, name ? name : "", NULL);
     if (!s->name)
         return CR_ENOMEM;
     s->kind = kind;
@@ -185,15 +187,18 @@ void span_pool_put(struct span_pool *p, struct span *s)
 int span_attr_str(struct span *s, const char *key, const char *value)
 {
     char *v;
+    size_t len;
     if (!value)
         return 0;
     if (s->nattrs == SPAN_MAX_ATTRS) {
         s->dropped_attrs++;
         return 0;
     }
-    if (!(v = keep(s, value)))
+    if (!(v = keep(s, value, &len)))
         return CR_ENOMEM;
     s->attrs[s->nattrs].key = key;
+    s->attrs[s->nattrs].key_len = strlen(key);
+    s->attrs[s->nattrs].len = len;
     s->attrs[s->nattrs].is_int = 0;
     s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs++].s = v;
@@ -215,6 +220,8 @@ int span_attr_int(struct span *s, const char *key, int64_t value)
         return 0;
     }
     s->attrs[s->nattrs].key = key;
+    s->attrs[s->nattrs].key_len = strlen(key);
+    s->attrs[s->nattrs].len = 0;
     s->attrs[s->nattrs].is_int = 1;
     s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs].s = NULL;
@@ -227,7 +234,7 @@ int span_set_status(struct span *s, enum span_status code, const char *msg)
     s->status = code;
     unkeep(s, s->status_msg); /* room it took in the text is not given back */
     s->status_msg = NULL;
-    if (msg && !(s->status_msg = keep(s, msg)))
+    if (msg && !(s->status_msg = keep(s, msg, NULL)))
         return CR_ENOMEM;
     return 0;
 }
@@ -283,13 +290,14 @@ static size_t any_size(const struct span_attr *a)
     if (a->is_int)
         return 1 + vlen((uint64_t)a->i); /* int64: ten bytes if < 0 */
     if (a->is_list)
-        return ld_size(5, ld_size(1, ld_size(1, strlen(a->s))));
-    return ld_size(1, strlen(a->s));
+        return ld_size(5, ld_size(1, ld_size(1, a->len)));
+    return ld_size(1, a->len);
 }
 
-static size_t kv_size(const char *key, size_t any)
+/* proto3: an empty key is not written */
+static size_t kv_size(const struct span_attr *a, size_t any)
 {
-    return str_size(1, key) + ld_size(2, any);
+    return (a->key_len ? ld_size(1, a->key_len) : 0) + ld_size(2, any);
 }
 
 /* Span.flags: the W3C flags in the low byte; 0x100 says whether the parent
@@ -323,7 +331,7 @@ static size_t span_size(const struct span *s)
     n += varint_field_size(6, (uint64_t)s->kind);
     n += 2 * (1 + 8); /* fixed64 7 and 8 */
     for (int i = 0; i < s->nattrs; i++)
-        n += ld_size(9, kv_size(s->attrs[i].key, any_size(&s->attrs[i])));
+        n += ld_size(9, kv_size(&s->attrs[i], any_size(&s->attrs[i])));
     n += varint_field_size(10, (uint64_t)s->dropped_attrs);
     if (has_status(s))
         n += ld_size(15, status_size(s));
@@ -386,20 +394,20 @@ static void put_fixed(struct pw *w, unsigned field, unsigned wt, uint64_t v, int
 
 static void put_kv(struct pw *w, unsigned field, const struct span_attr *a)
 {
-    size_t any = any_size(a), n;
-    put_ld(w, field, kv_size(a->key, any));
-    put_str(w, 1, a->key);
+    size_t any = any_size(a);
+    put_ld(w, field, kv_size(a, any));
+    if (a->key_len)
+        put_bytes(w, 1, a->key, a->key_len);
     put_ld(w, 2, any);
     if (a->is_int) {
         put_tag(w, 3, WT_VARINT);
         put_varint(w, (uint64_t)a->i);
     } else if (a->is_list) {
-        n = strlen(a->s);
-        put_ld(w, 5, ld_size(1, ld_size(1, n)));
-        put_ld(w, 1, ld_size(1, n));
-        put_bytes(w, 1, a->s, n);
+        put_ld(w, 5, ld_size(1, ld_size(1, a->len)));
+        put_ld(w, 1, ld_size(1, a->len));
+        put_bytes(w, 1, a->s, a->len);
     } else {
-        put_bytes(w, 1, a->s, strlen(a->s));
+        put_bytes(w, 1, a->s, a->len);
     }
 }
 
@@ -426,6 +434,15 @@ static void put_span(struct pw *w, const struct span *s)
     put_fixed(w, 16, WT_I32, span_flags(s), 4);
 }
 
+/* A resource attribute as a span's string attribute, for put_kv(). */
+static void resource_attr(struct span_attr *a, const struct otel_kv *kv)
+{
+    a->key = kv->key;
+    a->key_len = strlen(kv->key);
+    a->s = (char *)kv->value;
+    a->len = strlen(kv->value);
+}
+
 /* ExportTraceServiceRequest { ResourceSpans resource_spans = 1; }
  * ResourceSpans { Resource resource = 1; ScopeSpans scope_spans = 2; }
  * Resource { KeyValue attributes = 1; }
@@ -440,9 +457,8 @@ int otlp_encode_proto(const struct otlp_resource *r, struct span *const *spans, 
 
     memset(&a, 0, sizeof(a));
     for (size_t i = 0; i < r->nattrs; i++) {
-        a.key = r->attrs[i].key;
-        a.s = (char *)r->attrs[i].value;
-        res += ld_size(1, kv_size(a.key, any_size(&a)));
+        resource_attr(&a, &r->attrs[i]);
+        res += ld_size(1, kv_size(&a, any_size(&a)));
     }
     scope = str_size(1, r->scope_name) + str_size(2, r->scope_version);
     ss = ld_size(1, scope);
@@ -457,8 +473,7 @@ int otlp_encode_proto(const struct otlp_resource *r, struct span *const *spans, 
     put_ld(&w, 1, rs);
     put_ld(&w, 1, res);
     for (size_t i = 0; i < r->nattrs; i++) {
-        a.key = r->attrs[i].key;
-        a.s = (char *)r->attrs[i].value;
+        resource_attr(&a, &r->attrs[i]);
         put_kv(&w, 1, &a);
     }
     put_ld(&w, 2, ss);

@@ -50,7 +50,9 @@ struct span_attr {
     int is_int;
     int is_list; /* a string array of one element */
     int64_t i;
-    char *s; /* owned by the span when !is_int (in its text, or allocated) */
+    char *s;        /* owned by the span when !is_int (in its text, or allocated) */
+    size_t key_len; /* strlen(key), and strlen(s) when !is_int: kept for the */
+    size_t len;     /* encoders, which would measure them again and again */
 };
 
 /* Every pointer is owned by the span: span_free(). */

@@ -46,6 +46,23 @@ struct jtrace {
     char ts_line[sizeof(TS_PREFIX) + TRACESTATE_MAX];
 };
 
+/* a, b and c one after the other in out (cap bytes, NUL included), cut as
+ * snprintf would cut them; per task, where a format string costs more than
+ * the copies. */
+static void cat3(char *out, size_t cap, const char *a, const char *b, const char *c)
+{
+    const char *part[3] = {a, b, c};
+    size_t o = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(part[i]);
+        if (n > cap - 1 - o)
+            n = cap - 1 - o;
+        memcpy(out + o, part[i], n);
+        o += n;
+    }
+    out[o] = '\0';
+}
+
 static uint64_t now_ns(void)
 {
     return (uint64_t)clock_epoch_us() * 1000u;
@@ -164,7 +181,7 @@ static void start_run(struct tracing *t, struct job *j)
         return; /* untraced: tracing never fails a task */
     jt->ctx = ctx;
     /* Python's instrumentation: f"run/{task.name}", the registered name */
-    snprintf(name, sizeof(name), "run/%s", j->tm.task ? j->tm.task : "unknown");
+    cat3(name, sizeof(name), "run/", j->tm.task ? j->tm.task : "unknown", "");
     jt->run = span_pool_new(&t->spans, name, SPAN_KIND_CONSUMER, &ctx);
     if (!jt->run) {
         jtrace_free(t, jt);
@@ -261,7 +278,7 @@ size_t tracing_llm_start(struct tracing *t, struct job *j, const struct task_cal
     struct jtrace *jt = t ? j->trace : NULL;
     struct trace_ctx ctx;
     const char *op = c->op == LLM_OP_EMBED ? "embeddings" : "chat";
-    char name[200], tp[TRACEPARENT_LEN + 1];
+    char name[200];
     struct span *s;
     size_t n = 0;
 
@@ -274,7 +291,7 @@ size_t tracing_llm_start(struct tracing *t, struct job *j, const struct task_cal
     ctx = jt->ctx;
     trace_rng_span_id(&t->rng, ctx.span_id);
     /* GenAI conventions: "{gen_ai.operation.name} {gen_ai.request.model}" */
-    snprintf(name, sizeof(name), "%s %s", op, c->model);
+    cat3(name, sizeof(name), op, " ", c->model);
     s = span_pool_new(&t->spans, name, SPAN_KIND_CLIENT, &ctx);
     if (!s)
         return 0;
@@ -289,11 +306,11 @@ size_t tracing_llm_start(struct tracing *t, struct job *j, const struct task_cal
         span_attr_int(s, "celeriac.llm.route_step", c->route_step);
     jt->llm = s;
     jt->llm_embed = c->op == LLM_OP_EMBED;
-    tracectx_format_traceparent(&ctx, tp);
-    snprintf(jt->tp_line, sizeof(jt->tp_line), TP_PREFIX "%s", tp);
+    memcpy(jt->tp_line, TP_PREFIX, strlen(TP_PREFIX));
+    tracectx_format_traceparent(&ctx, jt->tp_line + strlen(TP_PREFIX));
     lines[n++] = jt->tp_line;
     if (ctx.state[0]) {
-        snprintf(jt->ts_line, sizeof(jt->ts_line), TS_PREFIX "%s", ctx.state);
+        cat3(jt->ts_line, sizeof(jt->ts_line), TS_PREFIX, ctx.state, "");
         lines[n++] = jt->ts_line;
     }
     return n;
