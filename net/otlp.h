@@ -26,6 +26,8 @@ struct otlp_exporter_config {
     size_t batch_max;             /* 0: 512 */
     uint64_t interval_ms;         /* 0: 1000 */
     int max_inflight;             /* 0: 2 */
+    /* borrowed, as conf: where sent and dropped spans go back (NULL: freed) */
+    struct span_pool *pool;
 };
 
 struct otlp_stats {

@@ -1,7 +1,9 @@
 /* span.c -- span records and their OTLP protobuf and JSON encodings. */
 #include "span.h"
 
+#include <assert.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,72 +12,193 @@
 
 /* ------------------------------------------------------------ the record */
 
-/* A bounded copy of s, valid UTF-8: at most SPAN_MAX_STR bytes, cut at a
- * character boundary, each byte of a bad sequence written as '?'. */
-static char *bounded(const char *s)
+/* The length of s's bounded copy: at most SPAN_MAX_STR bytes, cut at a
+ * character boundary, each byte of a bad sequence counted as one '?'. ASCII,
+ * what nearly every value is, is taken without decoding. */
+static size_t bounded_len(const char *s, size_t n)
 {
-    size_t n = strlen(s), i = 0, o = 0;
-    char *out = cr_malloc((n < SPAN_MAX_STR ? n : SPAN_MAX_STR) + 1);
-    if (!out)
-        return NULL;
+    size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t k = py_utf8_next(s + i, n - i, &cp);
-        if (k == 0) {
-            if (o + 1 > SPAN_MAX_STR)
+        size_t k;
+        if ((unsigned char)s[i] < 0x80) {
+            if (i + 1 > SPAN_MAX_STR)
                 break;
-            out[o++] = '?';
             i++;
             continue;
         }
-        if (o + k > SPAN_MAX_STR)
+        k = py_utf8_next(s + i, n - i, &cp);
+        if (k == 0)
+            k = 1; /* one '?' for the byte */
+        if (i + k > SPAN_MAX_STR)
             break;
-        memcpy(out + o, s + i, k);
-        o += k;
         i += k;
     }
-    out[o] = '\0';
+    return i;
+}
+
+/* Writes the bounded copy of s's first len bytes (len from bounded_len())
+ * into out, and a NUL. */
+static void bounded_copy(char *out, const char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        uint32_t cp;
+        size_t k = (unsigned char)s[i] < 0x80 ? 1 : py_utf8_next(s + i, len - i, &cp);
+        if (k == 0) {
+            out[i++] = '?';
+            continue;
+        }
+        memcpy(out + i, s + i, k);
+        i += k;
+    }
+    out[len] = '\0';
+}
+
+/* Whether s's n bytes are all ASCII, eight at a time. */
+static int is_ascii(const char *s, size_t n)
+{
+    uint64_t w, acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++)
+        acc |= (unsigned char)s[i];
+    return !(acc & UINT64_C(0x8080808080808080));
+}
+
+/* A bounded, valid UTF-8 copy of s owned by the span: in its text while
+ * there is room, else allocated. A short ASCII value, nearly every one, is
+ * copied as it is. */
+static char *keep(struct span *sp, const char *s, size_t *len_out)
+{
+    size_t n = strlen(s), len;
+    int plain = n <= SPAN_MAX_STR && is_ascii(s, n);
+    char *out;
+    len = plain ? n : bounded_len(s, n);
+    if (len + 1 <= SPAN_TEXT_INLINE - sp->text_used) {
+        out = sp->text + sp->text_used;
+        sp->text_used += len + 1;
+    } else if (!(out = cr_malloc(len + 1))) {
+        return NULL;
+    }
+    if (plain) {
+        memcpy(out, s, len);
+        out[len] = '\0';
+    } else {
+        bounded_copy(out, s, len);
+    }
+    if (len_out)
+        *len_out = len;
     return out;
+}
+
+static void unkeep(struct span *sp, char *p)
+{
+    if (p && (p < sp->text || p >= sp->text + SPAN_TEXT_INLINE))
+        cr_free(p);
+}
+
+/* Frees the strings and sets the record as span_new() would. */
+static int span_setup(struct span *s, const char *name, enum span_kind kind,
+                      const struct trace_ctx *ctx)
+{
+    memset(s, 0, offsetof(struct span, text));
+    s->name = keep(s, name ? name : "", NULL);
+    if (!s->name)
+        return CR_ENOMEM;
+    s->kind = kind;
+    s->ctx = *ctx;
+    return 0;
+}
+
+static void span_clear_strings(struct span *s)
+{
+    for (int i = 0; i < s->nattrs; i++)
+        unkeep(s, s->attrs[i].s);
+    unkeep(s, s->name);
+    unkeep(s, s->status_msg);
 }
 
 struct span *span_new(const char *name, enum span_kind kind, const struct trace_ctx *ctx)
 {
-    struct span *s = cr_calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->name = bounded(name ? name : "");
-    if (!s->name) {
-        cr_free(s);
-        return NULL;
-    }
-    s->kind = kind;
-    s->ctx = *ctx;
-    return s;
+    return span_pool_new(NULL, name, kind, ctx);
 }
 
 void span_free(struct span *s)
 {
     if (!s)
         return;
-    for (int i = 0; i < s->nattrs; i++)
-        cr_free(s->attrs[i].s);
-    cr_free(s->name);
-    cr_free(s->status_msg);
+    span_clear_strings(s);
     cr_free(s);
+}
+
+void span_pool_init(struct span_pool *p, size_t max)
+{
+    p->free = NULL;
+    p->n = 0;
+    p->max = max;
+}
+
+void span_pool_release(struct span_pool *p)
+{
+    while (p->free) {
+        struct span *s = p->free;
+        p->free = s->next;
+        cr_free(s); /* strings were freed when it was put back */
+    }
+    p->n = 0;
+}
+
+struct span *span_pool_new(struct span_pool *p, const char *name, enum span_kind kind,
+                           const struct trace_ctx *ctx)
+{
+    struct span *s;
+    if (p && p->free) {
+        s = p->free;
+        p->free = s->next;
+        p->n--;
+    } else if (!(s = cr_malloc(sizeof(*s)))) {
+        return NULL;
+    }
+    if (span_setup(s, name, kind, ctx)) {
+        cr_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void span_pool_put(struct span_pool *p, struct span *s)
+{
+    if (!s)
+        return;
+    if (!p || p->n >= p->max) {
+        span_free(s);
+        return;
+    }
+    span_clear_strings(s);
+    s->next = p->free;
+    p->free = s;
+    p->n++;
 }
 
 int span_attr_str(struct span *s, const char *key, const char *value)
 {
     char *v;
+    size_t len;
     if (!value)
         return 0;
     if (s->nattrs == SPAN_MAX_ATTRS) {
         s->dropped_attrs++;
         return 0;
     }
-    if (!(v = bounded(value)))
+    if (!(v = keep(s, value, &len)))
         return CR_ENOMEM;
     s->attrs[s->nattrs].key = key;
+    s->attrs[s->nattrs].key_len = strlen(key);
+    s->attrs[s->nattrs].len = len;
     s->attrs[s->nattrs].is_int = 0;
     s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs++].s = v;
@@ -97,6 +220,8 @@ int span_attr_int(struct span *s, const char *key, int64_t value)
         return 0;
     }
     s->attrs[s->nattrs].key = key;
+    s->attrs[s->nattrs].key_len = strlen(key);
+    s->attrs[s->nattrs].len = 0;
     s->attrs[s->nattrs].is_int = 1;
     s->attrs[s->nattrs].is_list = 0;
     s->attrs[s->nattrs].s = NULL;
@@ -107,14 +232,21 @@ int span_attr_int(struct span *s, const char *key, int64_t value)
 int span_set_status(struct span *s, enum span_status code, const char *msg)
 {
     s->status = code;
-    cr_free(s->status_msg);
+    unkeep(s, s->status_msg); /* room it took in the text is not given back */
     s->status_msg = NULL;
-    if (msg && !(s->status_msg = bounded(msg)))
+    if (msg && !(s->status_msg = keep(s, msg, NULL)))
         return CR_ENOMEM;
     return 0;
 }
 
 /* ----------------------------------------------------------- protobuf */
+
+/* Two passes: the size of every message first, then the bytes, written
+ * once into a buffer reserved for the whole request. A nested message's
+ * length is then known before its body, so nothing is moved afterwards, and
+ * the output is the canonical encoding (shortest varints). Sizes are
+ * computed again for each level of nesting, which costs less than moving
+ * the bodies (a kv is three levels deep at most). */
 
 /* Wire types */
 #define WT_VARINT 0
@@ -122,142 +254,50 @@ int span_set_status(struct span *s, enum span_status code, const char *msg)
 #define WT_LEN 2
 #define WT_I32 5
 
-/* Room left for a nested message's length, filled in by close_msg(): five
- * bytes hold any 32-bit length; close_msg() moves the body back over what
- * the varint did not need, so the output is the canonical encoding. */
-#define LEN_ROOM 5
-
-struct pb {
-    struct buf *b;
-    int err;
-};
-
-static void raw(struct pb *p, const void *d, size_t n)
+static size_t vlen(uint64_t v)
 {
-    if (!p->err && buf_append(p->b, d, n))
-        p->err = CR_ENOMEM;
-}
-
-static size_t varint_bytes(uint64_t v, uint8_t out[10])
-{
-    size_t n = 0;
-    do {
-        out[n] = (uint8_t)(v & 0x7f);
+    size_t n = 1;
+    while (v >= 0x80) {
         v >>= 7;
-        if (v)
-            out[n] |= 0x80;
         n++;
-    } while (v);
+    }
     return n;
 }
 
-static void varint(struct pb *p, uint64_t v)
+/* A length-delimited field whose body is n bytes. */
+static size_t ld_size(unsigned field, size_t n)
 {
-    uint8_t d[10];
-    raw(p, d, varint_bytes(v, d));
+    return vlen((uint64_t)field << 3 | WT_LEN) + vlen(n) + n;
 }
 
-static void tag(struct pb *p, unsigned field, unsigned wt)
+/* proto3: an empty string is not written */
+static size_t str_size(unsigned field, const char *s)
 {
-    varint(p, (uint64_t)field << 3 | wt);
+    return s && *s ? ld_size(field, strlen(s)) : 0;
 }
 
-static void bytes_field(struct pb *p, unsigned field, const void *d, size_t n)
+static size_t varint_field_size(unsigned field, uint64_t v)
 {
-    tag(p, field, WT_LEN);
-    varint(p, n);
-    raw(p, d, n);
-}
-
-static void str_field(struct pb *p, unsigned field, const char *s)
-{
-    if (s && *s) /* proto3: an empty string is not written */
-        bytes_field(p, field, s, strlen(s));
-}
-
-static void fixed64_field(struct pb *p, unsigned field, uint64_t v)
-{
-    uint8_t d[8];
-    for (int i = 0; i < 8; i++)
-        d[i] = (uint8_t)(v >> (8 * i));
-    tag(p, field, WT_I64);
-    raw(p, d, 8);
-}
-
-static void fixed32_field(struct pb *p, unsigned field, uint32_t v)
-{
-    uint8_t d[4];
-    for (int i = 0; i < 4; i++)
-        d[i] = (uint8_t)(v >> (8 * i));
-    tag(p, field, WT_I32);
-    raw(p, d, 4);
-}
-
-static void varint_field(struct pb *p, unsigned field, uint64_t v)
-{
-    if (v) {
-        tag(p, field, WT_VARINT);
-        varint(p, v);
-    }
-}
-
-static size_t open_msg(struct pb *p, unsigned field)
-{
-    static const uint8_t room[LEN_ROOM] = {0};
-    tag(p, field, WT_LEN);
-    raw(p, room, LEN_ROOM);
-    return p->err ? 0 : p->b->len;
-}
-
-static void close_msg(struct pb *p, size_t body_at)
-{
-    uint8_t d[10];
-    size_t n, k;
-    if (p->err)
-        return;
-    n = p->b->len - body_at;
-    k = varint_bytes(n, d);
-    memmove(p->b->data + body_at - LEN_ROOM + k, p->b->data + body_at, n);
-    memcpy(p->b->data + body_at - LEN_ROOM, d, k);
-    p->b->len -= LEN_ROOM - k;
+    return v ? vlen((uint64_t)field << 3) + vlen(v) : 0;
 }
 
 /* KeyValue { string key = 1; AnyValue value = 2; }
- * AnyValue { string string_value = 1; int64 int_value = 3; } */
-static void kv_str(struct pb *p, unsigned field, const char *key, const char *value)
+ * AnyValue { string string_value = 1; int64 int_value = 3;
+ *            ArrayValue array_value = 5; } ArrayValue { AnyValue values = 1; }
+ * The value's body by kind: "" is a value, so a string is always written. */
+static size_t any_size(const struct span_attr *a)
 {
-    size_t at = open_msg(p, field), v;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    bytes_field(p, 1, value, strlen(value)); /* "" is a value: written */
-    close_msg(p, v);
-    close_msg(p, at);
+    if (a->is_int)
+        return 1 + vlen((uint64_t)a->i); /* int64: ten bytes if < 0 */
+    if (a->is_list)
+        return ld_size(5, ld_size(1, ld_size(1, a->len)));
+    return ld_size(1, a->len);
 }
 
-/* AnyValue { ArrayValue array_value = 5; } ArrayValue { AnyValue values = 1; } */
-static void kv_str_list(struct pb *p, unsigned field, const char *key, const char *value)
+/* proto3: an empty key is not written */
+static size_t kv_size(const struct span_attr *a, size_t any)
 {
-    size_t at = open_msg(p, field), v, arr, one;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    arr = open_msg(p, 5);
-    one = open_msg(p, 1);
-    bytes_field(p, 1, value, strlen(value));
-    close_msg(p, one);
-    close_msg(p, arr);
-    close_msg(p, v);
-    close_msg(p, at);
-}
-
-static void kv_int(struct pb *p, unsigned field, const char *key, int64_t value)
-{
-    size_t at = open_msg(p, field), v;
-    str_field(p, 1, key);
-    v = open_msg(p, 2);
-    tag(p, 3, WT_VARINT);
-    varint(p, (uint64_t)value); /* int64: two's complement, ten bytes if < 0 */
-    close_msg(p, v);
-    close_msg(p, at);
+    return (a->key_len ? ld_size(1, a->key_len) : 0) + ld_size(2, any);
 }
 
 /* Span.flags: the W3C flags in the low byte; 0x100 says whether the parent
@@ -267,38 +307,140 @@ static uint32_t span_flags(const struct span *s)
     return s->ctx.flags | 0x100u | (s->has_parent && s->parent_remote ? 0x200u : 0);
 }
 
+/* Status { string message = 2; StatusCode code = 3; } */
+static size_t status_size(const struct span *s)
+{
+    return str_size(2, s->status_msg) + varint_field_size(3, (uint64_t)s->status);
+}
+
+static int has_status(const struct span *s)
+{
+    return s->status != SPAN_STATUS_UNSET || s->status_msg;
+}
+
 /* Span: trace_id 1, span_id 2, trace_state 3, parent_span_id 4, name 5,
  * kind 6, start 7, end 8, attributes 9, dropped_attributes_count 10,
- * status 15 { message 2, code 3 }, flags 16. */
-static void pb_span(struct pb *p, const struct span *s)
+ * status 15, flags 16. */
+static size_t span_size(const struct span *s)
 {
-    size_t at = open_msg(p, 2);
-    bytes_field(p, 1, s->ctx.trace_id, TRACE_ID_BYTES);
-    bytes_field(p, 2, s->ctx.span_id, SPAN_ID_BYTES);
-    str_field(p, 3, s->ctx.state);
+    size_t n = ld_size(1, TRACE_ID_BYTES) + ld_size(2, SPAN_ID_BYTES);
+    n += str_size(3, s->ctx.state);
     if (s->has_parent)
-        bytes_field(p, 4, s->parent_id, SPAN_ID_BYTES);
-    str_field(p, 5, s->name);
-    varint_field(p, 6, (uint64_t)s->kind);
-    fixed64_field(p, 7, s->start_ns);
-    fixed64_field(p, 8, s->end_ns);
-    for (int i = 0; i < s->nattrs; i++) {
-        if (s->attrs[i].is_int)
-            kv_int(p, 9, s->attrs[i].key, s->attrs[i].i);
-        else if (s->attrs[i].is_list)
-            kv_str_list(p, 9, s->attrs[i].key, s->attrs[i].s);
-        else
-            kv_str(p, 9, s->attrs[i].key, s->attrs[i].s);
+        n += ld_size(4, SPAN_ID_BYTES);
+    n += str_size(5, s->name);
+    n += varint_field_size(6, (uint64_t)s->kind);
+    n += 2 * (1 + 8); /* fixed64 7 and 8 */
+    for (int i = 0; i < s->nattrs; i++)
+        n += ld_size(9, kv_size(&s->attrs[i], any_size(&s->attrs[i])));
+    n += varint_field_size(10, (uint64_t)s->dropped_attrs);
+    if (has_status(s))
+        n += ld_size(15, status_size(s));
+    return n + 2 + 4; /* fixed32 16: a two-byte tag */
+}
+
+/* The writer: p walks a buffer the sizes above reserved. */
+struct pw {
+    uint8_t *p;
+};
+
+static void put_varint(struct pw *w, uint64_t v)
+{
+    while (v >= 0x80) {
+        *w->p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
     }
-    varint_field(p, 10, (uint64_t)s->dropped_attrs);
-    if (s->status != SPAN_STATUS_UNSET || s->status_msg) {
-        size_t st = open_msg(p, 15);
-        str_field(p, 2, s->status_msg);
-        varint_field(p, 3, (uint64_t)s->status);
-        close_msg(p, st);
+    *w->p++ = (uint8_t)v;
+}
+
+static void put_tag(struct pw *w, unsigned field, unsigned wt)
+{
+    put_varint(w, (uint64_t)field << 3 | wt);
+}
+
+/* The head of a length-delimited field of n bytes; its body follows. */
+static void put_ld(struct pw *w, unsigned field, size_t n)
+{
+    put_tag(w, field, WT_LEN);
+    put_varint(w, n);
+}
+
+static void put_bytes(struct pw *w, unsigned field, const void *d, size_t n)
+{
+    put_ld(w, field, n);
+    memcpy(w->p, d, n);
+    w->p += n;
+}
+
+static void put_str(struct pw *w, unsigned field, const char *s)
+{
+    if (s && *s)
+        put_bytes(w, field, s, strlen(s));
+}
+
+static void put_varint_field(struct pw *w, unsigned field, uint64_t v)
+{
+    if (v) {
+        put_tag(w, field, WT_VARINT);
+        put_varint(w, v);
     }
-    fixed32_field(p, 16, span_flags(s));
-    close_msg(p, at);
+}
+
+static void put_fixed(struct pw *w, unsigned field, unsigned wt, uint64_t v, int nbytes)
+{
+    put_tag(w, field, wt);
+    for (int i = 0; i < nbytes; i++)
+        *w->p++ = (uint8_t)(v >> (8 * i));
+}
+
+static void put_kv(struct pw *w, unsigned field, const struct span_attr *a)
+{
+    size_t any = any_size(a);
+    put_ld(w, field, kv_size(a, any));
+    if (a->key_len)
+        put_bytes(w, 1, a->key, a->key_len);
+    put_ld(w, 2, any);
+    if (a->is_int) {
+        put_tag(w, 3, WT_VARINT);
+        put_varint(w, (uint64_t)a->i);
+    } else if (a->is_list) {
+        put_ld(w, 5, ld_size(1, ld_size(1, a->len)));
+        put_ld(w, 1, ld_size(1, a->len));
+        put_bytes(w, 1, a->s, a->len);
+    } else {
+        put_bytes(w, 1, a->s, a->len);
+    }
+}
+
+static void put_span(struct pw *w, const struct span *s)
+{
+    put_ld(w, 2, span_size(s));
+    put_bytes(w, 1, s->ctx.trace_id, TRACE_ID_BYTES);
+    put_bytes(w, 2, s->ctx.span_id, SPAN_ID_BYTES);
+    put_str(w, 3, s->ctx.state);
+    if (s->has_parent)
+        put_bytes(w, 4, s->parent_id, SPAN_ID_BYTES);
+    put_str(w, 5, s->name);
+    put_varint_field(w, 6, (uint64_t)s->kind);
+    put_fixed(w, 7, WT_I64, s->start_ns, 8);
+    put_fixed(w, 8, WT_I64, s->end_ns, 8);
+    for (int i = 0; i < s->nattrs; i++)
+        put_kv(w, 9, &s->attrs[i]);
+    put_varint_field(w, 10, (uint64_t)s->dropped_attrs);
+    if (has_status(s)) {
+        put_ld(w, 15, status_size(s));
+        put_str(w, 2, s->status_msg);
+        put_varint_field(w, 3, (uint64_t)s->status);
+    }
+    put_fixed(w, 16, WT_I32, span_flags(s), 4);
+}
+
+/* A resource attribute as a span's string attribute, for put_kv(). */
+static void resource_attr(struct span_attr *a, const struct otel_kv *kv)
+{
+    a->key = kv->key;
+    a->key_len = strlen(kv->key);
+    a->s = (char *)kv->value;
+    a->len = strlen(kv->value);
 }
 
 /* ExportTraceServiceRequest { ResourceSpans resource_spans = 1; }
@@ -309,23 +451,42 @@ static void pb_span(struct pb *p, const struct span *s)
 int otlp_encode_proto(const struct otlp_resource *r, struct span *const *spans, size_t n,
                       struct buf *out)
 {
-    struct pb p = {out, 0};
-    size_t rs = open_msg(&p, 1), res, ss, sc;
+    size_t res = 0, scope, ss, rs, total;
+    struct span_attr a;
+    struct pw w;
 
-    res = open_msg(&p, 1);
-    for (size_t i = 0; i < r->nattrs; i++)
-        kv_str(&p, 1, r->attrs[i].key, r->attrs[i].value);
-    close_msg(&p, res);
-    ss = open_msg(&p, 2);
-    sc = open_msg(&p, 1);
-    str_field(&p, 1, r->scope_name);
-    str_field(&p, 2, r->scope_version);
-    close_msg(&p, sc);
+    memset(&a, 0, sizeof(a));
+    for (size_t i = 0; i < r->nattrs; i++) {
+        resource_attr(&a, &r->attrs[i]);
+        res += ld_size(1, kv_size(&a, any_size(&a)));
+    }
+    scope = str_size(1, r->scope_name) + str_size(2, r->scope_version);
+    ss = ld_size(1, scope);
     for (size_t i = 0; i < n; i++)
-        pb_span(&p, spans[i]);
-    close_msg(&p, ss);
-    close_msg(&p, rs);
-    return p.err;
+        ss += ld_size(2, span_size(spans[i]));
+    rs = ld_size(1, res) + ld_size(2, ss);
+    total = ld_size(1, rs);
+    if (buf_reserve(out, total))
+        return CR_ENOMEM;
+
+    w.p = (uint8_t *)out->data + out->len;
+    put_ld(&w, 1, rs);
+    put_ld(&w, 1, res);
+    for (size_t i = 0; i < r->nattrs; i++) {
+        resource_attr(&a, &r->attrs[i]);
+        put_kv(&w, 1, &a);
+    }
+    put_ld(&w, 2, ss);
+    put_ld(&w, 1, scope);
+    put_str(&w, 1, r->scope_name);
+    put_str(&w, 2, r->scope_version);
+    for (size_t i = 0; i < n; i++)
+        put_span(&w, spans[i]);
+    /* the sizes and the writer describe the same bytes */
+    assert((char *)w.p == out->data + out->len + total);
+    out->len += total;
+    out->data[out->len] = '\0';
+    return 0;
 }
 
 /* --------------------------------------------------------------- JSON */

@@ -24,6 +24,10 @@
 
 #define SPAN_MAX_ATTRS 20
 #define SPAN_MAX_STR 512
+/* Strings of a span are kept in the record itself while they fit in this
+ * many bytes (a task's run span takes about 250); a longer one is allocated
+ * on its own. One allocation per span, not one per attribute. */
+#define SPAN_TEXT_INLINE 640
 
 /* opentelemetry.proto.trace.v1.Span.SpanKind */
 enum span_kind {
@@ -46,7 +50,9 @@ struct span_attr {
     int is_int;
     int is_list; /* a string array of one element */
     int64_t i;
-    char *s; /* owned when !is_int */
+    char *s;        /* owned by the span when !is_int (in its text, or allocated) */
+    size_t key_len; /* strlen(key), and strlen(s) when !is_int: kept for the */
+    size_t len;     /* encoders, which would measure them again and again */
 };
 
 /* Every pointer is owned by the span: span_free(). */
@@ -65,6 +71,9 @@ struct span {
     int nattrs;
     int dropped_attrs;
     struct span *next; /* free for the owner's list (the exporter's queue) */
+    /* private: the strings that fit, NUL-terminated one after the other */
+    size_t text_used;
+    char text[SPAN_TEXT_INLINE];
 };
 
 /* Returns a new span named name (copied, bounded) of that kind, in the
@@ -72,6 +81,28 @@ struct span {
 struct span *span_new(const char *name, enum span_kind kind, const struct trace_ctx *ctx);
 /* NULL is a no-op. */
 void span_free(struct span *s);
+
+/* A bounded free list of span records, so that a busy worker reuses them
+ * rather than asking malloc for two records of ~2 KB per task (records that
+ * large skip glibc's per-size caches). The owner embeds it; one thread. */
+struct span_pool {
+    /* private */
+    struct span *free;
+    size_t n, max;
+};
+
+/* An empty pool that will keep at most max records. */
+void span_pool_init(struct span_pool *p, size_t max);
+/* Frees the records it keeps; p is then empty (init it again to reuse). */
+void span_pool_release(struct span_pool *p);
+/* span_new(), taking a kept record when p has one (p NULL: span_new()).
+ * Returns a new span (free it with span_pool_put() or span_free()), or NULL
+ * on OOM. */
+struct span *span_pool_new(struct span_pool *p, const char *name, enum span_kind kind,
+                           const struct trace_ctx *ctx);
+/* Takes s: frees its strings and keeps its record in p, or frees it when p
+ * is full or NULL. NULL s is a no-op. */
+void span_pool_put(struct span_pool *p, struct span *s);
 
 /* Adds an attribute (key borrowed, a literal; value copied, bounded). When
  * the span is full the attribute is counted as dropped. 0, or CR_ENOMEM (the
@@ -97,8 +128,9 @@ struct otlp_resource {
 /* Appends one ExportTraceServiceRequest holding spans[0..n) under one
  * resource and scope, as protobuf (Content-Type application/x-protobuf) or
  * as OTLP's JSON mapping (application/json: ids as hex, 64-bit integers and
- * times as decimal strings, enums as numbers). 0, or CR_ENOMEM (out then
- * holds a partial request: reset it). */
+ * times as decimal strings, enums as numbers). 0, or CR_ENOMEM: the
+ * protobuf encoder then leaves out as it was; the JSON one leaves a partial
+ * request in it (reset it). */
 int otlp_encode_proto(const struct otlp_resource *r, struct span *const *spans, size_t n,
                       struct buf *out);
 int otlp_encode_json(const struct otlp_resource *r, struct span *const *spans, size_t n,

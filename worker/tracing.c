@@ -1,6 +1,7 @@
 /* tracing.c -- task and LLM call spans, their context on the wire. */
 #include "tracing.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,7 +23,18 @@ struct tracing {
     struct trace_rng rng;
     struct otlp_exporter *x;
     const char *hostname;
+    /* Records of ended spans and of finished jobs' traces, for the next
+     * tasks: a busy worker then traces without calling malloc for them. */
+    struct span_pool spans;
+    struct jtrace *spare; /* linked through their run field */
+    size_t nspare;
 };
+
+/* The pools' bounds: a batch's worth of spans (they come back 512 at a time
+ * from the exporter), and as many job traces as a worker commonly runs at
+ * once. At most about 1 MB and 300 KB kept. */
+#define SPAN_POOL_MAX 512
+#define JTRACE_SPARE_MAX 256
 
 /* What a sampled job holds (job->trace). */
 struct jtrace {
@@ -33,6 +45,23 @@ struct jtrace {
     char tp_line[sizeof(TP_PREFIX) + TRACEPARENT_LEN];
     char ts_line[sizeof(TS_PREFIX) + TRACESTATE_MAX];
 };
+
+/* a, b and c one after the other in out (cap bytes, NUL included), cut as
+ * snprintf would cut them; per task, where a format string costs more than
+ * the copies. */
+static void cat3(char *out, size_t cap, const char *a, const char *b, const char *c)
+{
+    const char *part[3] = {a, b, c};
+    size_t o = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(part[i]);
+        if (n > cap - 1 - o)
+            n = cap - 1 - o;
+        memcpy(out + o, part[i], n);
+        o += n;
+    }
+    out[o] = '\0';
+}
 
 static uint64_t now_ns(void)
 {
@@ -72,8 +101,10 @@ struct tracing *tracing_new(uv_loop_t *loop, const char *const *env, const char 
         s = s << 8 | seed[i];
     trace_rng_seed(&t->rng, s);
     t->hostname = hostname;
+    span_pool_init(&t->spans, SPAN_POOL_MAX);
     memset(&xc, 0, sizeof(xc));
     xc.conf = &t->conf;
+    xc.pool = &t->spans;
     xc.scope_version = CELERIAC_VERSION;
     t->x = otlp_exporter_new(loop, &xc, err);
     if (!t->x) {
@@ -99,7 +130,30 @@ static void submit(struct tracing *t, struct span *s)
     if (t->x)
         otlp_exporter_add(t->x, s);
     else
-        span_free(s);
+        span_pool_put(&t->spans, s);
+}
+
+static struct jtrace *jtrace_new(struct tracing *t)
+{
+    struct jtrace *jt = t->spare;
+    if (!jt)
+        return cr_calloc(1, sizeof(*jt));
+    t->spare = (struct jtrace *)jt->run;
+    t->nspare--;
+    memset(jt, 0,
+           offsetof(struct jtrace, tp_line)); /* the lines are written before use */
+    return jt;
+}
+
+static void jtrace_free(struct tracing *t, struct jtrace *jt)
+{
+    if (t->nspare >= JTRACE_SPARE_MAX) {
+        cr_free(jt);
+        return;
+    }
+    jt->run = (struct span *)t->spare;
+    t->spare = jt;
+    t->nspare++;
 }
 
 /* ------------------------------------------------------------ run spans */
@@ -122,15 +176,15 @@ static void start_run(struct tracing *t, struct job *j)
         return;
     trace_rng_span_id(&t->rng, ctx.span_id);
     ctx.flags = TRACE_FLAG_SAMPLED;
-    jt = cr_calloc(1, sizeof(*jt));
+    jt = jtrace_new(t);
     if (!jt)
         return; /* untraced: tracing never fails a task */
     jt->ctx = ctx;
     /* Python's instrumentation: f"run/{task.name}", the registered name */
-    snprintf(name, sizeof(name), "run/%s", j->tm.task ? j->tm.task : "unknown");
-    jt->run = span_new(name, SPAN_KIND_CONSUMER, &ctx);
+    cat3(name, sizeof(name), "run/", j->tm.task ? j->tm.task : "unknown", "");
+    jt->run = span_pool_new(&t->spans, name, SPAN_KIND_CONSUMER, &ctx);
     if (!jt->run) {
-        cr_free(jt);
+        jtrace_free(t, jt);
         return;
     }
     if (has_parent) {
@@ -224,21 +278,21 @@ size_t tracing_llm_start(struct tracing *t, struct job *j, const struct task_cal
     struct jtrace *jt = t ? j->trace : NULL;
     struct trace_ctx ctx;
     const char *op = c->op == LLM_OP_EMBED ? "embeddings" : "chat";
-    char name[200], tp[TRACEPARENT_LEN + 1];
+    char name[200];
     struct span *s;
     size_t n = 0;
 
     if (!jt || !jt->run)
         return 0;
     if (jt->llm) { /* not ended: should not happen; do not leak it */
-        span_free(jt->llm);
+        span_pool_put(&t->spans, jt->llm);
         jt->llm = NULL;
     }
     ctx = jt->ctx;
     trace_rng_span_id(&t->rng, ctx.span_id);
     /* GenAI conventions: "{gen_ai.operation.name} {gen_ai.request.model}" */
-    snprintf(name, sizeof(name), "%s %s", op, c->model);
-    s = span_new(name, SPAN_KIND_CLIENT, &ctx);
+    cat3(name, sizeof(name), op, " ", c->model);
+    s = span_pool_new(&t->spans, name, SPAN_KIND_CLIENT, &ctx);
     if (!s)
         return 0;
     memcpy(s->parent_id, jt->ctx.span_id, SPAN_ID_BYTES);
@@ -252,11 +306,11 @@ size_t tracing_llm_start(struct tracing *t, struct job *j, const struct task_cal
         span_attr_int(s, "celeriac.llm.route_step", c->route_step);
     jt->llm = s;
     jt->llm_embed = c->op == LLM_OP_EMBED;
-    tracectx_format_traceparent(&ctx, tp);
-    snprintf(jt->tp_line, sizeof(jt->tp_line), TP_PREFIX "%s", tp);
+    memcpy(jt->tp_line, TP_PREFIX, strlen(TP_PREFIX));
+    tracectx_format_traceparent(&ctx, jt->tp_line + strlen(TP_PREFIX));
     lines[n++] = jt->tp_line;
     if (ctx.state[0]) {
-        snprintf(jt->ts_line, sizeof(jt->ts_line), TS_PREFIX "%s", ctx.state);
+        cat3(jt->ts_line, sizeof(jt->ts_line), TS_PREFIX, ctx.state, "");
         lines[n++] = jt->ts_line;
     }
     return n;
@@ -357,13 +411,18 @@ int tracing_job_ids(const struct job *j, char trace_id[33], char span_id[17])
 void tracing_forget(struct tracing *t, struct job *j)
 {
     struct jtrace *jt = j->trace;
-    (void)t;
     if (!jt)
         return;
-    span_free(jt->run);
-    span_free(jt->llm);
-    cr_free(jt);
     j->trace = NULL;
+    if (!t) { /* not reached: a job has a trace only while tracing is on */
+        span_free(jt->run);
+        span_free(jt->llm);
+        cr_free(jt);
+        return;
+    }
+    span_pool_put(&t->spans, jt->run);
+    span_pool_put(&t->spans, jt->llm);
+    jtrace_free(t, jt);
 }
 
 void tracing_stop(struct tracing *t)
@@ -379,6 +438,12 @@ void tracing_free(struct tracing *t)
     if (!t)
         return;
     tracing_stop(t);
+    span_pool_release(&t->spans);
+    while (t->spare) {
+        struct jtrace *jt = t->spare;
+        t->spare = (struct jtrace *)jt->run;
+        cr_free(jt);
+    }
     otel_conf_release(&t->conf);
     cr_free(t);
 }

@@ -427,6 +427,224 @@ START_TEST(test_oom)
 }
 END_TEST
 
+/* The request the protobuf encoder made before it sized its messages first
+ * (it wrote each body and moved it behind its length): the same bytes are
+ * expected now, down to the varints. Spans with tracestate, negative and
+ * large ints, "" values, lists, bad UTF-8, more attributes than kept, long
+ * names and status with and without a message; then with 206 more spans so
+ * that the outer lengths take three bytes. Checked by length and FNV-1a. */
+static size_t golden_spans(struct span **sp, int many)
+{
+    struct trace_ctx c;
+    char big[400];
+    size_t n = 0;
+    memset(&c, 0, sizeof(c));
+    memcpy(c.trace_id, "\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
+           16);
+    memcpy(c.span_id, "\x11\x22\x33\x44\x55\x66\x77\x88", 8);
+    c.flags = 1;
+    memcpy(c.state, "rojo=1,congo=t61rcWkgMzE", sizeof("rojo=1,congo=t61rcWkgMzE"));
+    sp[n] = span_new("run/llm.generate", SPAN_KIND_CONSUMER, &c);
+    memcpy(sp[n]->parent_id, "\x00\xf0\x67\xaa\x0b\xa9\x02\xb7", 8);
+    sp[n]->has_parent = 1;
+    sp[n]->parent_remote = 1;
+    sp[n]->start_ns = UINT64_C(1796006784831674000);
+    sp[n]->end_ns = UINT64_C(1796006785000000000);
+    span_attr_str(sp[n], "celery.action", "run");
+    span_attr_str(sp[n], "empty", "");
+    span_attr_int(sp[n], "celery.retries", 3);
+    span_attr_int(sp[n], "neg", -2);
+    span_attr_int(sp[n], "big", INT64_C(1) << 40);
+    span_attr_str(sp[n], "utf", "caf\xc3\xa9 \xff");
+    n++;
+    c.state[0] = 0;
+    c.flags = 0;
+    sp[n] = span_new("chat gpt-4o-mini", SPAN_KIND_CLIENT, &c);
+    sp[n]->has_parent = 1;
+    sp[n]->start_ns = 5;
+    sp[n]->end_ns = 6;
+    span_attr_str_list(sp[n], "gen_ai.response.finish_reasons", "stop");
+    span_attr_str_list(sp[n], "empty_list", "");
+    span_set_status(sp[n], SPAN_STATUS_ERROR, "RateLimitError \"x\"");
+    n++;
+    memset(big, 'n', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    sp[n] = span_new(big, SPAN_KIND_INTERNAL, &c);
+    for (int i = 0; i < 25; i++)
+        span_attr_str(sp[n], "k", big);
+    span_set_status(sp[n], SPAN_STATUS_UNSET, "only a message");
+    n++;
+    sp[n] = span_new("", SPAN_KIND_SERVER, &c);
+    span_set_status(sp[n], SPAN_STATUS_OK, NULL);
+    n++;
+    while (many && n < 210) {
+        sp[n] = span_new("a name of some length to make the request long",
+                         SPAN_KIND_PRODUCER, &c);
+        span_attr_str(sp[n], "k", "v");
+        n++;
+    }
+    for (size_t i = 0; i < n; i++)
+        ck_assert_ptr_nonnull(sp[i]);
+    return n;
+}
+
+static uint64_t fnv1a(const char *d, size_t n)
+{
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)d[i]) * UINT64_C(1099511628211);
+    return h;
+}
+
+static const struct {
+    int many;
+    size_t len;
+    uint64_t fnv;
+} golden[] = {
+    {0, 9240, UINT64_C(0x92804c7495dcf350)},
+    {1, 32726, UINT64_C(0x5ecde3c98dedd024)},
+};
+
+START_TEST(test_proto_bytes)
+{
+    struct span *sp[210];
+    struct buf out;
+    size_t n = golden_spans(sp, golden[_i].many);
+    buf_init(&out);
+    ck_assert_int_eq(buf_puts(&out, "before"), 0); /* appended after what is there */
+    ck_assert_int_eq(otlp_encode_proto(&res, sp, n, &out), 0);
+    ck_assert_uint_eq(out.len, 6 + golden[_i].len);
+    ck_assert_int_eq(memcmp(out.data, "before", 6), 0);
+    ck_assert(fnv1a(out.data + 6, out.len - 6) == golden[_i].fnv);
+    ck_assert_int_eq(out.data[out.len], '\0');
+    buf_release(&out);
+    for (size_t i = 0; i < n; i++)
+        span_free(sp[i]);
+}
+END_TEST
+
+/* Strings past the record's own room are allocated one by one, and read the
+ * same; replacing the status frees the allocated message. */
+START_TEST(test_text_spill)
+{
+    struct trace_ctx c;
+    struct span *s;
+    char v[300];
+    memset(&c, 0, sizeof(c));
+    s = span_new("n", SPAN_KIND_INTERNAL, &c);
+    for (int i = 0; i < 6; i++) {
+        memset(v, 'a' + i, sizeof(v) - 1);
+        v[sizeof(v) - 1] = '\0';
+        ck_assert_int_eq(span_attr_str(s, "k", v), 0);
+    }
+    ck_assert_uint_le(s->text_used, SPAN_TEXT_INLINE);
+    for (int i = 0; i < 6; i++) {
+        ck_assert_uint_eq(strlen(s->attrs[i].s), sizeof(v) - 1);
+        ck_assert_int_eq(s->attrs[i].s[0], 'a' + i);
+        ck_assert_int_eq(s->attrs[i].s[sizeof(v) - 2], 'a' + i);
+    }
+    /* the first two fit in the record, the rest did not */
+    ck_assert(s->attrs[1].s >= s->text && s->attrs[1].s < s->text + SPAN_TEXT_INLINE);
+    ck_assert(s->attrs[5].s < s->text || s->attrs[5].s >= s->text + SPAN_TEXT_INLINE);
+    ck_assert_int_eq(span_set_status(s, SPAN_STATUS_ERROR, v), 0);
+    ck_assert_int_eq(span_set_status(s, SPAN_STATUS_ERROR, "short"), 0);
+    {
+        /* plain ASCII past the bound is cut as well */
+        char long_ascii[SPAN_MAX_STR + 100];
+        memset(long_ascii, 'z', sizeof(long_ascii) - 1);
+        long_ascii[sizeof(long_ascii) - 1] = '\0';
+        ck_assert_int_eq(span_attr_str(s, "long", long_ascii), 0);
+        ck_assert_uint_eq(strlen(s->attrs[6].s), SPAN_MAX_STR);
+        ck_assert_int_eq(s->attrs[6].s[SPAN_MAX_STR - 1], 'z');
+    }
+    ck_assert_str_eq(s->status_msg, "short");
+    span_free(s); /* the leak check (make asan, valgrind) sees the rest */
+}
+END_TEST
+
+START_TEST(test_pool)
+{
+    struct span_pool pool;
+    struct trace_ctx c;
+    struct span *a, *b, *d, *again;
+    char v[600];
+    memset(&c, 0, sizeof(c));
+    memset(v, 'x', sizeof(v) - 1);
+    v[sizeof(v) - 1] = '\0';
+    span_pool_init(&pool, 1);
+    a = span_pool_new(&pool, "a", SPAN_KIND_CLIENT, &c);
+    b = span_pool_new(&pool, "b", SPAN_KIND_CLIENT, &c);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    a->has_parent = 1;
+    a->start_ns = 7;
+    span_attr_str(a, "k", v); /* spilled: freed when put back */
+    span_attr_int(a, "i", 1);
+    span_set_status(a, SPAN_STATUS_ERROR, "m");
+    span_pool_put(&pool, a);
+    span_pool_put(&pool, b); /* over max: freed */
+    span_pool_put(&pool, NULL);
+    c.flags = 1;
+    again = span_pool_new(&pool, "again", SPAN_KIND_SERVER, &c);
+    ck_assert_ptr_eq(again, a); /* the kept record */
+    ck_assert_str_eq(again->name, "again");
+    ck_assert_int_eq(again->kind, SPAN_KIND_SERVER);
+    ck_assert_int_eq(again->ctx.flags, 1);
+    ck_assert_int_eq(again->nattrs, 0);
+    ck_assert_int_eq(again->has_parent, 0);
+    ck_assert_int_eq(again->status, SPAN_STATUS_UNSET);
+    ck_assert_ptr_null(again->status_msg);
+    ck_assert(again->start_ns == 0);
+    ck_assert_uint_eq(again->text_used, sizeof("again"));
+    d = span_pool_new(&pool, "d", SPAN_KIND_CLIENT, &c); /* empty: allocated */
+    ck_assert_ptr_nonnull(d);
+    span_pool_put(&pool, again);
+    span_pool_put(NULL, d); /* no pool: freed */
+    span_pool_release(&pool);
+    span_pool_release(&pool);
+}
+END_TEST
+
+/* Records and spilled strings fail in turn; each failure leaves the span as
+ * it was, and nothing leaks. */
+START_TEST(test_pool_oom)
+{
+    struct trace_ctx c;
+    char v[600];
+    long n;
+    memset(&c, 0, sizeof(c));
+    memset(v, 'y', sizeof(v) - 1);
+    v[sizeof(v) - 1] = '\0';
+    for (n = 1; n < 100; n++) {
+        struct span_pool pool;
+        struct span *s, *t = NULL;
+        int rc = 0;
+        span_pool_init(&pool, 4);
+        cr_alloc_fail_after(n);
+        s = span_pool_new(&pool, "s", SPAN_KIND_CLIENT, &c);
+        if (s) {
+            rc = span_attr_str(s, "a", v);
+            ck_assert_int_eq(s->nattrs, rc ? 0 : 1); /* unchanged on failure */
+            if (!rc) {
+                rc = span_set_status(s, SPAN_STATUS_ERROR, v);
+                ck_assert_int_eq(s->status, SPAN_STATUS_ERROR); /* set anyway */
+                ck_assert(!rc || !s->status_msg);
+            }
+            span_pool_put(&pool, s);
+            t = span_pool_new(&pool, "t", SPAN_KIND_CLIENT, &c); /* reuses: no alloc */
+            ck_assert_ptr_eq(t, s);
+        }
+        cr_alloc_fail_after(0);
+        ck_assert(rc == 0 || rc == CR_ENOMEM);
+        span_free(t);
+        span_pool_release(&pool);
+        if (s && !rc && cr_alloc_failed() == 0)
+            break;
+    }
+    ck_assert_int_lt(n, 100);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("span");
@@ -436,6 +654,10 @@ Suite *suite(void)
     tcase_add_test(tc, test_json);
     tcase_add_test(tc, test_bounds);
     tcase_add_test(tc, test_oom);
+    tcase_add_loop_test(tc, test_proto_bytes, 0, 2);
+    tcase_add_test(tc, test_text_spill);
+    tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_pool_oom);
     suite_add_tcase(s, tc);
     return s;
 }
