@@ -1,6 +1,7 @@
 /* limits.c -- a provider's limits per model pattern (see limits.h). */
 #include "limits.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "prices.h"
@@ -124,4 +125,44 @@ const struct lim_config *llm_limits_find(const struct llm_limits *l, const char 
         }
     }
     return best;
+}
+
+/* The number after "key": in body, or -1. */
+static long number_after(const char *body, size_t len, const char *key)
+{
+    size_t klen = strlen(key);
+    const char *p = body, *end = body + len;
+
+    while (p && (size_t)(end - p) > klen &&
+           (p = memmem(p, (size_t)(end - p), key, klen))) {
+        const char *q = p + klen;
+        p = q;
+        while (q < end && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'))
+            q++;
+        if (q >= end || *q != ':')
+            continue;
+        q++;
+        while (q < end && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'))
+            q++;
+        if (q < end && *q >= '0' && *q <= '9') {
+            long v = 0;
+            while (q < end && *q >= '0' && *q <= '9' && v < 100000000)
+                v = v * 10 + (*q++ - '0');
+            return v < 100000000 ? v : 100000000; /* no answer is longer */
+        }
+    }
+    return -1;
+}
+
+long llm_limits_estimate(const char *body, size_t len, int chat)
+{
+    static const char *const keys[] = {"\"max_tokens\"", "\"max_completion_tokens\"",
+                                       "\"num_predict\"", NULL};
+    long est = (long)(len / 4), answer = -1;
+
+    if (!chat)
+        return est;
+    for (int i = 0; keys[i] && answer < 0; i++)
+        answer = body ? number_after(body, len, keys[i]) : -1;
+    return est + (answer >= 0 ? answer : LLM_LIMIT_DEFAULT_ANSWER);
 }

@@ -48,4 +48,13 @@ void llm_limits_release(struct llm_limits *l);
  * matches, or l or model is NULL. Borrowed from l. */
 const struct lim_config *llm_limits_find(const struct llm_limits *l, const char *model);
 
+/* Tokens a request is charged before its usage is known: its body's bytes
+ * / 4 (about a token's worth of JSON text), plus for a chat its
+ * "max_tokens" (or "max_completion_tokens", "num_predict") when the body
+ * says it, else LLM_LIMIT_DEFAULT_ANSWER. A cheap scan, not a parse: a key
+ * of that name inside a message's text can mislead it, and the correction
+ * by the usage puts that right. */
+#define LLM_LIMIT_DEFAULT_ANSWER 1000
+long llm_limits_estimate(const char *body, size_t len, int chat);
+
 #endif

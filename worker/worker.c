@@ -21,6 +21,7 @@
 
 #include "engine/engine.h"
 #include "events.h"
+#include "fleet_limits.h"
 #include "llm/health.h"
 #include "llm/llm_client.h"
 #include "llm/registry.h"
@@ -64,6 +65,9 @@ struct worker {
      * calls are failing, for the WARNING lines of an outage. */
     struct llm_health *health;
     struct llm_router router; /* which provider answers a task's call */
+    /* The providers' "limits", shared by the fleet in the backend's Redis;
+     * freed after the LLM client and the backend. */
+    struct fleet_limits *limits;
     /* Budgeted providers (router order): a spend count command out, and
      * when the counts were last synced (loop ms). */
     unsigned char budget_out[LLM_REGISTRY_MAX_PROVIDERS + 1];
@@ -874,6 +878,10 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
+    w->limits = fleet_limits_new(w->loop, w->backend, cfg->hostname, err);
+    if (!w->limits)
+        return err->code ? err->code : CR_ENOMEM;
+    llm_client_set_limits(w->llm, &fleet_limits_ops, w->limits);
     w->bcfg.url = cfg->broker;
     w->bcfg.failover_strategy = cfg->broker_failover_strategy;
     w->bcfg.queues = cfg->queues.items;
@@ -967,6 +975,7 @@ fail:
     broker_free(w->broker);
     llm_client_free(w->llm);
     backend_free(w->backend);
+    fleet_limits_free(w->limits); /* its timer closes with the loop's next run */
     engine_free(w->engine);
     llm_router_release(&w->router);
     redact_release(&w->secrets);
@@ -1189,6 +1198,7 @@ void worker_free(struct worker *w)
     w->broker = w->ctx.broker = NULL;
     llm_client_free(w->llm);
     backend_free(w->backend);
+    fleet_limits_free(w->limits);
     /* its handles close with the others; the spans of calls that come back
      * cancelled below are freed unsent */
     tracing_stop(w->tracing);
