@@ -17,12 +17,18 @@
  *   correct tpm delta_tokens   (the usage came: move the token tat)
  *   cool ms                    (nothing before now + ms; a later one wins)
  *   renew lease_ms holder      (a permit still held lives on)
- * A wait on a full set of permits is at most CONC_POLL_MS: a permit freed by
- * another worker says nothing, so the asker looks again soon. */
+ * A wait on a full set of permits is at most 50 ms: a permit freed by another
+ * worker says nothing, so the asker looks again soon. A wait on tokens is at
+ * most TOK_POLL_MS for the same reason: the calls before were charged their
+ * estimate, and the usage they report, often far less, gives the rest back
+ * meanwhile (measured with two workers at 3,000 tpm and calls of about 22
+ * tokens estimated at 52: 7.6 s for 14 calls with exact waits against an
+ * ideal of 4.9 s; 5.5 s with these polls). */
 static struct backend_script limit_script = BACKEND_SCRIPT(
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "local mode = ARGV[1]\n"
+    "local TOK_POLL_MS = 200\n"
     "local function num(k) return tonumber(redis.call('GET', k) or '0') or 0 end\n"
     "local function put(k, v) redis.call('SET', k, string.format('%.3f', v), 'PX',\n"
     "  math.max(1, math.ceil(v - now)) + 60000) end\n"
@@ -41,7 +47,8 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "  local rtat, ttat = 0, 0\n"
     "  if rpm > 0 then rtat = num(KEYS[1]); w = math.max(w, gwait(rtat, rpm, 1)) end\n"
     "  if tpm > 0 and tokens > 0 then\n"
-    "    ttat = num(KEYS[2]); w = math.max(w, gwait(ttat, tpm, tokens)) end\n"
+    "    ttat = num(KEYS[2])\n"
+    "    w = math.max(w, math.min(gwait(ttat, tpm, tokens), TOK_POLL_MS)) end\n"
     "  if conc > 0 then\n"
     "    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)\n"
     "    if redis.call('ZCARD', KEYS[4]) >= conc then\n"

@@ -45,6 +45,29 @@ def test_rpm_across_three_workers(env):
     assert all(w.count("Redis away") == 0 for w in ws)
 
 
+def test_tpm_across_two_workers(env):
+    """A tokens-per-minute limit: each call is charged its estimate (the
+    body's bytes / 4 and max_tokens), then the usage the fake reports."""
+    tpm, n = 3000, 14  # 50 tokens a second; a call costs the fake about 22
+    env.fake._req("POST", "/__config", {"tpm": tpm, "rl_mode": "bucket",
+                                        "defaults": "tokens=20"})
+    ws = [env.worker("-c", "4", "--llm-providers", doc({"tpm": tpm})) for _ in range(2)]
+    t0 = time.time()
+    rs = [chat(env, "t%d" % i, tokens=20) for i in range(n)]
+    for r in rs:
+        r.get(timeout=60)
+    wall = time.time() - t0
+    st = env.fake.stats()
+    used = sum(s["body"]["max_tokens"] + 1 for s in st if s["status"] == 200)
+    ideal = (used - tpm / 60) / (tpm / 60)
+    refused = [s["status"] for s in st].count(429)
+    print("tpm %d, %d calls of about %d tokens, 2 workers: %d refused, wall %.2f s "
+          "(ideal %.1f s)" % (tpm, n, used // n, refused, wall, ideal))
+    assert refused <= 1, refused
+    assert wall <= ideal * 1.3 + 1, (wall, ideal)
+    assert all(w.count("Redis away") == 0 for w in ws)
+
+
 def test_concurrency_across_two_workers(env):
     """Calls in flight across the fleet never exceed the limit."""
     env.worker("-c", "8", "--llm-providers", doc({"concurrency": 3}))
@@ -104,3 +127,75 @@ def test_kill_9_gives_permits_back(env):
           "%.2f s" % waited)
     assert 1.5 <= waited <= 6, waited
     assert b.count("Redis away") == 0
+
+
+def test_waiting_call_ends_by_time_limit_revoke_and_shutdown(env):
+    """A call waiting for a permit is ended by its time limit, then one by a
+    revoke: neither reaches the provider, the permit is not lost, and a cold
+    stop with calls waiting exits cleanly."""
+    from celery.exceptions import TimeLimitExceeded, TaskRevokedError
+    w = env.worker("-c", "4", "--llm-providers", doc({"concurrency": 1}))
+    env.fake.script(["hold=first;tokens=2", "tokens=2", "tokens=2"])
+    first = chat(env, "holds the permit")
+    wait_until(lambda: len(env.fake.stats()) == 1, 20, what="the first call at the fake")
+    limited = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "late"}]],
+                                kwargs={"model": "lim"}, time_limit=1)
+    try:
+        limited.get(timeout=20)
+        assert False, "the waiting call ran"
+    except TimeLimitExceeded:
+        pass
+    revoked = chat(env, "revoked while waiting")
+    wait_until(lambda: w.count(r"\[%s\] received" % revoked.id), 10, what="received")
+    time.sleep(0.3)
+    revoked.revoke(terminate=True)
+    try:
+        revoked.get(timeout=20)
+        assert False, "the revoked call ran"
+    except TaskRevokedError:
+        pass
+    assert len(env.fake.stats()) == 1
+    env.fake.release("first")
+    first.get(timeout=20)
+    for p in ("after one", "after two"):
+        chat(env, p).get(timeout=20)
+    assert [s["prompt"] for s in env.fake.stats()] == ["holds the permit", "after one",
+                                                        "after two"]
+    # a cold stop with one call in flight and two waiting for the permit
+    env.fake.script(["hold=cold;tokens=2"])
+    rs = [chat(env, "cold %d" % i) for i in range(3)]
+    for r in rs:
+        wait_until(lambda: w.count(r"\[%s\] received" % r.id), 10, what="all received")
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 1, w.log()[-2000:]
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+    assert len(env.fake.stats()) == 4
+    env.fake.release("cold")
+
+
+def test_redis_away_limits_alone_then_rejoins(env, services):
+    """Redis cut off: calls still go, limited by the worker alone, said once;
+    when Redis is back the shared state is used again."""
+    from tcpproxy import TcpProxy
+    proxy = TcpProxy(services.redis_port).start()
+    try:
+        url = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
+        w = env.worker("-c", "4", "--redis-timeout", "2", "--result-backend", url,
+                       "--llm-providers", doc({"rpm": 600}))
+        chat(env, "before").get(timeout=20)
+        proxy.blackhole(True)
+        rs = [chat(env, "alone %d" % i) for i in range(4)]
+        wait_until(lambda: len(env.fake.stats()) == 5, 20, what="calls made alone")
+        w.wait_for(r"limits: Redis away \(.*\): each worker applies the whole of each "
+                   r"limit alone", timeout=10)
+        proxy.blackhole(False)
+        for r in rs:
+            r.get(timeout=60)
+        chat(env, "after").get(timeout=30)
+        w.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
+        assert w.count("limits: Redis away") == 1
+    finally:
+        proxy.close()
