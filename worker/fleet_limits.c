@@ -104,7 +104,6 @@ struct fleet_limits {
     char holder_prefix[160];
     struct local_limit *locals;
     struct ask *asks; /* sent, unanswered */
-    uv_timer_t timer; /* answers stale questions locally */
     int alone;        /* 1: Redis away, counting alone (said once) */
 };
 
@@ -238,10 +237,8 @@ static void on_ask_reply(struct backend *bk, int status, const redisReply *reply
     cr_free(a);
 }
 
-/* Questions Redis sat on too long are answered here, alone. */
-static void on_timer(uv_timer_t *t)
+void fleet_limits_tick(struct fleet_limits *f)
 {
-    struct fleet_limits *f = t->data;
     uint64_t now = uv_now(f->loop);
     for (struct ask *a = f->asks; a; a = a->next)
         if (!a->answered && now - a->sent_ms >= FLEET_LIMITS_ASK_MS) {
@@ -249,8 +246,6 @@ static void on_timer(uv_timer_t *t)
             set_alone(f, 1, "no answer");
             answer_locally(f, a->c, a->lim, a->tokens, a->holder);
         }
-    if (!f->asks)
-        uv_timer_stop(&f->timer);
 }
 
 static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
@@ -282,9 +277,6 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     if (f->asks)
         f->asks->prev = a;
     f->asks = a;
-    if (!uv_is_active((uv_handle_t *)&f->timer))
-        uv_timer_start(&f->timer, on_timer, FLEET_LIMITS_ASK_MS / 4,
-                       FLEET_LIMITS_ASK_MS / 4);
 }
 
 static void op_done(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
@@ -367,21 +359,7 @@ struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
     /* The pid too: two workers of one host may share a name. */
     snprintf(f->holder_prefix, sizeof(f->holder_prefix),
              "%.120s:%ld:", hostname ? hostname : "", (long)getpid());
-    uv_timer_init(loop, &f->timer);
-    f->timer.data = f;
     return f;
-}
-
-static void on_timer_closed(uv_handle_t *h)
-{
-    struct fleet_limits *f = h->data;
-    while (f->locals) {
-        struct local_limit *l = f->locals;
-        f->locals = l->next;
-        lim_release(&l->st);
-        cr_free(l);
-    }
-    cr_free(f);
 }
 
 void fleet_limits_free(struct fleet_limits *f)
@@ -389,6 +367,11 @@ void fleet_limits_free(struct fleet_limits *f)
     if (!f)
         return;
     /* The backend, freed before, called every question back (cancelled). */
-    f->asks = NULL;
-    uv_close((uv_handle_t *)&f->timer, on_timer_closed);
+    while (f->locals) {
+        struct local_limit *l = f->locals;
+        f->locals = l->next;
+        lim_release(&l->st);
+        cr_free(l);
+    }
+    cr_free(f);
 }

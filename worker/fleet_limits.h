@@ -37,6 +37,11 @@ struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
                                       const char *hostname, struct cr_err *err);
 void fleet_limits_free(struct fleet_limits *f);
 
+/* Answers locally the questions Redis has sat on for FLEET_LIMITS_ASK_MS
+ * (the worker's cron calls it; a late answer is then dropped, a permit it
+ * granted handed back). */
+void fleet_limits_tick(struct fleet_limits *f);
+
 extern const struct llm_limit_ops fleet_limits_ops;
 
 #endif

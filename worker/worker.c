@@ -621,6 +621,7 @@ static void on_cron(uv_timer_t *t)
         w->budget_synced_ms = now.loop_ms;
         budget_sync(w, 1);
     }
+    fleet_limits_tick(w->limits);
     engine_on_tick(w->engine, now);
 }
 
@@ -975,7 +976,7 @@ fail:
     broker_free(w->broker);
     llm_client_free(w->llm);
     backend_free(w->backend);
-    fleet_limits_free(w->limits); /* its timer closes with the loop's next run */
+    fleet_limits_free(w->limits);
     engine_free(w->engine);
     llm_router_release(&w->router);
     redact_release(&w->secrets);
