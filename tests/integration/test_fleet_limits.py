@@ -23,17 +23,24 @@ def statuses(env):
     return [s["status"] for s in env.fake.stats()]
 
 
+def provider_wall(env):
+    """From the first call's arrival at the fake to the last answer's end: the
+    time the fleet took, without the client's wait for results (Celery's
+    client may wait a long time for the result of a retried task)."""
+    st = env.fake.stats()
+    return max(s["t_end"] for s in st) - min(s["t"] for s in st)
+
+
 def test_rpm_across_three_workers(env):
     """Three workers under one rpm limit: the provider refuses (almost)
     nothing, and the calls take about the limit's ideal time."""
     rpm, n = 600, 80  # 10 a second: 10 at once, then 70 paced over 7 s
     env.fake._req("POST", "/__config", {"rpm": rpm, "rl_mode": "bucket"})
     ws = [env.worker("-c", "8", "--llm-providers", doc({"rpm": rpm})) for _ in range(3)]
-    t0 = time.time()
     rs = [chat(env, "paced %d" % i) for i in range(n)]
     for r in rs:
-        r.get(timeout=60)
-    wall = time.time() - t0
+        r.get(timeout=90)
+    wall = provider_wall(env)
     st = statuses(env)
     refused = st.count(429)
     ideal = (n - rpm / 60) / (rpm / 60)
@@ -52,11 +59,10 @@ def test_tpm_across_two_workers(env):
     env.fake._req("POST", "/__config", {"tpm": tpm, "rl_mode": "bucket",
                                         "defaults": "tokens=20"})
     ws = [env.worker("-c", "4", "--llm-providers", doc({"tpm": tpm})) for _ in range(2)]
-    t0 = time.time()
     rs = [chat(env, "t%d" % i, tokens=20) for i in range(n)]
     for r in rs:
-        r.get(timeout=60)
-    wall = time.time() - t0
+        r.get(timeout=90)
+    wall = provider_wall(env)
     st = env.fake.stats()
     used = sum(s["body"]["max_tokens"] + 1 for s in st if s["status"] == 200)
     ideal = (used - tpm / 60) / (tpm / 60)
