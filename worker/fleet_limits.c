@@ -80,6 +80,14 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "end\n"
     "return redis.error_reply('bad mode')\n");
 
+/* How much less than a second's worth the shared state lets run ahead: a
+ * call reaches the provider some milliseconds after Redis granted it, more
+ * or fewer than the call before, and a provider refilling its bucket
+ * continuously refuses one that comes a little early. Measured with three
+ * workers at 600 rpm and 80 calls: 1 refused with no margin, none with 50 ms
+ * (one call fewer in the first second's burst). */
+#define WIRE_MARGIN_MS 50
+
 /* The local state of one limit, for while Redis is away (lim->data). */
 struct local_limit {
     struct lim_state st;
@@ -266,7 +274,7 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     snprintf(conc, sizeof(conc), "%ld", cfg->concurrency);
     snprintf(lease, sizeof(lease), "%lld", (long long)cfg->lease_ms);
     snprintf(tok, sizeof(tok), "%ld", tokens);
-    snprintf(burst, sizeof(burst), "%d", LIM_BURST_MS);
+    snprintf(burst, sizeof(burst), "%d", LIM_BURST_MS - WIRE_MARGIN_MS);
     holder_of(f, holder, h, sizeof(h));
     *a = (struct ask){f, c, lim, holder, tokens, uv_now(f->loop), 0, f->asks, NULL};
     if (run(f, lim, 8, args, on_ask_reply, a)) {
