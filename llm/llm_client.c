@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "classify.h"
+#include "limits.h"
 #include "util/curl_epoll.h"
 #include "protocol/ndjson.h"
 #include "protocol/sse.h"
@@ -105,6 +106,14 @@ struct llm_req {
      * for room the call is in the gate's queue, not yet in the multi. */
     struct llm_gate *gate;
     struct llm_gate_node gnode; /* its place in the gate (data: the call) */
+    /* Its shared limit (NULL: none): queued (lim_state LIM_QUEUED) in the
+     * limit's list until granted (LIM_GRANTED), then its gate as above. */
+    struct llm_limit *lim;
+    struct llm_req *lim_next, *lim_prev;
+    int lim_state;
+    uint64_t holder;
+    long est_tokens, used_tokens;
+    uint64_t renewed; /* loop ms its permit was last renewed */
     int plain_http;
 
     uint64_t t_start, t_headers, t_first_token;
@@ -138,7 +147,12 @@ struct llm_client {
     uv_poll_t epoll; /* the loop watches that epoll set, as one descriptor */
     struct llm_req *active;
     size_t nactive;
-    size_t nwaiting; /* of nactive, calls queued behind a gate */
+    size_t nwaiting; /* of nactive, calls queued behind a gate or a limit */
+    const struct llm_limit_ops *lops;
+    void *ldata;
+    uv_timer_t limit_timer;           /* asks the limits again */
+    struct llm_limit *waiting_limits; /* those with calls queued */
+    uint64_t next_holder;
     struct llm_req *done_head;
     int in_curl; /* inside a curl callback: aborts are deferred */
     int closing;
@@ -157,6 +171,9 @@ struct llm_client {
 
 static void check_multi_info(struct llm_client *c);
 static void gate_leave(struct llm_client *c, struct llm_req *r);
+static void limit_leave(struct llm_client *c, struct llm_req *r);
+
+enum { LIM_NONE, LIM_QUEUED, LIM_GRANTED };
 
 /* Events taken from the private epoll set per loop turn, at most, and the
  * time spent on them: the rest stay ready (level-triggered) for the next
@@ -551,7 +568,8 @@ static void easy_put(struct llm_client *c, CURL *e)
 
 static void req_free(struct llm_req *r)
 {
-    gate_leave(r->c, r); /* its place, in the queue or in flight */
+    limit_leave(r->c, r); /* its place in the limit's queue, or its permit */
+    gate_leave(r->c, r);  /* its place, in the queue or in flight */
     easy_put(r->c, r->easy);
     curl_slist_free_all(r->headers);
     cr_free(r->fail_msg);
@@ -693,6 +711,22 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
             res.cost_usd = llm_price_cost(pr, res.prompt_tokens, res.completion_tokens,
                                           res.cached_tokens, res.cache_write_tokens);
     }
+    if (r->lim && r->lim_state == LIM_GRANTED) {
+        /* One 429 (or a 503/529 naming a delay) cools the (provider, model)
+         * for every call of the fleet, not only this one's retry. */
+        if (res.http_status == 429 ||
+            ((res.http_status == 503 || res.http_status == 529) &&
+             res.retry_after_ms >= 0))
+            c->lops->cool(c, r->lim, res.retry_after_ms >= 0 ? res.retry_after_ms : 1000,
+                          c->ldata);
+        if (res.verdict == LLM_OK)
+            r->used_tokens = r->op == LLM_OP_EMBED ? res.embed_tokens
+                             : res.total_tokens >= 0
+                                 ? res.total_tokens
+                                 : (res.prompt_tokens >= 0 && res.completion_tokens >= 0
+                                        ? res.prompt_tokens + res.completion_tokens
+                                        : -1);
+    }
     res.elapsed_s = (double)(now - r->t_start) / 1000.0;
     res.ttft_s = r->t_first_token ? (double)(r->t_first_token - r->t_start) / 1000.0 : -1;
     /* Every failure text passes here, whatever its source (error body, stream
@@ -765,6 +799,8 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type, const char
      * place until its transfer is out (req_free()). */
     if (r->gnode.state == LLM_GATE_WAITING)
         gate_leave(c, r);
+    if (r->lim_state == LIM_QUEUED)
+        limit_leave(c, r);
     mark_aborted(r, code, exc_type, message);
     /* libcurl forbids removing a handle from inside its callbacks, so inside
      * one we only mark the request (its write callback then fails the
@@ -788,8 +824,14 @@ static void on_sweep(uv_timer_t *t)
 
     for (r = c->active; r; r = next) {
         next = r->next;
-        if (r->aborted || r->gnode.state == LLM_GATE_WAITING)
+        if (r->aborted || r->gnode.state == LLM_GATE_WAITING ||
+            r->lim_state == LIM_QUEUED)
             continue; /* a queued call's timeouts start with its transfer */
+        if (r->lim_state == LIM_GRANTED && r->lim->cfg->concurrency > 0 &&
+            now - r->renewed >= (uint64_t)r->lim->cfg->lease_ms / 3) {
+            r->renewed = now;
+            c->lops->renew(c, r->lim, r->holder, c->ldata);
+        }
         if (!r->headers_done) {
             if (now - r->t_start > r->first_byte_ms) {
                 snprintf(msg, sizeof(msg), "no response within %gs (first-byte timeout)",
@@ -1007,6 +1049,146 @@ static void gate_leave(struct llm_client *c, struct llm_req *r)
     }
 }
 
+/* r may go as far as its limits say: into its gate (queued there when the
+ * gate is full) or on the wire. Returns 0 or -1 (out of memory). */
+static int begin(struct llm_client *c, struct llm_req *r)
+{
+    if (r->gate && !llm_gate_enter(r->gate, &r->gnode)) {
+        /* No room: queued, started when one of the provider's calls ends. */
+        c->nwaiting++;
+        return 0;
+    }
+    return start_transfer(c, r);
+}
+
+/* ------------------------------------------------------- shared limits */
+
+static void on_limit_timer(uv_timer_t *t);
+
+/* The limits are asked from the timer, never from the call that queued a
+ * request (an owner may answer at once, and starting a transfer there would
+ * run before submit returned). */
+static void limits_kick(struct llm_client *c, uint64_t delay_ms)
+{
+    if (!c->closing)
+        uv_timer_start(&c->limit_timer, on_limit_timer, delay_ms, 0);
+}
+
+static void limit_enqueue(struct llm_client *c, struct llm_req *r)
+{
+    struct llm_limit *lim = r->lim;
+    r->lim_state = LIM_QUEUED;
+    r->lim_next = NULL;
+    r->lim_prev = lim->tail;
+    if (lim->tail)
+        lim->tail->lim_next = r;
+    else
+        lim->head = r;
+    lim->tail = r;
+    c->nwaiting++;
+    if (!lim->listed) {
+        lim->listed = 1;
+        lim->next_waiting = c->waiting_limits;
+        c->waiting_limits = lim;
+    }
+    limits_kick(c, 0);
+}
+
+/* r leaves its limit: out of the queue (aborted while waiting), or, once
+ * granted, its permit given back and its tokens corrected. */
+static void limit_leave(struct llm_client *c, struct llm_req *r)
+{
+    struct llm_limit *lim = r->lim;
+    if (r->lim_state == LIM_QUEUED) {
+        if (r->lim_prev)
+            r->lim_prev->lim_next = r->lim_next;
+        else
+            lim->head = r->lim_next;
+        if (r->lim_next)
+            r->lim_next->lim_prev = r->lim_prev;
+        else
+            lim->tail = r->lim_prev;
+        r->lim_next = r->lim_prev = NULL;
+        c->nwaiting--;
+    } else if (r->lim_state == LIM_GRANTED) {
+        c->lops->done(c, lim, r->holder, r->est_tokens, r->used_tokens, c->ldata);
+        /* A permit of ours is free: the next call need not wait for its
+         * retry time to learn it. */
+        if (lim->cfg->concurrency > 0 && lim->head && !lim->asking) {
+            lim->retry_at = 0;
+            limits_kick(c, 0);
+        }
+    }
+    r->lim_state = LIM_NONE;
+}
+
+static void on_limit_timer(uv_timer_t *t)
+{
+    struct llm_client *c = t->data;
+    uint64_t now = uv_now(c->loop), next = UINT64_MAX;
+    struct llm_limit **pp = &c->waiting_limits, *lim;
+
+    while ((lim = *pp)) {
+        if (!lim->head && !lim->asking) {
+            *pp = lim->next_waiting; /* nothing waits: off the list */
+            lim->listed = 0;
+            continue;
+        }
+        pp = &lim->next_waiting;
+        if (lim->asking || !lim->head)
+            continue;
+        if (lim->retry_at > now) {
+            if (lim->retry_at < next)
+                next = lim->retry_at;
+            continue;
+        }
+        lim->asking = 1;
+        lim->ask_holder = lim->head->holder;
+        lim->ask_tokens = lim->head->est_tokens;
+        c->lops->ask(c, lim, lim->ask_tokens, lim->ask_holder, c->ldata);
+        /* An answer from inside ask() kicked the timer again. */
+    }
+    if (next != UINT64_MAX && !uv_is_active((uv_handle_t *)&c->limit_timer))
+        limits_kick(c, next - now);
+}
+
+void llm_client_set_limits(struct llm_client *c, const struct llm_limit_ops *ops,
+                           void *data)
+{
+    c->lops = ops;
+    c->ldata = data;
+}
+
+void llm_client_limit_answer(struct llm_client *c, struct llm_limit *lim, int granted,
+                             int64_t wait_ms)
+{
+    struct llm_req *r;
+
+    lim->asking = 0;
+    if (c->closing)
+        return;
+    if (!granted) {
+        lim->retry_at = uv_now(c->loop) + (uint64_t)(wait_ms > 0 ? wait_ms : 1);
+        limits_kick(c, 0);
+        return;
+    }
+    lim->retry_at = 0;
+    for (r = lim->head; r && r->holder != lim->ask_holder; r = r->lim_next)
+        ;
+    if (!r) {
+        /* Its call was aborted while the question was out. */
+        c->lops->done(c, lim, lim->ask_holder, lim->ask_tokens, 0, c->ldata);
+    } else {
+        limit_leave(c, r); /* out of the queue */
+        r->lim_state = LIM_GRANTED;
+        r->renewed = uv_now(c->loop);
+        r->t_start = r->renewed;
+        if (begin(c, r))
+            llm_req_abort(r, CR_ENOMEM, "APIError", "out of memory starting the call");
+    }
+    limits_kick(c, 0);
+}
+
 /* A phase timeout in ms: this call's when given, else the client's. */
 static uint32_t timeout_ms(double own_s, double client_s)
 {
@@ -1154,11 +1336,15 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     r->plain_http = !strncmp(rq->url, "http://", 7);
     r->gate = rq->gate && rq->gate->cap > 0 ? rq->gate : NULL;
     r->gnode.data = r;
-    if (r->gate && !llm_gate_enter(r->gate, &r->gnode)) {
-        /* No room: queued, started when one of the provider's calls ends. */
-        c->nwaiting++;
-        r->t_start = uv_now(c->loop);
-    } else if (start_transfer(c, r)) {
+    r->used_tokens = -1;
+    r->t_start = uv_now(c->loop);
+    if (rq->limit && c->lops) {
+        r->lim = rq->limit;
+        r->holder = ++c->next_holder;
+        r->est_tokens =
+            llm_limits_estimate(rq->body, rq->body_len, rq->op == LLM_OP_CHAT);
+        limit_enqueue(c, r);
+    } else if (begin(c, r)) {
         goto oom;
     }
     r->next = c->active;
@@ -1259,6 +1445,8 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
     c->sweep_timer.data = c;
     uv_timer_init(loop, &c->done_timer);
     c->done_timer.data = c;
+    uv_timer_init(loop, &c->limit_timer);
+    c->limit_timer.data = c;
     uv_poll_start(&c->epoll, UV_READABLE, on_sockets_ready);
     return c;
 }
@@ -1266,7 +1454,7 @@ struct llm_client *llm_client_new(uv_loop_t *loop, const struct llm_client_confi
 static void on_client_handle_closed(uv_handle_t *h)
 {
     struct llm_client *c = h->data;
-    if (++c->closed_handles < 4)
+    if (++c->closed_handles < 5)
         return;
     close(c->epfd);
     cr_free(c);
@@ -1299,5 +1487,6 @@ void llm_client_free(struct llm_client *c)
     uv_close((uv_handle_t *)&c->curl_timer, on_client_handle_closed);
     uv_close((uv_handle_t *)&c->sweep_timer, on_client_handle_closed);
     uv_close((uv_handle_t *)&c->done_timer, on_client_handle_closed);
+    uv_close((uv_handle_t *)&c->limit_timer, on_client_handle_closed);
     uv_close((uv_handle_t *)&c->epoll, on_client_handle_closed);
 }

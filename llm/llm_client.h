@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "gate.h"
+#include "limiter.h"
 #include "llm_types.h"
 #include "policy.h"
 #include "prices.h"
@@ -88,6 +89,12 @@ struct llm_request {
      * in the gate's queue, in order, not yet sent; its phase timeouts count
      * from when it starts, and an abort takes it out of the queue. */
     struct llm_gate *gate;
+    /* Its (provider, model)'s shared limits (borrowed: must outlive every
+     * call that names it; NULL: none, or no llm_limit_ops set). The call
+     * waits in the limit's queue, in order, before its gate, until the
+     * limit's owner grants it; its phase timeouts count from when it starts,
+     * and an abort takes it out of the queue. */
+    struct llm_limit *limit;
     /* Phase timeouts for this call, in seconds; <= 0: the client's. */
     double connect_timeout_s;
     double first_byte_timeout_s;
@@ -97,6 +104,43 @@ struct llm_request {
 
 struct llm_client;
 struct llm_req;
+
+/* ---- Shared limits. The client queues the calls of one (provider, model)
+ * and asks its owner for each in turn; the owner decides (the worker: with
+ * a script in Redis for the whole fleet, or alone while Redis is away). */
+struct llm_limit {
+    /* public: set by the owner before the first call names it */
+    const struct lim_config *cfg; /* borrowed */
+    char key[192];                /* "provider/model", for the owner */
+    void *data;                   /* the owner's */
+    struct llm_limit *next;       /* the owner's list */
+    /* private: the client's */
+    struct llm_req *head, *tail; /* calls waiting, oldest first */
+    int asking;                  /* a question is out */
+    uint64_t ask_holder;         /* whom it is for */
+    long ask_tokens;
+    uint64_t retry_at; /* loop ms: ask no sooner; 0: now */
+    int listed;
+    struct llm_limit *next_waiting; /* the client's limits with calls waiting */
+};
+
+/* What the owner of the limits does for the client. Each function gets the
+ * ops' data last. holder names one call (unique per client). */
+struct llm_limit_ops {
+    /* May the holder's call, estimated at tokens, go now? The answer comes
+     * through llm_client_limit_answer(), later or from inside this call. */
+    void (*ask)(struct llm_client *c, struct llm_limit *lim, long tokens, uint64_t holder,
+                void *data);
+    /* A granted call ended: its permit is free, and it was charged est
+     * tokens where actual were used (-1: no usage came). */
+    void (*done)(struct llm_client *c, struct llm_limit *lim, uint64_t holder, long est,
+                 long actual, void *data);
+    /* The provider said to wait ms (a 429, or a 503/529 with a delay). */
+    void (*cool)(struct llm_client *c, struct llm_limit *lim, int64_t ms, void *data);
+    /* The holder's call still runs: its permit lives a lease more. */
+    void (*renew)(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
+                  void *data);
+};
 
 /* A streamed text delta (borrowed for the call). */
 typedef void llm_delta_fn(struct llm_req *r, const char *text, size_t len,
@@ -130,6 +174,17 @@ void llm_req_abort(struct llm_req *r, int code, const char *exc_type,
 /* The text streamed so far by a chat request (borrowed until the next loop
  * iteration); "" before the first token. */
 const char *llm_req_text(const struct llm_req *r, size_t *len);
+
+/* Sets who decides for the calls that name a limit (ops and data borrowed,
+ * must outlive the client); without it llm_request.limit is ignored. */
+void llm_client_set_limits(struct llm_client *c, const struct llm_limit_ops *ops,
+                           void *data);
+
+/* The answer to ops->ask for lim: granted (the call it was for starts, or,
+ * when that call is gone, its grant is handed back with ops->done), or
+ * wait_ms before asking again. */
+void llm_client_limit_answer(struct llm_client *c, struct llm_limit *lim, int granted,
+                             int64_t wait_ms);
 
 /* Requests in flight. */
 size_t llm_client_active(const struct llm_client *c);

@@ -23,6 +23,7 @@ static void named_release(struct llm_named *p)
     for (int i = 0; p->headers[i]; i++)
         cr_free(p->headers[i]);
     llm_prices_release(&p->prices);
+    llm_limits_release(&p->limits);
     memset(p, 0, sizeof(*p));
 }
 
@@ -36,6 +37,7 @@ void llm_registry_release(struct llm_registry *r)
             cr_free(r->models[i].targets[k].model);
     }
     llm_prices_release(&r->default_prices);
+    llm_limits_release(&r->default_limits);
     llm_registry_init(r);
 }
 
@@ -202,15 +204,19 @@ static int parse_default(struct llm_registry *r, const cJSON *o, struct cr_err *
         return cr_err_set(err, CR_EINVAL, "llm provider 'default' must be an object");
     cJSON_ArrayForEach(k, o)
     {
-        if (strcmp(k->string, "prices") && strcmp(k->string, "budget"))
+        if (strcmp(k->string, "prices") && strcmp(k->string, "budget") &&
+            strcmp(k->string, "limits"))
             return cr_err_set(err, CR_EINVAL,
                               "llm provider 'default' is the worker's own provider "
                               "(--llm-base-url and the other options): its entry may "
-                              "only hold 'prices' and 'budget', not '%.40s'",
+                              "only hold 'prices', 'budget' and 'limits', not '%.40s'",
                               k->string);
     }
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "prices")) &&
         llm_prices_parse(&r->default_prices, k, "default", err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "limits")) &&
+        llm_limits_parse(&r->default_limits, k, "default", err))
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "budget")))
         return llm_budget_parse(&r->default_budget, k, "default", err);
@@ -220,10 +226,10 @@ static int parse_default(struct llm_registry *r, const cJSON *o, struct cr_err *
 static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn *env,
                           struct cr_err *err)
 {
-    static const char *const keys[] = {"type",        "base_url",   "api_key_env",
-                                       "api_version", "deployment", "headers",
-                                       "max_tokens",  "timeouts",   "max_connections",
-                                       "prices",      "budget",     NULL};
+    static const char *const keys[] = {
+        "type",    "base_url",   "api_key_env", "api_version",     "deployment",
+        "headers", "max_tokens", "timeouts",    "max_connections", "prices",
+        "budget",  "limits",     NULL};
     const char *name = o->string, *type;
     const struct llm_provider *impl;
     struct llm_named *p;
@@ -248,7 +254,7 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
         if (strcmp(k->string, "headers") && strcmp(k->string, "max_tokens") &&
             strcmp(k->string, "timeouts") && strcmp(k->string, "max_connections") &&
             strcmp(k->string, "prices") && strcmp(k->string, "budget") &&
-            !cJSON_IsString(k))
+            strcmp(k->string, "limits") && !cJSON_IsString(k))
             return cr_err_set(err, CR_EINVAL, "llm provider '%s': '%s' must be a string",
                               name, k->string);
     }
@@ -308,6 +314,9 @@ static int parse_provider(struct llm_registry *r, const cJSON *o, llm_getenv_fn 
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "budget")) &&
         llm_budget_parse(&p->budget, k, name, err))
+        return err->code;
+    if ((k = cJSON_GetObjectItemCaseSensitive(o, "limits")) &&
+        llm_limits_parse(&p->limits, k, name, err))
         return err->code;
     if ((k = cJSON_GetObjectItemCaseSensitive(o, "headers"))) {
         if (!cJSON_IsArray(k))

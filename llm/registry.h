@@ -15,7 +15,8 @@
  * never written in the file), api_version, deployment (azure), headers
  * ("Name: value" lines), max_tokens (anthropic's required default),
  * max_connections (its calls in flight at most, the rest waiting in order;
- * 0 or absent: only the worker's --llm-max-connections) and
+ * 0 or absent: only the worker's --llm-max-connections), prices, budget,
+ * limits (llm/limits.h: shared by the fleet) and
  * timeouts {connect, first_byte, first_token, idle} in seconds. Unknown keys
  * are errors. "default" is the worker's own OpenAI-compatible provider
  * (--llm-base-url, --llm-api-key, --llm-header) and cannot be redefined.
@@ -38,6 +39,7 @@
 #include <stddef.h>
 
 #include "budget.h"
+#include "limits.h"
 #include "prices.h"
 #include "provider.h"
 #include "util/err.h"
@@ -60,6 +62,7 @@ struct llm_named {
     long max_connections;     /* calls in flight at once; 0: no cap of its own */
     struct llm_prices prices; /* its "prices" (llm/prices.h); empty: none */
     struct llm_budget budget; /* its "budget" (llm/budget.h); usd_per_day 0: none */
+    struct llm_limits limits; /* its "limits" (llm/limits.h); empty: none */
 };
 
 struct llm_target {
@@ -82,6 +85,7 @@ struct llm_registry {
      * {...}}}, the one key its entry may hold (it is configured by options). */
     struct llm_prices default_prices;
     struct llm_budget default_budget; /* "budget" in that entry too */
+    struct llm_limits default_limits; /* and "limits" */
 };
 
 /* What resolve() gives for one step of a model's list. */

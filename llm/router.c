@@ -1,6 +1,7 @@
 /* router.c -- from a task's call to one request on the client (see router.h). */
 #include "router.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "util/alloc.h"
@@ -53,6 +54,11 @@ int llm_router_init(struct llm_router *rt, struct llm_client *client,
 
 void llm_router_release(struct llm_router *rt)
 {
+    while (rt->limits) {
+        struct llm_limit *l = rt->limits;
+        rt->limits = l->next;
+        cr_free(l);
+    }
     cr_free(rt->chat_url);
     cr_free(rt->embed_url);
     rt->chat_url = rt->embed_url = NULL;
@@ -86,6 +92,7 @@ static struct llm_req *call_fast(struct llm_router *rt, const struct llm_call *c
                                  llm_done_fn *on_done, void *privdata, struct cr_err *err)
 {
     struct llm_request rq;
+    int oom;
 
     memset(&rq, 0, sizeof(rq));
     rq.op = c->op;
@@ -99,6 +106,11 @@ static struct llm_req *call_fast(struct llm_router *rt, const struct llm_call *c
     rq.model = c->model;
     rq.trace_headers = c->trace_headers;
     rq.ntrace_headers = c->ntrace_headers;
+    rq.limit = llm_router_limit(rt, NULL, "default", c->model, &oom);
+    if (oom) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
     return llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
 }
 
@@ -113,7 +125,7 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
     struct llm_request rq;
     struct llm_req *r;
     cJSON *req;
-    int rc;
+    int rc, oom;
 
     req = cJSON_ParseWithLength(c->body, c->body_len);
     if (!req) {
@@ -157,9 +169,43 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
         rq.first_token_timeout_s = to->named->first_token_s;
         rq.idle_timeout_s = to->named->idle_s;
     }
+    rq.limit = llm_router_limit(rt, to->named, to->name, to->model, &oom);
+    if (oom) {
+        llm_http_request_release(&hr);
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return NULL;
+    }
     r = llm_client_submit(rt->client, &rq, on_delta, on_done, privdata, err);
     llm_http_request_release(&hr);
     return r;
+}
+
+struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named *named,
+                                   const char *name, const char *model, int *oom)
+{
+    const struct lim_config *cfg;
+    struct llm_limit *l;
+    char key[sizeof(l->key)];
+
+    *oom = 0;
+    if (!rt->providers)
+        return NULL;
+    cfg = llm_limits_find(named ? &named->limits : &rt->providers->default_limits, model);
+    if (!cfg)
+        return NULL;
+    snprintf(key, sizeof(key), "%s/%s", name, model);
+    for (l = rt->limits; l; l = l->next)
+        if (!strcmp(l->key, key))
+            return l;
+    if (!(l = cr_calloc(1, sizeof(*l)))) {
+        *oom = 1;
+        return NULL;
+    }
+    l->cfg = cfg;
+    memcpy(l->key, key, sizeof(key));
+    l->next = rt->limits;
+    rt->limits = l;
+    return l;
 }
 
 struct llm_budget *llm_router_budget(struct llm_router *rt, int i, const char **name)

@@ -60,6 +60,9 @@ struct llm_router {
     /* Each provider's budget state (llm/budget.h): the named ones in the
      * registry's order, then the default provider's. */
     struct llm_budget budgets[LLM_REGISTRY_MAX_PROVIDERS + 1];
+    /* The shared limits met so far, one per (provider, model) that has a
+     * "limits" pattern matching it (owned; made on first use). */
+    struct llm_limit *limits;
 };
 
 /* Sets up rt for client, the named providers and their gates (one per
@@ -92,6 +95,12 @@ struct llm_budget *llm_router_budget(struct llm_router *rt, int i, const char **
 /* An answer of the provider named name ("" or "default": the default) cost
  * usd on day (llm_budget_day()). */
 void llm_router_spent(struct llm_router *rt, const char *name, long day, double usd);
+
+/* The limit of a (provider, model), made on first use; NULL when no
+ * "limits" pattern of the provider (NULL: the default one) matches the model,
+ * or *oom set when out of memory. Owned by rt. */
+struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named *named,
+                                   const char *name, const char *model, int *oom);
 
 /* As described above; a call whose provider has reached its budget today is
  * refused too: NULL with CR_EBUDGET and a message naming it. */

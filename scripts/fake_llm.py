@@ -6,7 +6,7 @@ streams, so chunk framing, write boundaries and connection teardown are exact.
 
     /usr/bin/python3 scripts/fake_llm.py [--port 0] [--port-file F] [--time-scale F]
         [--latency-ms N] [--ttft-ms N] [--tokens N] [--tps N] [--defaults 'k=v;k=v']
-        [--rpm N] [--tpm N] [-v]
+        [--rpm N] [--tpm N] [--rl-mode window|bucket] [-v]
 
 Prints exactly one line "PORT <n>" on stdout once listening (127.0.0.1 unless --host).
 
@@ -22,7 +22,8 @@ ENDPOINTS
   POST /__script              {"model": NAME or "*", "scenarios": ["k=v;k=v", ...]}
                               appended FIFO per model; {"replace": true} clears first.
   GET  /__script              the queues
-  POST /__config              {"defaults": "k=v;..", "rpm": N, "tpm": N} (runtime defaults)
+  POST /__config              {"defaults": "k=v;..", "rpm": N, "tpm": N, "rl_mode": M}
+                              (runtime defaults; M: window or bucket, see RATE LIMITS)
   GET  /__expected?prompt=P[&tokens=N&seed=S&unicode=0|1&reply=lorem|echo]
                               -> {"text": .., "tokens": [..]}
   POST /__release             {"name": NAME}: lets the requests held by hold=NAME go on
@@ -143,6 +144,12 @@ RATE LIMITS  --rpm/--tpm or POST /__config: sliding window of 60 s * time-scale 
   "code":"rate_limit_exceeded"}} with Retry-After (ceil s), retry-after-ms and
   x-ratelimit-{limit,remaining,reset}-{requests,tokens} (Go durations); the scenario
   script is not consumed and scenario_src is "rate_limit".
+  rl_mode=bucket (--rl-mode bucket): enforced as a provider quantizes a per-minute limit
+  per second instead: a token bucket per limit holding a second's worth (rpm/60 requests,
+  tpm/60 tokens, at least 1) refilled continuously at limit/60 per (scaled) second; a
+  request needs one request and min(its tokens, the bucket's size) tokens (its full cost
+  is taken: the token bucket may go below zero); else the same 429 with the time until
+  it fits.
 
 EMBEDDINGS  input: string, list of strings, token list, or list of token lists (a token
   list is hashed as its compact JSON text).  Per item text T and dim D:
@@ -674,6 +681,7 @@ class Server:
         self.cli_defaults = base
         self.cli_rpm = args.rpm
         self.cli_tpm = args.tpm
+        self.cli_rl_mode = args.rl_mode
         self.conn_seq = 0
         self.inflight = 0  # API requests being served (a reset leaves it alone)
         self.held = {}  # hold name -> requests waiting on it now
@@ -692,6 +700,8 @@ class Server:
         self.scripts = {}
         self.rl_q = deque()  # (loop time, tokens)
         self.rl_tokens = 0
+        self.rl_mode = self.cli_rl_mode
+        self.rl_bucket = None  # rl_mode=bucket: [requests, tokens, loop time]; None: full
 
     def ms(self, x):
         return max(0.0, x) * self.scale / 1000.0
@@ -814,6 +824,11 @@ class Server:
                     self.rpm = int(body["rpm"] or 0)
                 if "tpm" in body:
                     self.tpm = int(body["tpm"] or 0)
+                if "rl_mode" in body:
+                    if body["rl_mode"] not in ("window", "bucket"):
+                        raise ValueError("rl_mode must be window or bucket")
+                    self.rl_mode = body["rl_mode"]
+                    self.rl_bucket = None
             except (ValueError, TypeError) as e:
                 return await conn.simple(400, {"error": {"message": str(e)}})
             return await conn.simple(200, {"ok": True, "rpm": self.rpm, "tpm": self.tpm})
@@ -844,10 +859,37 @@ class Server:
                 return parse_scenario(raw), "script", raw
         return {}, "default", ""
 
+    def bucket_check(self, est):
+        """rl_mode=bucket: a second's worth of each limit, refilled continuously."""
+        now = asyncio.get_running_loop().time()
+        sec = self.scale  # one (scaled) second
+        rcap, tcap = max(1.0, self.rpm / 60.0), max(1.0, self.tpm / 60.0)
+        if self.rl_bucket is None:
+            self.rl_bucket = [rcap, tcap, now]
+        b = self.rl_bucket
+        dt = now - b[2]
+        b[0] = min(rcap, b[0] + dt * self.rpm / 60.0 / sec)
+        b[1] = min(tcap, b[1] + dt * self.tpm / 60.0 / sec)
+        b[2] = now
+        if self.rpm and b[0] < 1:
+            return "requests", (1 - b[0]) * 60.0 * sec / self.rpm
+        need = min(est, tcap)
+        if self.tpm and b[1] < need:
+            return "tokens", (need - b[1]) * 60.0 * sec / self.tpm
+        b[0] -= 1
+        b[1] -= est
+        self.rl_q.append((now, est))  # for the x-ratelimit-* headers
+        self.rl_tokens += est
+        while self.rl_q and self.rl_q[0][0] <= now - 60.0 * sec:
+            self.rl_tokens -= self.rl_q.popleft()[1]
+        return None
+
     def rate_check(self, est):
         """Returns None if admitted, else (kind, seconds until reset)."""
         if not self.rpm and not self.tpm:
             return None
+        if self.rl_mode == "bucket":
+            return self.bucket_check(est)
         now = asyncio.get_running_loop().time()
         win = 60.0 * self.scale
         q = self.rl_q
@@ -1629,6 +1671,8 @@ def main(argv=None):
     ap.add_argument("--defaults", default="", help="default scenario 'k=v;k=v'")
     ap.add_argument("--rpm", type=int, default=0, help="emulated requests/min (scaled)")
     ap.add_argument("--tpm", type=int, default=0, help="emulated tokens/min (scaled)")
+    ap.add_argument("--rl-mode", choices=("window", "bucket"), default="window",
+                    help="how --rpm/--tpm are enforced (see RATE LIMITS)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     VERBOSE = args.verbose

@@ -21,6 +21,7 @@
 
 #include "engine/engine.h"
 #include "events.h"
+#include "fleet_limits.h"
 #include "llm/llm_client.h"
 #include "llm_stack.h"
 #include "metrics.h"
@@ -53,6 +54,9 @@ struct worker {
     struct broker *broker;
     struct backend *backend;
     struct llm_stack ls; /* the LLM client, providers and router */
+    /* The providers' "limits", shared by the fleet in the backend's Redis;
+     * freed after the LLM client and the backend. */
+    struct fleet_limits *limits;
     /* Budgeted providers (router order): a spend count command out, and
      * when the counts were last synced (loop ms). */
     unsigned char budget_out[LLM_REGISTRY_MAX_PROVIDERS + 1];
@@ -565,6 +569,7 @@ static void on_cron(uv_timer_t *t)
         w->budget_synced_ms = now.loop_ms;
         budget_sync(w, 1);
     }
+    fleet_limits_tick(w->limits);
     engine_on_tick(w->engine, now);
 }
 
@@ -701,6 +706,10 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
+    w->limits = fleet_limits_new(w->loop, w->backend, cfg->hostname, err);
+    if (!w->limits)
+        return err->code ? err->code : CR_ENOMEM;
+    llm_client_set_limits(w->ls.client, &fleet_limits_ops, w->limits);
     w->bcfg.url = cfg->broker;
     w->bcfg.failover_strategy = cfg->broker_failover_strategy;
     w->bcfg.queues = cfg->queues.items;
@@ -794,6 +803,7 @@ fail:
     broker_free(w->broker);
     llm_stack_close(&w->ls);
     backend_free(w->backend);
+    fleet_limits_free(w->limits);
     engine_free(w->engine);
     llm_stack_release(&w->ls);
     cr_free(w);
@@ -1012,6 +1022,7 @@ void worker_free(struct worker *w)
     w->broker = w->ctx.broker = NULL;
     llm_stack_close(&w->ls);
     backend_free(w->backend);
+    fleet_limits_free(w->limits);
     /* its handles close with the others; the spans of calls that come back
      * cancelled below are freed unsent */
     tracing_stop(w->tracing);

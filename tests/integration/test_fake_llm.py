@@ -826,6 +826,25 @@ def t_rate_limit(port, srv):
     post(port, "/__reset", {})
 
 
+def t_rate_bucket(port, srv):
+    """rl_mode=bucket: a second's worth at once, then paced at limit/60 per second."""
+    post(port, "/__reset", {})
+    eq("bad mode", post(port, "/__config", {"rl_mode": "leaky"}).status, 400)
+    post(port, "/__config", {"rpm": 120, "rl_mode": "bucket"})  # 2 a (scaled) second
+    st = [chat(port, stream=False).status for _ in range(4)]
+    eq("bucket burst", st, [200] * 2 + [429] * 2)
+    r = chat(port, stream=False)
+    ms = int(r.headers["retry-after-ms"])
+    check("bucket retry-after-ms: under half a second (scaled)",
+          0 < ms <= 500 * SCALE + 1, ms)
+    time.sleep(ms / 1000.0 + 0.005)
+    eq("bucket refilled", chat(port, stream=False).status, 200)
+    eq("bucket empty again", chat(port, stream=False).status, 429)
+    post(port, "/__reset", {})
+    eq("reset: window mode", post(port, "/__config", {}).status, 200)
+    eq("window after reset", [chat(port, stream=False).status for _ in range(6)], [200] * 6)
+
+
 def t_fail(port, srv):
     r = chat(port, "fail_after_tokens=3;code=boom;tokens=8")
     s = summarize(r)
@@ -1253,7 +1272,7 @@ def bench(n=1000, tps=0):
 # ---------------------------------------------------------------- main --------------
 TESTS = [t_basic, t_nonstream_chat, t_expected, t_stream_default, t_usage, t_echo_unicode,
          t_chunking, t_eol, t_sse_extras, t_quirks, t_finish_done, t_tools_reasoning, t_errors,
-         t_rate_limit, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_concurrency,
+         t_rate_limit, t_rate_bucket, t_fail, t_cut, t_stall, t_timing, t_accept_delay, t_hold, t_concurrency,
          t_framing,
          t_completions, t_embeddings, t_selection, t_stats]
 

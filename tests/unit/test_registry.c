@@ -176,6 +176,40 @@ START_TEST(test_max_connections)
 }
 END_TEST
 
+START_TEST(test_limits)
+{
+    struct llm_registry r;
+    const struct lim_config *c;
+    load(&r,
+         "{\"providers\": {\"default\": {\"limits\": {\"*\": {\"rpm\": 60}}},"
+         " \"x\": {\"type\": \"anthropic\", \"limits\": {"
+         "  \"*\": {\"concurrency\": 4},"
+         "  \"claude*\": {\"rpm\": 500, \"tpm\": 30000.5},"
+         "  \"claude-opus\": {\"concurrency\": 2, \"lease_s\": 5}}}}}",
+         fake_env);
+    ck_assert_int_eq(r.default_limits.n, 1);
+    c = llm_limits_find(&r.default_limits, "gpt-4o");
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->rpm == 60 && c->tpm == 0 && c->concurrency == 0);
+    ck_assert_int_eq(c->lease_ms, 30000);
+    /* The longest match wins: the exact name, then the longest prefix, '*'. */
+    c = llm_limits_find(&r.providers[0].limits, "claude-opus");
+    ck_assert(c->concurrency == 2 && c->rpm == 0 && c->lease_ms == 5000);
+    c = llm_limits_find(&r.providers[0].limits, "claude-haiku");
+    ck_assert(c->rpm == 500 && c->tpm == 30000.5 && c->concurrency == 0);
+    c = llm_limits_find(&r.providers[0].limits, "other");
+    ck_assert(c->concurrency == 4 && c->rpm == 0);
+    ck_assert_ptr_null(llm_limits_find(NULL, "m"));
+    ck_assert_ptr_null(llm_limits_find(&r.providers[0].limits, NULL));
+    llm_registry_release(&r);
+    /* No "limits": nothing matches. */
+    load(&r, "{\"providers\": {\"x\": {\"type\": \"anthropic\"}}}", fake_env);
+    ck_assert_ptr_null(llm_limits_find(&r.providers[0].limits, "m"));
+    ck_assert_ptr_null(llm_limits_find(&r.default_limits, "m"));
+    llm_registry_release(&r);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     static const struct {
@@ -195,6 +229,36 @@ START_TEST(test_refusals)
         {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"prices\": {\"m\": "
          "{\"input\": 1, \"output\": -2}}}}}",
          "'output' must be USD per million tokens"},
+        {"{\"providers\": {\"default\": {\"limits\": []}}}",
+         "'limits' must be an object of model patterns"},
+        {"{\"providers\": {\"default\": {\"limits\": {\"m\": {\"rps\": 1}}}}}",
+         "limits 'm': unknown key 'rps'"},
+        {"{\"providers\": {\"default\": {\"limits\": {\"m\": {}}}}}",
+         "limits 'm' needs rpm, tpm or concurrency"},
+        {"{\"providers\": {\"default\": {\"limits\": {\"m\": 5}}}}",
+         "limits 'm' must be an object"},
+        {"{\"providers\": {\"default\": {\"limits\": {\"a*b\": {\"rpm\": 1}}}}}",
+         "limit pattern 'a*b' must be"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"rpm\": 0}}}}}",
+         "'rpm' must be a number per minute"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"tpm\": \"9\"}}}}}",
+         "'tpm' must be a number per minute"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"tpm\": -3}}}}}",
+         "'tpm' must be a number per minute"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"concurrency\": 1.5}}}}}",
+         "'concurrency' must be a whole number"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"concurrency\": 0}}}}}",
+         "'concurrency' must be a whole number"},
+        {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"limits\": {\"m\": "
+         "{\"rpm\": 5, \"lease_s\": 0.5}}}}}",
+         "'lease_s' must be seconds"},
+        {"{\"providers\": {\"default\": {\"max_connections\": 3}}}",
+         "only hold 'prices', 'budget' and 'limits'"},
         {"{\"providers\": {\"Bad Name\": {\"type\": \"anthropic\"}}}", "must be 1-31"},
         {"{\"providers\": {\"x\": {\"type\": \"anthropic\", \"api_key\": \"k\"}}}",
          "unknown key 'api_key'"},
@@ -256,6 +320,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_resolution_order);
     tcase_add_test(tc, test_environment);
     tcase_add_test(tc, test_max_connections);
+    tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_every_cut);
     suite_add_tcase(s, tc);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "llm/router.h"
+#include "util/alloc.h"
 
 static const char *env(const char *name)
 {
@@ -128,6 +129,48 @@ START_TEST(test_built_path)
 }
 END_TEST
 
+/* One limit per (provider, model) that a pattern covers, made once. */
+START_TEST(test_limits)
+{
+    static const char ldoc[] =
+        "{\"providers\": {\"default\": {\"limits\": {\"gpt*\": {\"rpm\": 60}}},"
+        " \"claude\": {\"type\": \"anthropic\", \"api_key_env\": \"CLAUDE_KEY\","
+        "   \"limits\": {\"*\": {\"concurrency\": 2}}}}}";
+    struct llm_provider_config d = {0};
+    struct llm_registry reg;
+    struct llm_router rt;
+    struct cr_err err;
+    struct llm_limit *a, *b, *c;
+    int oom = 1;
+
+    llm_registry_init(&reg);
+    ck_assert_int_eq(llm_registry_parse(&reg, ldoc, strlen(ldoc), env, &err), 0);
+    d.base_url = "http://h";
+    ck_assert_int_eq(llm_router_init(&rt, NULL, &reg, NULL, &d, &err), 0);
+    a = llm_router_limit(&rt, NULL, "default", "gpt-4o", &oom);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(oom, 0);
+    ck_assert_str_eq(a->key, "default/gpt-4o");
+    ck_assert(a->cfg->rpm == 60);
+    ck_assert_ptr_eq(llm_router_limit(&rt, NULL, "default", "gpt-4o", &oom), a);
+    b = llm_router_limit(&rt, NULL, "default", "gpt-4o-mini", &oom);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_ne(a, b);
+    ck_assert_ptr_null(llm_router_limit(&rt, NULL, "default", "o1", &oom));
+    ck_assert_int_eq(oom, 0);
+    c = llm_router_limit(&rt, &reg.providers[0], "claude", "gpt-4o", &oom);
+    ck_assert_str_eq(c->key, "claude/gpt-4o");
+    ck_assert_int_eq(c->cfg->concurrency, 2);
+    cr_alloc_fail_after(1);
+    ck_assert_ptr_null(llm_router_limit(&rt, NULL, "default", "gpt-5", &oom));
+    cr_alloc_fail_after(0);
+    ck_assert_int_eq(oom, 1);
+    ck_assert_ptr_nonnull(llm_router_limit(&rt, NULL, "default", "gpt-5", &oom));
+    llm_router_release(&rt);
+    llm_registry_release(&reg);
+}
+END_TEST
+
 /* Without a client no call can start, but a request a provider cannot
  * express is refused before one would: Anthropic has no embeddings. */
 START_TEST(test_refused)
@@ -156,6 +199,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_fast_path);
     tcase_add_test(tc, test_built_path);
     tcase_add_test(tc, test_refused);
+    tcase_add_test(tc, test_limits);
     suite_add_tcase(s, tc);
     return s;
 }

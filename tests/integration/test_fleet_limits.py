@@ -1,0 +1,213 @@
+"""Issue 38, shared limits: a provider's "limits" count across every worker
+of a fleet in the result backend's Redis. The fake enforces its per-minute
+limit as a provider does (rl_mode=bucket: a second's worth at once, refilled
+continuously), so a fleet that overshoots it sees 429s."""
+import json
+import signal
+import time
+
+from conftest import wait_until
+
+
+def doc(limits):
+    return json.dumps({"providers": {"default": {"limits": {"*": limits}}}})
+
+
+def chat(env, text, model="lim", queue="celery", tokens=2):
+    return env.app.send_task("llm.chat", args=[[{"role": "user", "content": text}]],
+                             kwargs={"model": "%s" % model, "max_tokens": tokens},
+                             queue=queue)
+
+
+def statuses(env):
+    return [s["status"] for s in env.fake.stats()]
+
+
+def all_done(env, rs, timeout=60):
+    """Waits for every result in the backend (Celery's client, r.get(), may
+    wait a long time for the result of a task that was retried)."""
+    def done():
+        metas = [env.meta(r.id) for r in rs]
+        return all(m and m["status"] == "SUCCESS" for m in metas)
+    wait_until(done, timeout, interval=0.2, what="every result")
+
+
+def provider_wall(env):
+    """From the first call's arrival at the fake to the last answer's end: the
+    time the fleet took, without the client's wait for results (Celery's
+    client may wait a long time for the result of a retried task)."""
+    st = env.fake.stats()
+    return max(s["t_end"] for s in st) - min(s["t"] for s in st)
+
+
+def test_rpm_across_three_workers(env):
+    """Three workers under one rpm limit: the provider refuses (almost)
+    nothing, and the calls take about the limit's ideal time."""
+    rpm, n = 600, 80  # 10 a second: 10 at once, then 70 paced over 7 s
+    env.fake._req("POST", "/__config", {"rpm": rpm, "rl_mode": "bucket"})
+    ws = [env.worker("-c", "8", "--llm-providers", doc({"rpm": rpm})) for _ in range(3)]
+    rs = [chat(env, "paced %d" % i) for i in range(n)]
+    all_done(env, rs)
+    wall = provider_wall(env)
+    st = statuses(env)
+    refused = st.count(429)
+    ideal = (n - rpm / 60) / (rpm / 60)
+    print("rpm %d, %d calls, 3 workers: %d refused, wall %.2f s (ideal %.1f s)"
+          % (rpm, n, refused, wall, ideal))
+    assert st.count(200) == n
+    assert refused <= max(1, n // 100), st
+    assert ideal * 0.9 <= wall <= ideal * 1.15 + 1.5, (wall, ideal)
+    assert all(w.count("Redis away") == 0 for w in ws)
+
+
+def test_tpm_across_two_workers(env):
+    """A tokens-per-minute limit: each call is charged its estimate (the
+    body's bytes / 4 and max_tokens), then the usage the fake reports."""
+    tpm, n = 3000, 14  # 50 tokens a second; a call costs the fake about 22
+    env.fake._req("POST", "/__config", {"tpm": tpm, "rl_mode": "bucket",
+                                        "defaults": "tokens=20"})
+    ws = [env.worker("-c", "4", "--llm-providers", doc({"tpm": tpm})) for _ in range(2)]
+    rs = [chat(env, "t%d" % i, tokens=20) for i in range(n)]
+    all_done(env, rs)
+    wall = provider_wall(env)
+    st = env.fake.stats()
+    used = sum(s["body"]["max_tokens"] + 1 for s in st if s["status"] == 200)
+    ideal = (used - tpm / 60) / (tpm / 60)
+    refused = [s["status"] for s in st].count(429)
+    print("tpm %d, %d calls of about %d tokens, 2 workers: %d refused, wall %.2f s "
+          "(ideal %.1f s)" % (tpm, n, used // n, refused, wall, ideal))
+    assert refused <= 1, refused
+    assert wall <= ideal * 1.3 + 1, (wall, ideal)
+    assert all(w.count("Redis away") == 0 for w in ws)
+
+
+def test_concurrency_across_two_workers(env):
+    """Calls in flight across the fleet never exceed the limit."""
+    env.worker("-c", "8", "--llm-providers", doc({"concurrency": 3}))
+    env.worker("-c", "8", "--llm-providers", doc({"concurrency": 3}))
+    env.fake._req("POST", "/__config", {"defaults": "latency_ms=300"})
+    t0 = time.time()
+    rs = [chat(env, "conc %d" % i) for i in range(12)]
+    for r in rs:
+        r.get(timeout=30)
+    wall = time.time() - t0
+    peak = env.fake.concurrency()["peak"]
+    print("concurrency 3, 12 calls of 0.3 s, 2 workers: peak %d, wall %.2f s" % (peak, wall))
+    assert peak <= 3, peak
+    assert wall >= 1.1, wall  # 12 / 3 * 0.3 s at least
+
+
+def test_one_429_cools_the_fleet(env):
+    """After a 429 naming 2 s, no worker sends before those 2 s are over."""
+    a = env.worker("-c", "4", "--llm-providers", doc({"rpm": 6000}))
+    env.worker("-c", "4", "--llm-providers", doc({"rpm": 6000}))
+    env.fake.script(["status=429;ra_ms=2000"])
+    first = chat(env, "refused")
+    wait_until(lambda: 429 in statuses(env), 20, what="the 429")
+    t429 = [s for s in env.fake.stats() if s["status"] == 429][0]["t"]
+    a.wait_for(r"cooled for 2000 ms")
+    rs = [chat(env, "after %d" % i) for i in range(6)]
+    for r in rs:
+        r.get(timeout=30)
+    # the refused task retried: its call waited for the cooling too
+    wait_until(lambda: (env.meta(first.id) or {}).get("status") == "SUCCESS", 30,
+               interval=0.2, what="the refused task's retry")
+    later = [s["t"] for s in env.fake.stats() if s["t"] > t429]
+    early = [t - t429 for t in later if t - t429 < 1.95]
+    print("after the 429: %d calls, first one %.2f s later"
+          % (len(later), min(later) - t429))
+    assert len(later) >= 6 and not early, early
+
+
+def test_kill_9_gives_permits_back(env):
+    """A worker killed with -9 while holding both permits: another worker's
+    call waits, then goes once the leases (3 s) run out."""
+    lim = {"concurrency": 2, "lease_s": 3}
+    a = env.worker("-c", "4", "--llm-providers", doc(lim))
+    b = env.worker("-c", "4", "-Q", "other", "--llm-providers", doc(lim))
+    env.fake.script(["hold=k9"] * 2)
+    chat(env, "held 1")
+    chat(env, "held 2")
+    wait_until(lambda: env.fake.held("k9") == 2, 20, what="two held calls")
+    a.signal(signal.SIGKILL)
+    t_kill = time.time()
+    r = chat(env, "after the kill", queue="other")
+    r.get(timeout=20)
+    waited = time.time() - t_kill
+    env.fake.release("k9")
+    print("kill -9 holding 2 permits (lease 3 s): the other worker's call went after "
+          "%.2f s" % waited)
+    assert 1.5 <= waited <= 6, waited
+    assert b.count("Redis away") == 0
+
+
+def test_waiting_call_ends_by_time_limit_revoke_and_shutdown(env):
+    """A call waiting for a permit is ended by its time limit, then one by a
+    revoke: neither reaches the provider, the permit is not lost, and a cold
+    stop with calls waiting exits cleanly."""
+    from celery.exceptions import TimeLimitExceeded, TaskRevokedError
+    w = env.worker("-c", "4", "--llm-providers", doc({"concurrency": 1}))
+    env.fake.script(["hold=first;tokens=2", "tokens=2", "tokens=2"])
+    first = chat(env, "holds the permit")
+    wait_until(lambda: len(env.fake.stats()) == 1, 20, what="the first call at the fake")
+    limited = env.app.send_task("llm.chat", args=[[{"role": "user", "content": "late"}]],
+                                kwargs={"model": "lim"}, time_limit=1)
+    try:
+        limited.get(timeout=20)
+        assert False, "the waiting call ran"
+    except TimeLimitExceeded:
+        pass
+    revoked = chat(env, "revoked while waiting")
+    wait_until(lambda: w.count(r"\[%s\] received" % revoked.id), 10, what="received")
+    time.sleep(0.3)
+    revoked.revoke(terminate=True)
+    try:
+        revoked.get(timeout=20)
+        assert False, "the revoked call ran"
+    except TaskRevokedError:
+        pass
+    assert len(env.fake.stats()) == 1
+    env.fake.release("first")
+    first.get(timeout=20)
+    for p in ("after one", "after two"):
+        chat(env, p).get(timeout=20)
+    assert [s["prompt"] for s in env.fake.stats()] == ["holds the permit", "after one",
+                                                        "after two"]
+    # a cold stop with one call in flight and two waiting for the permit
+    env.fake.script(["hold=cold;tokens=2"])
+    rs = [chat(env, "cold %d" % i) for i in range(3)]
+    for r in rs:
+        wait_until(lambda: w.count(r"\[%s\] received" % r.id), 10, what="all received")
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 1, w.log()[-2000:]
+    assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+    assert len(env.fake.stats()) == 4
+    env.fake.release("cold")
+
+
+def test_redis_away_limits_alone_then_rejoins(env, services):
+    """Redis cut off: calls still go, limited by the worker alone, said once;
+    when Redis is back the shared state is used again."""
+    from tcpproxy import TcpProxy
+    proxy = TcpProxy(services.redis_port).start()
+    try:
+        url = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
+        w = env.worker("-c", "4", "--redis-timeout", "2", "--result-backend", url,
+                       "--llm-providers", doc({"rpm": 600}))
+        chat(env, "before").get(timeout=20)
+        proxy.blackhole(True)
+        rs = [chat(env, "alone %d" % i) for i in range(4)]
+        wait_until(lambda: len(env.fake.stats()) == 5, 20, what="calls made alone")
+        w.wait_for(r"limits: Redis away \(.*\): each worker applies the whole of each "
+                   r"limit alone", timeout=10)
+        proxy.blackhole(False)
+        for r in rs:
+            r.get(timeout=60)
+        chat(env, "after").get(timeout=30)
+        w.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
+        assert w.count("limits: Redis away") == 1
+    finally:
+        proxy.close()

@@ -1,0 +1,47 @@
+/* fleet_limits.h -- the worker's side of the shared provider limits: it
+ * answers the LLM client's questions (llm_limit_ops) with one Lua script in
+ * the result backend's Redis, so that every worker of a fleet counts in the
+ * same state, or, while Redis is away, with llm/limiter.c on its own.
+ *
+ * Keys, under the backend's key prefix, per (provider, model):
+ * celeriac:limit:<provider>/<model>:req and :tok (the GCRA theoretical
+ * arrival times, ms), :cool (no call before this time, ms) and :permits (a
+ * sorted set of holder -> lease expiry). The script reads the time from
+ * Redis (TIME), so the workers' clocks do not matter.
+ *
+ * While Redis is away (not connected, or a question unanswered for
+ * FLEET_LIMITS_ASK_MS) each worker applies the whole of each limit by itself:
+ * a fleet of N workers may then send up to N times a limit, and a provider's
+ * 429s (which cool each worker alone then) do the rest. One warning says so;
+ * the shared state is used again as soon as Redis answers. Not thread-safe:
+ * the loop thread only. */
+#ifndef CR_WORKER_FLEET_LIMITS_H
+#define CR_WORKER_FLEET_LIMITS_H
+
+#include <uv.h>
+
+#include "llm/llm_client.h"
+#include "net/backend.h"
+#include "util/err.h"
+
+/* A question Redis has not answered in this time is answered locally. */
+#define FLEET_LIMITS_ASK_MS 1000
+
+struct fleet_limits;
+
+/* Returns a new fleet_limits for the backend (borrowed, may be NULL: always
+ * local) naming its permits after hostname (copied), or NULL with err set.
+ * Its ops go to llm_client_set_limits() with it as data. Free with
+ * fleet_limits_free() after llm_client_free() and backend_free(). */
+struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
+                                      const char *hostname, struct cr_err *err);
+void fleet_limits_free(struct fleet_limits *f);
+
+/* Answers locally the questions Redis has sat on for FLEET_LIMITS_ASK_MS
+ * (the worker's cron calls it; a late answer is then dropped, a permit it
+ * granted handed back). */
+void fleet_limits_tick(struct fleet_limits *f);
+
+extern const struct llm_limit_ops fleet_limits_ops;
+
+#endif
