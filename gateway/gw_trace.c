@@ -23,32 +23,16 @@ struct gw_trace *gw_trace_new(uv_loop_t *loop, const char *const *env, struct cr
 {
     struct gw_trace *t;
     struct otlp_exporter_config xc;
-    struct cr_err warn = {0};
-    unsigned char seed[8];
-    uint64_t s = 0;
 
     err->code = 0;
     if (!(t = cr_calloc(1, sizeof(*t)))) {
         cr_err_set(err, CR_ENOMEM, "out of memory");
         return NULL;
     }
-    if (otel_conf_load(&t->conf, env, &warn)) {
-        cr_err_set(err, CR_ENOMEM, "out of memory");
+    if (otlp_setup(env, &t->conf, &t->rng, err) != 1) {
         cr_free(t);
         return NULL;
     }
-    if (warn.code)
-        LOG(LOG_WARNING, "tracing: %s", warn.msg);
-    if (!t->conf.enabled) {
-        otel_conf_release(&t->conf);
-        cr_free(t);
-        return NULL;
-    }
-    if (uv_random(NULL, NULL, seed, sizeof(seed), 0, NULL) != 0)
-        memcpy(seed, &(uint64_t){uv_hrtime() ^ (uint64_t)clock_epoch_us()}, 8);
-    for (int i = 0; i < 8; i++)
-        s = s << 8 | seed[i];
-    trace_rng_seed(&t->rng, s);
     memset(&xc, 0, sizeof(xc));
     xc.conf = &t->conf;
     xc.scope_version = CELERIAC_VERSION;
@@ -57,8 +41,6 @@ struct gw_trace *gw_trace_new(uv_loop_t *loop, const char *const *env, struct cr
         cr_free(t);
         return NULL;
     }
-    LOG(LOG_INFO, "tracing: spans go to %s (%s)", t->conf.traces_url,
-        t->conf.json ? "http/json" : "http/protobuf");
     return t;
 }
 

@@ -8,6 +8,7 @@
 
 #include "util/alloc.h"
 #include "util/buf.h"
+#include "util/clock.h"
 #include "util/curl_epoll.h"
 #include "util/log.h"
 
@@ -395,4 +396,32 @@ void otlp_exporter_free(struct otlp_exporter *x)
     uv_close((uv_handle_t *)&x->curl_timer, on_handle_closed);
     uv_close((uv_handle_t *)&x->tick, on_handle_closed);
     uv_close((uv_handle_t *)&x->drain_timer, on_handle_closed);
+}
+
+int otlp_setup(const char *const *env, struct otel_conf *conf, struct trace_rng *rng,
+               struct cr_err *err)
+{
+    struct cr_err warn = {0};
+    unsigned char seed[8];
+    uint64_t s = 0;
+
+    err->code = 0;
+    if (otel_conf_load(conf, env, &warn)) {
+        cr_err_set(err, CR_ENOMEM, "out of memory");
+        return -1;
+    }
+    if (warn.code)
+        LOG(LOG_WARNING, "tracing: %s", warn.msg);
+    if (!conf->enabled) {
+        otel_conf_release(conf);
+        return 0;
+    }
+    if (uv_random(NULL, NULL, seed, sizeof(seed), 0, NULL) != 0)
+        memcpy(seed, &(uint64_t){uv_hrtime() ^ (uint64_t)clock_epoch_us()}, 8);
+    for (int i = 0; i < 8; i++)
+        s = s << 8 | seed[i];
+    trace_rng_seed(rng, s);
+    LOG(LOG_INFO, "tracing: spans go to %s (%s)", conf->traces_url,
+        conf->json ? "http/json" : "http/protobuf");
+    return 1;
 }

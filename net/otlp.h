@@ -39,6 +39,15 @@ struct otlp_stats {
 
 struct otlp_exporter;
 
+/* The start every tracer shares (the worker's, the gateway's): loads the
+ * OTEL_* configuration of env (NULL-terminated "NAME=value") into conf,
+ * logging a wrong value once as a warning, and, when it asks for tracing,
+ * seeds rng from the system's entropy and says where spans go. Returns 1
+ * (on: the caller releases conf), 0 (off: conf released), or -1 with err
+ * set (OOM). */
+int otlp_setup(const char *const *env, struct otel_conf *conf, struct trace_rng *rng,
+               struct cr_err *err);
+
 /* Returns a new exporter sending to cfg->conf->traces_url, or NULL with err
  * set (OOM, no curl multi). Free with otlp_exporter_free(). */
 struct otlp_exporter *otlp_exporter_new(uv_loop_t *loop,
