@@ -4,7 +4,7 @@
 # them afterwards, whatever happens.
 #   scripts/run-integration.sh [pytest args...]
 #
-# The whole suite runs in CELERIAC_IT_WORKERS pytest-xdist workers (default 6: the
+# The whole suite runs in CELERIAC_IT_WORKERS pytest-xdist workers (default 4: the
 # tests mostly wait on brokers, workers and the fake LLM, so more workers than cores
 # pay), each with its own RabbitMQ node, Redis and fake LLM server (conftest.py's
 # `services` fixture starts them). Given test files (a.py, a.py::test) without
@@ -30,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 trap "exit 130" INT TERM
 
-workers=${CELERIAC_IT_WORKERS:-6}
+workers=${CELERIAC_IT_WORKERS:-4}
 for a in "$@"; do
     case $a in
     # a file list runs in one process unless CELERIAC_IT_WORKERS asks otherwise
