@@ -85,6 +85,12 @@ def test_concurrency_across_two_workers(env):
     """Calls in flight across the fleet never exceed the limit."""
     env.worker("-c", "8", "--llm-providers", doc({"concurrency": 3}))
     env.worker("-c", "8", "--llm-providers", doc({"concurrency": 3}))
+    # The fake is shared with this pytest worker's earlier tests, and a reset
+    # starts the peak at the calls still in flight: wait for the last of an
+    # earlier test's calls to end, then count from zero.
+    wait_until(lambda: env.fake.concurrency()["inflight"] == 0, 30, interval=0.1,
+               what="no call in flight at the fake")
+    env.fake.reset()
     env.fake._req("POST", "/__config", {"defaults": "latency_ms=300"})
     t0 = time.time()
     rs = [chat(env, "conc %d" % i) for i in range(12)]
