@@ -429,6 +429,10 @@ def test_kill_9_mid_task_a_python_worker_completes_it(env, sqs_emu, tmp_path):
         # every 1 s (vt/3) while it held the message, so it reappears 2 to 3 s
         # after the kill (less a little for the emulator's clock).
         assert time.time() - t_kill >= 1.8
+        # The result is in Redis before the Python worker's "succeeded" line
+        # reaches its log file: wait for the line, then check it is the only one.
+        wait_until(lambda: py_done(log_path) >= 1, 15, interval=0.2,
+                   what="the Python worker's succeeded line")
         assert py_done(log_path) == 1
         assert env.meta(r.id)["status"] == "SUCCESS"
         wait_until(lambda: visible(sqs_emu, prefix + "celery") == (0, 0), 5, what="deleted")
