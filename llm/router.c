@@ -25,6 +25,10 @@ static char *join(const char *base, const char *path)
     return buf_detach(&b);
 }
 
+static struct llm_limit *limit_of(struct llm_router *rt, const struct llm_named *named,
+                                  const char *name, const char *model, int pooled,
+                                  int *oom);
+
 int llm_router_init(struct llm_router *rt, struct llm_client *client,
                     const struct llm_registry *providers, struct llm_gate *gates,
                     const struct llm_provider_config *deflt, struct cr_err *err)
@@ -42,6 +46,22 @@ int llm_router_init(struct llm_router *rt, struct llm_client *client,
         rt->budgets[providers->nproviders] = providers->default_budget;
         for (int i = 0; i <= providers->nproviders; i++)
             rt->budgets[i].day = -1;
+    }
+    /* The limits of the pool targets known now (a model named, or an exact
+     * route's own): the fleet's view of them starts before the first call. */
+    for (int i = 0; providers && i < providers->nmodels; i++) {
+        const struct llm_model_route *mr = &providers->models[i];
+        for (int k = 0; k < mr->npool; k++) {
+            struct llm_resolved rs;
+            int oom;
+            if (!mr->targets[k].model && strchr(mr->pattern, '*'))
+                continue;
+            llm_registry_target(providers, mr, k, mr->pattern, &rs);
+            if (!limit_of(rt, rs.named, rs.name, rs.model, 1, &oom)) {
+                llm_router_release(rt);
+                return cr_err_set(err, CR_ENOMEM, "out of memory");
+            }
+        }
     }
     rt->chat_url = join(base, "/chat/completions");
     rt->embed_url = join(base, "/embeddings");
@@ -94,10 +114,6 @@ int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
     out->pooled = 0;
     return 0;
 }
-
-static struct llm_limit *limit_of(struct llm_router *rt, const struct llm_named *named,
-                                  const char *name, const char *model, int pooled,
-                                  int *oom);
 
 int llm_router_pick(struct llm_router *rt, const struct llm_call *c, int64_t now_ms,
                     struct llm_route *to, struct cr_err *err)

@@ -244,6 +244,9 @@ START_TEST(test_pool_pick)
     llm_gate_init(&gates[0], 0);
     llm_gate_init(&gates[1], 0);
     ck_assert_int_eq(llm_router_init(&rt, NULL, &reg, gates, &d, &err), 0);
+    /* made at start: the fleet's view of them needs no call first */
+    ck_assert_ptr_nonnull(limit_named(&rt, "a/m1"));
+    ck_assert_ptr_nonnull(limit_named(&rt, "b/m2"));
     for (int i = 0; i < 400; i++)
         n[!strcmp(pick(&rt, "w", i % 2, 1000, &more), "b")]++;
     ck_assert_int_eq(n[0], 300);
@@ -280,9 +283,32 @@ START_TEST(test_pool_pick)
     llm_router_release(&rt);
 
     /* out of memory making a target's limit: an error, nothing leaked */
-    ck_assert_int_eq(llm_router_init(&rt, NULL, &reg, gates, &d, &err), 0);
     for (long k = 1;; k++) {
-        struct llm_call c = call_of(LLM_OP_CHAT, "w", 0, 0);
+        int rc;
+        ck_assert_int_lt(k, 10);
+        cr_alloc_fail_after(k);
+        rc = llm_router_init(&rt, NULL, &reg, gates, &d, &err);
+        cr_alloc_fail_after(0);
+        if (rc == 0)
+            break;
+        ck_assert_int_eq(rc, CR_ENOMEM);
+    }
+    llm_router_release(&rt);
+    memset(&rt, 0, sizeof(rt));
+    /* a route by pattern: its targets' limits are made at the first pick */
+    llm_registry_release(&reg);
+    llm_registry_init(&reg);
+    {
+        static const char pat[] =
+            "{\"providers\": {\"a\": {\"type\": \"openai\", \"base_url\": \"http://a\"}},"
+            " \"models\": {\"w*\": {\"targets\": [\"a\", \"default\"], \"strategy\": "
+            "\"weighted\"}}}";
+        ck_assert_int_eq(llm_registry_parse(&reg, pat, strlen(pat), env, &err), 0);
+    }
+    ck_assert_int_eq(llm_router_init(&rt, NULL, &reg, gates, &d, &err), 0);
+    ck_assert_ptr_null(llm_router_limits(&rt));
+    for (long k = 1;; k++) {
+        struct llm_call c = call_of(LLM_OP_CHAT, "w-1", 0, 0);
         struct llm_route to;
         int rc;
         ck_assert_int_lt(k, 10);
@@ -294,6 +320,8 @@ START_TEST(test_pool_pick)
             break;
         ck_assert_int_eq(rc, CR_ENOMEM);
     }
+    ck_assert_ptr_nonnull(limit_named(&rt, "a/w-1"));
+    ck_assert_ptr_nonnull(limit_named(&rt, "default/w-1"));
     llm_router_release(&rt);
     llm_registry_release(&reg);
 }
