@@ -3,6 +3,7 @@
 cooled route's calls go to its fallbacks instead of waiting. The targets are
 two model names on the fake (pa, pb), told apart in its stats."""
 import json
+import signal
 import time
 
 from conftest import wait_until
@@ -25,6 +26,11 @@ def chat(env, text, model="pool", queue="celery"):
                              kwargs={"model": model, "max_tokens": 2}, queue=queue)
 
 
+def clean(ws):
+    for w in ws:
+        assert "Sanitizer" not in w.log() and "runtime error" not in w.log()
+
+
 def models(env, since=0.0):
     return [s["model"] for s in env.fake.stats() if s["t"] >= since]
 
@@ -43,6 +49,7 @@ def test_weighted_shares(env):
           % (m.count("pa"), m.count("pb")))
     assert len(m) == 40
     assert abs(m.count("pa") - 30) <= 2 and abs(m.count("pb") - 10) <= 2, m
+    clean(env.workers)
 
 
 def test_least_busy_across_the_fleet(env):
@@ -68,6 +75,36 @@ def test_least_busy_across_the_fleet(env):
     print("least-busy: a held call on %s; worker B sent %s" % (busy, later))
     assert later == [idle] * 6, later
     assert b.count("Redis away") == 0
+    clean(env.workers)
+
+
+def test_least_busy_forgets_a_killed_worker(env):
+    """A worker killed with -9 while it holds a call: its count lives on in
+    Redis for its lease (10 s), then counts for nothing and is swept."""
+    a = env.worker("-c", "4", "--llm-providers", pool("least-busy"))
+    env.worker("-c", "4", "-Q", "other", "--llm-providers", pool("least-busy"))
+    env.fake.script(["hold=k9"], model="pa")
+    chat(env, "held")
+    wait_until(lambda: env.fake.held("k9") == 1, 20, what="the held call")
+    key = "celeriac:pool:default/pa:busy"
+    wait_until(lambda: env.redis.hlen(key) == 1, 5, interval=0.1, what="its count")
+    a.signal(signal.SIGKILL)
+    t_kill = time.time()
+    env.fake.release("k9")  # the fake answers a connection nobody reads
+    time.sleep(0.5)
+    t0 = time.time()
+    chat(env, "while counted", queue="other").get(timeout=20)
+    assert models(env, t0) == ["pb"]
+    wait_until(lambda: env.redis.hlen(key) == 0, 20, interval=0.1, what="the count swept")
+    gone = time.time() - t_kill
+    t0 = time.time()
+    for i in range(4):
+        chat(env, "after %d" % i, queue="other").get(timeout=20)
+    after = models(env, t0)
+    print("kill -9 holding a call on pa: its count gone after %.1f s; then %s"
+          % (gone, after))
+    assert 8 <= gone <= 12, gone
+    assert sorted(after) == ["pa", "pa", "pb", "pb"], after
 
 
 def test_cooled_target_skipped_by_the_fleet(env):
@@ -94,6 +131,7 @@ def test_cooled_target_skipped_by_the_fleet(env):
     assert len(after) == 10, after
     assert all(s["model"] == other and s["status"] == 200 for s in after), after
     assert max(s["t"] for s in after) - t429 < 4.5
+    clean(env.workers)
 
 
 def test_cooled_route_goes_to_its_fallback(env):
@@ -124,3 +162,4 @@ def test_cooled_route_goes_to_its_fallback(env):
     assert wall < 3, wall
     assert st[-1]["model"] == "ca" and st[-1]["t"] - t429 >= 3.9, st[-1]
     assert w.count("cooled by the provider for") >= 6
+    clean(env.workers)
