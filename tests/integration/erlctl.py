@@ -144,3 +144,11 @@ class ErlCtl:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
+
+
+def registered(node):
+    """Whether node's Erlang VM is registered with the port mapper: what the
+    suite waits for before `rabbitmqctl await_startup`, instead of polling
+    `rabbitmqctl ping` (an Erlang VM a try)."""
+    r = subprocess.run(["epmd", "-names"], capture_output=True, text=True, timeout=30)
+    return ("name %s " % node.split("@")[0]) in r.stdout
