@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "protocol/progress.h"
 #include "protocol/rq_job.h"
 
 /* KEYS: worker hash, rq:workers, rq:workers:<q>...
@@ -465,6 +466,40 @@ void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_
     eval_head(a, meta_lua, 1);
     key_arg(a, RQ_KEY_JOB, id);
     redis_args_add(a, meta, n);
+}
+
+void rq_redis_progress(struct redis_args *a, const char *id, const char *run, long n,
+                       long ttl_s, const struct rq_progress_entry *e, int k)
+{
+    char key[sizeof(PROGRESS_KEY_PREFIX) + RQ_MAX_ID];
+    snprintf(key, sizeof(key), "%s%s", PROGRESS_KEY_PREFIX, id);
+    if (k > RQ_PROGRESS_ENTRIES_MAX)
+        k = RQ_PROGRESS_ENTRIES_MAX;
+    eval_head(a, PROGRESS_WRITE_LUA, 2);
+    redis_args_s(a, key);
+    redis_args_s(a, key); /* the meta key: untouched, the meta being "" */
+    redis_args_s(a, run);
+    num_arg(a, n);
+    redis_args_s(a, "1"); /* the attempt: the script counts runs */
+    num_arg(a, PROGRESS_STREAM_MAXLEN);
+    num_arg(a, ttl_s);
+    redis_args_s(a, "");
+    num_arg(a, k);
+    for (int i = 0; i < k; i++) {
+        int x = (e[i].error != NULL) + (e[i].result != NULL);
+        redis_args_s(a, e[i].state);
+        redis_args_add(a, e[i].text ? e[i].text : "", e[i].text ? e[i].text_len : 0);
+        num_arg(a, e[i].tokens);
+        num_arg(a, x);
+        if (e[i].error) {
+            redis_args_s(a, "error");
+            redis_args_s(a, e[i].error);
+        }
+        if (e[i].result) {
+            redis_args_s(a, "result");
+            redis_args_s(a, e[i].result);
+        }
+    }
 }
 
 void rq_redis_suspended(struct redis_args *a)

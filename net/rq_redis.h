@@ -130,6 +130,28 @@ void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid
  * hash still exists. Reply 1, or 0 when it was gone. */
 void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_t n);
 
+/* One entry of a job's progress stream (protocol/progress.h has the
+ * format); every pointer borrowed for the call. */
+struct rq_progress_entry {
+    const char *state; /* STARTED, PROGRESS, SUCCESS, FAILURE, RETRY, REVOKED */
+    const char *text;  /* text since the previous entry ("" for the others) */
+    size_t text_len;
+    long tokens;        /* deltas so far this attempt */
+    const char *error;  /* "ExcType: message", or NULL */
+    const char *result; /* the end as JSON (gateway/gw_hub.h), or NULL */
+};
+
+#define RQ_PROGRESS_ENTRIES_MAX 3
+
+/* Appends k entries (1..RQ_PROGRESS_ENTRIES_MAX) to job id's progress stream
+ * with the Celery worker's script (PROGRESS_WRITE_LUA), no meta: run names
+ * this run of the job (a new run is a new attempt), n counts the entries the
+ * run has written, these included (the same command sent again after a lost
+ * reply is then a no-op), and ttl_s (> 0) is the stream's TTL. Reply: the
+ * last entry's seq, or -1 for a command done already. */
+void rq_redis_progress(struct redis_args *a, const char *id, const char *run, long n,
+                       long ttl_s, const struct rq_progress_entry *e, int k);
+
 /* EXISTS rq:suspended: reply 1 while `rq suspend` holds. */
 void rq_redis_suspended(struct redis_args *a);
 

@@ -508,23 +508,126 @@ def test_bound_method_bombs_and_expired_jobs(rqenv):
 
 def test_progress_in_job_meta(rqenv):
     """The text streamed so far shows in job.meta["progress"] while the job
-    runs, next to the producer's own meta."""
+    runs, growing at the interval, next to the producer's own meta."""
     q = rqenv.queue()
     job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30",
                     meta={"user": "u1"})
     rqenv.worker("--progress-interval", "200")
+    texts = []
 
-    def some_text():
-        job.refresh()
-        p = job.meta.get("progress")
-        return p and p["text"] and job.get_status() == "started"
-    wait_until(some_text, timeout=10, what="progress in meta")
-    assert job.meta["user"] == "u1"
-    partial = job.meta["progress"]["text"]
-    assert job.meta["progress"]["tokens"] >= 1
+    def grown():
+        p = job.get_meta().get("progress")
+        if p and p["text"] and (not texts or p["text"] != texts[-1]):
+            texts.append(p["text"])
+            assert job.meta["user"] == "u1"
+            assert p["tokens"] >= 1
+        return len(texts) >= 3
+    wait_until(grown, timeout=10, what="job.meta growing")
+    # each read holds the one before it and more
+    assert all(b.startswith(a) and len(b) > len(a) for a, b in zip(texts, texts[1:]))
     rqenv.wait_status(job, "finished")
-    assert job.result.startswith(partial) and len(partial) < len(job.result)
+    assert job.result.startswith(texts[-1]) and len(texts[-1]) < len(job.result)
     assert job.meta["user"] == "u1"
+
+
+PROGRESS_KEY = "celeriac:progress:"
+
+
+def stream_entries(rqenv, job_id):
+    return [{k.decode(): v.decode() for k, v in f.items()}
+            for _, f in rqenv.r.xrange(PROGRESS_KEY + job_id)]
+
+
+def test_progress_stream_follows_an_rq_job(rqenv):
+    """The Celery worker's progress stream, for an RQ job by its id: a reader
+    subscribed to its channel sees entries come while the job streams, then
+    its end with the result; a retried job's next run is a new attempt."""
+    import json
+    q = rqenv.queue()
+    ps = rqenv.r.pubsub()
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30")
+    ps.subscribe(PROGRESS_KEY + job.id)
+    rqenv.worker("--progress-interval", "200")
+    notes, live = [], []
+    t_end = time.time() + 20
+    while time.time() < t_end:
+        m = ps.get_message(timeout=0.5)
+        if m and m["type"] == "message":
+            notes.append(int(m["data"]))
+            es = stream_entries(rqenv, job.id)
+            if job.get_status() == "started":
+                live.append(len(es))
+            if es and es[-1]["state"] == "SUCCESS":
+                break
+    ps.close()
+    es = stream_entries(rqenv, job.id)
+    assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
+    assert es[0]["state"] == "STARTED" and es[-1]["state"] == "SUCCESS"
+    assert all(e["state"] == "PROGRESS" for e in es[1:-1]) and len(es) >= 4
+    assert all(e["attempt"] == "1" for e in es)
+    assert notes == sorted(notes) and notes[-1] == len(es)
+    assert live and min(live) < len(es)  # read while the job ran
+    rqenv.wait_status(job, "finished")
+    assert "".join(e["text"] for e in es) == job.result
+    assert json.loads(es[-1]["result"]) == job.result
+    assert int(es[-1]["tokens"]) == 30
+    assert 490 < rqenv.r.ttl(PROGRESS_KEY + job.id) <= 500  # as long as the result
+
+    # a failed run closes its attempt with RETRY; the retry is attempt 2
+    rqenv.fake.script(["tps=100;tokens=20;cut_after_tokens=5", "tps=100;tokens=20"])
+    again = q.enqueue("mymod.llm_inference", "Again", retry=Retry(max=1))
+    rqenv.wait_status(again, "finished")
+    es = wait_until(lambda: (lambda es: es if es and es[-1]["state"] == "SUCCESS"
+                             else None)(stream_entries(rqenv, again.id)),
+                    timeout=10, what="the stream's end")
+    states = [(e["attempt"], e["state"]) for e in es]
+    assert states[0] == ("1", "STARTED") and ("1", "RETRY") in states
+    assert states.index(("1", "RETRY")) < states.index(("2", "STARTED"))
+    assert states[-1] == ("2", "SUCCESS")
+    assert [e for e in es if e["state"] == "RETRY"][0]["error"]
+    assert "".join(e["text"] for e in es if e["attempt"] == "2") == again.result
+
+    # a failure ends the stream with its error and Celery's failure result
+    rqenv.fake.script(["status=400;err_msg=bad prompt"])
+    bad = q.enqueue("mymod.llm_inference", "Bad")
+    rqenv.wait_status(bad, "failed")
+    es = wait_until(lambda: (lambda es: es if es and es[-1]["state"] == "FAILURE"
+                             else None)(stream_entries(rqenv, bad.id)),
+                    timeout=10, what="the stream's failure")
+    assert es[0]["state"] == "STARTED" and "bad prompt" in es[-1]["error"]
+    assert json.loads(es[-1]["result"])["exc_type"] == es[-1]["error"].split(":")[0]
+
+
+def test_gateway_follows_an_rq_job(rqenv, services):
+    """celeriac gateway, pointed at RQ's database as its result backend,
+    streams an RQ job over its WebSocket by the job's id, to its end."""
+    import types
+    from test_gateway import Gateway, read_all, text_of
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30")
+    bad = q.enqueue("mymod.llm_inference", "Bad", model="fake/tps=10,tokens=30,status=400")
+    env = types.SimpleNamespace(broker=services.redis_url(next_result_db()),
+                                backend=rqenv.url)
+    gw = Gateway(env)
+    try:
+        ws = gw.stream(job.id)
+        rqenv.worker("--progress-interval", "200", "-c", "1")
+        msgs = read_all(ws)
+        final = msgs[-1]
+        rqenv.wait_status(job, "finished")
+        assert final["type"] == "result" and final["state"] == "SUCCESS", msgs
+        assert final["result"] == job.result
+        assert text_of(msgs) == job.result
+        deltas = [m for m in msgs if m["type"] == "progress" and m["text"]]
+        assert len(deltas) >= 3 and deltas[0]["tokens"] < 30  # live, not replayed
+        # the next job, joined after its end: replayed from the stream
+        rqenv.wait_status(bad, "failed")
+        msgs = read_all(gw.stream(bad.id))
+        assert msgs[-1]["type"] == "result" and msgs[-1]["state"] == "FAILURE", msgs
+        assert msgs[-1]["error"]
+        assert [m["state"] for m in msgs if m["type"] == "progress"] == ["STARTED", "FAILURE"]
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
 
 
 def test_redis_connection_reset_mid_job(rqenv):

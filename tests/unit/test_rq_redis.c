@@ -6,6 +6,7 @@
 
 #include "unit.h"
 #include "net/rq_redis.h"
+#include "protocol/progress.h"
 #include "protocol/rq_job.h"
 
 static const char *arg(struct redis_args *a, int i)
@@ -219,6 +220,48 @@ START_TEST(test_worker_keys)
 }
 END_TEST
 
+/* The progress stream's write: the Celery worker's script and argument
+ * layout, the job's stream key, no meta, and each entry's fields. */
+START_TEST(test_progress)
+{
+    struct rq_progress_entry e[] = {
+        {"STARTED", "", 0, 0, NULL, NULL},
+        {"PROGRESS", "hello there", 5, 3, NULL, NULL},
+        {"FAILURE", "", 0, 3, "JobTimeoutException: late", "{\"exc_type\": \"J\"}"},
+        {"SUCCESS", "", 0, 9, NULL, NULL},
+    };
+    struct redis_args a;
+    const size_t *lens;
+    redis_args_init(&a);
+    rq_redis_progress(&a, "job-1", "h:7:2", 5, 500, e, 4); /* one too many: cut to 3 */
+    ck_assert_int_eq(a.n, 3 + 2 + 7 + 4 + 4 + 8);
+    ck_assert_str_eq(arg(&a, 0), "EVAL");
+    ck_assert_str_eq(arg(&a, 1), PROGRESS_WRITE_LUA);
+    ck_assert_str_eq(arg(&a, 2), "2");
+    ck_assert_str_eq(arg(&a, 3), "celeriac:progress:job-1");
+    ck_assert_str_eq(arg(&a, 5), "h:7:2");
+    ck_assert_str_eq(arg(&a, 6), "5");
+    ck_assert_str_eq(arg(&a, 8), "10000");
+    ck_assert_str_eq(arg(&a, 9), "500");
+    ck_assert_str_eq(arg(&a, 10), ""); /* no meta */
+    ck_assert_str_eq(arg(&a, 11), "3");
+    ck_assert_str_eq(arg(&a, 12), "STARTED");
+    ck_assert_str_eq(arg(&a, 15), "0");
+    ck_assert_str_eq(arg(&a, 16), "PROGRESS");
+    lens = a.len;
+    ck_assert_int_eq((int)lens[17], 5);
+    ck_assert(!memcmp(arg(&a, 17), "hello", 5));
+    ck_assert_str_eq(arg(&a, 18), "3");
+    ck_assert_str_eq(arg(&a, 20), "FAILURE");
+    ck_assert_str_eq(arg(&a, 23), "2");
+    ck_assert_str_eq(arg(&a, 24), "error");
+    ck_assert_str_eq(arg(&a, 25), "JobTimeoutException: late");
+    ck_assert_str_eq(arg(&a, 26), "result");
+    ck_assert_str_eq(arg(&a, 27), "{\"exc_type\": \"J\"}");
+    redis_args_release(&a);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("rq_redis");
@@ -230,6 +273,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_end_retry);
     tcase_add_test(tc, test_end_layout2);
     tcase_add_test(tc, test_worker_keys);
+    tcase_add_test(tc, test_progress);
     suite_add_tcase(s, tc);
     return s;
 }
