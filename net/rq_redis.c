@@ -43,11 +43,16 @@ static const char death_lua[] =
     "redis.call('EXPIRE', KEYS[1], 60)\n"
     "return 1\n";
 
-/* KEYS: job, started registry, worker, execution, executions.
+/* KEYS: job, started registry, worker, execution, executions, rq:suspended,
+ * the queue.
  * ARGV: id, worker name, ts, score, ttl, execution id ("": layout 1), now
- *       (epoch float) */
+ *       (epoch float), "1" when a suspension puts the job back */
 static const char start_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return false end\n"
+    "if ARGV[8] == '1' and redis.call('EXISTS', KEYS[6]) == 1 then\n"
+    "  redis.call('LPUSH', KEYS[7], ARGV[1])\n"
+    "  return -1\n"
+    "end\n"
     "redis.call('HSET', KEYS[3], 'current_job', ARGV[1], 'current_job_working_time', "
     "'0', 'last_heartbeat', ARGV[3], 'state', 'busy')\n"
     "redis.call('EXPIRE', KEYS[3], ARGV[5])\n"
@@ -234,17 +239,21 @@ static const char unlock_lua[] =
 
 /* KEYS: the queues in priority order. ARGV: the most ids to take.
  * Reply: [queue key, id, queue key, id...], the first queue drained first. */
-static const char pop_many_lua[] = "local n, out = tonumber(ARGV[1]), {}\n"
-                                   "for _, k in ipairs(KEYS) do\n"
-                                   "  while #out < 2 * n do\n"
-                                   "    local id = redis.call('LPOP', k)\n"
-                                   "    if not id then break end\n"
-                                   "    out[#out + 1] = k\n"
-                                   "    out[#out + 1] = id\n"
-                                   "  end\n"
-                                   "  if #out >= 2 * n then break end\n"
-                                   "end\n"
-                                   "return out\n";
+/* KEYS: the queues, then rq:suspended. ARGV: how many at most */
+static const char pop_many_lua[] =
+    "if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end\n"
+    "local n, out = tonumber(ARGV[1]), {}\n"
+    "for i = 1, #KEYS - 1 do\n"
+    "  local k = KEYS[i]\n"
+    "  while #out < 2 * n do\n"
+    "    local id = redis.call('LPOP', k)\n"
+    "    if not id then break end\n"
+    "    out[#out + 1] = k\n"
+    "    out[#out + 1] = id\n"
+    "  end\n"
+    "  if #out >= 2 * n then break end\n"
+    "end\n"
+    "return out\n";
 
 /* KEYS: job. ARGV: meta */
 static const char meta_lua[] = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
@@ -285,9 +294,10 @@ void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
 void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
                        int max)
 {
-    eval_head(a, pop_many_lua, nqueues);
+    eval_head(a, pop_many_lua, nqueues + 1);
     for (int i = 0; i < nqueues; i++)
         key_arg(a, RQ_KEY_QUEUE, queues[i]);
+    redis_args_s(a, RQ_SUSPENDED_KEY);
     num_arg(a, max);
 }
 
@@ -349,13 +359,15 @@ static void exec_keys(struct redis_args *a, const char *id, const struct rq_exec
 
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s, const struct rq_exec *x)
+                    long worker_ttl_s, const struct rq_exec *x, int bounce)
 {
-    eval_head(a, start_lua, 5);
+    eval_head(a, start_lua, 7);
     key_arg(a, RQ_KEY_JOB, id);
     key_arg(a, RQ_KEY_STARTED, queue);
     key_arg(a, RQ_KEY_WORKER, worker);
     exec_keys(a, id, x);
+    redis_args_s(a, RQ_SUSPENDED_KEY);
+    key_arg(a, RQ_KEY_QUEUE, queue);
     redis_args_s(a, id);
     redis_args_s(a, worker);
     redis_args_s(a, ts);
@@ -363,6 +375,7 @@ void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
     num_arg(a, worker_ttl_s);
     redis_args_s(a, x ? x->eid : "");
     epoch_arg(a, x ? x->now_s : 0);
+    redis_args_s(a, bounce ? "1" : "0");
 }
 
 void rq_redis_busy_beat(struct redis_args *a, const char *worker, const char *id,

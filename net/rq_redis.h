@@ -21,7 +21,8 @@ void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
 
 /* Takes up to max job ids at once without blocking, the first queue drained
  * first (what a run of LPOPs in RQ's burst mode takes): the reply is an
- * array [queue key, id, queue key, id...], empty when all were empty. */
+ * array [queue key, id, queue key, id...], empty when all were empty, or -1
+ * (nothing taken) while `rq suspend` holds. */
 void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
                        int max);
 
@@ -63,11 +64,13 @@ struct rq_exec {
 
 /* Starts a job popped from queue: the worker busy on it, the job in the
  * started registry with score wip_score, its status started. Reply: nil when
- * the job hash is gone (an expired ttl, a deleted job: skipped), else the
- * job's HGETALL taken after the start. */
+ * the job hash is gone (an expired ttl, a deleted job: skipped); with bounce,
+ * -1 when `rq suspend` holds (the id is back at the head of its queue,
+ * nothing else written: a blocking pop may have waited across the
+ * suspension); else the job's HGETALL taken after the start. */
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s, const struct rq_exec *x);
+                    long worker_ttl_s, const struct rq_exec *x, int bounce);
 
 /* A running job's heartbeat: the worker's TTL and working time, the job's
  * last_heartbeat (only if the hash still exists) and its started score. */

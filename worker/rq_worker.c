@@ -41,7 +41,7 @@
 #include "util/version.h"
 
 #define CRON_MS 250
-#define POP_BLOCK_S 1      /* so suspension and shutdown are seen within a second */
+#define POP_BLOCK_S 1      /* so a shutdown is seen within a second */
 #define POP_BATCH_MAX 256  /* ids taken by one non-blocking pop */
 #define IDLE_BEAT_MS 30000 /* RQ beats before each pop, at most every 405 s */
 #define SUSPEND_CHECK_MS 1000
@@ -147,6 +147,9 @@ struct rq_worker {
     struct redis_req susp_req;
     int susp_inflight, suspended;
     uint64_t next_susp_ms;
+    /* The last check sent, and the last pop or start that found the
+     * suspension (atomically, in its script). */
+    uint64_t susp_sent_ms, susp_seen_ms;
 
     /* the scheduler: one request per queue */
     struct redis_req *sched_reqs;
@@ -173,6 +176,7 @@ struct rq_worker {
 };
 
 static void kick(struct rq_worker *w);
+static void set_suspended(struct rq_worker *w, int on);
 
 static int64_t now_s(void)
 {
@@ -823,6 +827,14 @@ static void on_started(struct redis_req *req, int status, redisReply *reply)
         slot_idle(s);
         return;
     }
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+        /* Popped by a BLPOP that waited across `rq suspend`: back at the
+         * head of its queue, untouched. */
+        LOG(LOG_DEBUG, "rq job %s put back: suspended", s->id);
+        set_suspended(s->w, 1);
+        slot_idle(s);
+        return;
+    }
     if (reply->type != REDIS_REPLY_ARRAY) {
         LOG(LOG_ERROR, "rq job %s: cannot start it: %s", s->id,
             reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
@@ -862,8 +874,10 @@ static struct slot *free_slot(struct rq_worker *w)
     return NULL;
 }
 
+/* bounce: the pop was a BLPOP, which may have waited across a suspension:
+ * the start puts the job back if one holds. */
 static void start_popped(struct rq_worker *w, const char *key, size_t klen,
-                         const char *id, size_t idlen)
+                         const char *id, size_t idlen, int bounce)
 {
     struct slot *s = free_slot(w);
     const size_t pfx = strlen("rq:queue:");
@@ -906,7 +920,7 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     s->started_epoch = (double)clock_epoch_us() / 1e6;
     rq_redis_start(&s->cmd, s->name, s->id, s->queue, ts, score,
                    rq_heartbeat_ttl(RQ_DEFAULT_TIMEOUT_S, 0, w->cfg->monitoring_interval),
-                   exec_of(s, &x));
+                   exec_of(s, &x), bounce);
     slot_command(s, on_started);
 }
 
@@ -925,7 +939,7 @@ static void on_popped(struct redis_req *req, int status, redisReply *reply)
     if (!status && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
         is_str(reply->element[0]) && is_str(reply->element[1])) {
         start_popped(w, reply->element[0]->str, reply->element[0]->len,
-                     reply->element[1]->str, reply->element[1]->len);
+                     reply->element[1]->str, reply->element[1]->len, 1);
         w->pop_warm = 1;
     } else if (!status && reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "rq: BLPOP refused: %s", reply->str);
@@ -944,8 +958,11 @@ static void on_popped_many(struct redis_req *req, int status, redisReply *reply)
         for (size_t i = 0; i + 1 < reply->elements; i += 2)
             if (is_str(reply->element[i]) && is_str(reply->element[i + 1]))
                 start_popped(w, reply->element[i]->str, reply->element[i]->len,
-                             reply->element[i + 1]->str, reply->element[i + 1]->len);
+                             reply->element[i + 1]->str, reply->element[i + 1]->len, 0);
         w->pop_warm = reply->elements > 0;
+    } else if (!status && reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+        set_suspended(w, 1);
+        w->pop_warm = 0;
     } else if (!status && reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "rq: pop refused: %s", reply->str);
         w->pop_warm = 0;
@@ -1042,23 +1059,31 @@ static void busy_beat(struct slot *s, uint64_t now_ms)
     s->next_beat_ms = now_ms + (uint64_t)w->cfg->monitoring_interval * 1000 / 2;
 }
 
+static void set_suspended(struct rq_worker *w, int on)
+{
+    uint64_t now = uv_now(w->loop);
+    if (on)
+        w->susp_seen_ms = now;
+    if (w->suspended == on)
+        return;
+    w->suspended = on;
+    LOG(LOG_WARNING, "rq: %s",
+        on ? "suspended (rq suspend): no new jobs" : "resumed: taking jobs again");
+    for (int i = 0; i < w->nslots; i++)
+        if (w->slots[i].state == SLOT_IDLE)
+            idle_beat(&w->slots[i], now);
+}
+
 static void on_suspended(struct redis_req *req, int status, redisReply *reply)
 {
     struct rq_worker *w = req->data;
-    int was = w->suspended;
     w->susp_inflight = 0;
     if (status || reply->type != REDIS_REPLY_INTEGER)
         return;
-    w->suspended = reply->integer != 0;
-    if (was != w->suspended) {
-        uint64_t now = uv_now(w->loop);
-        LOG(LOG_WARNING, "rq: %s",
-            w->suspended ? "suspended (rq suspend): no new jobs"
-                         : "resumed: taking jobs again");
-        for (int i = 0; i < w->nslots; i++)
-            if (w->slots[i].state == SLOT_IDLE)
-                idle_beat(&w->slots[i], now);
-    }
+    /* A pop or a start found the suspension after this check was sent. */
+    if (reply->integer == 0 && w->susp_sent_ms < w->susp_seen_ms)
+        return;
+    set_suspended(w, reply->integer != 0);
     kick(w);
 }
 
@@ -1072,6 +1097,7 @@ static void check_suspended(struct rq_worker *w)
     rq_redis_suspended(&a);
     argv = redis_args_argv(&a);
     w->susp_req.data = w;
+    w->susp_sent_ms = uv_now(w->loop);
     if (argv && !redis_conn_send(w->conn, &w->susp_req, on_suspended, a.n, argv, a.len))
         w->susp_inflight = 1;
     redis_args_release(&a);

@@ -281,18 +281,51 @@ def test_job_timeout_aborts(rqenv):
 
 
 def test_suspend_and_resume(rqenv):
+    """No job starts once `rq suspend` holds, not even one pushed while a
+    blocking pop was already waiting: it goes back to the head of its queue,
+    in its place. The worker says it is suspended within a second or so, and
+    `rq resume` lets the jobs run."""
     q = rqenv.queue()
     rqenv.worker("--name", "susp", "-c", "1")
+    time.sleep(0.3)  # idle: a BLPOP is out
     subprocess.run(["rq", "suspend", "--url", rqenv.url], check=True, capture_output=True)
+    first = q.enqueue("mymod.llm_inference", "Hello")
+    second = q.enqueue("mymod.llm_inference", "Hello again")
+    t0 = time.time()
     wait_until(lambda: rqenv.r.hget("rq:worker:susp", "state") == b"suspended",
-               what="suspended state")
-    time.sleep(1.5)  # a blocking pop already out when the suspension was seen ends
-    job = q.enqueue("mymod.llm_inference", "Hello")
+               timeout=5, what="suspended state")
+    assert time.time() - t0 < 1.5
     time.sleep(2)
-    job.refresh()
-    assert job.get_status() == "queued"
+    for j in (first, second):
+        j.refresh()
+        assert j.get_status() == "queued"
+    assert q.job_ids == [first.id, second.id]
+    assert rqenv.fake.stats() == []
     subprocess.run(["rq", "resume", "--url", rqenv.url], check=True, capture_output=True)
-    rqenv.wait_status(job, "finished")
+    rqenv.wait_status(first, "finished")
+    rqenv.wait_status(second, "finished")
+    assert first.started_at <= second.started_at
+
+
+def test_suspend_seen_by_the_batch_pop(rqenv):
+    """Slots freed right after `rq suspend` (before any check of it) take
+    nothing: the batch pop finds the suspension in the same script."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    running = [q.enqueue("mymod.llm_inference", "run %d" % i, model="fake/hold=" + hold)
+               for i in range(2)]
+    waiting = [q.enqueue("mymod.llm_inference", "wait %d" % i) for i in range(3)]
+    rqenv.worker("--name", "busy", "-c", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 2, what="calls held")
+    rqenv.r.set("rq:suspended", 1)
+    rqenv.fake.release(hold)
+    for j in running:
+        rqenv.wait_status(j, "finished")
+    time.sleep(1.5)
+    assert q.job_ids == [j.id for j in waiting]
+    rqenv.r.delete("rq:suspended")
+    for j in waiting:
+        rqenv.wait_status(j, "finished")
 
 
 def test_retry_with_intervals_through_scheduled_registry(rqenv):

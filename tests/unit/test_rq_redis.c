@@ -38,12 +38,13 @@ START_TEST(test_pop_many)
     struct redis_args a;
     redis_args_init(&a);
     rq_redis_pop_many(&a, q, 2, 40);
-    ck_assert_int_eq(a.n, 6);
+    ck_assert_int_eq(a.n, 7);
     ck_assert_str_eq(arg(&a, 0), "EVAL");
-    ck_assert_str_eq(arg(&a, 2), "2");
+    ck_assert_str_eq(arg(&a, 2), "3");
     ck_assert_str_eq(arg(&a, 3), "rq:queue:high");
     ck_assert_str_eq(arg(&a, 4), "rq:queue:low");
-    ck_assert_str_eq(arg(&a, 5), "40");
+    ck_assert_str_eq(arg(&a, 5), "rq:suspended");
+    ck_assert_str_eq(arg(&a, 6), "40");
     redis_args_release(&a);
 }
 END_TEST
@@ -155,10 +156,14 @@ START_TEST(test_end_layout2)
     ck_assert_str_eq(arg(&a, A0 + 13), "12.250000");
     redis_args_release(&a);
     redis_args_init(&a);
-    rq_redis_start(&a, "w", "j1", "q", "T", 100, 90, &x);
-    ck_assert_str_eq(arg(&a, 2), "5");
+    rq_redis_start(&a, "w", "j1", "q", "T", 100, 90, &x, 1);
+    ck_assert_int_eq(a.n, 3 + 7 + 8);
+    ck_assert_str_eq(arg(&a, 2), "7");
     ck_assert_str_eq(arg(&a, 6), "rq:execution:j1:0123456789abcdef0123456789abcdef");
-    ck_assert_str_eq(arg(&a, 13), x.eid);
+    ck_assert_str_eq(arg(&a, 8), "rq:suspended");
+    ck_assert_str_eq(arg(&a, 9), "rq:queue:q");
+    ck_assert_str_eq(arg(&a, 15), x.eid);
+    ck_assert_str_eq(arg(&a, 17), "1");
     redis_args_release(&a);
 }
 END_TEST
