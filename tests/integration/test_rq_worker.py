@@ -4,6 +4,7 @@ run as the built-in LLM tasks against the fake LLM, and read back with RQ's own
 client (job.get_status(), job.result, the registries) and its `rq info` CLI.
 Each test has a Redis database of its own, flushed before and after."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -117,6 +118,12 @@ def test_kwargs_chat_and_memo(rqenv):
     rqenv.wait_status(chat, "finished")
     rqenv.wait_status(gen, "finished")
     assert chat.result["content"] == rqenv.fake.expected("Grüß dich ✓")["text"]
+    # the stream's return_value is base64 of a pickle any Python reads
+    import base64
+    import pickle
+    entry = rqenv.r.xrevrange("rq:results:" + chat.id, count=1)[0][1]
+    raw = pickle.loads(base64.b64decode(entry[b"return_value"]))
+    assert isinstance(raw, dict) and raw == chat.result
     assert gen.result == rqenv.fake.expected("Hi")["text"]
 
 
@@ -171,7 +178,9 @@ def test_llm_failure_into_failed_registry_then_requeue(rqenv):
     w = rqenv.worker()
     rqenv.wait_status(job, "failed")
     exc = job.latest_result().exc_string
+    assert job.latest_result().type.value == 2  # Result.Type.FAILED
     assert exc.endswith("\n") and "bad prompt" in exc.splitlines()[-1]
+    assert re.match(r"^[\w.]*BadRequestError: .*bad prompt", exc.splitlines()[-1])
     assert len(rqenv.fake.stats()) == 1  # permanent: not retried, retries left or not
     reg = FailedJobRegistry(queue=q)
     assert job.id in reg.get_job_ids()
@@ -192,6 +201,26 @@ def test_retry_without_interval(rqenv):
     rqenv.wait_status(job, "finished")
     assert job.retries_left == 0
     assert len(rqenv.fake.stats()) == 3
+    assert job.result == rqenv.fake.expected("Hello")["text"]
+
+
+def test_retry_without_interval_requeues_at_the_tail(rqenv):
+    """Retry(max=1) without an interval: back to its queue's tail, status
+    queued with a new enqueued_at, behind the job queued after it."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    rqenv.fake.script(["status=500"])
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=1))
+    behind = q.enqueue("mymod.llm_inference", "behind", model="fake/hold=" + hold)
+    first_enqueued = job.enqueued_at
+    rqenv.worker("-c", "1")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="the job behind it runs")
+    job.refresh()
+    assert job.get_status() == "queued" and job.retries_left == 0
+    assert job.enqueued_at > first_enqueued
+    assert q.job_ids == [job.id]
+    rqenv.fake.release(hold)
+    rqenv.wait_status(job, "finished")
     assert job.result == rqenv.fake.expected("Hello")["text"]
 
 
@@ -238,11 +267,41 @@ def test_running_job_is_started_and_claimed(rqenv):
     assert set(workers) == {"rqw-1", "rqw-2"}
     busy = workers[job.worker_name]
     assert busy.get_state() == "busy" and busy.get_current_job_id() == job.id
+    idle = ({"rqw-1", "rqw-2"} - {job.worker_name}).pop()
+    assert rqenv.r.ttl("rq:worker:" + job.worker_name) > 0
+    assert rqenv.r.ttl("rq:worker:" + idle) > 0
+    assert workers[idle].get_state() == "idle"
+    assert "%s (" % job.worker_name in out and "busy default" in out
     rqenv.fake.release(hold)
     rqenv.wait_status(job, "finished")
     wait_until(lambda: RqPyWorker.find_by_key("rq:worker:" + job.worker_name,
                                               connection=rqenv.r).get_state() == "idle",
                what="worker idle")
+
+
+def test_started_score_kept_ahead_while_running(rqenv):
+    """The started registry's score of a running job is always ahead of now
+    and moves on at each heartbeat (half the monitoring interval), so RQ's
+    cleanups (`rq info`) never fail it."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+    rqenv.worker("--name", "beat", "-c", "1", "--job-monitoring-interval", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    scores = []
+    t_end = time.time() + 4
+    while time.time() < t_end:
+        sc = rqenv.r.zscore("rq:wip:default", job.id)
+        assert sc is not None and sc > time.time() + 55
+        if not scores or sc != scores[-1]:
+            scores.append(sc)
+        time.sleep(0.1)
+    assert len(scores) >= 3 and scores == sorted(scores)  # refreshed about every second
+    assert rqenv.r.ttl("rq:worker:beat") > 0
+    rqenv.rq_info()
+    assert job.get_status() == "started"
+    rqenv.fake.release(hold)
+    rqenv.wait_status(job, "finished")
 
 
 def test_sigterm_is_warm(rqenv):
@@ -375,6 +434,8 @@ def test_dependents_released(rqenv):
     rqenv.wait_status(allowed, "finished")
     rqenv.wait_status(bad, "failed")
     time.sleep(1)
+    deferred = {m.decode() for m in rqenv.r.zrange("rq:deferred:default", 0, -1)}
+    assert child.id not in deferred and allowed.id not in deferred
     assert stuck.get_status() == "deferred"
     assert stuck.id in rqenv.r.zrange("rq:deferred:default", 0, -1) or \
         stuck.id.encode() in rqenv.r.zrange("rq:deferred:default", 0, -1)
@@ -426,7 +487,9 @@ def test_shutdown_command(rqenv):
     job.refresh()
     assert job.get_status() == "finished"
     assert not rqenv.r.sismember("rq:workers", "rq:worker:shut")
+    assert not rqenv.r.sismember("rq:workers:default", "rq:worker:shut")
     assert rqenv.r.hget("rq:worker:shut", "death")
+    assert 0 < rqenv.r.ttl("rq:worker:shut") <= 60
 
 
 def test_concurrency_and_two_processes_in_rq_info(rqenv):
@@ -536,6 +599,34 @@ def test_bound_method_bombs_and_expired_jobs(rqenv):
     assert "exceeds the 0 bytes left" in frame.latest_result().exc_string  # truncated FRAME
     assert not rqenv.r.exists("rq:job:" + expired.id)
     assert w.count(expired.id) == 0 or "skipped" in w.log()
+    assert len(rqenv.fake.stats()) == 1
+
+
+def test_memo_dag_and_cycle_fail_without_running(rqenv):
+    """A 2**30-node DAG of memo references and a list that holds itself fail
+    the job (within the limits, no call); the worker goes on."""
+    import pickle
+    import zlib
+    q = rqenv.queue()
+    x = []
+    for _ in range(30):
+        x = [x, x]
+    cyc = []
+    cyc.append(cyc)
+    jobs = []
+    for args in ((x,), (cyc,)):
+        j = q.enqueue("mymod.llm_inference", "x")
+        rqenv.r.hset("rq:job:" + j.id, "data", zlib.compress(pickle.dumps(
+            ("mymod.llm_inference", None, args, {}), protocol=5)))
+        jobs.append(j)
+    after = q.enqueue("mymod.llm_inference", "after")
+    rqenv.worker("-c", "1")
+    rqenv.wait_status(after, "finished")
+    for j, why in zip(jobs, ("pickle expands past", "(a cycle)")):
+        assert j.get_status() == "failed"
+        last = j.latest_result().exc_string.rstrip("\n").splitlines()[-1]
+        assert last.startswith("celeriac.UnsupportedJob: job data refused: "), last
+        assert why in last, last
     assert len(rqenv.fake.stats()) == 1
 
 
