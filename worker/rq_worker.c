@@ -312,6 +312,20 @@ static void pstream_send_end(struct slot *s)
     pstream_send(s);
 }
 
+/* The write out is done with: the end, if it waits, goes next; a slot whose
+ * job's end is stored goes idle. */
+static void pstream_done(struct slot *s)
+{
+    redis_args_release(&s->pcmd);
+    redis_args_init(&s->pcmd);
+    if (s->pend_wanted) {
+        pstream_send_end(s);
+    } else if (s->idle_wait) {
+        s->idle_wait = 0;
+        slot_idle(s);
+    }
+}
+
 static void on_pstream_written(struct redis_req *req, int status, redisReply *reply)
 {
     struct slot *s = req->data;
@@ -324,22 +338,22 @@ static void on_pstream_written(struct redis_req *req, int status, redisReply *re
     }
     if (reply->type == REDIS_REPLY_ERROR)
         LOG(LOG_WARNING, "rq job %s: progress not written: %s", s->id, reply->str);
-    redis_args_release(&s->pcmd);
-    redis_args_init(&s->pcmd);
-    if (s->pend_wanted) {
-        pstream_send_end(s);
-    } else if (s->idle_wait) {
-        s->idle_wait = 0;
-        slot_idle(s);
-    }
+    pstream_done(s);
 }
 
 static void pstream_send(struct slot *s)
 {
     const char **argv = redis_args_argv(&s->pcmd);
     s->preq.data = s;
-    if (!argv || redis_conn_send(s->w->conn, &s->preq, on_pstream_written, s->pcmd.n,
-                                 argv, s->pcmd.len)) {
+    if (!argv) {
+        /* Out of memory gathering it: it would never be whole; dropped. */
+        LOG(LOG_ERROR, "rq job %s: out of memory; some progress was not written", s->id);
+        s->ppending = 0;
+        pstream_done(s);
+        return;
+    }
+    if (redis_conn_send(s->w->conn, &s->preq, on_pstream_written, s->pcmd.n, argv,
+                        s->pcmd.len)) {
         s->ppending = 1;
         return;
     }
@@ -679,7 +693,7 @@ static void on_meta_written(struct redis_req *req, int status, redisReply *reply
 
 /* job.meta["progress"] = {"text": all so far, "tokens": deltas}, as the
  * Celery worker's PROGRESS meta carries it. */
-static void progress_write(struct slot *s, uint64_t now_ms)
+static void progress_write(struct slot *s, uint64_t now_ms, uint64_t interval_ms)
 {
     struct rq_worker *w = s->w;
     cJSON *p;
@@ -689,7 +703,7 @@ static void progress_write(struct slot *s, uint64_t now_ms)
     size_t len = 0;
     const char *text;
 
-    s->next_meta_ms = now_ms + (uint64_t)w->cfg->progress_interval_ms;
+    s->next_meta_ms = now_ms + interval_ms;
     if (!s->meta || !s->call || s->meta_inflight)
         return;
     text = llm_req_text(s->call, &len);
@@ -1340,7 +1354,8 @@ static void on_cron(uv_timer_t *t)
         return;
     /* Many jobs streaming at once write less often each (worker/progress.h). */
     for (int i = 0; i < w->nslots; i++)
-        running += w->slots[i].pstream && w->slots[i].state == SLOT_RUNNING;
+        running += w->slots[i].state == SLOT_RUNNING &&
+                   (w->slots[i].pstream || w->slots[i].meta);
     interval_ms =
         (uint64_t)progress_budget_interval_ms(w->cfg->progress_interval_ms, running);
     for (int i = 0; i < w->nslots; i++) {
@@ -1358,7 +1373,7 @@ static void on_cron(uv_timer_t *t)
             if (now >= s->next_beat_ms && redis_conn_up(w->conn))
                 busy_beat(s, now);
             if (s->meta && now >= s->next_meta_ms && redis_conn_up(w->conn))
-                progress_write(s, now);
+                progress_write(s, now, interval_ms);
             if (redis_conn_up(w->conn))
                 pstream_tick(s, now, interval_ms);
         } else if (s->state == SLOT_IDLE && now >= s->next_idle_beat_ms &&
