@@ -85,6 +85,21 @@ def rqenv(request, services, fake_llm):
     e.close()
 
 
+RQ2_READ = r'''
+import sys
+from redis import Redis
+import rq
+from rq.job import Job
+r = Redis(port=int(sys.argv[1]), db=int(sys.argv[2]))
+assert rq.__version__.startswith("2."), rq.__version__
+j = Job.fetch(sys.argv[3], connection=r)
+j.refresh()
+assert j.is_finished, j.get_status()
+assert j.return_value() == sys.argv[4] and j.result == sys.argv[4], j.return_value()
+print("ok", rq.__version__)
+'''
+
+
 def test_enqueue_by_name_finishes(rqenv):
     q = rqenv.queue()
     job = q.enqueue("mymod.llm_inference", "Hello")
@@ -99,6 +114,13 @@ def test_enqueue_by_name_finishes(rqenv):
     assert job.worker_name.startswith("celeriac-")
     assert job.id in FinishedJobRegistry(queue=q).get_job_ids()
     assert job.id not in StartedJobRegistry(queue=q).get_job_ids()
+    rq2 = os.environ.get("CELERIAC_RQ2_PATH")
+    if rq2:  # RQ 2.x's client reads the default (1.13) layout too
+        out = subprocess.run(["/usr/bin/python3", "-c", RQ2_READ,
+                              str(rqenv.services.redis_port), str(rqenv.db), job.id, want],
+                             env=dict(os.environ, PYTHONPATH=rq2),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("ok 2."), out.stderr
     # result_ttl 500 (RQ's default) on the job, its stream, and the registry score
     assert 490 < rqenv.r.ttl("rq:job:" + job.id) <= 500
     assert 490 < rqenv.r.ttl("rq:results:" + job.id) <= 500
