@@ -45,9 +45,32 @@ registered() {
     epmd -names 2>/dev/null | grep -q "^name ${RABBIT_NODE%@*} "
 }
 
+# Whether the node takes AMQP connections (bash's own /dev/tcp: no process).
+listening() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$AMQP_PORT") 2>/dev/null
+}
+
+# Waits for a started node: its VM registered with epmd, then its AMQP listener
+# open, which RabbitMQ opens at the end of its boot (what `rabbitmqctl
+# await_startup` waits for, without an Erlang VM of its own). Fails when the VM
+# goes away meanwhile (a node that refused to boot) or after two minutes.
+booted() {
+    local i seen=""
+    for i in $(seq 1 1200); do
+        if registered; then
+            seen=1
+            listening && return 0
+        elif [ -n "$seen" ] || [ "$i" -gt 600 ]; then
+            return 1 # gone again, or never there
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
 rabbit_start() {
     rabbit_env
-    if registered && ctl ping >/dev/null 2>&1; then return 0; fi
+    if registered && listening; then return 0; fi
     mkdir -p "$dir/rabbit"
     echo "[]." > "$dir/rabbit/enabled_plugins"
     # Loopback only; a short consumer_timeout is set by the tests that need it.
@@ -66,11 +89,7 @@ CONF
     # The Debian wrapper runs the server as the rabbitmq user.
     if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$dir/rabbit"; fi
     (cd /tmp && rabbitmq-server -detached >/dev/null 2>&1)
-    for _ in $(seq 1 600); do
-        registered && break
-        sleep 0.1
-    done
-    if ! ctl await_startup --timeout 120 >/dev/null; then
+    if ! booted; then
         # RabbitMQ 4.0.5 (Debian trixie's, the RabbitMQ 4 tier) can refuse to
         # boot again with transient non-exclusive queues denied although none
         # exist (its check counts other queues: rabbitmq-server PR 12840).
@@ -82,11 +101,7 @@ CONF
                 "non-exclusive queues denied (its bug); restarted with them permitted" >&2
             sed -i '/transient_nonexcl_queues/d' "$dir/rabbit/rabbitmq.conf"
             (cd /tmp && rabbitmq-server -detached >/dev/null 2>&1)
-            for _ in $(seq 1 600); do
-                registered && break
-                sleep 0.1
-            done
-            ctl await_startup --timeout 120 >/dev/null && return 0
+            booted && return 0
         fi
         # Why, where the caller shows it (the node's own log).
         echo "services: RabbitMQ node $RABBIT_NODE did not start; its log ends:" >&2
@@ -107,7 +122,13 @@ rabbit_stop() {
     rabbit_env
     local pid=""
     [ -f "$RABBITMQ_PID_FILE" ] && pid=$(tr -dc 0-9 < "$RABBITMQ_PID_FILE")
-    registered && { ctl stop >/dev/null 2>&1 || true; }
+    # Erlang stops the node as `rabbitmqctl stop` does on SIGTERM, without a
+    # VM of its own to ask.
+    if [ -n "$pid" ] && alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+    elif registered; then
+        ctl stop >/dev/null 2>&1 || true
+    fi
     for _ in $(seq 1 300); do
         registered || break
         sleep 0.1
