@@ -1,6 +1,6 @@
 /* fleet_limits.h -- the worker's side of the shared provider limits: it
  * answers the LLM client's questions (llm_limit_ops) with one Lua script in
- * the result backend's Redis, so that every worker of a fleet counts in the
+ * the result backend's Redis (or --limits-redis's), so that every worker of a fleet counts in the
  * same state, or, while Redis is away, with llm/limiter.c on its own.
  *
  * Keys, under the backend's key prefix, per (provider, model):

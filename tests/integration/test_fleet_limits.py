@@ -217,3 +217,28 @@ def test_redis_away_limits_alone_then_rejoins(env, services):
         assert w.count("limits: Redis away") == 1
     finally:
         proxy.close()
+
+
+def test_limits_redis_chooses_another_redis(env, services):
+    """--limits-redis keeps the shared state in the Redis it names (here
+    another database of the same server), not the result backend's; a bad
+    URL stops the worker at start-up with one line."""
+    import subprocess
+    import redis
+    from conftest import BIN
+    db = 40 + env.db
+    other = redis.Redis(host="127.0.0.1", port=services.redis_port, db=db)
+    other.flushdb()
+    env.worker("-c", "2", "--limits-redis", services.redis_url(db),
+               "--llm-providers", doc({"rpm": 600, "concurrency": 2}))
+    for r in [chat(env, "elsewhere %d" % i) for i in range(3)]:
+        r.get(timeout=20)
+    assert other.get("celeriac:limit:default/lim:req") is not None, other.keys()
+    assert not env.redis.keys("celeriac:limit:*"), env.redis.keys("celeriac:limit:*")
+    out = subprocess.run([BIN, "worker", "-b", env.broker, "--result-backend", env.backend,
+                          "--limits-redis", "redis://127.0.0.1:99999/0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stderr
+    said = [l for l in out.stderr.splitlines() if "limits Redis" in l]
+    assert len(said) == 1 and "invalid port" in said[0], out.stderr
+    other.flushdb()
