@@ -111,6 +111,7 @@ struct llm_req {
     struct llm_limit *lim;
     struct llm_req *lim_next, *lim_prev;
     int lim_state;
+    unsigned long lim_refusals; /* the limit's refusals when it was queued */
     uint64_t holder;
     long est_tokens, used_tokens;
     uint64_t renewed; /* loop ms its permit was last renewed */
@@ -1078,6 +1079,7 @@ static void limit_enqueue(struct llm_client *c, struct llm_req *r)
 {
     struct llm_limit *lim = r->lim;
     r->lim_state = LIM_QUEUED;
+    r->lim_refusals = lim->refusals;
     r->lim_next = NULL;
     r->lim_prev = lim->tail;
     if (lim->tail)
@@ -1145,6 +1147,11 @@ static void on_limit_timer(uv_timer_t *t)
         lim->asking = 1;
         lim->ask_holder = lim->head->holder;
         lim->ask_tokens = lim->head->est_tokens;
+        /* Held back once at least while it waited: a wait to count. */
+        lim->ask_waited_ms = 0;
+        if (lim->head->lim_refusals != lim->refusals)
+            lim->ask_waited_ms =
+                now > lim->head->t_start ? (int64_t)(now - lim->head->t_start) : 1;
         c->lops->ask(c, lim, lim->ask_tokens, lim->ask_holder, c->ldata);
         /* An answer from inside ask() kicked the timer again. */
     }
@@ -1168,6 +1175,7 @@ void llm_client_limit_answer(struct llm_client *c, struct llm_limit *lim, int gr
     if (c->closing)
         return;
     if (!granted) {
+        lim->refusals++;
         lim->retry_at = uv_now(c->loop) + (uint64_t)(wait_ms > 0 ? wait_ms : 1);
         limits_kick(c, 0);
         return;

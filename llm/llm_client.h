@@ -114,7 +114,12 @@ struct llm_limit {
     char key[192];                /* "provider/model", for the owner */
     void *data;                   /* the owner's */
     struct llm_limit *next;       /* the owner's list */
+    /* read-only, for the owner inside ops->ask: how long the call asked for
+     * has waited for this limit (ms, at least 1) when a refusal held it back
+     * since it was queued, else 0 */
+    int64_t ask_waited_ms;
     /* private: the client's */
+    unsigned long refusals;      /* answers that said wait */
     struct llm_req *head, *tail; /* calls waiting, oldest first */
     int asking;                  /* a question is out */
     uint64_t ask_holder;         /* whom it is for */

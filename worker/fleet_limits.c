@@ -10,20 +10,29 @@
 #include "util/alloc.h"
 #include "util/log.h"
 
-/* llm/limiter.c's arithmetic, run in Redis. KEYS: req, tok, cool, permits.
- * ARGV[1] is the mode:
- *   try rpm tpm concurrency lease_ms tokens holder burst_ms
+/* llm/limiter.c's arithmetic, run in Redis. KEYS: req, tok, cool, permits,
+ * stats. ARGV[1] is the mode:
+ *   try rpm tpm concurrency lease_ms tokens holder burst_ms waited_ms
  *       -> 0 granted (charged), or the wait in ms before asking again
  *   correct tpm delta_tokens   (the usage came: move the token tat)
  *   cool ms                    (nothing before now + ms; a later one wins)
  *   renew lease_ms holder      (a permit still held lives on)
+ *   stats -> {granted, waited, wait_ms, coolings, cooled_until_ms (0: not
+ *             cooled), in_flight, requests and tokens in the last minute}
  * A wait on a full set of permits is at most 50 ms: a permit freed by another
  * worker says nothing, so the asker looks again soon. A wait on tokens is at
  * most TOK_POLL_MS for the same reason: the calls before were charged their
  * estimate, and the usage they report, often far less, gives the rest back
  * meanwhile (measured with two workers at 3,000 tpm and calls of about 22
  * tokens estimated at 52: 7.6 s for 14 calls with exact waits against an
- * ideal of 4.9 s; 5.5 s with these polls). */
+ * ideal of 4.9 s; 5.5 s with these polls).
+ *
+ * The stats hash counts for the whole fleet: calls granted, those that
+ * waited (waited_ms > 0: held back at least once) and their wait, and the
+ * coolings. The last minute's use is a sliding window of two fixed minutes
+ * (fields m: this minute's number, rc/tc: its requests and tokens, rp/tp:
+ * the minute before's), the one before weighted by how much of it the last
+ * 60 s still cover: cheap, and exact when the pace is even. */
 static struct backend_script limit_script = BACKEND_SCRIPT(
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -32,6 +41,19 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "local function num(k) return tonumber(redis.call('GET', k) or '0') or 0 end\n"
     "local function put(k, v) redis.call('SET', k, string.format('%.3f', v), 'PX',\n"
     "  math.max(1, math.ceil(v - now)) + 60000) end\n"
+    "local STATS_TTL_MS = 86400000\n"
+    "local function window(reqs, toks)\n"
+    "  local m = math.floor(now / 60000)\n"
+    "  local h = redis.call('HMGET', KEYS[5], 'm', 'rc', 'tc')\n"
+    "  local hm = tonumber(h[1] or '-1') or -1\n"
+    "  if hm ~= m then\n"
+    "    if hm == m - 1 then\n"
+    "      redis.call('HSET', KEYS[5], 'rp', h[2] or '0', 'tp', h[3] or '0')\n"
+    "    else redis.call('HSET', KEYS[5], 'rp', '0', 'tp', '0') end\n"
+    "    redis.call('HSET', KEYS[5], 'm', m, 'rc', '0', 'tc', '0') end\n"
+    "  if reqs ~= 0 then redis.call('HINCRBY', KEYS[5], 'rc', reqs) end\n"
+    "  if toks ~= 0 then redis.call('HINCRBY', KEYS[5], 'tc', math.floor(toks)) end\n"
+    "end\n"
     "if mode == 'try' then\n"
     "  local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])\n"
     "  local lease, tokens, holder = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]\n"
@@ -63,16 +85,43 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "  if conc > 0 then\n"
     "    redis.call('ZADD', KEYS[4], now + lease, holder)\n"
     "    redis.call('PEXPIRE', KEYS[4], lease * 2) end\n"
+    "  local waited = tonumber(ARGV[9] or '0') or 0\n"
+    "  window(1, math.max(tokens, 0))\n"
+    "  redis.call('HINCRBY', KEYS[5], 'granted', 1)\n"
+    "  if waited > 0 then\n"
+    "    redis.call('HINCRBY', KEYS[5], 'waited', 1)\n"
+    "    redis.call('HINCRBY', KEYS[5], 'wait_ms', math.floor(waited)) end\n"
+    "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
     "  return 0\n"
     "elseif mode == 'correct' then\n"
     "  local tat = num(KEYS[2])\n"
     "  if tat > 0 then put(KEYS[2], tat + tonumber(ARGV[3]) * 60000 / tonumber(ARGV[2])) "
     "end\n"
+    "  window(0, tonumber(ARGV[3]))\n"
     "  return 0\n"
     "elseif mode == 'cool' then\n"
     "  local untl = now + tonumber(ARGV[2])\n"
     "  if untl > num(KEYS[3]) then put(KEYS[3], untl) end\n"
+    "  redis.call('HINCRBY', KEYS[5], 'coolings', 1)\n"
+    "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
     "  return 0\n"
+    "elseif mode == 'stats' then\n"
+    "  local h = redis.call('HMGET', KEYS[5], 'granted', 'waited', 'wait_ms', "
+    "'coolings', 'm', 'rc', 'tc', 'rp', 'tp')\n"
+    "  local v = {}\n"
+    "  for i = 1, 9 do v[i] = tonumber(h[i] or '0') or 0 end\n"
+    "  local m = math.floor(now / 60000)\n"
+    "  local rc, tc, rp, tp = v[6], v[7], v[8], v[9]\n"
+    "  if v[5] ~= m then\n"
+    "    if v[5] == m - 1 then rp, tp = rc, tc else rp, tp = 0, 0 end\n"
+    "    rc, tc = 0, 0 end\n"
+    "  local left = 1 - (now - m * 60000) / 60000\n"
+    "  local cool = num(KEYS[3])\n"
+    "  if cool <= now then cool = 0 end\n"
+    "  local inflight = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')\n"
+    "  return {v[1], v[2], v[3], v[4], math.floor(cool), inflight,\n"
+    "          math.floor(rc + rp * left + 0.5), math.max(0, math.floor(tc + tp * left + "
+    "0.5))}\n"
     "elseif mode == 'renew' then\n"
     "  redis.call('ZADD', KEYS[4], 'XX', now + tonumber(ARGV[2]), ARGV[3])\n"
     "  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]) * 2)\n"
@@ -88,9 +137,18 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
  * (one call fewer in the first second's burst). */
 #define WIRE_MARGIN_MS 50
 
-/* The local state of one limit, for while Redis is away (lim->data). */
+/* How often each limit's fleet-wide figures are read back from Redis for
+ * /metrics (one script call per limit met). */
+#define STATS_EVERY_MS 1000
+
+/* The local state of one limit, for while Redis is away, and the last
+ * figures read from Redis (lim->data). */
 struct local_limit {
     struct lim_state st;
+    struct fleet_limits *f;
+    const struct llm_limit *lim; /* borrowed: the router's, outlives us */
+    struct fleet_limit_stats stats;
+    int reading; /* a stats question is out */
     struct local_limit *next;
 };
 
@@ -113,6 +171,7 @@ struct fleet_limits {
     struct local_limit *locals;
     struct ask *asks; /* sent, unanswered */
     int alone;        /* 1: Redis away, counting alone (said once) */
+    uint64_t stats_read_ms;
 };
 
 static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
@@ -126,6 +185,8 @@ static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
         cr_free(l);
         return NULL;
     }
+    l->f = f;
+    l->lim = lim;
     l->next = f->locals;
     f->locals = l;
     lim->data = l;
@@ -184,13 +245,13 @@ static void holder_of(struct fleet_limits *f, uint64_t holder, char *out, size_t
 static int run(struct fleet_limits *f, const struct llm_limit *lim, int nargs,
                const char *const *args, backend_reply_fn *cb, void *privdata)
 {
-    char keys[4][256];
+    char keys[5][256];
     const char *argv[16];
     int argc = 0;
-    static const char *const kinds[] = {"req", "tok", "cool", "permits"};
+    static const char *const kinds[] = {"req", "tok", "cool", "permits", "stats"};
 
-    argv[argc++] = "4";
-    for (int i = 0; i < 4; i++) {
+    argv[argc++] = "5";
+    for (int i = 0; i < 5; i++) {
         key_of(f, lim, kinds[i], keys[i], sizeof(keys[i]));
         argv[argc++] = keys[i];
     }
@@ -245,6 +306,49 @@ static void on_ask_reply(struct backend *bk, int status, const redisReply *reply
     cr_free(a);
 }
 
+static double int_at(const redisReply *r, size_t i)
+{
+    const redisReply *e = i < r->elements ? r->element[i] : NULL;
+    return e && e->type == REDIS_REPLY_INTEGER ? (double)e->integer : 0;
+}
+
+static void on_stats_reply(struct backend *bk, int status, const redisReply *reply,
+                           void *privdata)
+{
+    struct local_limit *l = privdata;
+    struct fleet_limit_stats *st = &l->stats;
+    (void)bk;
+    if (status == CR_ECANCELED) /* the worker is going; l is freed after */
+        return;
+    l->reading = 0;
+    if (status || !reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 8)
+        return;
+    st->known = 1;
+    st->granted = int_at(reply, 0);
+    st->waited = int_at(reply, 1);
+    st->wait_s = int_at(reply, 2) / 1000.0;
+    st->coolings = int_at(reply, 3);
+    st->cooled_until_ms = (int64_t)int_at(reply, 4);
+    st->in_flight = int_at(reply, 5);
+    st->requests_last_min = int_at(reply, 6);
+    st->tokens_last_min = int_at(reply, 7);
+}
+
+/* Reads each limit's fleet-wide figures back (one question per limit out
+ * at a time; while Redis is away they stay as last read). */
+static void read_stats(struct fleet_limits *f)
+{
+    static const char *const args[1] = {"stats"};
+    if (!shared(f))
+        return;
+    for (struct local_limit *l = f->locals; l; l = l->next) {
+        if (l->reading)
+            continue;
+        if (run(f, l->lim, 1, args, on_stats_reply, l) == 0)
+            l->reading = 1;
+    }
+}
+
 void fleet_limits_tick(struct fleet_limits *f)
 {
     uint64_t now = uv_now(f->loop);
@@ -254,6 +358,24 @@ void fleet_limits_tick(struct fleet_limits *f)
             set_alone(f, 1, "no answer");
             answer_locally(f, a->c, a->lim, a->tokens, a->holder);
         }
+    if (now - f->stats_read_ms >= STATS_EVERY_MS) {
+        f->stats_read_ms = now;
+        read_stats(f);
+    }
+}
+
+int fleet_limits_stats(const struct fleet_limits *f, int i, struct fleet_limit_stats *out)
+{
+    const struct local_limit *l = f ? f->locals : NULL;
+    for (; l && i > 0; i--)
+        l = l->next;
+    if (!l || i < 0)
+        return 0;
+    *out = l->stats;
+    out->key = l->lim->key;
+    out->cfg = l->lim->cfg;
+    out->shared = f->bk && !f->alone && backend_connected(f->bk);
+    return 1;
 }
 
 static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
@@ -261,10 +383,12 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
 {
     struct fleet_limits *f = data;
     const struct lim_config *cfg = lim->cfg;
-    char rpm[32], tpm[32], conc[24], lease[24], tok[24], h[200], burst[16];
-    const char *args[8] = {"try", rpm, tpm, conc, lease, tok, h, burst};
+    char rpm[32], tpm[32], conc[24], lease[24], tok[24], h[200], burst[16], waited[24];
+    const char *args[9] = {"try", rpm, tpm, conc, lease, tok, h, burst, waited};
     struct ask *a;
 
+    /* Every limit met is listed, for its figures, Redis or not. */
+    local_of(f, lim);
     if (!shared(f) || !(a = cr_calloc(1, sizeof(*a)))) {
         answer_locally(f, c, lim, tokens, holder);
         return;
@@ -275,9 +399,10 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     snprintf(lease, sizeof(lease), "%lld", (long long)cfg->lease_ms);
     snprintf(tok, sizeof(tok), "%ld", tokens);
     snprintf(burst, sizeof(burst), "%d", LIM_BURST_MS - WIRE_MARGIN_MS);
+    snprintf(waited, sizeof(waited), "%lld", (long long)lim->ask_waited_ms);
     holder_of(f, holder, h, sizeof(h));
     *a = (struct ask){f, c, lim, holder, tokens, uv_now(f->loop), 0, f->asks, NULL};
-    if (run(f, lim, 8, args, on_ask_reply, a)) {
+    if (run(f, lim, 9, args, on_ask_reply, a)) {
         cr_free(a);
         answer_locally(f, c, lim, tokens, holder);
         return;

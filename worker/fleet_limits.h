@@ -1,7 +1,7 @@
 /* fleet_limits.h -- the worker's side of the shared provider limits: it
  * answers the LLM client's questions (llm_limit_ops) with one Lua script in
- * the result backend's Redis (or --limits-redis's), so that every worker of a fleet counts in the
- * same state, or, while Redis is away, with llm/limiter.c on its own.
+ * the result backend's Redis (or --limits-redis's), so that every worker of a fleet
+ * counts in the same state, or, while Redis is away, with llm/limiter.c on its own.
  *
  * Keys, under the backend's key prefix, per (provider, model):
  * celeriac:limit:<provider>/<model>:req and :tok (the GCRA theoretical
@@ -43,5 +43,26 @@ void fleet_limits_free(struct fleet_limits *f);
 void fleet_limits_tick(struct fleet_limits *f);
 
 extern const struct llm_limit_ops fleet_limits_ops;
+
+/* One limit's use across the fleet, as last read from Redis (every
+ * second, while Redis answers). */
+struct fleet_limit_stats {
+    const char *key;              /* "provider/model" */
+    const struct lim_config *cfg; /* its limits */
+    int shared;                   /* 1: counted in Redis now; 0: alone */
+    int known;                    /* 0: not read from Redis yet (figures 0) */
+    double granted;               /* calls let through, ever */
+    double waited, wait_s;        /* of them, those held back, and their wait */
+    double coolings;              /* 429s (and 503/529 with a delay) */
+    int64_t cooled_until_ms;      /* Unix ms (Redis's clock); 0: not cooled */
+    double in_flight;             /* permits held now */
+    double requests_last_min, tokens_last_min;
+};
+
+/* The i-th (0, 1, ...) limit the worker has met: 1 with *out filled (its
+ * strings borrowed until fleet_limits_free()), or 0 past the last. NULL f
+ * has none. */
+int fleet_limits_stats(const struct fleet_limits *f, int i,
+                       struct fleet_limit_stats *out);
 
 #endif

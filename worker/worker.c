@@ -951,6 +951,7 @@ int worker_start(struct worker *w, struct cr_err *err)
     w->ctx.cfg = w->cfg;
     w->ctx.broker = w->broker;
     w->ctx.backend = w->backend;
+    w->ctx.limits = w->limits;
     w->ctx.engine = w->engine;
     w->ctx.bcfg = &w->bcfg;
     w->ctx.secrets = &w->ls.secrets;

@@ -242,3 +242,66 @@ def test_limits_redis_chooses_another_redis(env, services):
     said = [l for l in out.stderr.splitlines() if "limits Redis" in l]
     assert len(said) == 1 and "invalid port" in said[0], out.stderr
     other.flushdb()
+
+
+def test_metrics_and_top_show_the_fleet_use(env):
+    """/metrics and `celeriac top` show each limit's use across the fleet:
+    calls let through, those held back and their wait, permits in flight,
+    the last minute's calls and tokens, and a 429's cooling."""
+    import re
+    import subprocess
+    from conftest import BIN, free_port
+    from test_monitoring import scrape, sample
+    rpm, n = 600, 30  # 10 at once, then 20 paced over 2 s
+    lim = {"rpm": rpm, "tpm": 1000000, "concurrency": 20}
+    pa, pb = free_port(), free_port()
+    env.fake._req("POST", "/__config", {"rpm": rpm, "rl_mode": "bucket"})
+    env.worker("-c", "8", "--metrics-port", str(pa), "--llm-providers", doc(lim))
+    env.worker("-c", "8", "--metrics-port", str(pb), "--llm-providers", doc(lim))
+    rs = [chat(env, "seen %d" % i) for i in range(n)]
+    all_done(env, rs)
+    pm = {"provider": "default", "model": "lim"}
+
+    def settled(port):
+        s = scrape(port)
+        return s if sample(s, "celeriac_limit_calls_granted_total", **pm) == n else None
+    sa = wait_until(lambda: settled(pa), 10, 0.3, what="the fleet's figures on a")
+    sb = wait_until(lambda: settled(pb), 10, 0.3, what="the fleet's figures on b")
+    waited = sample(sa, "celeriac_limit_calls_waited_total", **pm)
+    wait_s = sample(sa, "celeriac_limit_wait_seconds_total", **pm)
+    print("%d calls at %d rpm: %d held back, %.1f s of waits; last minute %s calls, %s "
+          "tokens" % (n, rpm, waited, wait_s,
+                      sample(sa, "celeriac_limit_requests_last_minute", **pm),
+                      sample(sa, "celeriac_limit_tokens_last_minute", **pm)))
+    # fleet-wide: both workers show the same figures
+    for name in ("celeriac_limit_calls_granted_total", "celeriac_limit_calls_waited_total"):
+        assert sample(sa, name, **pm) == sample(sb, name, **pm), name
+    assert 15 <= waited <= n - 5, waited
+    assert waited * 0.2 <= wait_s <= waited * 2.5, (waited, wait_s)
+    assert sample(sa, "celeriac_limit_requests_last_minute", **pm) == n
+    assert 0 < sample(sa, "celeriac_limit_tokens_last_minute", **pm) < n * 100
+    assert sample(sa, "celeriac_limit_in_flight", **pm) == 0
+    assert sample(sa, "celeriac_limit_max", kind="rpm", **pm) == rpm
+    assert sample(sa, "celeriac_limit_max", kind="concurrency", **pm) == 20
+    assert sample(sa, "celeriac_limit_shared", **pm) == 1
+    assert sample(sa, "celeriac_limit_coolings_total", **pm) == 0
+    assert sample(sa, "celeriac_limit_cooled", **pm) == 0
+
+    # a 429 naming 5 s cools the fleet: both workers say so until it ends
+    env.fake._req("POST", "/__config", {"rpm": 0})
+    env.fake.script(["status=429;ra_ms=5000"])
+    chat(env, "refused")
+    wait_until(lambda: 429 in statuses(env), 20, what="the 429")
+    sb = wait_until(lambda: (lambda s: s if sample(s, "celeriac_limit_cooled", **pm) == 1
+                             else None)(scrape(pb)), 10, 0.3, what="cooled on b")
+    left = sample(sb, "celeriac_limit_cooled_until_seconds", **pm) - time.time()
+    assert sample(sb, "celeriac_limit_coolings_total", **pm) == 1
+    assert 2 < left <= 5.5, left
+    top = subprocess.run([BIN, "top", "--once", "-i", "0.2", "127.0.0.1:%d" % pa,
+                          "127.0.0.1:%d" % pb], capture_output=True, text=True, timeout=30)
+    print(top.stdout)
+    assert top.returncode == 0, top.stderr
+    rows = [l for l in top.stdout.splitlines() if l.startswith("default/lim ")]
+    assert len(rows) == 1, top.stdout  # the fleet's, once
+    assert re.search(r"^default/lim\s+shared\s+3\d/600\s+\d+/1000000\s+0/20\s+3\d\s+\d+\s+"
+                     r"[\d.]+s\s+1\s+[\d.]+s left$", rows[0]), rows[0]
