@@ -145,6 +145,10 @@ struct llm_limit_ops {
     /* The holder's call still runs: its permit lives a lease more. */
     void (*renew)(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
                   void *data);
+    /* The provider's rate-limit headers say a limit of its is spent for ms
+     * more (x-ratelimit-remaining-* 0 until x-ratelimit-reset-*): nothing
+     * should go before then. Not a 429: no cooling to count. May be NULL. */
+    void (*hold)(struct llm_client *c, struct llm_limit *lim, int64_t ms, void *data);
 };
 
 /* A streamed text delta (borrowed for the call). */

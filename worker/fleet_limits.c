@@ -15,10 +15,12 @@
  *   try rpm tpm concurrency lease_ms tokens holder burst_ms waited_ms
  *       -> 0 granted (charged), or the wait in ms before asking again
  *   correct tpm delta_tokens   (the usage came: move the token tat)
- *   cool ms                    (nothing before now + ms; a later one wins)
+ *   cool ms [hold]             (nothing before now + ms; a later one wins;
+ *                               "hold": the provider's headers said so, not
+ *                               a 429, counted apart)
  *   renew lease_ms holder      (a permit still held lives on)
  *   stats -> {granted, waited, wait_ms, coolings, cooled_until_ms (0: not
- *             cooled), in_flight, requests and tokens in the last minute}
+ *             cooled), in_flight, requests and tokens in the last minute, holds}
  * A wait on a full set of permits is at most 50 ms: a permit freed by another
  * worker says nothing, so the asker looks again soon. A wait on tokens is at
  * most TOK_POLL_MS for the same reason: the calls before were charged their
@@ -102,14 +104,15 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "elseif mode == 'cool' then\n"
     "  local untl = now + tonumber(ARGV[2])\n"
     "  if untl > num(KEYS[3]) then put(KEYS[3], untl) end\n"
-    "  redis.call('HINCRBY', KEYS[5], 'coolings', 1)\n"
+    "  local kind = ARGV[3] == 'hold' and 'holds' or 'coolings'\n"
+    "  redis.call('HINCRBY', KEYS[5], kind, 1)\n"
     "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
     "  return 0\n"
     "elseif mode == 'stats' then\n"
     "  local h = redis.call('HMGET', KEYS[5], 'granted', 'waited', 'wait_ms', "
-    "'coolings', 'm', 'rc', 'tc', 'rp', 'tp')\n"
+    "'coolings', 'm', 'rc', 'tc', 'rp', 'tp', 'holds')\n"
     "  local v = {}\n"
-    "  for i = 1, 9 do v[i] = tonumber(h[i] or '0') or 0 end\n"
+    "  for i = 1, 10 do v[i] = tonumber(h[i] or '0') or 0 end\n"
     "  local m = math.floor(now / 60000)\n"
     "  local rc, tc, rp, tp = v[6], v[7], v[8], v[9]\n"
     "  if v[5] ~= m then\n"
@@ -121,7 +124,7 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "  local inflight = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')\n"
     "  return {v[1], v[2], v[3], v[4], math.floor(cool), inflight,\n"
     "          math.floor(rc + rp * left + 0.5), math.max(0, math.floor(tc + tp * left + "
-    "0.5))}\n"
+    "0.5)), v[10]}\n"
     "elseif mode == 'renew' then\n"
     "  redis.call('ZADD', KEYS[4], 'XX', now + tonumber(ARGV[2]), ARGV[3])\n"
     "  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]) * 2)\n"
@@ -332,6 +335,7 @@ static void on_stats_reply(struct backend *bk, int status, const redisReply *rep
     st->in_flight = int_at(reply, 5);
     st->requests_last_min = int_at(reply, 6);
     st->tokens_last_min = int_at(reply, 7);
+    st->holds = int_at(reply, 8);
 }
 
 /* Reads each limit's fleet-wide figures back (one question per limit out
@@ -460,6 +464,23 @@ static void op_cool(struct llm_client *c, struct llm_limit *lim, int64_t ms, voi
     run(f, lim, 2, args, NULL, NULL);
 }
 
+static void op_hold(struct llm_client *c, struct llm_limit *lim, int64_t ms, void *data)
+{
+    struct fleet_limits *f = data;
+    struct lim_state *st = local_of(f, lim);
+    char n[24];
+    const char *args[3] = {"cool", n, "hold"};
+    (void)c;
+    if (st)
+        lim_cool(st, (int64_t)uv_now(f->loop) + ms);
+    LOG(LOG_DEBUG, "limits: %s spent for %lld ms, by the provider's headers", lim->key,
+        (long long)ms);
+    if (!f->bk)
+        return;
+    snprintf(n, sizeof(n), "%lld", (long long)ms);
+    run(f, lim, 3, args, NULL, NULL);
+}
+
 static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
                      void *data)
 {
@@ -477,7 +498,8 @@ static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holde
     run(f, lim, 3, args, NULL, NULL);
 }
 
-const struct llm_limit_ops fleet_limits_ops = {op_ask, op_done, op_cool, op_renew};
+const struct llm_limit_ops fleet_limits_ops = {op_ask, op_done, op_cool, op_renew,
+                                               op_hold};
 
 struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
                                       const char *hostname, struct cr_err *err)

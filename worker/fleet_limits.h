@@ -54,8 +54,9 @@ struct fleet_limit_stats {
     double granted;               /* calls let through, ever */
     double waited, wait_s;        /* of them, those held back, and their wait */
     double coolings;              /* 429s (and 503/529 with a delay) */
-    int64_t cooled_until_ms;      /* Unix ms (Redis's clock); 0: not cooled */
-    double in_flight;             /* permits held now */
+    double holds; /* holds by the provider's headers (remaining 0 until a reset) */
+    int64_t cooled_until_ms; /* Unix ms (Redis's clock); 0: not cooled */
+    double in_flight;        /* permits held now */
     double requests_last_min, tokens_last_min;
 };
 

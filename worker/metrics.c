@@ -48,7 +48,7 @@ struct metrics {
     /* the providers' shared limits, fleet-wide (read from Redis) */
     struct prom_family *lim_max, *lim_shared, *lim_granted, *lim_waited, *lim_wait_s;
     struct prom_family *lim_coolings, *lim_cooled, *lim_cooled_until, *lim_in_flight;
-    struct prom_family *lim_req_min, *lim_tok_min;
+    struct prom_family *lim_req_min, *lim_tok_min, *lim_holds;
 
     uv_timer_t *timer; /* queue polls and loop liveness; heap, freed on close */
     uint64_t poll_ms;
@@ -179,6 +179,10 @@ static int add_families(struct metrics *m)
       provider_model, 2, NULL, 0);
     F(lim_coolings, "celeriac_limit_coolings_total",
       "429s (and 503/529 naming a delay) that cooled the limit, fleet-wide.",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
+    F(lim_holds, "celeriac_limit_holds_total",
+      "Responses whose rate-limit headers said a provider's limit was spent "
+      "(remaining 0) and held the limit until their reset, fleet-wide.",
       PROM_COUNTER, provider_model, 2, NULL, 0);
     F(lim_cooled, "celeriac_limit_cooled",
       "1 while the limit is cooled (no call goes before the provider's delay ends).",
@@ -477,6 +481,7 @@ static void set_limits(struct metrics *m)
         prom_set(m->lim_waited, pm, st.waited);
         prom_set(m->lim_wait_s, pm, st.wait_s);
         prom_set(m->lim_coolings, pm, st.coolings);
+        prom_set(m->lim_holds, pm, st.holds);
         prom_set(m->lim_cooled, pm, cooled);
         prom_set(m->lim_cooled_until, pm,
                  cooled ? (double)st.cooled_until_ms / 1000.0 : 0);

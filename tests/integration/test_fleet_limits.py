@@ -305,3 +305,35 @@ def test_metrics_and_top_show_the_fleet_use(env):
     assert len(rows) == 1, top.stdout  # the fleet's, once
     assert re.search(r"^default/lim\s+shared\s+3\d/600\s+\d+/1000000\s+0/20\s+3\d\s+\d+\s+"
                      r"[\d.]+s\s+1\s+[\d.]+s left$", rows[0]), rows[0]
+
+
+def test_ratelimit_headers_hold_the_fleet(env):
+    """A provider's x-ratelimit-remaining-requests 0 holds every worker until
+    its x-ratelimit-reset-requests: with a limit of ours far above the
+    provider's, the provider still refuses only calls already on the wire."""
+    from test_monitoring import scrape, sample
+    from conftest import free_port
+    n = 30
+    env.fake._req("POST", "/__config", {"rpm": 600, "rl_mode": "bucket",
+                                        "defaults": "rl_headers=1"})
+    port = free_port()
+    # one call at a time each: when one learns the provider is spent, the
+    # other worker's call may be on the wire already (refused), no more
+    env.worker("-c", "1", "--metrics-port", str(port), "--llm-providers",
+               doc({"rpm": 60000}))
+    env.worker("-c", "1", "--llm-providers", doc({"rpm": 60000}))
+    rs = [chat(env, "headers %d" % i) for i in range(n)]
+    all_done(env, rs)
+    st = statuses(env)
+    refused = st.count(429)
+    wall = provider_wall(env)
+    holds = wait_until(lambda: sample(scrape(port), "celeriac_limit_holds_total",
+                                      provider="default", model="lim"), 10, 0.3,
+                       what="holds counted")
+    print("provider at 600 rpm (10 a second), ours at 60,000: %d calls, %d refused, %d "
+          "holds, wall %.2f s" % (n, refused, holds, wall))
+    assert st.count(200) == n
+    # without the headers the refused calls' retries take over a minute
+    assert refused <= 4, st
+    assert wall <= 8, wall
+    assert holds >= 2, holds
