@@ -141,13 +141,31 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
 #define WIRE_MARGIN_MS 50
 
 /* How often each limit's fleet-wide figures are read back from Redis for
- * /metrics (one script call per limit met). */
+ * /metrics (one script call per limit met), and the worker says it is one
+ * of the fleet. */
 #define STATS_EVERY_MS 1000
+
+/* A worker that has not said so for this long is no longer counted in the
+ * fleet whose size sets the shares while Redis is away. */
+#define MEMBER_TTL_MS 15000
+
+/* The workers under limits: a sorted set of worker -> when its word ends.
+ * KEYS[1] the set; ARGV: this worker, ttl_ms. Returns how many are live. */
+static struct backend_script member_script = BACKEND_SCRIPT(
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local ttl = tonumber(ARGV[2])\n"
+    "redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
+    "redis.call('PEXPIRE', KEYS[1], ttl * 2)\n"
+    "return redis.call('ZCARD', KEYS[1])\n");
 
 /* The local state of one limit, for while Redis is away, and the last
  * figures read from Redis (lim->data). */
 struct local_limit {
     struct lim_state st;
+    struct lim_config share; /* st's limits: this worker's share of them */
+    long share_n;            /* the fleet size share was cut for */
     struct fleet_limits *f;
     const struct llm_limit *lim; /* borrowed: the router's, outlives us */
     struct fleet_limit_stats stats;
@@ -175,6 +193,8 @@ struct fleet_limits {
     struct ask *asks; /* sent, unanswered */
     int alone;        /* 1: Redis away, counting alone (said once) */
     uint64_t stats_read_ms;
+    long fleet_n;    /* workers under limits last seen in Redis (1: none seen) */
+    int members_out; /* the membership question is out */
 };
 
 static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
@@ -184,7 +204,9 @@ static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
         return &l->st;
     if (!(l = cr_calloc(1, sizeof(*l))))
         return NULL;
-    if (lim_init(&l->st, lim->cfg)) {
+    l->share_n = f->fleet_n;
+    lim_share(lim->cfg, l->share_n, &l->share);
+    if (lim_init(&l->st, &l->share)) {
         cr_free(l);
         return NULL;
     }
@@ -198,10 +220,15 @@ static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
 
 static void set_alone(struct fleet_limits *f, int alone, const char *why)
 {
-    if (alone && !f->alone)
+    if (alone && !f->alone && f->fleet_n > 1)
         LOG(LOG_WARNING,
-            "limits: Redis away (%s): each worker applies the whole of each limit "
-            "alone until it is back",
+            "limits: Redis away (%s): this worker applies its share, 1/%ld, of each "
+            "limit (%ld workers were seen sharing them) until it is back",
+            why, f->fleet_n, f->fleet_n);
+    else if (alone && !f->alone)
+        LOG(LOG_WARNING,
+            "limits: Redis away (%s): this worker applies the whole of each limit (no "
+            "other worker was seen sharing them) until it is back",
             why);
     else if (!alone && f->alone)
         LOG(LOG_WARNING, "limits: shared across the fleet in Redis again");
@@ -229,7 +256,25 @@ static void answer_locally(struct fleet_limits *f, struct llm_client *c,
         llm_client_limit_answer(c, lim, 1, 0);
         return;
     }
-    ok = lim_try(st, lim->cfg, (int64_t)uv_now(f->loop), tokens, holder, &wait);
+    {
+        struct local_limit *l = lim->data;
+        if (l->share_n != f->fleet_n) {
+            /* The fleet seen has changed since this state was cut: cut it
+             * again for the new share (a cooling carries over; permits it
+             * held were for calls of an earlier spell alone). */
+            struct lim_state fresh;
+            struct lim_config share;
+            lim_share(lim->cfg, f->fleet_n, &share);
+            if (lim_init(&fresh, &share) == 0) {
+                fresh.cool_until_ms = l->st.cool_until_ms;
+                lim_release(&l->st);
+                l->st = fresh;
+                l->share = share;
+                l->share_n = f->fleet_n;
+            }
+        }
+        ok = lim_try(&l->st, &l->share, (int64_t)uv_now(f->loop), tokens, holder, &wait);
+    }
     llm_client_limit_answer(c, lim, ok, wait);
 }
 
@@ -340,11 +385,41 @@ static void on_stats_reply(struct backend *bk, int status, const redisReply *rep
 
 /* Reads each limit's fleet-wide figures back (one question per limit out
  * at a time; while Redis is away they stay as last read). */
+static void on_member_reply(struct backend *bk, int status, const redisReply *reply,
+                            void *privdata)
+{
+    struct fleet_limits *f = privdata;
+    (void)bk;
+    if (status == CR_ECANCELED) /* the worker is going; f is freed after */
+        return;
+    f->members_out = 0;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER &&
+        reply->integer > 0) {
+        f->fleet_n = (long)reply->integer;
+        /* Redis answers: shared again, even before the next call asks. */
+        set_alone(f, 0, NULL);
+    }
+}
+
+/* Says this worker is one of the fleet under limits, and learns its size. */
+static void say_member(struct fleet_limits *f)
+{
+    char key[320], ttl[24];
+    const char *argv[5] = {"1", key, f->holder_prefix, ttl};
+    if (f->members_out || !f->locals)
+        return;
+    snprintf(key, sizeof(key), "%sceleriac:limit-workers", backend_key_prefix(f->bk));
+    snprintf(ttl, sizeof(ttl), "%d", MEMBER_TTL_MS);
+    if (backend_eval(f->bk, &member_script, 4, argv, NULL, on_member_reply, f) == 0)
+        f->members_out = 1;
+}
+
 static void read_stats(struct fleet_limits *f)
 {
     static const char *const args[1] = {"stats"};
     if (!shared(f))
         return;
+    say_member(f);
     for (struct local_limit *l = f->locals; l; l = l->next) {
         if (l->reading)
             continue;
@@ -425,7 +500,7 @@ static void op_done(struct llm_client *c, struct llm_limit *lim, uint64_t holder
     if (l) {
         lim_done(&l->st, (int64_t)uv_now(f->loop), holder);
         if (actual >= 0)
-            lim_correct(&l->st, lim->cfg, est, actual);
+            lim_correct(&l->st, &l->share, est, actual);
     }
     if (!f->bk)
         return;
@@ -490,7 +565,7 @@ static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holde
     const char *args[3] = {"renew", lease, h};
     (void)c;
     if (l)
-        lim_renew(&l->st, lim->cfg, (int64_t)uv_now(f->loop), holder);
+        lim_renew(&l->st, &l->share, (int64_t)uv_now(f->loop), holder);
     if (!f->bk)
         return;
     snprintf(lease, sizeof(lease), "%lld", (long long)lim->cfg->lease_ms);
@@ -511,6 +586,7 @@ struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
     }
     f->loop = loop;
     f->bk = bk;
+    f->fleet_n = 1;
     /* The pid too: two workers of one host may share a name. */
     snprintf(f->holder_prefix, sizeof(f->holder_prefix),
              "%.120s:%ld:", hostname ? hostname : "", (long)getpid());

@@ -9,12 +9,18 @@
  * sorted set of holder -> lease expiry). The script reads the time from
  * Redis (TIME), so the workers' clocks do not matter.
  *
+ * Each worker that has met a limit also says, once a second, that it is one
+ * of the fleet (celeriac:limit-workers, a sorted set of workers by when
+ * their word ends, 15 s on), and learns how many are.
+ *
  * While Redis is away (not connected, or a question unanswered for
- * FLEET_LIMITS_ASK_MS) each worker applies the whole of each limit by itself:
- * a fleet of N workers may then send up to N times a limit, and a provider's
- * 429s (which cool each worker alone then) do the rest. One warning says so;
- * the shared state is used again as soon as Redis answers. Not thread-safe:
- * the loop thread only. */
+ * FLEET_LIMITS_ASK_MS) each worker applies its share of each limit by
+ * itself: 1/N of it, N the fleet last seen in Redis (lim_share()), so the
+ * fleet as a whole stays within the limit as long as it keeps its size; a
+ * worker that never saw another applies the whole. A provider's 429s (which
+ * cool each worker alone then) do the rest. One warning says so; the shared
+ * state is used again as soon as Redis answers. Not thread-safe: the loop
+ * thread only. */
 #ifndef CR_WORKER_FLEET_LIMITS_H
 #define CR_WORKER_FLEET_LIMITS_H
 

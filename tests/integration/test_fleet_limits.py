@@ -195,26 +195,44 @@ def test_waiting_call_ends_by_time_limit_revoke_and_shutdown(env):
 
 
 def test_redis_away_limits_alone_then_rejoins(env, services):
-    """Redis cut off: calls still go, limited by the worker alone, said once;
-    when Redis is back the shared state is used again."""
+    """Redis cut off: calls still go, each worker limited by itself to its
+    share of each limit (1/N, N the workers last seen in Redis), said once;
+    when Redis is back the shared state is used again. The limits of worker
+    a reach Redis through a proxy (--limits-redis), those of b directly."""
     from tcpproxy import TcpProxy
     proxy = TcpProxy(services.redis_port).start()
+    rpm = 600
     try:
         url = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
-        w = env.worker("-c", "4", "--redis-timeout", "2", "--result-backend", url,
-                       "--llm-providers", doc({"rpm": 600}))
-        chat(env, "before").get(timeout=20)
+        a = env.worker("-c", "4", "-Q", "alone", "--redis-timeout", "2", "--limits-redis",
+                       url, "--llm-providers", doc({"rpm": rpm}))
+        b = env.worker("-c", "4", "--llm-providers", doc({"rpm": rpm}))
+        chat(env, "before a", queue="alone").get(timeout=20)
+        chat(env, "before b").get(timeout=20)
+        wait_until(lambda: env.redis.zcard("celeriac:limit-workers") == 2, 10,
+                   what="two workers under limits")
+        time.sleep(1.5)  # a has read the fleet's size since
         proxy.blackhole(True)
-        rs = [chat(env, "alone %d" % i) for i in range(4)]
-        wait_until(lambda: len(env.fake.stats()) == 5, 20, what="calls made alone")
-        w.wait_for(r"limits: Redis away \(.*\): each worker applies the whole of each "
-                   r"limit alone", timeout=10)
-        proxy.blackhole(False)
+        first = chat(env, "alone first", queue="alone")
+        a.wait_for(r"limits: Redis away \(.*\): this worker applies its share, 1/2, of "
+                   r"each limit \(2 workers were seen sharing them\)", timeout=10)
+        a.wait_for(r"connection lost", timeout=10)
+        first.get(timeout=20)
+        # its share, 300 rpm: 5 at once, then one each 200 ms (the whole
+        # limit would let 10 go at once, then one each 100 ms)
+        n0 = len(env.fake.stats())
+        rs = [chat(env, "alone %d" % i, queue="alone") for i in range(12)]
         for r in rs:
-            r.get(timeout=60)
-        chat(env, "after").get(timeout=30)
-        w.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
-        assert w.count("limits: Redis away") == 1
+            r.get(timeout=30)
+        ts = sorted(s["t"] for s in env.fake.stats()[n0:])
+        span = ts[-1] - ts[0]
+        print("alone on 1/2 of %d rpm: 12 calls over %.2f s" % (rpm, span))
+        assert len(ts) == 12 and span >= 1.0, (len(ts), span)
+        proxy.blackhole(False)
+        chat(env, "after", queue="alone").get(timeout=30)
+        a.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
+        assert a.count("limits: Redis away") == 1
+        assert b.count("limits: Redis away") == 0
     finally:
         proxy.close()
 
