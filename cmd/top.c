@@ -249,46 +249,56 @@ static void use_of(char *out, size_t size, double used, double max)
         snprintf(out, size, "%.0f", used);
 }
 
-/* The shared limits, fleet-wide: each once, from the first worker that
- * shows it (all show the same figures). */
+/* How far a worker's reading of a limit has got: its counters only grow,
+ * so the larger sum is the later read. */
+static double progress_of(const struct top_limit *l)
+{
+    return l->granted + l->waited + l->coolings;
+}
+
+/* The shared limits, fleet-wide: each once, as the worker that read it last
+ * shows it (every worker reads the same figures, each once a second). */
 static void render_limits(FILE *out, struct top_worker *ws, int n)
 {
-    const char *seen[TOP_MAX_LIMITS];
+    const struct top_limit *seen[TOP_MAX_LIMITS];
     int nseen = 0;
     double now = (double)time(NULL);
     for (int i = 0; i < n; i++) {
         const struct top_sample *s = &ws[i].cur;
         for (int k = 0; s->up && k < s->nlimits; k++) {
             const struct top_limit *l = &s->limits[k];
-            char rpm[40], tpm[40], conc[40], wait[24], cooled[24];
-            int dup = 0;
-            for (int j = 0; j < nseen; j++)
-                dup |= !strcmp(seen[j], l->name);
-            if (dup || nseen == TOP_MAX_LIMITS)
-                continue;
-            if (!nseen)
-                fprintf(out, "\n%-28s %-6s %13s %17s %9s %8s %7s %8s %8s %s\n",
-                        "LIMIT (fleet)", "STATE", "RPM (1 MIN)", "TPM (1 MIN)",
-                        "IN-FLIGHT", "GRANTED", "WAITED", "AVG-WAIT", "COOLINGS",
-                        "COOLED");
-            seen[nseen++] = l->name;
-            use_of(rpm, sizeof(rpm), l->req_min, l->rpm);
-            use_of(tpm, sizeof(tpm), l->tok_min, l->tpm);
-            use_of(conc, sizeof(conc), l->in_flight, l->concurrency);
-            if (l->waited > 0)
-                snprintf(wait, sizeof(wait), "%.2fs", l->wait_s / l->waited);
-            else
-                snprintf(wait, sizeof(wait), "-");
-            if (l->cooled_until > now)
-                snprintf(cooled, sizeof(cooled), "%.1fs left", l->cooled_until - now);
-            else if (l->cooled_until > 0)
-                snprintf(cooled, sizeof(cooled), "ending");
-            else
-                snprintf(cooled, sizeof(cooled), "-");
-            fprintf(out, "%-28.28s %-6s %13s %17s %9s %8.0f %7.0f %8s %8.0f %s\n",
-                    l->name, l->shared ? "shared" : "ALONE", rpm, tpm, conc, l->granted,
-                    l->waited, wait, l->coolings, cooled);
+            int j;
+            for (j = 0; j < nseen && strcmp(seen[j]->name, l->name); j++)
+                ;
+            if (j < nseen && progress_of(l) > progress_of(seen[j]))
+                seen[j] = l;
+            else if (j == nseen && nseen < TOP_MAX_LIMITS)
+                seen[nseen++] = l;
         }
+    }
+    if (nseen)
+        fprintf(out, "\n%-28s %-6s %13s %17s %9s %8s %7s %8s %8s %s\n", "LIMIT (fleet)",
+                "STATE", "RPM (1 MIN)", "TPM (1 MIN)", "IN-FLIGHT", "GRANTED", "WAITED",
+                "AVG-WAIT", "COOLINGS", "COOLED");
+    for (int k = 0; k < nseen; k++) {
+        const struct top_limit *l = seen[k];
+        char rpm[40], tpm[40], conc[40], wait[24], cooled[24];
+        use_of(rpm, sizeof(rpm), l->req_min, l->rpm);
+        use_of(tpm, sizeof(tpm), l->tok_min, l->tpm);
+        use_of(conc, sizeof(conc), l->in_flight, l->concurrency);
+        if (l->waited > 0)
+            snprintf(wait, sizeof(wait), "%.2fs", l->wait_s / l->waited);
+        else
+            snprintf(wait, sizeof(wait), "-");
+        if (l->cooled_until > now)
+            snprintf(cooled, sizeof(cooled), "%.1fs left", l->cooled_until - now);
+        else if (l->cooled_until > 0)
+            snprintf(cooled, sizeof(cooled), "ending");
+        else
+            snprintf(cooled, sizeof(cooled), "-");
+        fprintf(out, "%-28.28s %-6s %13s %17s %9s %8.0f %7.0f %8s %8.0f %s\n", l->name,
+                l->shared ? "shared" : "ALONE", rpm, tpm, conc, l->granted, l->waited,
+                wait, l->coolings, cooled);
     }
 }
 

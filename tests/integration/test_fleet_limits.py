@@ -296,7 +296,10 @@ def test_metrics_and_top_show_the_fleet_use(env):
         assert sample(sa, name, **pm) == sample(sb, name, **pm), name
     assert 15 <= waited <= n - 5, waited
     assert waited * 0.2 <= wait_s <= waited * 2.5, (waited, wait_s)
-    assert sample(sa, "celeriac_limit_requests_last_minute", **pm) == n
+    # a sliding estimate: exact within one minute, less when the calls
+    # straddle a minute's start (the minute before counts by how much of it
+    # the last 60 s still cover)
+    assert n * 0.7 <= sample(sa, "celeriac_limit_requests_last_minute", **pm) <= n
     assert 0 < sample(sa, "celeriac_limit_tokens_last_minute", **pm) < n * 100
     assert sample(sa, "celeriac_limit_in_flight", **pm) == 0
     assert sample(sa, "celeriac_limit_max", kind="rpm", **pm) == rpm
@@ -321,7 +324,7 @@ def test_metrics_and_top_show_the_fleet_use(env):
     assert top.returncode == 0, top.stderr
     rows = [l for l in top.stdout.splitlines() if l.startswith("default/lim ")]
     assert len(rows) == 1, top.stdout  # the fleet's, once
-    assert re.search(r"^default/lim\s+shared\s+3\d/600\s+\d+/1000000\s+0/20\s+3\d\s+\d+\s+"
+    assert re.search(r"^default/lim\s+shared\s+\d+/600\s+\d+/1000000\s+0/20\s+3\d\s+\d+\s+"
                      r"[\d.]+s\s+1\s+[\d.]+s left$", rows[0]), rows[0]
 
 
