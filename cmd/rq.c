@@ -42,6 +42,10 @@ static const struct opt rq_opts[] = {
      0, 1,
      "write a running job's text so far into job.meta['progress'] ({text, tokens}); the "
      "job's own meta is kept"},
+    {"progress-stream", 0, "CELERIAC_RQ_PROGRESS_STREAM", OPTS_BOOL, OFF(progress_stream),
+     "1", 0, 1,
+     "write a running job's text to the progress stream celeriac:progress:<job id>, "
+     "which the gateway's WebSocket follows"},
     {"progress-interval", 0, "CELERIAC_PROGRESS_INTERVAL", OPTS_INT,
      OFF(progress_interval_ms), "500", 50, 600000,
      "milliseconds between two progress writes of a job"},

@@ -178,34 +178,29 @@ static char *result_msg(cJSON *summary)
     return out;
 }
 
-/* The result from a final stream entry that carries it (ignore_result). */
+/* The result from a final stream entry that carries it: a Celery task that
+ * ignores its result (SUCCESS), or an RQ job (any end; its results are not
+ * Celery's metas). It is summed up as a stored meta of that state would be,
+ * "error" included. */
 static char *stream_result_msg(const char *task_id, const struct gw_entry *e)
 {
-    cJSON *s = gw_meta_summary(task_id, NULL, 0);
-    cJSON *res = NULL;
-    struct cr_err err;
-    if (!s)
+    struct buf meta;
+    char *out;
+    buf_init(&meta);
+    if (buf_printf(&meta, "{\"status\": \"%s\", \"result\": ", e->state) ||
+        buf_append(&meta, e->result, e->result_len) || buf_putc(&meta, '}')) {
+        buf_release(&meta);
         return NULL;
-    if (py_json_parse(e->result, e->result_len, &res, &err) == 0) {
-        cJSON *st = cJSON_CreateString(e->state), *ready = cJSON_CreateTrue();
-        int ok = 1;
-        ok &= res && cJSON_ReplaceItemInObjectCaseSensitive(s, "result", res);
-        if (!ok)
-            cJSON_Delete(res);
-        if (!st || !cJSON_ReplaceItemInObjectCaseSensitive(s, "state", st)) {
-            cJSON_Delete(st);
-            ok = 0;
-        }
-        if (!ready || !cJSON_ReplaceItemInObjectCaseSensitive(s, "ready", ready)) {
-            cJSON_Delete(ready);
-            ok = 0;
-        }
-        if (!ok) {
-            cJSON_Delete(s);
-            return NULL;
-        }
     }
-    return result_msg(s);
+    out = result_msg(gw_meta_summary(task_id, meta.data, meta.len));
+    buf_release(&meta);
+    return out;
+}
+
+static int is_end(const char *state)
+{
+    return !strcmp(state, "SUCCESS") || !strcmp(state, "FAILURE") ||
+           !strcmp(state, "REVOKED");
 }
 
 /* ------------------------------------------------------------- memory */
@@ -533,8 +528,9 @@ void gw_hub_on_entries(struct gw_hub *h, const char *task_id, uint64_t ticket,
         msg = progress_msg(&e[i], &len);
         deliver(h, w, &e[i], msg, len);
         cr_free(msg);
-        /* A task that ignores its result has it in its final entry only. */
-        if (e[i].result && !w->final && !strcmp(e[i].state, "SUCCESS")) {
+        /* A task that ignores its result, and an RQ job, have it in the
+         * final entry only. */
+        if (e[i].result && !w->final && is_end(e[i].state)) {
             w->final = stream_result_msg(task_id, &e[i]);
             w->final_gen = gen;
         }

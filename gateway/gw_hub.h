@@ -15,6 +15,9 @@
  * When the meta reaches a ready state (SUCCESS, FAILURE, REVOKED), one more
  * read that started after it drains the stream (the worker writes the final
  * entry before the meta), then each session gets the result and is closed.
+ * A final entry that carries the result itself (a Celery task that ignores
+ * its result, or any end of an RQ job, which has no Celery meta) does the
+ * same without the meta.
  *
  * Messages sent to a session (JSON text frames):
  *   {"type": "progress", "seq": N, "attempt": A, "state": S, "text": T,

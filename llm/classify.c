@@ -240,7 +240,11 @@ void llm_outcome(const struct llm_exchange *x, struct llm_answer *a,
 
     if (x->aborted) {
         res->code = x->abort_code;
-        res->verdict = x->abort_code == CR_ETIMEDOUT ? LLM_RETRYABLE : LLM_PERMANENT;
+        /* A call taken off a cooled limit to go to its fallback at once
+         * (CR_ECOOLED) was never sent: retryable, as the 429 that cooled it. */
+        res->verdict = x->abort_code == CR_ETIMEDOUT || x->abort_code == CR_ECOOLED
+                           ? LLM_RETRYABLE
+                           : LLM_PERMANENT;
         res->exc_type = x->abort_exc ? x->abort_exc : "APIError";
         snprintf(msg, cap, "%s", x->fail_msg ? x->fail_msg : "aborted");
     } else if (x->proto_error) {

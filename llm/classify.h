@@ -41,7 +41,7 @@ struct llm_exchange {
     int embed_list; /* LLM_OP_EMBED: the input was a list */
     /* Ended by the client itself: cancelled, timed out, shut down. */
     int aborted;
-    int abort_code;        /* CR_ECANCELED, CR_ETIMEDOUT, CR_ENOMEM */
+    int abort_code;        /* CR_ECANCELED, CR_ETIMEDOUT, CR_ENOMEM, CR_ECOOLED */
     const char *abort_exc; /* NULL: "APIError" */
     /* The body could not be read as it came (a broken frame, over a cap). */
     int proto_error;

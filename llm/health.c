@@ -69,9 +69,10 @@ enum llm_health_kind llm_health_kind(const struct llm_result *res)
         return LLM_HEALTH_SUCCESS;
     /* A permanent failure fails its task and logs an ERROR already; the
      * worker's own ends (revoke, time limit, shutdown) and faults say
-     * nothing about the provider. */
+     * nothing about the provider, nor does a call sent to its fallback
+     * unsent because the provider cooled its target (the 429 counted). */
     if (res->verdict != LLM_RETRYABLE || res->code == CR_ECANCELED ||
-        res->code == CR_ENOMEM)
+        res->code == CR_ENOMEM || res->code == CR_ECOOLED)
         return LLM_HEALTH_NEUTRAL;
     /* Timeouts and transport failures, whatever status came before the cut;
      * then the statuses that are the server's (no status at all, or a 2xx,

@@ -114,6 +114,7 @@ struct llm_req {
     /* Its shared limit (NULL: none): queued (lim_state LIM_QUEUED) in the
      * limit's list until granted (LIM_GRANTED), then its gate as above. */
     struct llm_limit *lim;
+    struct llm_limit *counted; /* whose calls count it (llm_limit.calls) */
     struct llm_req *lim_next, *lim_prev;
     int lim_state;
     unsigned long lim_refusals; /* the limit's refusals when it was queued */
@@ -178,6 +179,7 @@ struct llm_client {
 static void check_multi_info(struct llm_client *c);
 static void gate_leave(struct llm_client *c, struct llm_req *r);
 static void limit_leave(struct llm_client *c, struct llm_req *r);
+static void limits_kick(struct llm_client *c, uint64_t delay_ms);
 
 enum { LIM_NONE, LIM_QUEUED, LIM_GRANTED };
 
@@ -610,6 +612,8 @@ static void easy_put(struct llm_client *c, CURL *e)
 
 static void req_free(struct llm_req *r)
 {
+    if (r->counted)
+        r->counted->calls--;
     limit_leave(r->c, r); /* its place in the limit's queue, or its permit */
     gate_leave(r->c, r);  /* its place, in the queue or in flight */
     easy_put(r->c, r->easy);
@@ -759,9 +763,14 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
          * for every call of the fleet, not only this one's retry. */
         if (res.http_status == 429 ||
             ((res.http_status == 503 || res.http_status == 529) &&
-             res.retry_after_ms >= 0))
-            c->lops->cool(c, r->lim, res.retry_after_ms >= 0 ? res.retry_after_ms : 1000,
-                          c->ldata);
+             res.retry_after_ms >= 0)) {
+            int64_t ms = res.retry_after_ms >= 0 ? res.retry_after_ms : 1000;
+            if (now + (uint64_t)(ms > 0 ? ms : 1) > r->lim->cool_until)
+                r->lim->cool_until = now + (uint64_t)(ms > 0 ? ms : 1);
+            c->lops->cool(c, r->lim, ms, c->ldata);
+            /* Its waiting calls with a fallback go there now. */
+            limits_kick(c, 0);
+        }
         /* Remaining 0 until a reset: the provider's own word on its limit,
          * which may be tighter than ours (another client on its account). */
         if (c->lops->hold) {
@@ -1173,6 +1182,30 @@ static void limit_leave(struct llm_client *c, struct llm_req *r)
     r->lim_state = LIM_NONE;
 }
 
+static int cool_only(const struct lim_config *cfg)
+{
+    return cfg->rpm <= 0 && cfg->tpm <= 0 && cfg->concurrency <= 0;
+}
+
+/* lim is cooled: its waiting calls that have a fallback end now, unsent,
+ * for the caller to move them on (llm_client_limits_changed()). */
+static void cooled_to_fallbacks(struct llm_limit *lim, uint64_t now)
+{
+    struct llm_req *r, *next;
+    char msg[320];
+
+    for (r = lim->head; r; r = next) {
+        next = r->lim_next;
+        if (!r->fallback_left)
+            continue;
+        snprintf(msg, sizeof(msg),
+                 "%.192s is cooled by the provider for %llu ms more: not sent, "
+                 "going to its fallback",
+                 lim->key, (unsigned long long)(lim->cool_until - now));
+        llm_req_abort(r, CR_ECOOLED, "RateLimitError", msg);
+    }
+}
+
 static void on_limit_timer(uv_timer_t *t)
 {
     struct llm_client *c = t->data;
@@ -1180,6 +1213,8 @@ static void on_limit_timer(uv_timer_t *t)
     struct llm_limit **pp = &c->waiting_limits, *lim;
 
     while ((lim = *pp)) {
+        if (lim->head && lim->cool_until > now)
+            cooled_to_fallbacks(lim, now);
         if (!lim->head && !lim->asking) {
             *pp = lim->next_waiting; /* nothing waits: off the list */
             lim->listed = 0;
@@ -1188,6 +1223,22 @@ static void on_limit_timer(uv_timer_t *t)
         pp = &lim->next_waiting;
         if (lim->asking || !lim->head)
             continue;
+        if (cool_only(lim->cfg)) {
+            /* Nothing to ask the owner: only cooling holds these calls, and
+             * every one goes when it ends. */
+            if (lim->cool_until > now) {
+                if (lim->cool_until < next)
+                    next = lim->cool_until;
+                continue;
+            }
+            while (lim->head && !c->closing) {
+                lim->asking = 1;
+                lim->ask_holder = lim->head->holder;
+                lim->ask_tokens = 0;
+                llm_client_limit_answer(c, lim, 1, 0);
+            }
+            continue;
+        }
         if (lim->retry_at > now) {
             if (lim->retry_at < next)
                 next = lim->retry_at;
@@ -1206,6 +1257,17 @@ static void on_limit_timer(uv_timer_t *t)
     }
     if (next != UINT64_MAX && !uv_is_active((uv_handle_t *)&c->limit_timer))
         limits_kick(c, next - now);
+}
+
+void llm_client_limits_changed(struct llm_client *c)
+{
+    if (c->waiting_limits)
+        limits_kick(c, 0);
+}
+
+uint64_t llm_client_now(const struct llm_client *c)
+{
+    return uv_now(c->loop);
 }
 
 void llm_client_set_limits(struct llm_client *c, const struct llm_limit_ops *ops,
@@ -1395,6 +1457,10 @@ struct llm_req *llm_client_submit(struct llm_client *c, const struct llm_request
     r->gnode.data = r;
     r->used_tokens = -1;
     r->t_start = uv_now(c->loop);
+    if (rq->limit) {
+        r->counted = rq->limit;
+        rq->limit->calls++;
+    }
     if (rq->limit && c->lops) {
         r->lim = rq->limit;
         r->holder = ++c->next_holder;

@@ -110,7 +110,10 @@ struct llm_req;
  * a script in Redis for the whole fleet, or alone while Redis is away). */
 struct llm_limit {
     /* public: set by the owner before the first call names it */
-    const struct lim_config *cfg; /* borrowed */
+    const struct lim_config *cfg; /* borrowed; no rpm, tpm nor concurrency: the
+                                   * client grants its calls by itself unless
+                                   * it is cooled (a pool's target, see
+                                   * pooled) and never asks the owner */
     char key[192];                /* "provider/model", for the owner */
     void *data;                   /* the owner's */
     struct llm_limit *next;       /* the owner's list */
@@ -118,6 +121,14 @@ struct llm_limit {
      * has waited for this limit (ms, at least 1) when a refusal held it back
      * since it was queued, else 0 */
     int64_t ask_waited_ms;
+    int pooled; /* a pool's target: its calls in flight are
+                 * counted across the fleet (fleet_busy) */
+    /* public: raised by the client (its own 429s) and by the owner (the
+     * fleet's state, then llm_client_limits_changed()); read by the router */
+    uint64_t cool_until; /* loop ms: known cooled until then; 0: never */
+    long fleet_busy;     /* owner: the other workers' calls on it, last known */
+    /* read-only: this client's calls naming it, waiting or in flight */
+    long calls;
     /* private: the client's */
     unsigned long refusals;      /* answers that said wait */
     struct llm_req *head, *tail; /* calls waiting, oldest first */
@@ -194,6 +205,17 @@ void llm_client_set_limits(struct llm_client *c, const struct llm_limit_ops *ops
  * wait_ms before asking again. */
 void llm_client_limit_answer(struct llm_client *c, struct llm_limit *lim, int granted,
                              int64_t wait_ms);
+
+/* The owner raised cool_until of some limits: calls waiting on a cooled
+ * limit that have a fallback (llm_request.fallback_left) leave it at once,
+ * each ending with a retryable CR_ECOOLED result ("RateLimitError", nothing
+ * sent), so that the caller moves them on; the others wait. The client does
+ * the same by itself when a 429 cools a limit, and for calls submitted to a
+ * limit already cooled. */
+void llm_client_limits_changed(struct llm_client *c);
+
+/* The client's loop time in ms (the clock of llm_limit.cool_until). */
+uint64_t llm_client_now(const struct llm_client *c);
 
 /* Requests in flight. */
 size_t llm_client_active(const struct llm_client *c);

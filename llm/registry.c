@@ -369,9 +369,98 @@ static int parse_target(struct llm_registry *r, const char *route, const cJSON *
     return 0;
 }
 
+/* A list of 1 .. max targets into mr's targets from index mr->ntargets. */
+static int parse_list(struct llm_registry *r, const char *route, const cJSON *l,
+                      const char *what, int max, struct llm_model_route *mr,
+                      struct cr_err *err)
+{
+    const cJSON *t;
+    if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) < 1 || cJSON_GetArraySize(l) > max)
+        return cr_err_set(err, CR_EINVAL,
+                          "llm model '%.64s': %s must be a list of 1 to %d targets",
+                          route, what, max);
+    cJSON_ArrayForEach(t, l)
+    {
+        if (parse_target(r, route, t, &mr->targets[mr->ntargets], err))
+            return err->code;
+        mr->ntargets++;
+    }
+    return 0;
+}
+
+/* {"targets": [...], "strategy": ..., "weights": [...], "fallbacks": [...]} */
+static int parse_pool(struct llm_registry *r, const cJSON *m, struct llm_model_route *mr,
+                      struct cr_err *err)
+{
+    const char *route = m->string;
+    const cJSON *k, *w;
+    long sum = 0;
+    int i = 0;
+
+    cJSON_ArrayForEach(k, m)
+    {
+        if (strcmp(k->string, "targets") && strcmp(k->string, "strategy") &&
+            strcmp(k->string, "weights") && strcmp(k->string, "fallbacks"))
+            return cr_err_set(
+                err, CR_EINVAL,
+                "llm model '%.64s': unknown key '%.40s' (targets, strategy, "
+                "weights, fallbacks)",
+                route, k->string);
+    }
+    mr->strategy = llm_pool_strategy_of(str_of(m, "strategy"));
+    if (!mr->strategy)
+        return cr_err_set(
+            err, CR_EINVAL,
+            "llm model '%.64s': strategy must be 'weighted' or 'least-busy'", route);
+    if (!(k = cJSON_GetObjectItemCaseSensitive(m, "targets")))
+        return cr_err_set(err, CR_EINVAL, "llm model '%.64s': a pool needs 'targets'",
+                          route);
+    if (parse_list(r, route, k, "targets", LLM_POOL_MAX, mr, err))
+        return err->code;
+    mr->npool = mr->ntargets;
+    w = cJSON_GetObjectItemCaseSensitive(m, "weights");
+    if (w && mr->strategy != LLM_POOL_WEIGHTED)
+        return cr_err_set(
+            err, CR_EINVAL,
+            "llm model '%.64s': weights are for the 'weighted' strategy only", route);
+    if (w && (!cJSON_IsArray(w) || cJSON_GetArraySize(w) != mr->npool))
+        return cr_err_set(err, CR_EINVAL,
+                          "llm model '%.64s': weights must be a list of %d numbers, one "
+                          "per target",
+                          route, mr->npool);
+    for (i = 0; i < mr->npool; i++) {
+        const cJSON *x = w ? cJSON_GetArrayItem(w, i) : NULL;
+        if (x && (!cJSON_IsNumber(x) || x->valuedouble < 0 ||
+                  x->valuedouble > LLM_POOL_MAX_WEIGHT ||
+                  x->valuedouble != (double)(long)x->valuedouble))
+            return cr_err_set(
+                err, CR_EINVAL,
+                "llm model '%.64s': weight %d must be a whole number in [0, "
+                "%d]",
+                route, i + 1, LLM_POOL_MAX_WEIGHT);
+        mr->weights[i] = x ? (long)x->valuedouble : 1;
+        sum += mr->weights[i];
+    }
+    if (sum <= 0)
+        return cr_err_set(
+            err, CR_EINVAL,
+            "llm model '%.64s': the weights add up to 0: no target would be "
+            "picked",
+            route);
+    k = cJSON_GetObjectItemCaseSensitive(m, "fallbacks");
+    if (k && mr->npool >= LLM_REGISTRY_MAX_TARGETS)
+        return cr_err_set(err, CR_EINVAL,
+                          "llm model '%.64s': targets and fallbacks are %d at most",
+                          route, LLM_REGISTRY_MAX_TARGETS);
+    if (k && parse_list(r, route, k, "fallbacks", LLM_REGISTRY_MAX_TARGETS - mr->npool,
+                        mr, err))
+        return err->code;
+    return 0;
+}
+
 static int parse_models(struct llm_registry *r, const cJSON *models, struct cr_err *err)
 {
-    const cJSON *m, *t;
+    const cJSON *m;
 
     if (!cJSON_IsObject(models))
         return cr_err_set(err, CR_EINVAL, "llm providers: 'models' must be an object");
@@ -384,11 +473,13 @@ static int parse_models(struct llm_registry *r, const cJSON *models, struct cr_e
             return cr_err_set(err, CR_EINVAL,
                               "llm model '%.64s': a pattern may only end in '*'",
                               m->string);
-        if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) < 1 ||
-            cJSON_GetArraySize(m) > LLM_REGISTRY_MAX_TARGETS)
-            return cr_err_set(err, CR_EINVAL,
-                              "llm model '%.64s' must map to a list of 1 to %d targets",
-                              m->string, LLM_REGISTRY_MAX_TARGETS);
+        if (!cJSON_IsObject(m) && (!cJSON_IsArray(m) || cJSON_GetArraySize(m) < 1 ||
+                                   cJSON_GetArraySize(m) > LLM_REGISTRY_MAX_TARGETS))
+            return cr_err_set(
+                err, CR_EINVAL,
+                "llm model '%.64s' must map to a list of 1 to %d targets, or "
+                "a pool {\"targets\": [...], \"strategy\": ...}",
+                m->string, LLM_REGISTRY_MAX_TARGETS);
         if (r->nmodels >= LLM_REGISTRY_MAX_MODELS)
             return cr_err_set(err, CR_EINVAL, "more than %d llm models",
                               LLM_REGISTRY_MAX_MODELS);
@@ -396,12 +487,10 @@ static int parse_models(struct llm_registry *r, const cJSON *models, struct cr_e
         memset(mr, 0, sizeof(*mr));
         if (!(mr->pattern = cr_strdup(m->string)))
             return cr_err_set(err, CR_ENOMEM, "out of memory");
-        cJSON_ArrayForEach(t, m)
-        {
-            if (parse_target(r, m->string, t, &mr->targets[mr->ntargets], err))
-                return err->code;
-            mr->ntargets++;
-        }
+        if (cJSON_IsObject(m) ? parse_pool(r, m, mr, err)
+                              : parse_list(r, m->string, m, "its value",
+                                           LLM_REGISTRY_MAX_TARGETS, mr, err))
+            return err->code;
     }
     return 0;
 }
@@ -481,6 +570,20 @@ static const struct llm_model_route *route_of(const struct llm_registry *r,
     return best;
 }
 
+void llm_registry_target(const struct llm_registry *r, const struct llm_model_route *mr,
+                         int i, const char *model, struct llm_resolved *out)
+{
+    const struct llm_target *t = &mr->targets[i];
+    const char *slash = strchr(model, '/');
+    int pi = slash ? llm_registry_find(r, model, (size_t)(slash - model)) : -1;
+    /* "name/rest" with name a provider: rest is the model that name knows. */
+    const char *bare = pi >= 0 && slash[1] ? slash + 1 : model;
+
+    out->named = t->provider >= 0 ? &r->providers[t->provider] : NULL;
+    out->model = t->model ? t->model : bare;
+    out->name = out->named ? out->named->name : "default";
+}
+
 int llm_registry_resolve(const struct llm_registry *r, const char *model, int step,
                          struct llm_resolved *out)
 {
@@ -492,13 +595,13 @@ int llm_registry_resolve(const struct llm_registry *r, const char *model, int st
 
     memset(out, 0, sizeof(*out));
     if (mr) {
-        const struct llm_target *t;
         if (step < 0 || step >= mr->ntargets)
             return -1;
-        t = &mr->targets[step];
-        out->named = t->provider >= 0 ? &r->providers[t->provider] : NULL;
-        out->model = t->model ? t->model : bare;
+        /* A pool's steps name its first target until the router picks. */
+        llm_registry_target(r, mr, step < mr->npool ? 0 : step, model, out);
         out->more = step + 1 < mr->ntargets;
+        out->pool = step < mr->npool ? mr : NULL;
+        return 0;
     } else if (step != 0) {
         return -1;
     } else if (pi >= 0 && slash[1]) {

@@ -29,6 +29,14 @@
  *   2. M is "name/rest" with name a configured provider: [name, model rest].
  *   3. Otherwise the default provider with M whole (so a gateway's
  *      "org/model" names pass through unchanged).
+ * A route may instead be a pool (llm/pool.h):
+ *   {"targets": ["a/m", "b/m"], "strategy": "weighted", "weights": [3, 1],
+ *    "fallbacks": ["default/gpt-4o-mini"]}
+ * or "strategy": "least-busy" (no weights). Its first npool steps each pick
+ * one of the targets afresh (the router does, skipping cooled ones), so a
+ * failed call moves on to another of them; its fallbacks follow in order.
+ * "weights" (whole numbers >= 0, one per target, a positive sum) defaults
+ * to equal ones; unknown keys and impossible values are errors.
  * Without a document, the providers whose SDK variables are set exist too:
  * anthropic (ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL), ollama (OLLAMA_HOST),
  * azure (AZURE_OPENAI_ENDPOINT, key AZURE_OPENAI_API_KEY, OPENAI_API_VERSION);
@@ -40,6 +48,7 @@
 
 #include "budget.h"
 #include "limits.h"
+#include "pool.h"
 #include "prices.h"
 #include "provider.h"
 #include "util/err.h"
@@ -74,6 +83,11 @@ struct llm_model_route {
     char *pattern; /* exact name, or a prefix ending in '*' */
     struct llm_target targets[LLM_REGISTRY_MAX_TARGETS];
     int ntargets;
+    /* A pool: its npool targets come first, its fallbacks after them
+     * (npool 0: an ordered list, strategy 0). */
+    enum llm_pool_strategy strategy;
+    int npool;
+    long weights[LLM_POOL_MAX]; /* weighted: each pool target's */
 };
 
 struct llm_registry {
@@ -96,6 +110,9 @@ struct llm_resolved {
      * given: valid while both are). */
     const char *model;
     int more; /* another target follows this one */
+    /* A pool's step: the route whose first npool targets the router picks
+     * from (the fields above then name its first target); else NULL. */
+    const struct llm_model_route *pool;
 };
 
 typedef const char *llm_getenv_fn(const char *name);
@@ -122,5 +139,10 @@ int llm_registry_find(const struct llm_registry *r, const char *name, size_t n);
  * -1 when the list has no such step. */
 int llm_registry_resolve(const struct llm_registry *r, const char *model, int step,
                          struct llm_resolved *out);
+
+/* Fills out (named, name, model; more and pool untouched) with target i of
+ * route mr (a route of r) for model, as resolve() would. */
+void llm_registry_target(const struct llm_registry *r, const struct llm_model_route *mr,
+                         int i, const char *model, struct llm_resolved *out);
 
 #endif

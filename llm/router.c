@@ -25,6 +25,10 @@ static char *join(const char *base, const char *path)
     return buf_detach(&b);
 }
 
+static struct llm_limit *limit_of(struct llm_router *rt, const struct llm_named *named,
+                                  const char *name, const char *model, int pooled,
+                                  int *oom);
+
 int llm_router_init(struct llm_router *rt, struct llm_client *client,
                     const struct llm_registry *providers, struct llm_gate *gates,
                     const struct llm_provider_config *deflt, struct cr_err *err)
@@ -42,6 +46,22 @@ int llm_router_init(struct llm_router *rt, struct llm_client *client,
         rt->budgets[providers->nproviders] = providers->default_budget;
         for (int i = 0; i <= providers->nproviders; i++)
             rt->budgets[i].day = -1;
+    }
+    /* The limits of the pool targets known now (a model named, or an exact
+     * route's own): the fleet's view of them starts before the first call. */
+    for (int i = 0; providers && i < providers->nmodels; i++) {
+        const struct llm_model_route *mr = &providers->models[i];
+        for (int k = 0; k < mr->npool; k++) {
+            struct llm_resolved rs;
+            int oom;
+            if (!mr->targets[k].model && strchr(mr->pattern, '*'))
+                continue;
+            llm_registry_target(providers, mr, k, mr->pattern, &rs);
+            if (!limit_of(rt, rs.named, rs.name, rs.model, 1, &oom)) {
+                llm_router_release(rt);
+                return cr_err_set(err, CR_ENOMEM, "out of memory");
+            }
+        }
     }
     rt->chat_url = join(base, "/chat/completions");
     rt->embed_url = join(base, "/embeddings");
@@ -64,6 +84,22 @@ void llm_router_release(struct llm_router *rt)
     rt->chat_url = rt->embed_url = NULL;
 }
 
+/* out names the target rs gives (more and pool left as they are). */
+static void fill_route(const struct llm_router *rt, const struct llm_call *c,
+                       const struct llm_resolved *rs, struct llm_route *out)
+{
+    out->named = rs->named;
+    out->name = rs->name;
+    out->model = rs->model;
+    out->impl = rs->named ? rs->named->impl : &llm_provider_openai;
+    out->cfg = rs->named ? &rs->named->cfg : &rt->deflt;
+    /* Leaving the fast path: another provider, another model name than the
+     * one in the body, or an answer that may hold tool calls (the fast
+     * path's reader keeps none). */
+    out->fast = !rs->named && strcmp(rs->model, c->model) == 0 &&
+                !(c->op == LLM_OP_CHAT && c->tools);
+}
+
 int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
                     struct llm_route *out, struct cr_err *err)
 {
@@ -72,17 +108,44 @@ int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
     if (llm_registry_resolve(rt->providers, c->model, c->route_step, &rs))
         return cr_err_set(err, CR_EINVAL, "model %.64s has no provider number %d",
                           c->model, c->route_step + 1);
-    out->named = rs.named;
-    out->name = rs.name;
-    out->model = rs.model;
+    fill_route(rt, c, &rs, out);
     out->more = rs.more;
-    out->impl = rs.named ? rs.named->impl : &llm_provider_openai;
-    out->cfg = rs.named ? &rs.named->cfg : &rt->deflt;
-    /* Leaving the fast path: another provider, another model name than the
-     * one in the body, or an answer that may hold tool calls (the fast
-     * path's reader keeps none). */
-    out->fast = !rs.named && strcmp(rs.model, c->model) == 0 &&
-                !(c->op == LLM_OP_CHAT && c->tools);
+    out->pool = rs.pool;
+    out->pooled = 0;
+    return 0;
+}
+
+int llm_router_pick(struct llm_router *rt, const struct llm_call *c, int64_t now_ms,
+                    struct llm_route *to, struct cr_err *err)
+{
+    const struct llm_model_route *mr = to->pool;
+    struct llm_pool_member m[LLM_POOL_MAX];
+    struct llm_resolved each[LLM_POOL_MAX];
+    int k, oom;
+
+    if (!mr)
+        return 0;
+    for (int i = 0; i < mr->npool; i++) {
+        struct llm_limit *lim;
+        llm_registry_target(rt->providers, mr, i, c->model, &each[i]);
+        lim = limit_of(rt, each[i].named, each[i].name, each[i].model, 1, &oom);
+        if (!lim)
+            return cr_err_set(err, CR_ENOMEM, "out of memory");
+        m[i].weight = mr->weights[i];
+        m[i].busy = lim->calls + lim->fleet_busy;
+        m[i].cool_until_ms = (int64_t)lim->cool_until;
+    }
+    k = llm_pool_pick(&rt->pools[mr - rt->providers->models], mr->strategy, m, mr->npool,
+                      now_ms, NULL);
+    if (k < 0) { /* all cooled: the first to be open again */
+        k = 0;
+        for (int i = 1; i < mr->npool; i++)
+            if (m[i].cool_until_ms < m[k].cool_until_ms)
+                k = i;
+    }
+    fill_route(rt, c, &each[k], to);
+    to->pool = NULL;
+    to->pooled = 1;
     return 0;
 }
 
@@ -180,8 +243,13 @@ static struct llm_req *call_built(struct llm_router *rt, const struct llm_call *
     return r;
 }
 
-struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named *named,
-                                   const char *name, const char *model, int *oom)
+/* A pool's target without "limits" of its own: no limit but the cooling
+ * a provider's 429 brings (llm_client grants its calls itself). */
+static const struct lim_config cool_only = {0, 0, 0, LLM_LIMIT_DEFAULT_LEASE_MS};
+
+static struct llm_limit *limit_of(struct llm_router *rt, const struct llm_named *named,
+                                  const char *name, const char *model, int pooled,
+                                  int *oom)
 {
     const struct lim_config *cfg;
     struct llm_limit *l;
@@ -190,22 +258,38 @@ struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named
     *oom = 0;
     if (!rt->providers)
         return NULL;
-    cfg = llm_limits_find(named ? &named->limits : &rt->providers->default_limits, model);
-    if (!cfg)
-        return NULL;
     snprintf(key, sizeof(key), "%s/%s", name, model);
+    /* Made before, maybe by a pool: the same (provider, model) whichever
+     * route names it, so its cooling holds for each. */
     for (l = rt->limits; l; l = l->next)
-        if (!strcmp(l->key, key))
+        if (!strcmp(l->key, key)) {
+            l->pooled |= pooled;
             return l;
+        }
+    cfg = llm_limits_find(named ? &named->limits : &rt->providers->default_limits, model);
+    if (!cfg && !pooled)
+        return NULL;
     if (!(l = cr_calloc(1, sizeof(*l)))) {
         *oom = 1;
         return NULL;
     }
-    l->cfg = cfg;
+    l->cfg = cfg ? cfg : &cool_only;
+    l->pooled = pooled;
     memcpy(l->key, key, sizeof(key));
     l->next = rt->limits;
     rt->limits = l;
     return l;
+}
+
+struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named *named,
+                                   const char *name, const char *model, int *oom)
+{
+    return limit_of(rt, named, name, model, 0, oom);
+}
+
+struct llm_limit *llm_router_limits(struct llm_router *rt)
+{
+    return rt->limits;
 }
 
 struct llm_budget *llm_router_budget(struct llm_router *rt, int i, const char **name)
@@ -242,6 +326,8 @@ struct llm_req *llm_router_call(struct llm_router *rt, const struct llm_call *c,
     struct llm_budget *b;
 
     if (llm_router_plan(rt, c, &to, err))
+        return NULL;
+    if (to.pool && llm_router_pick(rt, c, (int64_t)llm_client_now(rt->client), &to, err))
         return NULL;
     b = budget_named(rt, to.name);
     if (b && b->usd_per_day > 0) {

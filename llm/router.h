@@ -48,6 +48,10 @@ struct llm_route {
     const char *model; /* the name to send */
     int fast;          /* 1: the fast path (see the top) */
     int more;          /* another provider follows this one (a fallback) */
+    /* A pool's step (llm_router_plan() gives its first target; the call
+     * picks one, llm_router_pick()); else NULL. */
+    const struct llm_model_route *pool;
+    int pooled; /* the target was picked from a pool */
 };
 
 struct llm_router {
@@ -63,6 +67,8 @@ struct llm_router {
     /* The shared limits met so far, one per (provider, model) that has a
      * "limits" pattern matching it (owned; made on first use). */
     struct llm_limit *limits;
+    /* Each pool route's choice state, by its index in the registry. */
+    struct llm_pool_state pools[LLM_REGISTRY_MAX_MODELS];
 };
 
 /* Sets up rt for client, the named providers and their gates (one per
@@ -80,6 +86,19 @@ void llm_router_release(struct llm_router *rt);
  * provider at c->route_step. */
 int llm_router_plan(const struct llm_router *rt, const struct llm_call *c,
                     struct llm_route *out, struct cr_err *err);
+
+/* When to is a pool's step: picks its target for c at now_ms (loop ms, the
+ * clock of llm_limit.cool_until) with the pool's strategy, skipping cooled
+ * targets (all cooled: the one cooled the shortest, where the call waits or
+ * leaves for its fallback), and makes to name it. Each target's limit is made
+ * on first use (a pool's target has one even without "limits": it keeps its
+ * cooling and its calls in flight). Returns 0 or CR_ENOMEM. */
+int llm_router_pick(struct llm_router *rt, const struct llm_call *c, int64_t now_ms,
+                    struct llm_route *to, struct cr_err *err);
+
+/* The limits made so far (a list through llm_limit.next; borrowed, owned by
+ * rt; a limit, once made, lives as long as rt). */
+struct llm_limit *llm_router_limits(struct llm_router *rt);
 
 /* Plans c, builds its request and starts it on the client. Returns the
  * call, or NULL with err set: CR_EINVAL when no provider can take it (no
@@ -102,8 +121,9 @@ void llm_router_spent(struct llm_router *rt, const char *name, long day, double 
 struct llm_limit *llm_router_limit(struct llm_router *rt, const struct llm_named *named,
                                    const char *name, const char *model, int *oom);
 
-/* As described above; a call whose provider has reached its budget today is
- * refused too: NULL with CR_EBUDGET and a message naming it. */
+/* As described above (a pool's step picked by llm_router_pick()); a call
+ * whose provider has reached its budget today is refused too: NULL with CR_EBUDGET and a
+ * message naming it. */
 struct llm_req *llm_router_call(struct llm_router *rt, const struct llm_call *c,
                                 llm_delta_fn *on_delta, llm_done_fn *on_done,
                                 void *privdata, struct cr_err *err);

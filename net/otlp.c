@@ -2,14 +2,13 @@
 #include "otlp.h"
 
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 #include <curl/curl.h>
 
+#include "net/curl_loop.h"
 #include "util/alloc.h"
 #include "util/buf.h"
 #include "util/clock.h"
-#include "util/curl_epoll.h"
 #include "util/log.h"
 
 struct export_req {
@@ -24,10 +23,8 @@ struct otlp_exporter {
     uv_loop_t *loop;
     struct otlp_exporter_config cfg;
     struct otlp_resource res;
-    CURLM *multi;
-    int epfd;
-    uv_poll_t epoll;
-    uv_timer_t curl_timer, tick, drain_timer;
+    struct curl_loop *http;
+    uv_timer_t tick, drain_timer;
     int closed_handles;
     struct curl_slist *headers;
     struct span *head, *tail; /* queued, oldest first */
@@ -81,69 +78,17 @@ static void req_done(struct otlp_exporter *x, struct export_req *r, CURLcode cc,
         uv_timer_start(&x->tick, on_tick, 0, x->cfg.interval_ms);
 }
 
-static void check_multi_info(struct otlp_exporter *x)
+/* curl_loop's done: one export request answered (or failed). */
+static void on_req_done(void *owner, void *req, CURLcode cc, long status)
 {
-    CURLMsg *m;
-    int left;
-    while ((m = curl_multi_info_read(x->multi, &left))) {
-        struct export_req *r = NULL;
-        long status = 0;
-        CURLcode cc;
-        if (m->msg != CURLMSG_DONE)
-            continue;
-        cc = m->data.result;
-        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
-        curl_easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &status);
-        curl_multi_remove_handle(x->multi, m->easy_handle);
-        for (struct export_req **p = &x->active; *p; p = &(*p)->next)
-            if (*p == r) {
-                *p = r->next;
-                break;
-            }
-        req_done(x, r, cc, status);
-    }
-}
-
-static void on_sockets_ready(uv_poll_t *p, int status, int events)
-{
-    struct otlp_exporter *x = p->data;
-    struct epoll_event ev[16];
-    int n;
-    (void)status;
-    (void)events;
-    n = epoll_wait(x->epfd, ev, 16, 0);
-    for (int i = 0; i < n; i++) {
-        int running;
-        curl_multi_socket_action(x->multi, ev[i].data.fd, curl_epoll_flags(ev[i].events),
-                                 &running);
-    }
-    check_multi_info(x);
-}
-
-static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
-{
-    struct otlp_exporter *x = userp;
-    (void)easy;
-    return curl_epoll_socket(x->epfd, x->multi, fd, what, socketp, x);
-}
-
-static void on_curl_timer(uv_timer_t *t)
-{
-    struct otlp_exporter *x = t->data;
-    int running;
-    curl_multi_socket_action(x->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-    check_multi_info(x);
-}
-
-static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
-{
-    struct otlp_exporter *x = userp;
-    (void)multi;
-    if (timeout_ms < 0)
-        uv_timer_stop(&x->curl_timer);
-    else
-        uv_timer_start(&x->curl_timer, on_curl_timer, (uint64_t)timeout_ms, 0);
-    return 0;
+    struct otlp_exporter *x = owner;
+    struct export_req *r = req;
+    for (struct export_req **p = &x->active; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    req_done(x, r, cc, status);
 }
 
 /* The collector's answer is not read: an ExportTraceServiceResponse with
@@ -251,7 +196,7 @@ static void send_batch(struct otlp_exporter *x)
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, x->cfg.conf->timeout_ms);
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS,
                      x->cfg.conf->timeout_ms < 5000 ? x->cfg.conf->timeout_ms : 5000L);
-    if (curl_multi_add_handle(x->multi, r->easy) != CURLM_OK) {
+    if (curl_loop_add(x->http, r->easy)) {
         x->dropped += n;
         req_free(r);
         return;
@@ -335,31 +280,18 @@ struct otlp_exporter *otlp_exporter_new(uv_loop_t *loop,
     x->res.scope_name = "celeriac";
     x->res.scope_version = cfg->scope_version;
     x->headers = headers_of(cfg->conf);
-    x->epfd = epoll_create1(EPOLL_CLOEXEC);
-    x->multi = x->epfd >= 0 ? curl_multi_init() : NULL;
-    if (!x->headers || !x->multi || uv_poll_init(loop, &x->epoll, x->epfd) != 0) {
+    x->http = curl_loop_new(loop, 4L, on_req_done, x);
+    if (!x->headers || !x->http) {
         cr_err_set(err, CR_ENOMEM, "tracing: cannot set up the HTTP client");
-        if (x->multi)
-            curl_multi_cleanup(x->multi);
-        if (x->epfd >= 0)
-            close(x->epfd);
+        curl_loop_free(x->http);
         curl_slist_free_all(x->headers);
         cr_free(x);
         return NULL;
     }
-    x->epoll.data = x;
-    curl_multi_setopt(x->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-    curl_multi_setopt(x->multi, CURLMOPT_SOCKETDATA, x);
-    curl_multi_setopt(x->multi, CURLMOPT_TIMERFUNCTION, on_timer_change);
-    curl_multi_setopt(x->multi, CURLMOPT_TIMERDATA, x);
-    curl_multi_setopt(x->multi, CURLMOPT_MAXCONNECTS, 4L);
-    uv_timer_init(loop, &x->curl_timer);
-    x->curl_timer.data = x;
     uv_timer_init(loop, &x->tick);
     x->tick.data = x;
     uv_timer_init(loop, &x->drain_timer);
     x->drain_timer.data = x;
-    uv_poll_start(&x->epoll, UV_READABLE, on_sockets_ready);
     uv_timer_start(&x->tick, on_tick, x->cfg.interval_ms, x->cfg.interval_ms);
     /* the ticker alone must not keep a finished loop running */
     uv_unref((uv_handle_t *)&x->tick);
@@ -369,9 +301,8 @@ struct otlp_exporter *otlp_exporter_new(uv_loop_t *loop,
 static void on_handle_closed(uv_handle_t *h)
 {
     struct otlp_exporter *x = h->data;
-    if (++x->closed_handles < 4)
+    if (++x->closed_handles < 2)
         return;
-    close(x->epfd);
     cr_free(x);
 }
 
@@ -382,7 +313,7 @@ void otlp_exporter_free(struct otlp_exporter *x)
     while (x->active) {
         struct export_req *r = x->active;
         x->active = r->next;
-        curl_multi_remove_handle(x->multi, r->easy);
+        curl_loop_remove(x->http, r->easy);
         req_free(r);
     }
     while (x->head) {
@@ -390,10 +321,8 @@ void otlp_exporter_free(struct otlp_exporter *x)
         x->head = s->next;
         span_pool_put(x->cfg.pool, s);
     }
-    curl_multi_cleanup(x->multi);
+    curl_loop_free(x->http);
     curl_slist_free_all(x->headers);
-    uv_close((uv_handle_t *)&x->epoll, on_handle_closed);
-    uv_close((uv_handle_t *)&x->curl_timer, on_handle_closed);
     uv_close((uv_handle_t *)&x->tick, on_handle_closed);
     uv_close((uv_handle_t *)&x->drain_timer, on_handle_closed);
 }

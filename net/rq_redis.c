@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "protocol/progress.h"
 #include "protocol/rq_job.h"
 
 /* KEYS: worker hash, rq:workers, rq:workers:<q>...
@@ -42,11 +43,16 @@ static const char death_lua[] =
     "redis.call('EXPIRE', KEYS[1], 60)\n"
     "return 1\n";
 
-/* KEYS: job, started registry, worker, execution, executions.
+/* KEYS: job, started registry, worker, execution, executions, rq:suspended,
+ * the queue.
  * ARGV: id, worker name, ts, score, ttl, execution id ("": layout 1), now
- *       (epoch float) */
+ *       (epoch float), "1" when a suspension puts the job back */
 static const char start_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return false end\n"
+    "if ARGV[8] == '1' and redis.call('EXISTS', KEYS[6]) == 1 then\n"
+    "  redis.call('LPUSH', KEYS[7], ARGV[1])\n"
+    "  return -1\n"
+    "end\n"
     "redis.call('HSET', KEYS[3], 'current_job', ARGV[1], 'current_job_working_time', "
     "'0', 'last_heartbeat', ARGV[3], 'state', 'busy')\n"
     "redis.call('EXPIRE', KEYS[3], ARGV[5])\n"
@@ -233,17 +239,21 @@ static const char unlock_lua[] =
 
 /* KEYS: the queues in priority order. ARGV: the most ids to take.
  * Reply: [queue key, id, queue key, id...], the first queue drained first. */
-static const char pop_many_lua[] = "local n, out = tonumber(ARGV[1]), {}\n"
-                                   "for _, k in ipairs(KEYS) do\n"
-                                   "  while #out < 2 * n do\n"
-                                   "    local id = redis.call('LPOP', k)\n"
-                                   "    if not id then break end\n"
-                                   "    out[#out + 1] = k\n"
-                                   "    out[#out + 1] = id\n"
-                                   "  end\n"
-                                   "  if #out >= 2 * n then break end\n"
-                                   "end\n"
-                                   "return out\n";
+/* KEYS: the queues, then rq:suspended. ARGV: how many at most */
+static const char pop_many_lua[] =
+    "if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end\n"
+    "local n, out = tonumber(ARGV[1]), {}\n"
+    "for i = 1, #KEYS - 1 do\n"
+    "  local k = KEYS[i]\n"
+    "  while #out < 2 * n do\n"
+    "    local id = redis.call('LPOP', k)\n"
+    "    if not id then break end\n"
+    "    out[#out + 1] = k\n"
+    "    out[#out + 1] = id\n"
+    "  end\n"
+    "  if #out >= 2 * n then break end\n"
+    "end\n"
+    "return out\n";
 
 /* KEYS: job. ARGV: meta */
 static const char meta_lua[] = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
@@ -284,9 +294,10 @@ void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
 void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
                        int max)
 {
-    eval_head(a, pop_many_lua, nqueues);
+    eval_head(a, pop_many_lua, nqueues + 1);
     for (int i = 0; i < nqueues; i++)
         key_arg(a, RQ_KEY_QUEUE, queues[i]);
+    redis_args_s(a, RQ_SUSPENDED_KEY);
     num_arg(a, max);
 }
 
@@ -348,13 +359,15 @@ static void exec_keys(struct redis_args *a, const char *id, const struct rq_exec
 
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s, const struct rq_exec *x)
+                    long worker_ttl_s, const struct rq_exec *x, int bounce)
 {
-    eval_head(a, start_lua, 5);
+    eval_head(a, start_lua, 7);
     key_arg(a, RQ_KEY_JOB, id);
     key_arg(a, RQ_KEY_STARTED, queue);
     key_arg(a, RQ_KEY_WORKER, worker);
     exec_keys(a, id, x);
+    redis_args_s(a, RQ_SUSPENDED_KEY);
+    key_arg(a, RQ_KEY_QUEUE, queue);
     redis_args_s(a, id);
     redis_args_s(a, worker);
     redis_args_s(a, ts);
@@ -362,6 +375,7 @@ void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
     num_arg(a, worker_ttl_s);
     redis_args_s(a, x ? x->eid : "");
     epoch_arg(a, x ? x->now_s : 0);
+    redis_args_s(a, bounce ? "1" : "0");
 }
 
 void rq_redis_busy_beat(struct redis_args *a, const char *worker, const char *id,
@@ -465,6 +479,40 @@ void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_
     eval_head(a, meta_lua, 1);
     key_arg(a, RQ_KEY_JOB, id);
     redis_args_add(a, meta, n);
+}
+
+void rq_redis_progress(struct redis_args *a, const char *id, const char *run, long n,
+                       long ttl_s, const struct rq_progress_entry *e, int k)
+{
+    char key[sizeof(PROGRESS_KEY_PREFIX) + RQ_MAX_ID];
+    snprintf(key, sizeof(key), "%s%s", PROGRESS_KEY_PREFIX, id);
+    if (k > RQ_PROGRESS_ENTRIES_MAX)
+        k = RQ_PROGRESS_ENTRIES_MAX;
+    eval_head(a, PROGRESS_WRITE_LUA, 2);
+    redis_args_s(a, key);
+    redis_args_s(a, key); /* the meta key: untouched, the meta being "" */
+    redis_args_s(a, run);
+    num_arg(a, n);
+    redis_args_s(a, "1"); /* the attempt: the script counts runs */
+    num_arg(a, PROGRESS_STREAM_MAXLEN);
+    num_arg(a, ttl_s);
+    redis_args_s(a, "");
+    num_arg(a, k);
+    for (int i = 0; i < k; i++) {
+        int x = (e[i].error != NULL) + (e[i].result != NULL);
+        redis_args_s(a, e[i].state);
+        redis_args_add(a, e[i].text ? e[i].text : "", e[i].text ? e[i].text_len : 0);
+        num_arg(a, e[i].tokens);
+        num_arg(a, x);
+        if (e[i].error) {
+            redis_args_s(a, "error");
+            redis_args_s(a, e[i].error);
+        }
+        if (e[i].result) {
+            redis_args_s(a, "result");
+            redis_args_s(a, e[i].result);
+        }
+    }
 }
 
 void rq_redis_suspended(struct redis_args *a)

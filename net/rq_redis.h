@@ -21,7 +21,8 @@ void rq_redis_pop(struct redis_args *a, const char *const *queues, int nqueues,
 
 /* Takes up to max job ids at once without blocking, the first queue drained
  * first (what a run of LPOPs in RQ's burst mode takes): the reply is an
- * array [queue key, id, queue key, id...], empty when all were empty. */
+ * array [queue key, id, queue key, id...], empty when all were empty, or -1
+ * (nothing taken) while `rq suspend` holds. */
 void rq_redis_pop_many(struct redis_args *a, const char *const *queues, int nqueues,
                        int max);
 
@@ -63,11 +64,13 @@ struct rq_exec {
 
 /* Starts a job popped from queue: the worker busy on it, the job in the
  * started registry with score wip_score, its status started. Reply: nil when
- * the job hash is gone (an expired ttl, a deleted job: skipped), else the
- * job's HGETALL taken after the start. */
+ * the job hash is gone (an expired ttl, a deleted job: skipped); with bounce,
+ * -1 when `rq suspend` holds (the id is back at the head of its queue,
+ * nothing else written: a blocking pop may have waited across the
+ * suspension); else the job's HGETALL taken after the start. */
 void rq_redis_start(struct redis_args *a, const char *worker, const char *id,
                     const char *queue, const char *ts, int64_t wip_score,
-                    long worker_ttl_s, const struct rq_exec *x);
+                    long worker_ttl_s, const struct rq_exec *x, int bounce);
 
 /* A running job's heartbeat: the worker's TTL and working time, the job's
  * last_heartbeat (only if the hash still exists) and its started score. */
@@ -129,6 +132,28 @@ void rq_redis_unlock_scheduler(struct redis_args *a, const char *queue, long pid
 /* Writes a running job's meta (n bytes, the serializer's form) if the job
  * hash still exists. Reply 1, or 0 when it was gone. */
 void rq_redis_meta(struct redis_args *a, const char *id, const char *meta, size_t n);
+
+/* One entry of a job's progress stream (protocol/progress.h has the
+ * format); every pointer borrowed for the call. */
+struct rq_progress_entry {
+    const char *state; /* STARTED, PROGRESS, SUCCESS, FAILURE, RETRY, REVOKED */
+    const char *text;  /* text since the previous entry ("" for the others) */
+    size_t text_len;
+    long tokens;        /* deltas so far this attempt */
+    const char *error;  /* "ExcType: message", or NULL */
+    const char *result; /* the end as JSON (gateway/gw_hub.h), or NULL */
+};
+
+#define RQ_PROGRESS_ENTRIES_MAX 3
+
+/* Appends k entries (1..RQ_PROGRESS_ENTRIES_MAX) to job id's progress stream
+ * with the Celery worker's script (PROGRESS_WRITE_LUA), no meta: run names
+ * this run of the job (a new run is a new attempt), n counts the entries the
+ * run has written, these included (the same command sent again after a lost
+ * reply is then a no-op), and ttl_s (> 0) is the stream's TTL. Reply: the
+ * last entry's seq, or -1 for a command done already. */
+void rq_redis_progress(struct redis_args *a, const char *id, const char *run, long n,
+                       long ttl_s, const struct rq_progress_entry *e, int k);
 
 /* EXISTS rq:suspended: reply 1 while `rq suspend` holds. */
 void rq_redis_suspended(struct redis_args *a);

@@ -2,9 +2,8 @@
  * (the SQS broker reference, sections 6 and 7), on the libuv loop.
  *
  * Every call is one signed JSON-protocol POST (net/sqs_sign.h) run by one
- * curl multi handle, whose sockets sit in an epoll set of our own that the
- * loop watches as one descriptor (as llm/llm_client.c does), so connections
- * are pooled and nothing blocks the loop. Only broker_connect() blocks: it
+ * curl multi handle on the loop (net/curl_loop.h), so connections are pooled
+ * and nothing blocks the loop. Only broker_connect() blocks: it
  * resolves the queue URLs (GetQueueUrl, CreateQueue when missing, as kombu
  * creates them; predefined_queues are taken as given).
  *
@@ -27,11 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 #include <curl/curl.h>
 
-#include "util/curl_epoll.h"
+#include "net/curl_loop.h"
 #include "net/sqs_call.h"
 #include "net/sqs_sign.h"
 #include "net/sqs_url.h"
@@ -137,10 +135,8 @@ struct sqs_broker {
     struct sqs_conf conf;
     cJSON *create_attrs, *tags;
 
-    CURLM *multi;
-    int epfd;
-    uv_poll_t epoll;
-    uv_timer_t curl_timer, tick;
+    struct curl_loop *http;
+    uv_timer_t tick;
     uv_prepare_t prepare;
     int closed_handles;
 
@@ -176,70 +172,18 @@ static void settles_done(struct sqs_broker *b, struct settle *list,
 
 /* ------------------------------------------------------------ curl on the loop */
 
-static void check_multi_info(struct sqs_broker *b)
+/* curl_loop's done: one request answered (or failed). */
+static void on_req_done(void *owner, void *req, CURLcode cc, long status)
 {
-    CURLMsg *m;
-    int left;
-    while ((m = curl_multi_info_read(b->multi, &left))) {
-        struct req *r = NULL;
-        long status = 0;
-        CURLcode cc;
-        if (m->msg != CURLMSG_DONE)
-            continue;
-        cc = m->data.result;
-        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
-        curl_easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &status);
-        curl_multi_remove_handle(b->multi, m->easy_handle);
-        for (struct req **p = &b->active; *p; p = &(*p)->next) {
-            if (*p == r) {
-                *p = r->next;
-                break;
-            }
+    struct sqs_broker *b = owner;
+    struct req *r = req;
+    for (struct req **p = &b->active; *p; p = &(*p)->next) {
+        if (*p == r) {
+            *p = r->next;
+            break;
         }
-        req_done(b, r, cc, status);
     }
-}
-
-static void on_sockets_ready(uv_poll_t *p, int status, int events)
-{
-    struct sqs_broker *b = p->data;
-    struct epoll_event ev[32];
-    int n;
-    (void)status;
-    (void)events;
-    n = epoll_wait(b->epfd, ev, 32, 0);
-    for (int i = 0; i < n; i++) {
-        int running;
-        curl_multi_socket_action(b->multi, ev[i].data.fd, curl_epoll_flags(ev[i].events),
-                                 &running);
-    }
-    check_multi_info(b);
-}
-
-static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
-{
-    struct sqs_broker *b = userp;
-    (void)easy;
-    return curl_epoll_socket(b->epfd, b->multi, fd, what, socketp, b);
-}
-
-static void on_curl_timer(uv_timer_t *t)
-{
-    struct sqs_broker *b = t->data;
-    int running;
-    curl_multi_socket_action(b->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-    check_multi_info(b);
-}
-
-static int on_timer_change(CURLM *multi, long timeout_ms, void *userp)
-{
-    struct sqs_broker *b = userp;
-    (void)multi;
-    if (timeout_ms < 0)
-        uv_timer_stop(&b->curl_timer);
-    else
-        uv_timer_start(&b->curl_timer, on_curl_timer, (uint64_t)timeout_ms, 0);
-    return 0;
+    req_done(b, r, cc, status);
 }
 
 static struct req *req_new(struct sqs_broker *b, enum req_kind kind,
@@ -321,7 +265,7 @@ static int req_start(struct sqs_broker *b, struct req *r)
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, timeout);
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)CONNECT_TIMEOUT_MS);
     curl_easy_setopt(r->easy, CURLOPT_EXPECT_100_TIMEOUT_MS, 1000L);
-    if (curl_multi_add_handle(b->multi, r->easy) != CURLM_OK) {
+    if (curl_loop_add(b->http, r->easy)) {
         req_drop_easy(r);
         return CR_ENOMEM;
     }
@@ -1367,9 +1311,8 @@ static void sqs_stop_consuming(struct broker *base)
 static void on_handle_closed(uv_handle_t *h)
 {
     struct sqs_broker *b = h->data;
-    if (++b->closed_handles < 4)
+    if (++b->closed_handles < 2)
         return;
-    close(b->epfd);
     cr_free(b);
 }
 
@@ -1418,7 +1361,7 @@ static void sqs_free(struct broker *base)
     while (b->active) {
         struct req *r = b->active;
         b->active = r->next;
-        curl_multi_remove_handle(b->multi, r->easy);
+        curl_loop_remove(b->http, r->easy);
         if (r->kind == RK_RECEIVE) {
             req_free(r);
             continue;
@@ -1455,12 +1398,10 @@ static void sqs_free(struct broker *base)
     for (int i = 0; i < b->ncons; i++)
         broker_queue_release(&b->cons[i].q);
     cr_free(b->cons);
-    curl_multi_cleanup(b->multi);
+    curl_loop_free(b->http);
     cJSON_Delete(b->create_attrs);
     cJSON_Delete(b->tags);
     sqs_conf_release(&b->conf);
-    uv_close((uv_handle_t *)&b->epoll, on_handle_closed);
-    uv_close((uv_handle_t *)&b->curl_timer, on_handle_closed);
     uv_close((uv_handle_t *)&b->tick, on_handle_closed);
     uv_close((uv_handle_t *)&b->prepare, on_handle_closed);
 }
@@ -1552,35 +1493,22 @@ struct broker *sqs_broker_new(uv_loop_t *loop, const struct broker_config *cfg,
     b->create_attrs = pairs_json(b->conf.create_attrs, b->conf.ncreate_attrs);
     b->tags = pairs_json(b->conf.tags, b->conf.ntags);
     b->vs = session_new(b, cfg->prefetch_count);
-    b->epfd = epoll_create1(EPOLL_CLOEXEC);
-    b->multi = b->epfd >= 0 ? curl_multi_init() : NULL;
+    b->http = curl_loop_new(loop, 16L, on_req_done, b);
     if ((b->conf.ncreate_attrs && !b->create_attrs) || (b->conf.ntags && !b->tags) ||
-        !b->vs || !b->multi || uv_poll_init(loop, &b->epoll, b->epfd) != 0) {
+        !b->vs || !b->http) {
         cr_err_set(err, CR_ENOMEM, "sqs: cannot set up the HTTP client");
         vsession_free(b->vs);
-        if (b->multi)
-            curl_multi_cleanup(b->multi);
-        if (b->epfd >= 0)
-            close(b->epfd);
+        curl_loop_free(b->http);
         cJSON_Delete(b->create_attrs);
         cJSON_Delete(b->tags);
         sqs_conf_release(&b->conf);
         cr_free(b);
         return NULL;
     }
-    b->epoll.data = b;
-    curl_multi_setopt(b->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-    curl_multi_setopt(b->multi, CURLMOPT_SOCKETDATA, b);
-    curl_multi_setopt(b->multi, CURLMOPT_TIMERFUNCTION, on_timer_change);
-    curl_multi_setopt(b->multi, CURLMOPT_TIMERDATA, b);
-    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, 16L);
-    uv_timer_init(loop, &b->curl_timer);
-    b->curl_timer.data = b;
     uv_timer_init(loop, &b->tick);
     b->tick.data = b;
     uv_prepare_init(loop, &b->prepare);
     b->prepare.data = b;
-    uv_poll_start(&b->epoll, UV_READABLE, on_sockets_ready);
     uv_timer_start(&b->tick, on_tick, TICK_MS, TICK_MS);
     uv_prepare_start(&b->prepare, on_prepare);
     for (int i = 0; i < cfg->nqueues; i++) {

@@ -36,6 +36,9 @@ FILES=(test_rabbitmq43.py test_core.py test_reliability.py test_monitoring.py te
 # (loadfile), as the outage tests restart their node: with tests spread one by
 # one on four nodes, 4.0.5's refusal to boot again (see services.sh) came in
 # every run; whole files on three nodes have passed.
+# The tests' own control node (tests/integration/erlctl.py) talks to the 4.x
+# nodes with their cookie, the chroot's.
+export CELERIAC_ERLANG_COOKIE=$ROOT/var/lib/rabbitmq/.erlang.cookie
 PATH=$bin:$PATH CELERIAC_RABBITMQ_43=1 CELERIAC_IT_WORKERS=${CELERIAC_IT_WORKERS:-3} \
     CELERIAC_IT_DIST=loadfile \
     PYTHONPATH="$root/tests/integration/celery57${PYTHONPATH:+:$PYTHONPATH}" \

@@ -26,7 +26,8 @@
     X(EBACKEND, -300, "result backend error")                                            \
     X(ELLM, -400, "llm provider error")                                                  \
     X(EPEER, -401, "peer refused")                                                       \
-    X(EBUDGET, -402, "budget exceeded")
+    X(EBUDGET, -402, "budget exceeded")                                                  \
+    X(ECOOLED, -403, "provider cooled")
 
 enum cr_errno {
     CR_OK = 0,

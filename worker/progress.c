@@ -107,58 +107,13 @@ void progress_batch_took_meta(struct progress_batch *b, int64_t now_ms)
 
 /* ============================================================ the writer */
 
-/* One script does the whole write so that it is atomic and costs one round
- * trip: it numbers the entries after the stream's last one (so seq continues
- * across workers and attempts), decides the attempt (a new run of the task
- * id is a new attempt), drops a command resent after a reconnect (same run,
- * entry counter not newer), appends, trims, sets the TTL and notifies once;
- * then it stores the PROGRESS meta unless a final state is already there
- * (Celery's own store only protects SUCCESS, but PROGRESS must never hide a
- * FAILURE). Several entries go in one call: a task that answers within one
- * batch interval has its STARTED, text and final entries written by one
- * script instead of three (Redis 48 -> 25 us per task in the dispatch bench).
- * KEYS: stream, meta. ARGV: run, n of the last entry, attempt hint, maxlen,
- * ttl, meta JSON or "", entry count, then per entry: state, text, tokens,
- * number of extra field/value pairs, the pairs. */
-static struct backend_script write_script = BACKEND_SCRIPT(
-    "local at=tonumber(ARGV[3]) local seq=0 local k=tonumber(ARGV[7])\n"
-    "if k>0 then\n"
-    " local last=redis.call('XREVRANGE',KEYS[1],'+','-','COUNT',1)[1]\n"
-    " if last then\n"
-    "  seq=tonumber(string.match(last[1],'%-(%d+)$'))\n"
-    "  local f,run,n,la=last[2],nil,0,0\n"
-    "  for i=1,#f,2 do\n"
-    "   if f[i]=='run' then run=f[i+1] elseif f[i]=='n' then n=tonumber(f[i+1])\n"
-    "   elseif f[i]=='attempt' then la=tonumber(f[i+1]) end\n"
-    "  end\n"
-    "  if run==ARGV[1] then\n"
-    "   if n>=tonumber(ARGV[2]) then return -1 end\n"
-    "   at=la\n"
-    "  elseif la>=at then at=la+1 end\n"
-    " end\n"
-    " local i,n0=8,tonumber(ARGV[2])-k\n"
-    " for e=1,k do\n"
-    "  seq=seq+1\n"
-    "  local a={'XADD',KEYS[1],'MAXLEN','~',ARGV[4],'0-'..seq,'seq',seq,'attempt',at,\n"
-    "   'state',ARGV[i],'text',ARGV[i+1],'tokens',ARGV[i+2],'run',ARGV[1],'n',n0+e}\n"
-    "  local x=tonumber(ARGV[i+3])\n"
-    "  for q=1,2*x do a[#a+1]=ARGV[i+3+q] end\n"
-    "  redis.call(unpack(a))\n"
-    "  i=i+4+2*x\n"
-    " end\n"
-    " if tonumber(ARGV[5])>0 then redis.call('EXPIRE',KEYS[1],ARGV[5]) end\n"
-    " redis.call('PUBLISH',KEYS[1],seq)\n"
-    "end\n"
-    "if ARGV[6]~='' then\n"
-    " local cur=redis.call('GET',KEYS[2])\n"
-    " if cur and (string.find(cur,'^{\"status\": *\"SUCCESS\"') or\n"
-    "  string.find(cur,'^{\"status\": *\"FAILURE\"') or\n"
-    "  string.find(cur,'^{\"status\": *\"REVOKED\"')) then return seq end\n"
-    " if tonumber(ARGV[5])>0 then redis.call('SETEX',KEYS[2],ARGV[5],ARGV[6])\n"
-    " else redis.call('SET',KEYS[2],ARGV[6]) end\n"
-    " redis.call('PUBLISH',KEYS[2],ARGV[6])\n"
-    "end\n"
-    "return seq\n");
+/* The script of protocol/progress.h does each write. Celery's own store
+ * only protects SUCCESS, but PROGRESS must never hide a FAILURE, hence its
+ * check of the meta. Several entries go in one call: a task that answers
+ * within one batch interval has its STARTED, text and final entries written
+ * by one script instead of three (Redis 48 -> 25 us per task in the dispatch
+ * bench). */
+static struct backend_script write_script = BACKEND_SCRIPT(PROGRESS_WRITE_LUA);
 
 /* Writes are not sent while this many backend operations are unanswered
  * (Redis slow or away): text keeps collecting in the batch instead, so memory

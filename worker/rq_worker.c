@@ -26,9 +26,12 @@
 #include "engine/tasks.h"
 #include "llm/llm_client.h"
 #include "llm_stack.h"
+#include "progress.h"
 #include "net/redis.h"
 #include "net/rq_redis.h"
 #include "protocol/celery_msg.h"
+#include "protocol/progress.h"
+#include "protocol/pyjson.h"
 #include "protocol/rq_data.h"
 #include "protocol/rq_job.h"
 #include "util/alloc.h"
@@ -38,12 +41,15 @@
 #include "util/version.h"
 
 #define CRON_MS 250
-#define POP_BLOCK_S 1      /* so suspension and shutdown are seen within a second */
+#define POP_BLOCK_S 1      /* so a shutdown is seen within a second */
 #define POP_BATCH_MAX 256  /* ids taken by one non-blocking pop */
 #define IDLE_BEAT_MS 30000 /* RQ beats before each pop, at most every 405 s */
 #define SUSPEND_CHECK_MS 1000
 #define DEATH_WAIT_MS 3000
 #define FUNC_MAX 256
+#define PROGRESS_TTL_S                                                                   \
+    86400 /* a stream's TTL when the result is kept for ever or not at all */
+#define PROGRESS_TTL_MIN_S 60
 
 enum slot_state {
     SLOT_IDLE,     /* no job: may take the next pop */
@@ -84,6 +90,32 @@ struct slot {
     struct redis_req meta_req;
     int meta_inflight;
     int killed; /* kill-horse: ends as RQ ends a killed work-horse */
+    /* The progress stream (protocol/progress.h) of a streaming job: each
+     * write is built from the text not yet written and sent once the one
+     * before it is answered; a write whose reply was lost goes again as it
+     * was (the script drops it if it ran), so no text is skipped or doubled. */
+    int pstream;    /* this job writes one */
+    char prun[300]; /* this run's name in the stream: host:pid:number */
+    long pn;        /* entries in the writes built so far */
+    size_t psent;   /* text length those writes carry */
+    int popened;    /* STARTED is in them */
+    long pttl_s;    /* the stream's TTL */
+    uint64_t next_pstream_ms;
+    struct redis_args pcmd; /* the write out, kept until answered */
+    struct redis_req preq;
+    int pinflight, ppending;
+    /* The end, waiting for the write before it: its state, the text after
+     * psent, the error and the result (owned). */
+    int pend_wanted;
+    const char *pend_state;
+    long pend_tokens;
+    struct buf pend_text;
+    char *pend_error, *pend_result;
+    int idle_wait; /* the end is stored: idle once the stream's end is */
+    /* the call's whole text and tokens while its end is handled, or NULL */
+    const char *done_text;
+    size_t done_len;
+    long done_tokens;
 
     /* The slot's one command in flight (start or end), kept to be sent again
      * when the connection lost it unanswered. */
@@ -115,6 +147,9 @@ struct rq_worker {
     struct redis_req susp_req;
     int susp_inflight, suspended;
     uint64_t next_susp_ms;
+    /* The last check sent, and the last pop or start that found the
+     * suspension (atomically, in its script). */
+    uint64_t susp_sent_ms, susp_seen_ms;
 
     /* the scheduler: one request per queue */
     struct redis_req *sched_reqs;
@@ -128,6 +163,7 @@ struct rq_worker {
     long pid;
 
     uv_timer_t cron;
+    unsigned long pruns; /* runs with a progress stream, for their names */
     uv_signal_t sigterm, sigint;
     int births_left, birth_failed;
     int registered;
@@ -140,6 +176,7 @@ struct rq_worker {
 };
 
 static void kick(struct rq_worker *w);
+static void set_suspended(struct rq_worker *w, int on);
 
 static int64_t now_s(void)
 {
@@ -198,6 +235,204 @@ static int lost(struct slot *s, int status)
     return 0;
 }
 
+/* ------------------------------------------------------------ progress stream */
+
+static void slot_idle(struct slot *s);
+
+static void pstream_send(struct slot *s);
+
+/* A job's stream lives as long as its result, at least a minute (a day when
+ * the result is kept for ever or not at all): a client that reads it late
+ * still finds the end. */
+static long pstream_ttl(long result_ttl_s)
+{
+    if (result_ttl_s <= 0)
+        return PROGRESS_TTL_S;
+    return result_ttl_s > PROGRESS_TTL_MIN_S ? result_ttl_s : PROGRESS_TTL_MIN_S;
+}
+
+/* Only the tasks that stream text have progress, as for Celery's. */
+static void pstream_begin(struct slot *s)
+{
+    struct rq_worker *w = s->w;
+    s->pstream =
+        w->cfg->progress_stream && (s->kind == TASK_GENERATE || s->kind == TASK_CHAT);
+    if (!s->pstream)
+        return;
+    snprintf(s->prun, sizeof(s->prun), "%.200s:%ld:%lu", w->hostname, w->pid, ++w->pruns);
+    s->pn = 0;
+    s->psent = 0;
+    s->popened = 0;
+    s->pttl_s = pstream_ttl(s->result_ttl_s);
+    s->next_pstream_ms = uv_now(w->loop) + (uint64_t)w->cfg->progress_interval_ms;
+}
+
+/* Gathers the next write into s->pcmd: STARTED first in a run, the text
+ * after what was written (tail), then end if given. Returns 0 when there is
+ * nothing to write yet (no text: STARTED goes with the first), else 1. */
+static int pstream_gather(struct slot *s, const char *tail, size_t tail_len, long tokens,
+                          const struct rq_progress_entry *end)
+{
+    struct rq_progress_entry e[RQ_PROGRESS_ENTRIES_MAX];
+    int k = 0;
+    if (!tail_len && !end)
+        return 0;
+    if (!s->popened)
+        e[k++] = (struct rq_progress_entry){"STARTED", "", 0, 0, NULL, NULL};
+    if (tail_len)
+        e[k++] =
+            (struct rq_progress_entry){"PROGRESS", tail, tail_len, tokens, NULL, NULL};
+    if (end)
+        e[k++] = *end;
+    redis_args_release(&s->pcmd);
+    redis_args_init(&s->pcmd);
+    rq_redis_progress(&s->pcmd, s->id, s->prun, s->pn + k, s->pttl_s, e, k);
+    /* Counted now: this command goes again as it is until answered. */
+    s->pn += k;
+    s->psent += tail_len;
+    s->popened = 1;
+    return 1;
+}
+
+static void pstream_clear_end(struct slot *s)
+{
+    s->pend_wanted = 0;
+    buf_reset(&s->pend_text);
+    cr_free(s->pend_error);
+    cr_free(s->pend_result);
+    s->pend_error = s->pend_result = NULL;
+}
+
+static void pstream_send_end(struct slot *s)
+{
+    struct rq_progress_entry end = {s->pend_state, "", 0, s->pend_tokens, s->pend_error,
+                                    s->pend_result};
+    pstream_gather(s, s->pend_text.data, s->pend_text.len, s->pend_tokens, &end);
+    pstream_clear_end(s);
+    pstream_send(s);
+}
+
+/* The write out is done with: the end, if it waits, goes next; a slot whose
+ * job's end is stored goes idle. */
+static void pstream_done(struct slot *s)
+{
+    redis_args_release(&s->pcmd);
+    redis_args_init(&s->pcmd);
+    if (s->pend_wanted) {
+        pstream_send_end(s);
+    } else if (s->idle_wait) {
+        s->idle_wait = 0;
+        slot_idle(s);
+    }
+}
+
+static void on_pstream_written(struct redis_req *req, int status, redisReply *reply)
+{
+    struct slot *s = req->data;
+    s->pinflight = 0;
+    if (status == CR_ECANCELED)
+        return;
+    if (status) {
+        s->ppending = 1; /* the same command again, from the cron */
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR)
+        LOG(LOG_WARNING, "rq job %s: progress not written: %s", s->id, reply->str);
+    pstream_done(s);
+}
+
+static void pstream_send(struct slot *s)
+{
+    const char **argv = redis_args_argv(&s->pcmd);
+    s->preq.data = s;
+    if (!argv) {
+        /* Out of memory gathering it: it would never be whole; dropped. */
+        LOG(LOG_ERROR, "rq job %s: out of memory; some progress was not written", s->id);
+        s->ppending = 0;
+        pstream_done(s);
+        return;
+    }
+    if (redis_conn_send(s->w->conn, &s->preq, on_pstream_written, s->pcmd.n, argv,
+                        s->pcmd.len)) {
+        s->ppending = 1;
+        return;
+    }
+    s->ppending = 0;
+    s->pinflight = 1;
+}
+
+/* The text so far, when the interval has passed and no write is out. */
+static void pstream_tick(struct slot *s, uint64_t now_ms, uint64_t interval_ms)
+{
+    const char *text;
+    size_t len = 0;
+    if (!s->pstream || !s->call || s->pinflight || s->ppending ||
+        now_ms < s->next_pstream_ms)
+        return;
+    s->next_pstream_ms = now_ms + interval_ms;
+    text = llm_req_text(s->call, &len);
+    if (len > s->psent &&
+        pstream_gather(s, text + s->psent, len - s->psent, (long)s->deltas, NULL))
+        pstream_send(s);
+}
+
+/* "ExcType: message" with the type's last dotted part, as Celery names it. */
+static const char *short_type(const char *exc_type)
+{
+    const char *dot = exc_type ? strrchr(exc_type, '.') : NULL;
+    return dot ? dot + 1 : exc_type;
+}
+
+/* The end of this run: state, error and result as the gateway reads them
+ * (the result, a failure's as Celery stores one, ends its sessions), after
+ * the text not written yet (the job's whole text when it ran to its end).
+ * Sent now, or when the write out is answered. */
+static void pstream_end(struct slot *s, const char *state, const char *exc_type,
+                        const char *message, const cJSON *value)
+{
+    struct buf b;
+    cJSON *r = NULL;
+    int oom = 0;
+    if (!s->pstream)
+        return;
+    pstream_clear_end(s);
+    s->pend_wanted = 1;
+    s->pend_state = state;
+    s->pend_tokens = s->done_tokens > 0 ? s->done_tokens : (long)s->deltas;
+    if (s->done_text && s->done_len > s->psent)
+        oom |= buf_append(&s->pend_text, s->done_text + s->psent, s->done_len - s->psent);
+    buf_init(&b);
+    if (message) {
+        const char *t = short_type(exc_type);
+        oom |= buf_printf(&b, "%s%s%s", t ? t : "", t ? ": " : "", message);
+        s->pend_error = buf_detach(&b);
+        r = cJSON_CreateObject();
+        if (!r || !cJSON_AddStringToObject(r, "exc_type", t ? t : "Exception") ||
+            !cJSON_AddItemToObject(r, "exc_message",
+                                   cJSON_CreateStringArray(&message, 1)))
+            oom = 1;
+        if (exc_type && t != exc_type) {
+            char mod[FUNC_MAX];
+            snprintf(mod, sizeof(mod), "%.*s", (int)(t - 1 - exc_type), exc_type);
+            oom |= !cJSON_AddStringToObject(r, "exc_module", mod);
+        }
+        value = r;
+    }
+    if (value && strcmp(state, "RETRY")) {
+        buf_reset(&b);
+        if (py_json_dumps(value, &b) == 0)
+            s->pend_result = buf_detach(&b);
+        else
+            oom = 1;
+    }
+    buf_release(&b);
+    cJSON_Delete(r);
+    if (oom)
+        LOG(LOG_ERROR, "rq job %s: out of memory; some progress was not written", s->id);
+    if (!s->pinflight && !s->ppending)
+        pstream_send_end(s);
+}
+
 /* ------------------------------------------------------------ ending */
 
 static void idle_beat(struct slot *s, uint64_t now_ms);
@@ -206,6 +441,8 @@ static void slot_idle(struct slot *s)
 {
     cJSON_Delete(s->meta);
     s->meta = NULL;
+    s->pstream = 0;
+    pstream_clear_end(s);
     s->state = SLOT_IDLE;
     s->call = NULL;
     s->id[0] = '\0';
@@ -225,6 +462,10 @@ static void on_ended(struct redis_req *req, int status, redisReply *reply)
         LOG(LOG_ERROR, "rq job %s: cannot store its end: %s", s->id, reply->str);
     else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
         LOG(LOG_WARNING, "rq job %s: deleted while it ran; its end is not stored", s->id);
+    if (s->pinflight || s->ppending || s->pend_wanted) {
+        s->idle_wait = 1; /* the stream's end is still on its way */
+        return;
+    }
     slot_idle(s);
 }
 
@@ -300,6 +541,7 @@ static void fail_job(struct slot *s, const char *exc_type, const char *message,
         LOG(LOG_WARNING, "rq job %s (%s) failed, %ld retries left: %s%s%s", s->id,
             s->func, s->retries_left, exc_type ? exc_type : "", exc_type ? ": " : "",
             message);
+        pstream_end(s, "RETRY", exc_type, message, NULL);
         e.how = RQ_END_RETRY;
         e.retries_left = s->retries_left - 1;
         e.interval_s = s->interval_s;
@@ -318,6 +560,7 @@ static void fail_job(struct slot *s, const char *exc_type, const char *message,
         buf_reset(&b64);
         buf_puts(&b64, "");
     }
+    pstream_end(s, s->stopped ? "REVOKED" : "FAILURE", exc_type, message, NULL);
     e.how = s->stopped ? RQ_END_STOPPED : RQ_END_FAILED;
     e.exc_b64 = b64.data ? b64.data : "";
     end_job(s, &e);
@@ -344,6 +587,7 @@ static void finish_job(struct slot *s, const cJSON *value)
         return;
     }
     LOG(LOG_INFO, "rq job %s (%s) finished in %.3fs", s->id, s->func, working_s(s));
+    pstream_end(s, "SUCCESS", NULL, NULL, value);
     e.how = RQ_END_FINISHED;
     e.return_b64 = b64.len ? b64.data : NULL;
     end_job(s, &e);
@@ -352,15 +596,9 @@ static void finish_job(struct slot *s, const cJSON *value)
 
 /* ------------------------------------------------------------ running */
 
-static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
+/* How the call's end ends the job. */
+static void llm_done(struct slot *s, const struct llm_result *res)
 {
-    struct slot *s = privdata;
-    struct rq_worker *w = s->w;
-    (void)r;
-    s->call = NULL;
-    if (w->done)
-        return; /* a cold stop: the job stays started, RQ's cleanup fails it */
-    llm_stack_note(&w->ls, res, uv_now(w->loop));
     if (s->stopped) {
         fail_job(s, NULL, "Job stopped by user, work-horse terminated.", 0);
         return;
@@ -390,6 +628,24 @@ static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *p
     }
     fail_job(s, res->exc_type && res->exc_type[0] ? res->exc_type : "Exception",
              res->message ? res->message : "", res->verdict != LLM_PERMANENT);
+}
+
+static void on_llm_done(struct llm_req *r, const struct llm_result *res, void *privdata)
+{
+    struct slot *s = privdata;
+    struct rq_worker *w = s->w;
+    (void)r;
+    s->call = NULL;
+    if (w->done)
+        return; /* a cold stop: the job stays started, RQ's cleanup fails it */
+    llm_stack_note(&w->ls, res, uv_now(w->loop));
+    s->done_text = res->text;
+    s->done_len = res->text ? res->text_len : 0;
+    s->done_tokens = res->completion_tokens;
+    llm_done(s, res);
+    s->done_text = NULL;
+    s->done_len = 0;
+    s->done_tokens = 0;
 }
 
 static void on_llm_delta(struct llm_req *r, const char *text, size_t len, void *privdata)
@@ -437,7 +693,7 @@ static void on_meta_written(struct redis_req *req, int status, redisReply *reply
 
 /* job.meta["progress"] = {"text": all so far, "tokens": deltas}, as the
  * Celery worker's PROGRESS meta carries it. */
-static void progress_write(struct slot *s, uint64_t now_ms)
+static void progress_write(struct slot *s, uint64_t now_ms, uint64_t interval_ms)
 {
     struct rq_worker *w = s->w;
     cJSON *p;
@@ -447,7 +703,7 @@ static void progress_write(struct slot *s, uint64_t now_ms)
     size_t len = 0;
     const char *text;
 
-    s->next_meta_ms = now_ms + (uint64_t)w->cfg->progress_interval_ms;
+    s->next_meta_ms = now_ms + interval_ms;
     if (!s->meta || !s->call || s->meta_inflight)
         return;
     text = llm_req_text(s->call, &len);
@@ -557,6 +813,7 @@ static void run_job(struct slot *s, const struct rq_job *job)
         struct llm_call lc = {tc.op,    tc.body,       tc.body_len, tc.embed_list,
                               tc.model, tc.route_step, tc.tools};
         progress_setup(s, job);
+        pstream_begin(s);
         s->call = llm_router_call(&w->ls.router, &lc, on_llm_delta, on_llm_done, s, &err);
     }
     task_call_release(&tc);
@@ -581,6 +838,14 @@ static void on_started(struct redis_req *req, int status, redisReply *reply)
         return;
     if (reply->type == REDIS_REPLY_NIL) {
         LOG(LOG_DEBUG, "rq job %s is gone (expired or deleted): skipped", s->id);
+        slot_idle(s);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+        /* Popped by a BLPOP that waited across `rq suspend`: back at the
+         * head of its queue, untouched. */
+        LOG(LOG_DEBUG, "rq job %s put back: suspended", s->id);
+        set_suspended(s->w, 1);
         slot_idle(s);
         return;
     }
@@ -623,8 +888,10 @@ static struct slot *free_slot(struct rq_worker *w)
     return NULL;
 }
 
+/* bounce: the pop was a BLPOP, which may have waited across a suspension:
+ * the start puts the job back if one holds. */
 static void start_popped(struct rq_worker *w, const char *key, size_t klen,
-                         const char *id, size_t idlen)
+                         const char *id, size_t idlen, int bounce)
 {
     struct slot *s = free_slot(w);
     const size_t pfx = strlen("rq:queue:");
@@ -655,6 +922,7 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     s->retries_left = s->interval_s = 0;
     s->ser = RQ_SERIALIZER_PICKLE;
     s->timed_out = s->stopped = s->killed = 0;
+    s->pstream = 0;
     s->call = NULL;
     s->started_ms = uv_now(w->loop);
     ts_now(ts);
@@ -666,7 +934,7 @@ static void start_popped(struct rq_worker *w, const char *key, size_t klen,
     s->started_epoch = (double)clock_epoch_us() / 1e6;
     rq_redis_start(&s->cmd, s->name, s->id, s->queue, ts, score,
                    rq_heartbeat_ttl(RQ_DEFAULT_TIMEOUT_S, 0, w->cfg->monitoring_interval),
-                   exec_of(s, &x));
+                   exec_of(s, &x), bounce);
     slot_command(s, on_started);
 }
 
@@ -685,7 +953,7 @@ static void on_popped(struct redis_req *req, int status, redisReply *reply)
     if (!status && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
         is_str(reply->element[0]) && is_str(reply->element[1])) {
         start_popped(w, reply->element[0]->str, reply->element[0]->len,
-                     reply->element[1]->str, reply->element[1]->len);
+                     reply->element[1]->str, reply->element[1]->len, 1);
         w->pop_warm = 1;
     } else if (!status && reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "rq: BLPOP refused: %s", reply->str);
@@ -704,8 +972,11 @@ static void on_popped_many(struct redis_req *req, int status, redisReply *reply)
         for (size_t i = 0; i + 1 < reply->elements; i += 2)
             if (is_str(reply->element[i]) && is_str(reply->element[i + 1]))
                 start_popped(w, reply->element[i]->str, reply->element[i]->len,
-                             reply->element[i + 1]->str, reply->element[i + 1]->len);
+                             reply->element[i + 1]->str, reply->element[i + 1]->len, 0);
         w->pop_warm = reply->elements > 0;
+    } else if (!status && reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+        set_suspended(w, 1);
+        w->pop_warm = 0;
     } else if (!status && reply->type == REDIS_REPLY_ERROR) {
         LOG(LOG_ERROR, "rq: pop refused: %s", reply->str);
         w->pop_warm = 0;
@@ -802,23 +1073,31 @@ static void busy_beat(struct slot *s, uint64_t now_ms)
     s->next_beat_ms = now_ms + (uint64_t)w->cfg->monitoring_interval * 1000 / 2;
 }
 
+static void set_suspended(struct rq_worker *w, int on)
+{
+    uint64_t now = uv_now(w->loop);
+    if (on)
+        w->susp_seen_ms = now;
+    if (w->suspended == on)
+        return;
+    w->suspended = on;
+    LOG(LOG_WARNING, "rq: %s",
+        on ? "suspended (rq suspend): no new jobs" : "resumed: taking jobs again");
+    for (int i = 0; i < w->nslots; i++)
+        if (w->slots[i].state == SLOT_IDLE)
+            idle_beat(&w->slots[i], now);
+}
+
 static void on_suspended(struct redis_req *req, int status, redisReply *reply)
 {
     struct rq_worker *w = req->data;
-    int was = w->suspended;
     w->susp_inflight = 0;
     if (status || reply->type != REDIS_REPLY_INTEGER)
         return;
-    w->suspended = reply->integer != 0;
-    if (was != w->suspended) {
-        uint64_t now = uv_now(w->loop);
-        LOG(LOG_WARNING, "rq: %s",
-            w->suspended ? "suspended (rq suspend): no new jobs"
-                         : "resumed: taking jobs again");
-        for (int i = 0; i < w->nslots; i++)
-            if (w->slots[i].state == SLOT_IDLE)
-                idle_beat(&w->slots[i], now);
-    }
+    /* A pop or a start found the suspension after this check was sent. */
+    if (reply->integer == 0 && w->susp_sent_ms < w->susp_seen_ms)
+        return;
+    set_suspended(w, reply->integer != 0);
     kick(w);
 }
 
@@ -832,6 +1111,7 @@ static void check_suspended(struct rq_worker *w)
     rq_redis_suspended(&a);
     argv = redis_args_argv(&a);
     w->susp_req.data = w;
+    w->susp_sent_ms = uv_now(w->loop);
     if (argv && !redis_conn_send(w->conn, &w->susp_req, on_suspended, a.n, argv, a.len))
         w->susp_inflight = 1;
     redis_args_release(&a);
@@ -1062,7 +1342,8 @@ static void subscribe(struct rq_worker *w)
 static void on_cron(uv_timer_t *t)
 {
     struct rq_worker *w = t->data;
-    uint64_t now = uv_now(w->loop);
+    uint64_t now = uv_now(w->loop), interval_ms;
+    long running = 0;
 
     if (w->done) {
         if (now - w->death_sent_ms > DEATH_WAIT_MS)
@@ -1071,10 +1352,18 @@ static void on_cron(uv_timer_t *t)
     }
     if (!w->registered)
         return;
+    /* Many jobs streaming at once write less often each (worker/progress.h). */
+    for (int i = 0; i < w->nslots; i++)
+        running += w->slots[i].state == SLOT_RUNNING &&
+                   (w->slots[i].pstream || w->slots[i].meta);
+    interval_ms =
+        (uint64_t)progress_budget_interval_ms(w->cfg->progress_interval_ms, running);
     for (int i = 0; i < w->nslots; i++) {
         struct slot *s = &w->slots[i];
         if (s->cmd_pending && !s->cmd_inflight && redis_conn_up(w->conn))
             slot_send(s);
+        if (s->ppending && !s->pinflight && redis_conn_up(w->conn))
+            pstream_send(s);
         if (s->state == SLOT_RUNNING) {
             if (s->deadline_ms && now >= s->deadline_ms && !s->timed_out && s->call) {
                 s->timed_out = 1;
@@ -1084,7 +1373,9 @@ static void on_cron(uv_timer_t *t)
             if (now >= s->next_beat_ms && redis_conn_up(w->conn))
                 busy_beat(s, now);
             if (s->meta && now >= s->next_meta_ms && redis_conn_up(w->conn))
-                progress_write(s, now);
+                progress_write(s, now, interval_ms);
+            if (redis_conn_up(w->conn))
+                pstream_tick(s, now, interval_ms);
         } else if (s->state == SLOT_IDLE && now >= s->next_idle_beat_ms &&
                    redis_conn_up(w->conn)) {
             idle_beat(s, now);
@@ -1210,6 +1501,8 @@ struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
         else
             snprintf(s->name, sizeof(s->name), "%.160s-%d", base, i + 1);
         redis_args_init(&s->cmd);
+        redis_args_init(&s->pcmd);
+        buf_init(&s->pend_text);
         s->info.name = s->name;
         s->info.queues = w->queues_csv;
         s->info.queue_names = cfg->queues;
@@ -1294,7 +1587,13 @@ int rq_worker_start(struct rq_worker *w, struct cr_err *err)
     w->pop_warm = 1;
     for (int i = 0; i < w->nslots; i++)
         w->slots[i].next_idle_beat_ms = uv_now(w->loop) + IDLE_BEAT_MS;
-    uv_timer_start(&w->cron, on_cron, CRON_MS, CRON_MS);
+    {
+        /* The cron writes progress too: it ticks at least as often. */
+        uint64_t ms = (uint64_t)w->cfg->progress_interval_ms < CRON_MS
+                          ? (uint64_t)w->cfg->progress_interval_ms
+                          : CRON_MS;
+        uv_timer_start(&w->cron, on_cron, ms, ms);
+    }
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);
     LOG(LOG_INFO, "rq worker %s%s on %s: queues %s, %d at once", w->slots[0].name,
@@ -1334,6 +1633,9 @@ void rq_worker_free(struct rq_worker *w)
     llm_stack_release(&w->ls);
     for (int i = 0; w->slots && i < w->nslots; i++) {
         redis_args_release(&w->slots[i].cmd);
+        redis_args_release(&w->slots[i].pcmd);
+        pstream_clear_end(&w->slots[i]);
+        buf_release(&w->slots[i].pend_text);
         cJSON_Delete(w->slots[i].meta);
     }
     cr_free(w->slots);

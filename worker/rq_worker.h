@@ -28,6 +28,7 @@ struct rq_config {
     double shutdown_timeout;   /* seconds a warm shutdown waits for running jobs */
     int with_scheduler;        /* move due scheduled jobs of our queues (RQScheduler) */
     int progress_meta;         /* streamed text so far in job.meta["progress"] */
+    int progress_stream;       /* the progress stream (protocol/progress.h) */
     int progress_interval_ms;  /* between two progress writes of a job */
     int protocol;              /* 1: RQ 1.13's layout; 2: 2.x's (executions) */
     const char *const *queues; /* borrowed from argv, in priority order */

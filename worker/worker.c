@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "events.h"
 #include "fleet_limits.h"
+#include "fleet_pools.h"
 #include "llm/llm_client.h"
 #include "llm_stack.h"
 #include "metrics.h"
@@ -58,6 +59,7 @@ struct worker {
      * freed after the LLM client and the backend. */
     struct fleet_limits *limits;
     struct backend *limits_bk; /* --limits-redis; NULL: the limits use backend */
+    struct fleet_pools *pools; /* cooling and calls in flight of the fleet */
     /* Budgeted providers (router order): a spend count command out, and
      * when the counts were last synced (loop ms). */
     unsigned char budget_out[LLM_REGISTRY_MAX_PROVIDERS + 1];
@@ -571,6 +573,7 @@ static void on_cron(uv_timer_t *t)
         budget_sync(w, 1);
     }
     fleet_limits_tick(w->limits);
+    fleet_pools_tick(w->pools);
     engine_on_tick(w->engine, now);
 }
 
@@ -726,6 +729,11 @@ static int clients_new(struct worker *w, struct cr_err *err)
     if (!w->limits)
         return err->code ? err->code : CR_ENOMEM;
     llm_client_set_limits(w->ls.client, &fleet_limits_ops, w->limits);
+    /* The pools read the limits' coolings: from the same Redis. */
+    w->pools = fleet_pools_new(w->loop, w->limits_bk ? w->limits_bk : w->backend,
+                               &w->ls.router, w->ls.client, cfg->hostname, err);
+    if (!w->pools)
+        return err->code ? err->code : CR_ENOMEM;
     w->bcfg.url = cfg->broker;
     w->bcfg.failover_strategy = cfg->broker_failover_strategy;
     w->bcfg.queues = cfg->queues.items;
@@ -821,6 +829,7 @@ fail:
     backend_free(w->backend);
     backend_free(w->limits_bk);
     fleet_limits_free(w->limits);
+    fleet_pools_free(w->pools);
     engine_free(w->engine);
     llm_stack_release(&w->ls);
     cr_free(w);
@@ -1042,6 +1051,7 @@ void worker_free(struct worker *w)
     backend_free(w->backend);
     backend_free(w->limits_bk);
     fleet_limits_free(w->limits);
+    fleet_pools_free(w->pools);
     /* its handles close with the others; the spans of calls that come back
      * cancelled below are freed unsent */
     tracing_stop(w->tracing);

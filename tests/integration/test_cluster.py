@@ -13,6 +13,7 @@ import pytest
 from kombu import Exchange, Queue
 
 from conftest import free_port, wait_until
+from erlctl import registered
 
 
 def _run(args, env=None, timeout=180, check=True):
@@ -91,7 +92,7 @@ def cluster(services):
             n.start()
         for n in nodes:
             # await_startup needs a node that answers already
-            wait_until(lambda: n.ctl("ping", check=False, timeout=60).returncode == 0,
+            wait_until(lambda: registered(n.name),
                        timeout=120, interval=0.5, what="node %s to answer" % n.name)
             n.ctl("await_startup", "--timeout", "180", timeout=200)
         for n in nodes[1:]:

@@ -13,6 +13,7 @@ import amqp
 from kombu import Exchange, Queue
 
 from conftest import wait_until
+from erlctl import registered
 from test_reliability import amqp_conn, dlq, drain_dead_letters
 
 
@@ -287,7 +288,7 @@ def test_a_node_announcing_43_that_honours_global_qos_keeps_the_channel_wide_win
         subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", base], check=False)
     try:
         node.start()
-        wait_until(lambda: node.ctl("ping", check=False, timeout=60).returncode == 0,
+        wait_until(lambda: registered(node.name),
                    timeout=120, interval=0.5, what="the 4.3 stand-in to answer")
         node.ctl("await_startup", "--timeout", "180", timeout=200)
         app = env.make_app(broker_url=node.url())

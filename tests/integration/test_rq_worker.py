@@ -4,6 +4,7 @@ run as the built-in LLM tasks against the fake LLM, and read back with RQ's own
 client (job.get_status(), job.result, the registries) and its `rq info` CLI.
 Each test has a Redis database of its own, flushed before and after."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -84,6 +85,21 @@ def rqenv(request, services, fake_llm):
     e.close()
 
 
+RQ2_READ = r'''
+import sys
+from redis import Redis
+import rq
+from rq.job import Job
+r = Redis(port=int(sys.argv[1]), db=int(sys.argv[2]))
+assert rq.__version__.startswith("2."), rq.__version__
+j = Job.fetch(sys.argv[3], connection=r)
+j.refresh()
+assert j.is_finished, j.get_status()
+assert j.return_value() == sys.argv[4] and j.result == sys.argv[4], j.return_value()
+print("ok", rq.__version__)
+'''
+
+
 def test_enqueue_by_name_finishes(rqenv):
     q = rqenv.queue()
     job = q.enqueue("mymod.llm_inference", "Hello")
@@ -98,6 +114,13 @@ def test_enqueue_by_name_finishes(rqenv):
     assert job.worker_name.startswith("celeriac-")
     assert job.id in FinishedJobRegistry(queue=q).get_job_ids()
     assert job.id not in StartedJobRegistry(queue=q).get_job_ids()
+    rq2 = os.environ.get("CELERIAC_RQ2_PATH")
+    if rq2:  # RQ 2.x's client reads the default (1.13) layout too
+        out = subprocess.run(["/usr/bin/python3", "-c", RQ2_READ,
+                              str(rqenv.services.redis_port), str(rqenv.db), job.id, want],
+                             env=dict(os.environ, PYTHONPATH=rq2),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("ok 2."), out.stderr
     # result_ttl 500 (RQ's default) on the job, its stream, and the registry score
     assert 490 < rqenv.r.ttl("rq:job:" + job.id) <= 500
     assert 490 < rqenv.r.ttl("rq:results:" + job.id) <= 500
@@ -117,6 +140,12 @@ def test_kwargs_chat_and_memo(rqenv):
     rqenv.wait_status(chat, "finished")
     rqenv.wait_status(gen, "finished")
     assert chat.result["content"] == rqenv.fake.expected("Grüß dich ✓")["text"]
+    # the stream's return_value is base64 of a pickle any Python reads
+    import base64
+    import pickle
+    entry = rqenv.r.xrevrange("rq:results:" + chat.id, count=1)[0][1]
+    raw = pickle.loads(base64.b64decode(entry[b"return_value"]))
+    assert isinstance(raw, dict) and raw == chat.result
     assert gen.result == rqenv.fake.expected("Hi")["text"]
 
 
@@ -171,7 +200,9 @@ def test_llm_failure_into_failed_registry_then_requeue(rqenv):
     w = rqenv.worker()
     rqenv.wait_status(job, "failed")
     exc = job.latest_result().exc_string
+    assert job.latest_result().type.value == 2  # Result.Type.FAILED
     assert exc.endswith("\n") and "bad prompt" in exc.splitlines()[-1]
+    assert re.match(r"^[\w.]*BadRequestError: .*bad prompt", exc.splitlines()[-1])
     assert len(rqenv.fake.stats()) == 1  # permanent: not retried, retries left or not
     reg = FailedJobRegistry(queue=q)
     assert job.id in reg.get_job_ids()
@@ -192,6 +223,26 @@ def test_retry_without_interval(rqenv):
     rqenv.wait_status(job, "finished")
     assert job.retries_left == 0
     assert len(rqenv.fake.stats()) == 3
+    assert job.result == rqenv.fake.expected("Hello")["text"]
+
+
+def test_retry_without_interval_requeues_at_the_tail(rqenv):
+    """Retry(max=1) without an interval: back to its queue's tail, status
+    queued with a new enqueued_at, behind the job queued after it."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    rqenv.fake.script(["status=500"])
+    job = q.enqueue("mymod.llm_inference", "Hello", retry=Retry(max=1))
+    behind = q.enqueue("mymod.llm_inference", "behind", model="fake/hold=" + hold)
+    first_enqueued = job.enqueued_at
+    rqenv.worker("-c", "1")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="the job behind it runs")
+    job.refresh()
+    assert job.get_status() == "queued" and job.retries_left == 0
+    assert job.enqueued_at > first_enqueued
+    assert q.job_ids == [job.id]
+    rqenv.fake.release(hold)
+    rqenv.wait_status(job, "finished")
     assert job.result == rqenv.fake.expected("Hello")["text"]
 
 
@@ -238,11 +289,41 @@ def test_running_job_is_started_and_claimed(rqenv):
     assert set(workers) == {"rqw-1", "rqw-2"}
     busy = workers[job.worker_name]
     assert busy.get_state() == "busy" and busy.get_current_job_id() == job.id
+    idle = ({"rqw-1", "rqw-2"} - {job.worker_name}).pop()
+    assert rqenv.r.ttl("rq:worker:" + job.worker_name) > 0
+    assert rqenv.r.ttl("rq:worker:" + idle) > 0
+    assert workers[idle].get_state() == "idle"
+    assert "%s (" % job.worker_name in out and "busy default" in out
     rqenv.fake.release(hold)
     rqenv.wait_status(job, "finished")
     wait_until(lambda: RqPyWorker.find_by_key("rq:worker:" + job.worker_name,
                                               connection=rqenv.r).get_state() == "idle",
                what="worker idle")
+
+
+def test_started_score_kept_ahead_while_running(rqenv):
+    """The started registry's score of a running job is always ahead of now
+    and moves on at each heartbeat (half the monitoring interval), so RQ's
+    cleanups (`rq info`) never fail it."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/hold=" + hold)
+    rqenv.worker("--name", "beat", "-c", "1", "--job-monitoring-interval", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 1, what="call held")
+    scores = []
+    t_end = time.time() + 4
+    while time.time() < t_end:
+        sc = rqenv.r.zscore("rq:wip:default", job.id)
+        assert sc is not None and sc > time.time() + 55
+        if not scores or sc != scores[-1]:
+            scores.append(sc)
+        time.sleep(0.1)
+    assert len(scores) >= 3 and scores == sorted(scores)  # refreshed about every second
+    assert rqenv.r.ttl("rq:worker:beat") > 0
+    rqenv.rq_info()
+    assert job.get_status() == "started"
+    rqenv.fake.release(hold)
+    rqenv.wait_status(job, "finished")
 
 
 def test_sigterm_is_warm(rqenv):
@@ -281,18 +362,51 @@ def test_job_timeout_aborts(rqenv):
 
 
 def test_suspend_and_resume(rqenv):
+    """No job starts once `rq suspend` holds, not even one pushed while a
+    blocking pop was already waiting: it goes back to the head of its queue,
+    in its place. The worker says it is suspended within a second or so, and
+    `rq resume` lets the jobs run."""
     q = rqenv.queue()
     rqenv.worker("--name", "susp", "-c", "1")
+    time.sleep(0.3)  # idle: a BLPOP is out
     subprocess.run(["rq", "suspend", "--url", rqenv.url], check=True, capture_output=True)
+    first = q.enqueue("mymod.llm_inference", "Hello")
+    second = q.enqueue("mymod.llm_inference", "Hello again")
+    t0 = time.time()
     wait_until(lambda: rqenv.r.hget("rq:worker:susp", "state") == b"suspended",
-               what="suspended state")
-    time.sleep(1.5)  # a blocking pop already out when the suspension was seen ends
-    job = q.enqueue("mymod.llm_inference", "Hello")
+               timeout=5, what="suspended state")
+    assert time.time() - t0 < 1.5
     time.sleep(2)
-    job.refresh()
-    assert job.get_status() == "queued"
+    for j in (first, second):
+        j.refresh()
+        assert j.get_status() == "queued"
+    assert q.job_ids == [first.id, second.id]
+    assert rqenv.fake.stats() == []
     subprocess.run(["rq", "resume", "--url", rqenv.url], check=True, capture_output=True)
-    rqenv.wait_status(job, "finished")
+    rqenv.wait_status(first, "finished")
+    rqenv.wait_status(second, "finished")
+    assert first.started_at <= second.started_at
+
+
+def test_suspend_seen_by_the_batch_pop(rqenv):
+    """Slots freed right after `rq suspend` (before any check of it) take
+    nothing: the batch pop finds the suspension in the same script."""
+    q = rqenv.queue()
+    hold = "h" + uuid.uuid4().hex[:8]
+    running = [q.enqueue("mymod.llm_inference", "run %d" % i, model="fake/hold=" + hold)
+               for i in range(2)]
+    waiting = [q.enqueue("mymod.llm_inference", "wait %d" % i) for i in range(3)]
+    rqenv.worker("--name", "busy", "-c", "2")
+    wait_until(lambda: rqenv.fake.held(hold) == 2, what="calls held")
+    rqenv.r.set("rq:suspended", 1)
+    rqenv.fake.release(hold)
+    for j in running:
+        rqenv.wait_status(j, "finished")
+    time.sleep(1.5)
+    assert q.job_ids == [j.id for j in waiting]
+    rqenv.r.delete("rq:suspended")
+    for j in waiting:
+        rqenv.wait_status(j, "finished")
 
 
 def test_retry_with_intervals_through_scheduled_registry(rqenv):
@@ -342,6 +456,8 @@ def test_dependents_released(rqenv):
     rqenv.wait_status(allowed, "finished")
     rqenv.wait_status(bad, "failed")
     time.sleep(1)
+    deferred = {m.decode() for m in rqenv.r.zrange("rq:deferred:default", 0, -1)}
+    assert child.id not in deferred and allowed.id not in deferred
     assert stuck.get_status() == "deferred"
     assert stuck.id in rqenv.r.zrange("rq:deferred:default", 0, -1) or \
         stuck.id.encode() in rqenv.r.zrange("rq:deferred:default", 0, -1)
@@ -393,7 +509,9 @@ def test_shutdown_command(rqenv):
     job.refresh()
     assert job.get_status() == "finished"
     assert not rqenv.r.sismember("rq:workers", "rq:worker:shut")
+    assert not rqenv.r.sismember("rq:workers:default", "rq:worker:shut")
     assert rqenv.r.hget("rq:worker:shut", "death")
+    assert 0 < rqenv.r.ttl("rq:worker:shut") <= 60
 
 
 def test_concurrency_and_two_processes_in_rq_info(rqenv):
@@ -506,25 +624,156 @@ def test_bound_method_bombs_and_expired_jobs(rqenv):
     assert len(rqenv.fake.stats()) == 1
 
 
+def test_memo_dag_and_cycle_fail_without_running(rqenv):
+    """A 2**30-node DAG of memo references and a list that holds itself fail
+    the job (within the limits, no call); the worker goes on."""
+    import pickle
+    import zlib
+    q = rqenv.queue()
+    x = []
+    for _ in range(30):
+        x = [x, x]
+    cyc = []
+    cyc.append(cyc)
+    jobs = []
+    for args in ((x,), (cyc,)):
+        j = q.enqueue("mymod.llm_inference", "x")
+        rqenv.r.hset("rq:job:" + j.id, "data", zlib.compress(pickle.dumps(
+            ("mymod.llm_inference", None, args, {}), protocol=5)))
+        jobs.append(j)
+    after = q.enqueue("mymod.llm_inference", "after")
+    rqenv.worker("-c", "1")
+    rqenv.wait_status(after, "finished")
+    for j, why in zip(jobs, ("pickle expands past", "(a cycle)")):
+        assert j.get_status() == "failed"
+        last = j.latest_result().exc_string.rstrip("\n").splitlines()[-1]
+        assert last.startswith("celeriac.UnsupportedJob: job data refused: "), last
+        assert why in last, last
+    assert len(rqenv.fake.stats()) == 1
+
+
 def test_progress_in_job_meta(rqenv):
     """The text streamed so far shows in job.meta["progress"] while the job
-    runs, next to the producer's own meta."""
+    runs, growing at the interval, next to the producer's own meta."""
     q = rqenv.queue()
     job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30",
                     meta={"user": "u1"})
     rqenv.worker("--progress-interval", "200")
+    texts = []
 
-    def some_text():
-        job.refresh()
-        p = job.meta.get("progress")
-        return p and p["text"] and job.get_status() == "started"
-    wait_until(some_text, timeout=10, what="progress in meta")
-    assert job.meta["user"] == "u1"
-    partial = job.meta["progress"]["text"]
-    assert job.meta["progress"]["tokens"] >= 1
+    def grown():
+        p = job.get_meta().get("progress")
+        if p and p["text"] and (not texts or p["text"] != texts[-1]):
+            texts.append(p["text"])
+            assert job.meta["user"] == "u1"
+            assert p["tokens"] >= 1
+        return len(texts) >= 3
+    wait_until(grown, timeout=10, what="job.meta growing")
+    # each read holds the one before it and more
+    assert all(b.startswith(a) and len(b) > len(a) for a, b in zip(texts, texts[1:]))
     rqenv.wait_status(job, "finished")
-    assert job.result.startswith(partial) and len(partial) < len(job.result)
+    assert job.result.startswith(texts[-1]) and len(texts[-1]) < len(job.result)
     assert job.meta["user"] == "u1"
+
+
+PROGRESS_KEY = "celeriac:progress:"
+
+
+def stream_entries(rqenv, job_id):
+    return [{k.decode(): v.decode() for k, v in f.items()}
+            for _, f in rqenv.r.xrange(PROGRESS_KEY + job_id)]
+
+
+def test_progress_stream_follows_an_rq_job(rqenv):
+    """The Celery worker's progress stream, for an RQ job by its id: a reader
+    subscribed to its channel sees entries come while the job streams, then
+    its end with the result; a retried job's next run is a new attempt."""
+    import json
+    q = rqenv.queue()
+    ps = rqenv.r.pubsub()
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30")
+    ps.subscribe(PROGRESS_KEY + job.id)
+    rqenv.worker("--progress-interval", "200")
+    notes, live = [], []
+    t_end = time.time() + 20
+    while time.time() < t_end:
+        m = ps.get_message(timeout=0.5)
+        if m and m["type"] == "message":
+            notes.append(int(m["data"]))
+            es = stream_entries(rqenv, job.id)
+            if job.get_status() == "started":
+                live.append(len(es))
+            if es and es[-1]["state"] == "SUCCESS":
+                break
+    ps.close()
+    es = stream_entries(rqenv, job.id)
+    assert [int(e["seq"]) for e in es] == list(range(1, len(es) + 1))
+    assert es[0]["state"] == "STARTED" and es[-1]["state"] == "SUCCESS"
+    assert all(e["state"] == "PROGRESS" for e in es[1:-1]) and len(es) >= 4
+    assert all(e["attempt"] == "1" for e in es)
+    assert notes == sorted(notes) and notes[-1] == len(es)
+    assert live and min(live) < len(es)  # read while the job ran
+    rqenv.wait_status(job, "finished")
+    assert "".join(e["text"] for e in es) == job.result
+    assert json.loads(es[-1]["result"]) == job.result
+    assert int(es[-1]["tokens"]) == 30
+    assert 490 < rqenv.r.ttl(PROGRESS_KEY + job.id) <= 500  # as long as the result
+
+    # a failed run closes its attempt with RETRY; the retry is attempt 2
+    rqenv.fake.script(["tps=100;tokens=20;cut_after_tokens=5", "tps=100;tokens=20"])
+    again = q.enqueue("mymod.llm_inference", "Again", retry=Retry(max=1))
+    rqenv.wait_status(again, "finished")
+    es = wait_until(lambda: (lambda es: es if es and es[-1]["state"] == "SUCCESS"
+                             else None)(stream_entries(rqenv, again.id)),
+                    timeout=10, what="the stream's end")
+    states = [(e["attempt"], e["state"]) for e in es]
+    assert states[0] == ("1", "STARTED") and ("1", "RETRY") in states
+    assert states.index(("1", "RETRY")) < states.index(("2", "STARTED"))
+    assert states[-1] == ("2", "SUCCESS")
+    assert [e for e in es if e["state"] == "RETRY"][0]["error"]
+    assert "".join(e["text"] for e in es if e["attempt"] == "2") == again.result
+
+    # a failure ends the stream with its error and Celery's failure result
+    rqenv.fake.script(["status=400;err_msg=bad prompt"])
+    bad = q.enqueue("mymod.llm_inference", "Bad")
+    rqenv.wait_status(bad, "failed")
+    es = wait_until(lambda: (lambda es: es if es and es[-1]["state"] == "FAILURE"
+                             else None)(stream_entries(rqenv, bad.id)),
+                    timeout=10, what="the stream's failure")
+    assert es[0]["state"] == "STARTED" and "bad prompt" in es[-1]["error"]
+    assert json.loads(es[-1]["result"])["exc_type"] == es[-1]["error"].split(":")[0]
+
+
+def test_gateway_follows_an_rq_job(rqenv, services):
+    """celeriac gateway, pointed at RQ's database as its result backend,
+    streams an RQ job over its WebSocket by the job's id, to its end."""
+    import types
+    from test_gateway import Gateway, read_all, text_of
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello", model="fake/tps=10,tokens=30")
+    bad = q.enqueue("mymod.llm_inference", "Bad", model="fake/tps=10,tokens=30,status=400")
+    env = types.SimpleNamespace(broker=services.redis_url(next_result_db()),
+                                backend=rqenv.url)
+    gw = Gateway(env)
+    try:
+        ws = gw.stream(job.id)
+        rqenv.worker("--progress-interval", "200", "-c", "1")
+        msgs = read_all(ws)
+        final = msgs[-1]
+        rqenv.wait_status(job, "finished")
+        assert final["type"] == "result" and final["state"] == "SUCCESS", msgs
+        assert final["result"] == job.result
+        assert text_of(msgs) == job.result
+        deltas = [m for m in msgs if m["type"] == "progress" and m["text"]]
+        assert len(deltas) >= 3 and deltas[0]["tokens"] < 30  # live, not replayed
+        # the next job, joined after its end: replayed from the stream
+        rqenv.wait_status(bad, "failed")
+        msgs = read_all(gw.stream(bad.id))
+        assert msgs[-1]["type"] == "result" and msgs[-1]["state"] == "FAILURE", msgs
+        assert msgs[-1]["error"]
+        assert [m["state"] for m in msgs if m["type"] == "progress"] == ["STARTED", "FAILURE"]
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
 
 
 def test_redis_connection_reset_mid_job(rqenv):

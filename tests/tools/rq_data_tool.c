@@ -12,14 +12,17 @@
 #include "protocol/pyjson.h"
 #include "protocol/rq_data.h"
 #include "util/alloc.h"
+#include "util/hex.h"
 
+/* By hand: sscanf("%2x") measures the whole rest of the line on every call,
+ * which made a 2.4 MB batch take 8 s. */
 static int unhex(const char *s, size_t n, unsigned char *out)
 {
     for (size_t i = 0; i + 1 < n; i += 2) {
-        unsigned v;
-        if (sscanf(s + i, "%2x", &v) != 1)
+        int hi = cr_hexval(s[i]), lo = cr_hexval(s[i + 1]);
+        if (hi < 0 || lo < 0)
             return -1;
-        out[i / 2] = (unsigned char)v;
+        out[i / 2] = (unsigned char)(hi << 4 | lo);
     }
     return 0;
 }

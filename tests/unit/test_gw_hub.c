@@ -443,6 +443,55 @@ START_TEST(test_ignored_result_comes_from_the_stream)
 }
 END_TEST
 
+/* An RQ job has no Celery meta: its final entry's result ends the sessions,
+ * whatever the end; a Celery FAILURE entry (no result) waits for its meta. */
+START_TEST(test_rq_job_ends_from_the_stream)
+{
+    static const struct {
+        const char *state, *result, *want;
+    } ends[] = {
+        {"FAILURE",
+         "{\"exc_type\": \"JobTimeoutException\", \"exc_message\": [\"too long\"], "
+         "\"exc_module\": \"rq.timeouts\"}",
+         "\"state\": \"FAILURE\""},
+        {"REVOKED", "{\"exc_type\": \"Exception\", \"exc_message\": [\"stopped\"]}",
+         "\"error\": \"Exception: stopped\""},
+        {"SUCCESS", "\"t2 t3 \"", "\"result\": \"t2 t3 \""},
+        {"FAILURE", "not json", "\"state\": \"PENDING\""},
+    };
+    for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
+        struct fake f;
+        struct gw_hub *h = hub_with(&f);
+        struct stream st = {1, 3, ends[i].state, ends[i].result};
+        struct gw_session *s = gw_hub_join(h, "T", 0, (void *)1, 0);
+        const char *last;
+        gw_hub_on_subscribed(h, "T");
+        gw_hub_on_meta(h, "T", f.meta_ticket, NULL, 0);
+        answer(h, &f, &st, GW_FETCH_COUNT);
+        ck_assert_int_eq(f.nclosed, 1);
+        last = f.sent[f.nsent - 1].text;
+        ck_assert_msg(strstr(last, "\"type\": \"result\""), "%s", last);
+        ck_assert_msg(strstr(last, ends[i].want), "%s", last);
+        if (i == 0)
+            ck_assert(strstr(last, "\"error\": \"JobTimeoutException: too long\""));
+        gw_hub_leave(h, s);
+        gw_hub_free(h);
+    }
+    {
+        struct fake f;
+        struct gw_hub *h = hub_with(&f);
+        struct stream st = {1, 3, "FAILURE", NULL};
+        struct gw_session *s = gw_hub_join(h, "T", 0, (void *)1, 0);
+        gw_hub_on_subscribed(h, "T");
+        gw_hub_on_meta(h, "T", f.meta_ticket, NULL, 0);
+        answer(h, &f, &st, GW_FETCH_COUNT);
+        ck_assert_int_eq(f.nclosed, 0);
+        gw_hub_leave(h, s);
+        gw_hub_free(h);
+    }
+}
+END_TEST
+
 START_TEST(test_entry_parse)
 {
     const char *names[] = {"seq", "attempt", "state", "text", "tokens", "run", "error"};
@@ -740,6 +789,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_paged_reads);
     tcase_add_test(tc, test_failures_and_reconnects);
     tcase_add_test(tc, test_ignored_result_comes_from_the_stream);
+    tcase_add_test(tc, test_rq_job_ends_from_the_stream);
     tcase_add_test(tc, test_entry_parse);
     tcase_add_test(tc, test_total_budget_byte_by_byte);
     tcase_add_test(tc, test_budget_smaller_than_a_message);

@@ -297,6 +297,131 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* A pool: its targets first (steps picked by the router), then its
+ * fallbacks in order; every impossible value refused, every cut too. */
+START_TEST(test_pools)
+{
+    static const char *doc =
+        "{\"providers\": {\"a\": {\"type\": \"openai\", \"base_url\": \"http://a\"},"
+        " \"b\": {\"type\": \"openai\", \"base_url\": \"http://b\"}},"
+        " \"models\": {\"w\": {\"targets\": [\"a/m1\", \"b\"], \"strategy\": "
+        "\"weighted\","
+        "   \"weights\": [3, 1], \"fallbacks\": [\"default/gpt-4o\"]},"
+        "   \"lb*\": {\"strategy\": \"least-busy\", \"targets\": [\"a\", \"b\", "
+        "\"default\"]},"
+        "   \"eq\": {\"strategy\": \"weighted\", \"targets\": [\"a\", \"b\"]}}}";
+    static const struct {
+        const char *models, *want;
+    } bad[] = {
+        {"{\"m\": {\"targets\": [\"a\"]}}",
+         "strategy must be 'weighted' or 'least-busy'"},
+        {"{\"m\": {\"targets\": [\"a\"], \"strategy\": \"random\"}}",
+         "strategy must be 'weighted' or 'least-busy'"},
+        {"{\"m\": {\"strategy\": \"weighted\"}}", "a pool needs 'targets'"},
+        {"{\"m\": {\"targets\": [], \"strategy\": \"weighted\"}}",
+         "targets must be a list of 1 to 8 targets"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\"], \"strategy\": \"weighted\", "
+         "\"weights\": [3]}}",
+         "weights must be a list of 2 numbers, one per target"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\"], \"strategy\": \"weighted\", "
+         "\"weights\": [3, 1, 1]}}",
+         "weights must be a list of 2 numbers"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\"], \"strategy\": \"weighted\", "
+         "\"weights\": [3, -1]}}",
+         "weight 2 must be a whole number in [0, 1000000]"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\"], \"strategy\": \"weighted\", "
+         "\"weights\": [1.5, 1]}}",
+         "weight 1 must be a whole number"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\"], \"strategy\": \"weighted\", "
+         "\"weights\": [0, 0]}}",
+         "the weights add up to 0"},
+        {"{\"m\": {\"targets\": [\"a\"], \"strategy\": \"least-busy\", \"weights\": "
+         "[1]}}",
+         "weights are for the 'weighted' strategy only"},
+        {"{\"m\": {\"targets\": [\"a\"], \"strategy\": \"weighted\", \"weight\": [1]}}",
+         "unknown key 'weight'"},
+        {"{\"m\": {\"targets\": [\"a\", \"zz\"], \"strategy\": \"weighted\"}}",
+         "no provider named 'zz'"},
+        {"{\"m\": {\"targets\": [\"a\", \"b\", \"a\", \"b\", \"a\", \"b\", \"a\", "
+         "\"b\"], "
+         "\"strategy\": \"least-busy\", \"fallbacks\": [\"default\"]}}",
+         "targets and fallbacks are 8 at most"},
+        {"{\"m\": {\"targets\": [\"a\"], \"strategy\": \"least-busy\", \"fallbacks\": "
+         "\"b\"}}",
+         "fallbacks must be a list"},
+        {"{\"m\": \"a\"}", "must map to a list of 1 to 8 targets, or a pool"},
+    };
+    struct llm_registry r;
+    struct llm_resolved rs;
+    const struct llm_model_route *w;
+
+    load(&r, doc, no_env);
+    /* "w": two pool steps naming its first target until picked, then the fallback */
+    ck_assert_int_eq(llm_registry_resolve(&r, "w", 0, &rs), 0);
+    ck_assert_ptr_nonnull(w = rs.pool);
+    ck_assert_int_eq(w->strategy, LLM_POOL_WEIGHTED);
+    ck_assert_int_eq(w->npool, 2);
+    ck_assert_int_eq(w->ntargets, 3);
+    ck_assert_int_eq(w->weights[0], 3);
+    ck_assert_int_eq(w->weights[1], 1);
+    ck_assert_str_eq(rs.name, "a");
+    ck_assert_str_eq(rs.model, "m1");
+    ck_assert_int_eq(rs.more, 1);
+    ck_assert_int_eq(llm_registry_resolve(&r, "w", 1, &rs), 0);
+    ck_assert_ptr_eq(rs.pool, w);
+    ck_assert_int_eq(rs.more, 1);
+    llm_registry_target(&r, w, 1, "w", &rs);
+    ck_assert_str_eq(rs.name, "b");
+    ck_assert_str_eq(rs.model, "w"); /* "b": the task's model */
+    ck_assert_int_eq(llm_registry_resolve(&r, "w", 2, &rs), 0);
+    ck_assert_ptr_null(rs.pool);
+    ck_assert_str_eq(rs.name, "default");
+    ck_assert_str_eq(rs.model, "gpt-4o");
+    ck_assert_int_eq(rs.more, 0);
+    ck_assert_int_eq(llm_registry_resolve(&r, "w", 3, &rs), -1);
+    /* a pattern; no fallbacks: the last pool step has no more */
+    ck_assert_int_eq(llm_registry_resolve(&r, "lb-x", 2, &rs), 0);
+    ck_assert_ptr_nonnull(rs.pool);
+    ck_assert_int_eq(rs.pool->strategy, LLM_POOL_LEAST_BUSY);
+    ck_assert_int_eq(rs.more, 0);
+    llm_registry_target(&r, rs.pool, 2, "lb-x", &rs);
+    ck_assert_str_eq(rs.name, "default");
+    ck_assert_ptr_null(rs.named);
+    /* weights default to equal */
+    ck_assert_int_eq(llm_registry_resolve(&r, "eq", 0, &rs), 0);
+    ck_assert_int_eq(rs.pool->weights[0], 1);
+    ck_assert_int_eq(rs.pool->weights[1], 1);
+    /* an ordered list is no pool */
+    llm_registry_release(&r);
+    load(&r, DOC, fake_env);
+    ck_assert_int_eq(llm_registry_resolve(&r, "smart", 0, &rs), 0);
+    ck_assert_ptr_null(rs.pool);
+    llm_registry_release(&r);
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char d[1024];
+        struct cr_err err;
+        snprintf(d, sizeof(d),
+                 "{\"providers\": {\"a\": {\"type\": \"openai\", \"base_url\": \"u\"},"
+                 " \"b\": {\"type\": \"openai\", \"base_url\": \"u\"}}, \"models\": %s}",
+                 bad[i].models);
+        memset(&err, 0, sizeof(err));
+        llm_registry_init(&r);
+        ck_assert_int_eq(llm_registry_parse(&r, d, strlen(d), no_env, &err), CR_EINVAL);
+        ck_assert_msg(strstr(err.msg, bad[i].want), "%s: got '%s'", d, err.msg);
+        llm_registry_release(&r);
+    }
+    for (size_t k = 0; k <= strlen(doc); k++) {
+        struct cr_err err;
+        int rc;
+        llm_registry_init(&r);
+        rc = llm_registry_parse(&r, doc, k, no_env, &err);
+        ck_assert(k == strlen(doc) ? rc == 0 : rc == CR_EINVAL);
+        llm_registry_release(&r);
+    }
+}
+END_TEST
+
 /* Every prefix of the document: refused or taken, never a crash or a leak. */
 START_TEST(test_every_cut)
 {
@@ -323,6 +448,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_every_cut);
+    tcase_add_test(tc, test_pools);
     suite_add_tcase(s, tc);
     return s;
 }

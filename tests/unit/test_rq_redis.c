@@ -6,6 +6,7 @@
 
 #include "unit.h"
 #include "net/rq_redis.h"
+#include "protocol/progress.h"
 #include "protocol/rq_job.h"
 
 static const char *arg(struct redis_args *a, int i)
@@ -37,12 +38,13 @@ START_TEST(test_pop_many)
     struct redis_args a;
     redis_args_init(&a);
     rq_redis_pop_many(&a, q, 2, 40);
-    ck_assert_int_eq(a.n, 6);
+    ck_assert_int_eq(a.n, 7);
     ck_assert_str_eq(arg(&a, 0), "EVAL");
-    ck_assert_str_eq(arg(&a, 2), "2");
+    ck_assert_str_eq(arg(&a, 2), "3");
     ck_assert_str_eq(arg(&a, 3), "rq:queue:high");
     ck_assert_str_eq(arg(&a, 4), "rq:queue:low");
-    ck_assert_str_eq(arg(&a, 5), "40");
+    ck_assert_str_eq(arg(&a, 5), "rq:suspended");
+    ck_assert_str_eq(arg(&a, 6), "40");
     redis_args_release(&a);
 }
 END_TEST
@@ -154,10 +156,14 @@ START_TEST(test_end_layout2)
     ck_assert_str_eq(arg(&a, A0 + 13), "12.250000");
     redis_args_release(&a);
     redis_args_init(&a);
-    rq_redis_start(&a, "w", "j1", "q", "T", 100, 90, &x);
-    ck_assert_str_eq(arg(&a, 2), "5");
+    rq_redis_start(&a, "w", "j1", "q", "T", 100, 90, &x, 1);
+    ck_assert_int_eq(a.n, 3 + 7 + 8);
+    ck_assert_str_eq(arg(&a, 2), "7");
     ck_assert_str_eq(arg(&a, 6), "rq:execution:j1:0123456789abcdef0123456789abcdef");
-    ck_assert_str_eq(arg(&a, 13), x.eid);
+    ck_assert_str_eq(arg(&a, 8), "rq:suspended");
+    ck_assert_str_eq(arg(&a, 9), "rq:queue:q");
+    ck_assert_str_eq(arg(&a, 15), x.eid);
+    ck_assert_str_eq(arg(&a, 17), "1");
     redis_args_release(&a);
 }
 END_TEST
@@ -219,6 +225,48 @@ START_TEST(test_worker_keys)
 }
 END_TEST
 
+/* The progress stream's write: the Celery worker's script and argument
+ * layout, the job's stream key, no meta, and each entry's fields. */
+START_TEST(test_progress)
+{
+    struct rq_progress_entry e[] = {
+        {"STARTED", "", 0, 0, NULL, NULL},
+        {"PROGRESS", "hello there", 5, 3, NULL, NULL},
+        {"FAILURE", "", 0, 3, "JobTimeoutException: late", "{\"exc_type\": \"J\"}"},
+        {"SUCCESS", "", 0, 9, NULL, NULL},
+    };
+    struct redis_args a;
+    const size_t *lens;
+    redis_args_init(&a);
+    rq_redis_progress(&a, "job-1", "h:7:2", 5, 500, e, 4); /* one too many: cut to 3 */
+    ck_assert_int_eq(a.n, 3 + 2 + 7 + 4 + 4 + 8);
+    ck_assert_str_eq(arg(&a, 0), "EVAL");
+    ck_assert_str_eq(arg(&a, 1), PROGRESS_WRITE_LUA);
+    ck_assert_str_eq(arg(&a, 2), "2");
+    ck_assert_str_eq(arg(&a, 3), "celeriac:progress:job-1");
+    ck_assert_str_eq(arg(&a, 5), "h:7:2");
+    ck_assert_str_eq(arg(&a, 6), "5");
+    ck_assert_str_eq(arg(&a, 8), "10000");
+    ck_assert_str_eq(arg(&a, 9), "500");
+    ck_assert_str_eq(arg(&a, 10), ""); /* no meta */
+    ck_assert_str_eq(arg(&a, 11), "3");
+    ck_assert_str_eq(arg(&a, 12), "STARTED");
+    ck_assert_str_eq(arg(&a, 15), "0");
+    ck_assert_str_eq(arg(&a, 16), "PROGRESS");
+    lens = a.len;
+    ck_assert_int_eq((int)lens[17], 5);
+    ck_assert(!memcmp(arg(&a, 17), "hello", 5));
+    ck_assert_str_eq(arg(&a, 18), "3");
+    ck_assert_str_eq(arg(&a, 20), "FAILURE");
+    ck_assert_str_eq(arg(&a, 23), "2");
+    ck_assert_str_eq(arg(&a, 24), "error");
+    ck_assert_str_eq(arg(&a, 25), "JobTimeoutException: late");
+    ck_assert_str_eq(arg(&a, 26), "result");
+    ck_assert_str_eq(arg(&a, 27), "{\"exc_type\": \"J\"}");
+    redis_args_release(&a);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("rq_redis");
@@ -230,6 +278,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_end_retry);
     tcase_add_test(tc, test_end_layout2);
     tcase_add_test(tc, test_worker_keys);
+    tcase_add_test(tc, test_progress);
     suite_add_tcase(s, tc);
     return s;
 }
