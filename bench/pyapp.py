@@ -26,6 +26,11 @@ app.conf.update(result_expires=86400, broker_connection_retry_on_startup=True)
 if os.environ.get("BENCH_TRANSPORT_OPTIONS"):
     app.conf.broker_transport_options = json.loads(os.environ["BENCH_TRANSPORT_OPTIONS"])
 
+# The fleet section (issue 38): Celery's own rate_limit on the LLM task, one
+# share of the provider's limit per worker.
+if os.environ.get("BENCH_RATE_LIMIT"):
+    app.conf.task_annotations = {"llm.generate": {"rate_limit": os.environ["BENCH_RATE_LIMIT"]}}
+
 BASE = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1").rstrip("/")
 _session = None
 

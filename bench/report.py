@@ -400,6 +400,10 @@ def build(res, out):
     if tr:
         tracing_section(tr, L, verdicts)
 
+    fl = res.get("fleet")
+    if fl:
+        fleet_section(fl, L, verdicts)
+
     if verdicts:
         L.append("### Targets")
         L.append("")
@@ -623,6 +627,34 @@ def tracing_section(rows, L, verdicts):
         ratio = med([r["rate"] for r in on]) / med([r["rate"] for r in off])
         verdicts.append(("traced dispatch >= 90% of untraced (issue 35)",
                          "%.0f%%" % (100 * ratio), ratio >= 0.9))
+
+
+def fleet_section(fl, L, verdicts):
+    """Section 13 (issue 38): three workers against one provider limit."""
+    L.append("### 13. A fleet against one provider limit (issue 38)")
+    L.append("")
+    L.append("%d workers on one queue, %d short llm.generate calls (8 tokens, 50 ms), the fake "
+             "LLM enforcing %d rpm as providers do (a second's worth at once, refilled "
+             "continuously, 429 with retry-after beyond). Goodput: the calls answered, as a "
+             "share of what the provider accepts from the first call to the last answer (a "
+             "second's worth, then the pace)." % (fl["workers"], fl["n"], fl["rpm"]))
+    L.append("")
+    L.append("| workers | answered | refused (429) | failed tasks | s at the provider "
+             "(ideal) | goodput |")
+    L.append("|---|---|---|---|---|---|")
+    for r in fl.get("rows", []):
+        L.append("| %s | %d | %d (%.2f%%) | %d | %.1f (%.1f) | %s |" % (
+            r["label"], r["ok"], r["refused"], r["refused_pct"], r["failed"],
+            r.get("span_s", 0), r.get("ideal_s", 0),
+            "%.1f%%" % r["goodput_pct"] if r.get("goodput_pct") is not None else "-"))
+    L.append("")
+    shared = [r for r in fl.get("rows", []) if "shared" in r["label"]]
+    if shared:
+        r = shared[0]
+        ok = (r.get("goodput_pct") or 0) >= 95 and r["refused_pct"] < 1 and r["complete"]
+        verdicts.append(("fleet goodput >= 95% of the limit, < 1% refused (issue 38)",
+                         "%.1f%%, %.2f%% refused" % (r.get("goodput_pct") or 0,
+                                                      r["refused_pct"]), ok))
 
 
 def rq_section(rqr, L):

@@ -95,6 +95,12 @@ RQ_C = int(os.environ.get("BENCH_RQ_C", 500 if QUICK else 1000))
 RQ_PY_N = int(os.environ.get("BENCH_RQ_PY_N", 50 if QUICK else 200))
 RQ_PY_WORKERS = int(os.environ.get("BENCH_RQ_PY_WORKERS", 10))
 RQ_BOUND_S = 60 if QUICK else 180
+# Section 13 (issue 38): three workers against one provider limit.
+FLEET_N = int(os.environ.get("BENCH_FLEET_N", 200 if QUICK else 1000))
+FLEET_RPM = int(os.environ.get("BENCH_FLEET_RPM", 1200))
+FLEET_WORKERS = 3
+FLEET_C = 20  # per worker; a call takes about 50 ms, 20 a second need one or two
+FLEET_BOUND_S = 45 if QUICK else 150
 
 started = []  # every Popen we own, stopped in cleanup()
 
@@ -1196,6 +1202,155 @@ class Bench:
                 log("  %s: %s" % (label, str(e)[:300]))
         res["rows"] = rows
 
+    # ------------------------------------------------------------ fleet
+
+    def fleet_run(self, label, fake_port, procs_fn, metrics_port=lambda: None):
+        """Publishes FLEET_N short llm.generate tasks on a fresh queue, starts
+        the workers procs_fn() gives, and waits for every result (or
+        FLEET_BOUND_S). The fake enforces
+        FLEET_RPM as a provider does; its log says what it answered."""
+        base = "http://127.0.0.1:%d" % fake_port
+
+        def fake(path, body=None):
+            req = urllib.request.Request(base + path, method="POST" if body is not None else
+                                         "GET", data=json.dumps(body).encode()
+                                         if body is not None else None)
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        queue = self.new_queue()
+        self.redis.cmd("FLUSHDB")  # results, and the shared limits' keys
+        fake("/__reset", {})
+        fake("/__config", {"rpm": FLEET_RPM, "rl_mode": "bucket"})
+        # Published first (the tool waits for the queue to hold them all);
+        # the workers start together, and the figures are the provider's,
+        # from its first call on.
+        self.publish(queue, FLEET_N, "llm.generate", ["bench"], {"model": "fleet"})
+        counter = ResultCounter(self.redis_port)
+        procs = procs_fn(queue)
+        rec = {"label": label, "n": FLEET_N, "rpm": FLEET_RPM, "workers": len(procs)}
+        try:
+            t0 = time.time()
+            for p in procs:
+                p.wait_ready()
+            done = 0
+            while done < FLEET_N and time.time() - t0 < FLEET_BOUND_S:
+                done = counter.poll()
+                if any(p.p.poll() is not None for p in procs):
+                    break
+            rec["wall_s"] = round(time.time() - t0, 2)
+            if metrics_port():
+                time.sleep(1.2)  # the worker reads the fleet's figures once a second
+                try:
+                    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port(),
+                                                timeout=5) as r:
+                        text = r.read().decode()
+                    for name in ("calls_granted_total", "calls_waited_total",
+                                 "wait_seconds_total", "coolings_total", "holds_total"):
+                        m = re.search(r"^celeriac_limit_%s\{[^}]*\} (\S+)$" % name, text, re.M)
+                        if m:
+                            rec["limit_" + name] = float(m.group(1))
+                except OSError:
+                    pass
+        finally:
+            for p in procs:
+                p.stop()
+            counter.close()
+            self.tool("publish", self.amqp_port, queue, "purge")
+        st = fake("/__stats")
+        ok = [e for e in st if e.get("status") == 200]
+        rec["requests"] = len(st)
+        rec["ok"] = len(ok)
+        rec["refused"] = sum(1 for e in st if e.get("status") == 429)
+        rec["succeeded"], rec["failed"] = counter.ok, counter.failed
+        rec["complete"] = counter.ok + counter.failed >= FLEET_N
+        if ok:
+            # From the first call at the provider to the last answer it gave,
+            # refused ones included (a retried task's last try may fail).
+            span = max(e["t_end"] or e["t"] for e in st) - min(e["t"] for e in st)
+            per_s = FLEET_RPM / 60.0
+            rec["span_s"] = round(span, 2)
+            # The most the provider accepts in that time: a second's worth at
+            # once, then the pace. Goodput is the calls it answered, as a share.
+            rec["ideal_s"] = round(max(0.0, (len(ok) - per_s) / per_s), 2)
+            rec["goodput_pct"] = round(100.0 * len(ok) / ((span + 1) * per_s), 1)
+        rec["refused_pct"] = round(100.0 * rec["refused"] / max(1, rec["requests"]), 2)
+        log("  %-34s %4d ok, %4d refused (%5.2f%% of %d calls), %3d failed tasks; %6.1f s at "
+            "the provider (ideal %.1f s): %5.1f%% of the limit" % (
+                label, rec["ok"], rec["refused"], rec["refused_pct"], rec["requests"],
+                rec["failed"], rec.get("span_s", 0), rec.get("ideal_s", 0),
+                rec.get("goodput_pct") or 0))
+        return rec
+
+    def fleet_section(self):
+        """Section 13 (issue 38): FLEET_WORKERS workers on one queue and one
+        provider that enforces FLEET_RPM as providers do (scripts/fake_llm.py
+        in bucket mode: a second's worth at once, refilled continuously, 429
+        with retry-after beyond), FLEET_N short calls (8 tokens, 50 ms).
+        celeriac with the limit shared in Redis, celeriac without it, and
+        Python Celery with Celery's rate_limit split between the workers
+        (FLEET_RPM / FLEET_WORKERS each, the best a per-worker limit can do)."""
+        log("13. fleet (issue 38): %d workers, %d short calls, provider limit %d rpm" % (
+            FLEET_WORKERS, FLEET_N, FLEET_RPM))
+        fake = Proc("fake_llm", [PY, os.path.join(ROOT, "scripts", "fake_llm.py"),
+                                 "--tokens", "8", "--tps", "0", "--latency-ms", "50"],
+                    ready=r"^PORT \d+")
+        fake.wait_ready(20)
+        port = int(fake.lines[0].split()[1])
+        llm = "http://127.0.0.1:%d/v1" % port
+        share = FLEET_RPM // FLEET_WORKERS
+        doc = json.dumps({"providers": {"default": {"limits": {"*": {"rpm": FLEET_RPM}}}}})
+        mport = [None]
+
+        def celeriac(shared):
+            def start(queue):
+                ps = []
+                for i in range(FLEET_WORKERS):
+                    cmd = [BIN, "worker", "-b", self.broker, "--result-backend", self.backend,
+                           "-c", str(FLEET_C), "-Q", queue, "-l", "warning",
+                           "-n", "celeriac%d@bench" % i]
+                    if shared:
+                        cmd += ["--llm-providers", doc]
+                        if i == 0:
+                            with socket.socket() as so:
+                                so.bind(("127.0.0.1", 0))
+                                mport[0] = so.getsockname()[1]
+                            cmd += ["--metrics-port", str(mport[0])]
+                    ps.append(Proc("celeriac", cmd, env=dict(os.environ, OPENAI_BASE_URL=llm),
+                                   ready=r" ready\.$"))
+                return ps
+            return start
+
+        def python(queue):
+            env = dict(os.environ, BENCH_BROKER=self.broker, BENCH_BACKEND=self.backend,
+                       OPENAI_BASE_URL=llm, PYTHONWARNINGS="ignore",
+                       BENCH_RATE_LIMIT="%d/m" % share)
+            # prefork, Celery's default pool: with threads, whose timer
+            # wakes coarsely, rate-limited tasks went out at a fraction of
+            # their rate (60 calls at 3 x 400/m took 38 s in a trial).
+            return [Proc("python-prefork",
+                         [PY, "-m", "celery", "-A", "pyapp", "worker", "-P", "prefork", "-c",
+                          "4", "-Q", queue, "-l", "warning", "--without-gossip",
+                          "--without-mingle", "--without-heartbeat", "-n", "py%d@bench" % i],
+                         env=env, cwd=os.path.join(ROOT, "bench"), ready=r"BENCH-READY")
+                    for i in range(FLEET_WORKERS)]
+        rows = []
+        try:
+            for label, fn, shared in (
+                    ("celeriac, limit shared in Redis", celeriac(True), True),
+                    ("celeriac, no limit", celeriac(False), False),
+                    ("Celery, rate_limit %d/m each" % share, python, False)):
+                if fn is python and "python" not in IMPLS:
+                    continue
+                mport[0] = None
+                try:
+                    rows.append(self.fleet_run(label, port, fn, lambda: mport[0]))
+                except (RuntimeError, OSError) as e:
+                    log("  %s: %s" % (label, str(e)[:300]))
+        finally:
+            fake.stop()
+        self.results["fleet"] = {"n": FLEET_N, "rpm": FLEET_RPM, "workers": FLEET_WORKERS,
+                                 "c": FLEET_C, "rows": rows}
+
     # ------------------------------------------------------------ canvas
 
     def canvas_pool(self):
@@ -1598,13 +1753,14 @@ def main():
         b.results["machine"] = machine()
         only = os.environ.get("BENCH_ONLY",
                               "limits,dispatch,concurrency,memory,latency,cpu,canvas,redis,tls,"
-                              "sqs,rq,tracing")
+                              "sqs,rq,tracing,fleet")
         for name, fn in (("limits", b.limits), ("dispatch", b.dispatch),
                          ("concurrency", b.concurrency), ("memory", b.memory),
                          ("latency", b.latency), ("cpu", b.cpu_per_token),
                          ("canvas", b.canvas), ("redis", b.redis_section),
                          ("tls", lambda: tls_section(b)), ("sqs", b.sqs_section),
-                         ("rq", b.rq_section), ("tracing", b.tracing_section)):
+                         ("rq", b.rq_section), ("tracing", b.tracing_section),
+                         ("fleet", b.fleet_section)):
             if name in only.split(","):
                 fn()
         b.results["elapsed_s"] = round(time.time() - t0, 1)

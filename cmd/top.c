@@ -2,7 +2,9 @@
  *
  * Scrapes each worker's /metrics endpoint (--metrics-port) and shows, per
  * worker, slots in use, prefetched tasks, throughput, tokens per second and
- * errors, and per consumed queue its depth and consumers. Rates are the
+ * errors, per consumed queue its depth and consumers, and per shared
+ * provider limit its use across the fleet (the last minute's calls and
+ * tokens, permits in flight, waits and coolings). Rates are the
  * difference between two scrapes over the time between them. A command-line
  * tool, not part of the worker loop: it may block on its HTTP requests
  * (bounded by a 2 s timeout each). */
@@ -31,6 +33,17 @@ struct top_queue {
     double messages, consumers;
 };
 
+#define TOP_MAX_LIMITS 32
+
+/* One shared limit (provider, model): the fleet's figures, the same from
+ * every worker that has met it. */
+struct top_limit {
+    char name[192]; /* provider/model */
+    double rpm, tpm, concurrency;
+    double shared, granted, waited, wait_s, coolings, cooled_until, in_flight;
+    double req_min, tok_min;
+};
+
 /* What one scrape of one worker says. */
 struct top_sample {
     int up; /* the endpoint answered */
@@ -42,6 +55,8 @@ struct top_sample {
     double broker_up, backend_up;
     int nqueues;
     struct top_queue queues[TOP_MAX_QUEUES];
+    int nlimits;
+    struct top_limit limits[TOP_MAX_LIMITS];
 };
 
 struct top_worker {
@@ -94,11 +109,69 @@ static struct top_queue *queue_of(struct top_sample *s, const char *name)
     return &s->queues[s->nqueues++];
 }
 
+static struct top_limit *limit_of(struct top_sample *s, const struct prom_sample *p)
+{
+    const char *provider = prom_sample_label(p, "provider");
+    const char *model = prom_sample_label(p, "model");
+    char name[sizeof(s->limits[0].name)];
+    if (!provider || !model)
+        return NULL;
+    snprintf(name, sizeof(name), "%s/%s", provider, model);
+    for (int i = 0; i < s->nlimits; i++)
+        if (!strcmp(s->limits[i].name, name))
+            return &s->limits[i];
+    if (s->nlimits == TOP_MAX_LIMITS)
+        return NULL;
+    memset(&s->limits[s->nlimits], 0, sizeof(s->limits[0]));
+    memcpy(s->limits[s->nlimits].name, name, sizeof(name));
+    return &s->limits[s->nlimits++];
+}
+
+/* A celeriac_limit_* sample; 1 when it was one. */
+static int take_limit(struct top_sample *s, const struct prom_sample *p)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } fields[] = {
+        {"celeriac_limit_shared", offsetof(struct top_limit, shared)},
+        {"celeriac_limit_calls_granted_total", offsetof(struct top_limit, granted)},
+        {"celeriac_limit_calls_waited_total", offsetof(struct top_limit, waited)},
+        {"celeriac_limit_wait_seconds_total", offsetof(struct top_limit, wait_s)},
+        {"celeriac_limit_coolings_total", offsetof(struct top_limit, coolings)},
+        {"celeriac_limit_cooled_until_seconds", offsetof(struct top_limit, cooled_until)},
+        {"celeriac_limit_in_flight", offsetof(struct top_limit, in_flight)},
+        {"celeriac_limit_requests_last_minute", offsetof(struct top_limit, req_min)},
+        {"celeriac_limit_tokens_last_minute", offsetof(struct top_limit, tok_min)},
+    };
+    struct top_limit *l;
+    const char *kind;
+    if (strncmp(p->name, "celeriac_limit_", 15) || !(l = limit_of(s, p)))
+        return 0;
+    if (!strcmp(p->name, "celeriac_limit_max") && (kind = prom_sample_label(p, "kind"))) {
+        if (!strcmp(kind, "rpm"))
+            l->rpm = p->value;
+        else if (!strcmp(kind, "tpm"))
+            l->tpm = p->value;
+        else if (!strcmp(kind, "concurrency"))
+            l->concurrency = p->value;
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        if (!strcmp(p->name, fields[i].name)) {
+            *(double *)((char *)l + fields[i].off) = p->value;
+            break;
+        }
+    return 1;
+}
+
 static void take(struct top_sample *s, const struct prom_sample *p)
 {
     const char *state = prom_sample_label(p, "state");
     const char *q = prom_sample_label(p, "queue");
     struct top_queue *tq;
+    if (take_limit(s, p))
+        return;
     if (!strcmp(p->name, "celeriac_worker_info") && prom_sample_label(p, "hostname"))
         snprintf(s->hostname, sizeof(s->hostname), "%s",
                  prom_sample_label(p, "hostname"));
@@ -167,6 +240,68 @@ static void rate(char *out, size_t size, const struct top_worker *w, double now,
         snprintf(out, size, "%.1f", (now - before) / dt);
 }
 
+/* "used/limit", or "used" when there is no such limit. */
+static void use_of(char *out, size_t size, double used, double max)
+{
+    if (max > 0)
+        snprintf(out, size, "%.0f/%.0f", used, max);
+    else
+        snprintf(out, size, "%.0f", used);
+}
+
+/* How far a worker's reading of a limit has got: its counters only grow,
+ * so the larger sum is the later read. */
+static double progress_of(const struct top_limit *l)
+{
+    return l->granted + l->waited + l->coolings;
+}
+
+/* The shared limits, fleet-wide: each once, as the worker that read it last
+ * shows it (every worker reads the same figures, each once a second). */
+static void render_limits(FILE *out, struct top_worker *ws, int n)
+{
+    const struct top_limit *seen[TOP_MAX_LIMITS];
+    int nseen = 0;
+    double now = (double)time(NULL);
+    for (int i = 0; i < n; i++) {
+        const struct top_sample *s = &ws[i].cur;
+        for (int k = 0; s->up && k < s->nlimits; k++) {
+            const struct top_limit *l = &s->limits[k];
+            int j;
+            for (j = 0; j < nseen && strcmp(seen[j]->name, l->name); j++)
+                ;
+            if (j < nseen && progress_of(l) > progress_of(seen[j]))
+                seen[j] = l;
+            else if (j == nseen && nseen < TOP_MAX_LIMITS)
+                seen[nseen++] = l;
+        }
+    }
+    if (nseen)
+        fprintf(out, "\n%-28s %-6s %13s %17s %9s %8s %7s %8s %8s %s\n", "LIMIT (fleet)",
+                "STATE", "RPM (1 MIN)", "TPM (1 MIN)", "IN-FLIGHT", "GRANTED", "WAITED",
+                "AVG-WAIT", "COOLINGS", "COOLED");
+    for (int k = 0; k < nseen; k++) {
+        const struct top_limit *l = seen[k];
+        char rpm[40], tpm[40], conc[40], wait[24], cooled[24];
+        use_of(rpm, sizeof(rpm), l->req_min, l->rpm);
+        use_of(tpm, sizeof(tpm), l->tok_min, l->tpm);
+        use_of(conc, sizeof(conc), l->in_flight, l->concurrency);
+        if (l->waited > 0)
+            snprintf(wait, sizeof(wait), "%.2fs", l->wait_s / l->waited);
+        else
+            snprintf(wait, sizeof(wait), "-");
+        if (l->cooled_until > now)
+            snprintf(cooled, sizeof(cooled), "%.1fs left", l->cooled_until - now);
+        else if (l->cooled_until > 0)
+            snprintf(cooled, sizeof(cooled), "ending");
+        else
+            snprintf(cooled, sizeof(cooled), "-");
+        fprintf(out, "%-28.28s %-6s %13s %17s %9s %8.0f %7.0f %8s %8.0f %s\n", l->name,
+                l->shared ? "shared" : "ALONE", rpm, tpm, conc, l->granted, l->waited,
+                wait, l->coolings, cooled);
+    }
+}
+
 static void render(FILE *out, struct top_worker *ws, int n, double interval, int clear)
 {
     char when[32];
@@ -208,6 +343,7 @@ static void render(FILE *out, struct top_worker *ws, int n, double interval, int
                     s->queues[k].messages, s->queues[k].consumers,
                     s->hostname[0] ? s->hostname : ws[i].url);
     }
+    render_limits(out, ws, n);
     fflush(out);
 }
 

@@ -136,3 +136,14 @@ long lim_in_flight(const struct lim_state *s, int64_t now_ms)
         n += s->permits[i].holder && s->permits[i].expires_ms > now_ms;
     return n;
 }
+
+void lim_share(const struct lim_config *cfg, long n, struct lim_config *out)
+{
+    *out = *cfg;
+    if (n <= 1)
+        return;
+    out->rpm = cfg->rpm / (double)n;
+    out->tpm = cfg->tpm / (double)n;
+    if (cfg->concurrency > 0)
+        out->concurrency = cfg->concurrency / n > 0 ? cfg->concurrency / n : 1;
+}

@@ -72,6 +72,12 @@ void lim_renew(struct lim_state *s, const struct lim_config *cfg, int64_t now_ms
  * before until_ms (a later cooling wins). */
 void lim_cool(struct lim_state *s, int64_t until_ms);
 
+/* One worker's share of cfg among n (a fleet cut off from the shared
+ * state): rpm and tpm / n, concurrency / n rounded down but at least 1
+ * (so n shares never add up to more than the limit unless n exceeds it),
+ * the lease as it is. n < 1 counts as 1: out is cfg. */
+void lim_share(const struct lim_config *cfg, long n, struct lim_config *out);
+
 /* Permits held and not expired at now_ms. */
 long lim_in_flight(const struct lim_state *s, int64_t now_ms);
 

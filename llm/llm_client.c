@@ -19,6 +19,7 @@
 
 #include "classify.h"
 #include "limits.h"
+#include "rl_headers.h"
 #include "util/curl_epoll.h"
 #include "protocol/ndjson.h"
 #include "protocol/sse.h"
@@ -86,6 +87,10 @@ struct llm_req {
     char *retry_after;
     char *retry_after_ms;
     char *should_retry;
+    /* The provider's rate-limit headers, kept for a call under a shared
+     * limit only (NULL until one comes): remaining and reset of requests,
+     * tokens, input and output tokens. */
+    char (*rl)[2][4][48];
     struct sse_parser *sse;
     struct openai_stream chat;
     struct buf raw;
@@ -112,6 +117,7 @@ struct llm_req {
     struct llm_limit *counted; /* whose calls count it (llm_limit.calls) */
     struct llm_req *lim_next, *lim_prev;
     int lim_state;
+    unsigned long lim_refusals; /* the limit's refusals when it was queued */
     uint64_t holder;
     long est_tokens, used_tokens;
     uint64_t renewed; /* loop ms its permit was last renewed */
@@ -262,6 +268,8 @@ static void header_reset(struct llm_req *r)
     cr_free(r->retry_after_ms);
     cr_free(r->should_retry);
     r->retry_after = r->retry_after_ms = r->should_retry = NULL;
+    if (r->rl)
+        memset(r->rl, 0, sizeof(*r->rl));
     r->headers_done = 0;
 }
 
@@ -289,6 +297,38 @@ static void keep_value(char **dst, size_t max, const char *v, size_t n)
         n = max - 1;
     cr_free(*dst);
     *dst = n ? cr_strndup(v, n) : NULL;
+}
+
+/* A rate-limit header of a call under a shared limit (a copy cut at 47
+ * bytes: the values are short). Out of memory: not kept, nothing held. */
+static void keep_rl(struct llm_req *r, const char *name, size_t nlen, const char *v,
+                    size_t n)
+{
+    int which, is_reset;
+    char *dst;
+    if (!llm_rl_header_kind(name, nlen, &which, &is_reset))
+        return;
+    if (!r->rl && !(r->rl = cr_calloc(1, sizeof(*r->rl))))
+        return;
+    v = trim_value(v, &n);
+    if (n >= sizeof((*r->rl)[0][0]))
+        n = sizeof((*r->rl)[0][0]) - 1;
+    dst = (*r->rl)[is_reset][which];
+    memcpy(dst, v, n);
+    dst[n] = 0;
+}
+
+/* What the kept rate-limit headers say: ms nothing should go (0: none). */
+static int64_t rl_hold(const struct llm_req *r)
+{
+    struct llm_rl_headers h;
+    if (!r->rl)
+        return 0;
+    for (int i = 0; i < 4; i++) {
+        h.remaining[i] = (*r->rl)[0][i][0] ? (*r->rl)[0][i] : NULL;
+        h.reset[i] = (*r->rl)[1][i][0] ? (*r->rl)[1][i] : NULL;
+    }
+    return llm_rl_hold_ms(&h, clock_epoch_us() / 1000);
 }
 
 /* Frees our copy of the request body (the prompt, held for a whole stream
@@ -381,6 +421,8 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
         keep_value(&r->retry_after_ms, 32, colon + 1, vlen);
     else if (IS("x-should-retry"))
         keep_value(&r->should_retry, 8, colon + 1, vlen);
+    else if (r->lim && r->c->lops && r->c->lops->hold)
+        keep_rl(r, line, (size_t)(colon - line), colon + 1, vlen);
 #undef IS
     return n;
 }
@@ -579,6 +621,7 @@ static void req_free(struct llm_req *r)
     cr_free(r->fail_msg);
     cr_free(r->abort_exc);
     header_reset(r);
+    cr_free(r->rl);
     cr_free(r->body);
     sse_parser_free(r->sse);
     ndjson_parser_free(r->nd);
@@ -727,6 +770,13 @@ static void finish(struct llm_client *c, struct llm_req *r, CURLcode cc)
             c->lops->cool(c, r->lim, ms, c->ldata);
             /* Its waiting calls with a fallback go there now. */
             limits_kick(c, 0);
+        }
+        /* Remaining 0 until a reset: the provider's own word on its limit,
+         * which may be tighter than ours (another client on its account). */
+        if (c->lops->hold) {
+            int64_t hold = rl_hold(r);
+            if (hold > 0)
+                c->lops->hold(c, r->lim, hold, c->ldata);
         }
         if (res.verdict == LLM_OK)
             r->used_tokens = r->op == LLM_OP_EMBED ? res.embed_tokens
@@ -1087,6 +1137,7 @@ static void limit_enqueue(struct llm_client *c, struct llm_req *r)
 {
     struct llm_limit *lim = r->lim;
     r->lim_state = LIM_QUEUED;
+    r->lim_refusals = lim->refusals;
     r->lim_next = NULL;
     r->lim_prev = lim->tail;
     if (lim->tail)
@@ -1196,6 +1247,11 @@ static void on_limit_timer(uv_timer_t *t)
         lim->asking = 1;
         lim->ask_holder = lim->head->holder;
         lim->ask_tokens = lim->head->est_tokens;
+        /* Held back once at least while it waited: a wait to count. */
+        lim->ask_waited_ms = 0;
+        if (lim->head->lim_refusals != lim->refusals)
+            lim->ask_waited_ms =
+                now > lim->head->t_start ? (int64_t)(now - lim->head->t_start) : 1;
         c->lops->ask(c, lim, lim->ask_tokens, lim->ask_holder, c->ldata);
         /* An answer from inside ask() kicked the timer again. */
     }
@@ -1230,6 +1286,7 @@ void llm_client_limit_answer(struct llm_client *c, struct llm_limit *lim, int gr
     if (c->closing)
         return;
     if (!granted) {
+        lim->refusals++;
         lim->retry_at = uv_now(c->loop) + (uint64_t)(wait_ms > 0 ? wait_ms : 1);
         limits_kick(c, 0);
         return;

@@ -117,8 +117,12 @@ struct llm_limit {
     char key[192];                /* "provider/model", for the owner */
     void *data;                   /* the owner's */
     struct llm_limit *next;       /* the owner's list */
-    int pooled;                   /* a pool's target: its calls in flight are
-                                   * counted across the fleet (fleet_busy) */
+    /* read-only, for the owner inside ops->ask: how long the call asked for
+     * has waited for this limit (ms, at least 1) when a refusal held it back
+     * since it was queued, else 0 */
+    int64_t ask_waited_ms;
+    int pooled; /* a pool's target: its calls in flight are
+                 * counted across the fleet (fleet_busy) */
     /* public: raised by the client (its own 429s) and by the owner (the
      * fleet's state, then llm_client_limits_changed()); read by the router */
     uint64_t cool_until; /* loop ms: known cooled until then; 0: never */
@@ -126,6 +130,7 @@ struct llm_limit {
     /* read-only: this client's calls naming it, waiting or in flight */
     long calls;
     /* private: the client's */
+    unsigned long refusals;      /* answers that said wait */
     struct llm_req *head, *tail; /* calls waiting, oldest first */
     int asking;                  /* a question is out */
     uint64_t ask_holder;         /* whom it is for */
@@ -151,6 +156,10 @@ struct llm_limit_ops {
     /* The holder's call still runs: its permit lives a lease more. */
     void (*renew)(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
                   void *data);
+    /* The provider's rate-limit headers say a limit of its is spent for ms
+     * more (x-ratelimit-remaining-* 0 until x-ratelimit-reset-*): nothing
+     * should go before then. Not a 429: no cooling to count. May be NULL. */
+    void (*hold)(struct llm_client *c, struct llm_limit *lim, int64_t ms, void *data);
 };
 
 /* A streamed text delta (borrowed for the call). */

@@ -11,6 +11,9 @@
 #                                    TLS and HTTP/2, against plain HTTP; RSS per stream)
 #                                    sqs (dispatch and the 1 s LLM workload over Amazon SQS,
 #                                    on a local emulator started and stopped by run.py)
+#                                    fleet (three workers, 1,000 short calls, a provider
+#                                    enforcing 1,200 rpm: limits shared in Redis, none,
+#                                    and Python Celery's rate_limit split three ways)
 #   BENCH_IMPL=celeriac              skip the Python runs
 #   BENCH_BASELINE=<git rev>         A/B instead: this tree's build/celeriac against the
 #                                    worker built from <rev>, alternating, same run

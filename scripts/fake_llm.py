@@ -149,7 +149,8 @@ RATE LIMITS  --rpm/--tpm or POST /__config: sliding window of 60 s * time-scale 
   tpm/60 tokens, at least 1) refilled continuously at limit/60 per (scaled) second; a
   request needs one request and min(its tokens, the bucket's size) tokens (its full cost
   is taken: the token bucket may go below zero); else the same 429 with the time until
-  it fits.
+  it fits. There, rl_headers=1 and a 429's x-ratelimit-remaining-* say what is left in
+  each bucket (whole units) and x-ratelimit-reset-* the time until it is full again.
 
 EMBEDDINGS  input: string, list of strings, token list, or list of token lists (a token
   list is hashed as its compact JSON text).  Per item text T and dim D:
@@ -884,6 +885,24 @@ class Server:
             self.rl_tokens -= self.rl_q.popleft()[1]
         return None
 
+    def bucket_headers(self):
+        """rl_mode=bucket: what is left in each bucket now, and (as OpenAI's
+        x-ratelimit-reset-* say) the time until it is full again."""
+        now = asyncio.get_running_loop().time()
+        sec = self.scale
+        b = self.rl_bucket
+        h = []
+        for i, kind, lim in ((0, "requests", self.rpm), (1, "tokens", self.tpm)):
+            if not lim:
+                continue
+            cap = max(1.0, lim / 60.0)
+            left = min(cap, b[i] + (now - b[2]) * lim / 60.0 / sec)
+            h += [("x-ratelimit-limit-%s" % kind, str(lim)),
+                  ("x-ratelimit-remaining-%s" % kind, str(max(0, math.floor(left)))),
+                  ("x-ratelimit-reset-%s" % kind,
+                   go_duration(max(0.0, (cap - left) * 60.0 * sec / lim)))]
+        return h
+
     def rate_check(self, est):
         """Returns None if admitted, else (kind, seconds until reset)."""
         if not self.rpm and not self.tpm:
@@ -909,6 +928,8 @@ class Server:
         return None
 
     def rl_headers(self, reset=None):
+        if self.rl_mode == "bucket" and self.rl_bucket is not None and reset is None:
+            return self.bucket_headers()
         now = asyncio.get_running_loop().time()
         win = 60.0 * self.scale
         rst = reset if reset is not None else \

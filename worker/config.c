@@ -44,6 +44,9 @@ static const struct opt opts[] = {
     {"redis-health-check-interval", 0, "CELERIAC_REDIS_HEALTH_CHECK_INTERVAL",
      OPTS_DOUBLE, OFF(redis_health_check_interval), "25", 0, 86400,
      "seconds an idle Redis connection waits before a PING tests it (0: never)"},
+    {"limits-redis", 0, "CELERIAC_LIMITS_REDIS", OPTS_STR, OFF(limits_redis), "", 0, 0,
+     "Redis where the providers' limits are shared by the fleet: redis://, rediss:// or "
+     "redis+socket:// (default: the result backend's)"},
     {"queues", 'Q', "CELERIAC_QUEUES", OPTS_LIST, OFF(queues), "celery", 0, 0,
      "queues to consume, comma-separated (repeatable)"},
     {"default-queue", 0, "CELERIAC_DEFAULT_QUEUE", OPTS_STR, OFF(default_queue), "celery",
@@ -365,6 +368,18 @@ int config_load(struct config *cfg, int argc, char **argv, struct cr_err *err)
                               "result backend sentinel:// needs master_name in "
                               "--result-backend-transport-options");
     }
+    if (cfg->limits_redis && cfg->limits_redis[0]) {
+        struct redis_url u;
+        if (redis_url_parse_flags(&u, cfg->limits_redis, "limits Redis",
+                                  REDIS_URL_TLS_STRICT, err))
+            return err->code;
+        /* One Redis is named, not a set of sentinels (no options to name
+         * their master here). */
+        if (u.kind == REDIS_URL_SENTINEL)
+            return cr_err_set(err, CR_EINVAL,
+                              "--limits-redis takes redis://, rediss:// or "
+                              "redis+socket://, not sentinel://");
+    }
     return expand_hostname(cfg, err);
 }
 
@@ -460,6 +475,14 @@ int config_secrets(const struct config *cfg, struct redact *r)
             !backend_options_parse(&bo, cfg->result_backend_transport_options, &e) &&
             bo.sentinel_password[0])
             rc = add_secret(r, bo.sentinel_password, strlen(bo.sentinel_password));
+    }
+    if (!rc && cfg->limits_redis && cfg->limits_redis[0]) {
+        struct redis_url u;
+        struct cr_err e;
+        rc = add_url_secrets(r, cfg->limits_redis, 1, 0);
+        if (!rc && !redis_url_parse(&u, cfg->limits_redis, "limits Redis", &e) &&
+            u.password[0])
+            rc = add_secret(r, u.password, strlen(u.password));
     }
     if (!rc && cfg->llm_base_url)
         rc = add_url_secrets(r, cfg->llm_base_url, 1, 1);

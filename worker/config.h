@@ -28,6 +28,9 @@ struct config {
     /* Celery's result_backend_transport_options, JSON ("": none); checked by
      * config_validate() with backend_options_parse(). */
     char *result_backend_transport_options;
+    /* Redis of the providers' shared limits (redis://, rediss://,
+     * redis+socket://); "" or NULL: the result backend's. */
+    char *limits_redis;
     struct opts_list queues;
     char *default_queue;          /* where a follow-up without a route goes */
     struct opts_list task_routes; /* PATTERN=QUEUE, for follow-ups */

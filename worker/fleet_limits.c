@@ -10,20 +10,31 @@
 #include "util/alloc.h"
 #include "util/log.h"
 
-/* llm/limiter.c's arithmetic, run in Redis. KEYS: req, tok, cool, permits.
- * ARGV[1] is the mode:
- *   try rpm tpm concurrency lease_ms tokens holder burst_ms
+/* llm/limiter.c's arithmetic, run in Redis. KEYS: req, tok, cool, permits,
+ * stats. ARGV[1] is the mode:
+ *   try rpm tpm concurrency lease_ms tokens holder burst_ms waited_ms
  *       -> 0 granted (charged), or the wait in ms before asking again
  *   correct tpm delta_tokens   (the usage came: move the token tat)
- *   cool ms                    (nothing before now + ms; a later one wins)
+ *   cool ms [hold]             (nothing before now + ms; a later one wins;
+ *                               "hold": the provider's headers said so, not
+ *                               a 429, counted apart)
  *   renew lease_ms holder      (a permit still held lives on)
+ *   stats -> {granted, waited, wait_ms, coolings, cooled_until_ms (0: not
+ *             cooled), in_flight, requests and tokens in the last minute, holds}
  * A wait on a full set of permits is at most 50 ms: a permit freed by another
  * worker says nothing, so the asker looks again soon. A wait on tokens is at
  * most TOK_POLL_MS for the same reason: the calls before were charged their
  * estimate, and the usage they report, often far less, gives the rest back
  * meanwhile (measured with two workers at 3,000 tpm and calls of about 22
  * tokens estimated at 52: 7.6 s for 14 calls with exact waits against an
- * ideal of 4.9 s; 5.5 s with these polls). */
+ * ideal of 4.9 s; 5.5 s with these polls).
+ *
+ * The stats hash counts for the whole fleet: calls granted, those that
+ * waited (waited_ms > 0: held back at least once) and their wait, and the
+ * coolings. The last minute's use is a sliding window of two fixed minutes
+ * (fields m: this minute's number, rc/tc: its requests and tokens, rp/tp:
+ * the minute before's), the one before weighted by how much of it the last
+ * 60 s still cover: cheap, and exact when the pace is even. */
 static struct backend_script limit_script = BACKEND_SCRIPT(
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -32,6 +43,19 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "local function num(k) return tonumber(redis.call('GET', k) or '0') or 0 end\n"
     "local function put(k, v) redis.call('SET', k, string.format('%.3f', v), 'PX',\n"
     "  math.max(1, math.ceil(v - now)) + 60000) end\n"
+    "local STATS_TTL_MS = 86400000\n"
+    "local function window(reqs, toks)\n"
+    "  local m = math.floor(now / 60000)\n"
+    "  local h = redis.call('HMGET', KEYS[5], 'm', 'rc', 'tc')\n"
+    "  local hm = tonumber(h[1] or '-1') or -1\n"
+    "  if hm ~= m then\n"
+    "    if hm == m - 1 then\n"
+    "      redis.call('HSET', KEYS[5], 'rp', h[2] or '0', 'tp', h[3] or '0')\n"
+    "    else redis.call('HSET', KEYS[5], 'rp', '0', 'tp', '0') end\n"
+    "    redis.call('HSET', KEYS[5], 'm', m, 'rc', '0', 'tc', '0') end\n"
+    "  if reqs ~= 0 then redis.call('HINCRBY', KEYS[5], 'rc', reqs) end\n"
+    "  if toks ~= 0 then redis.call('HINCRBY', KEYS[5], 'tc', math.floor(toks)) end\n"
+    "end\n"
     "if mode == 'try' then\n"
     "  local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])\n"
     "  local lease, tokens, holder = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]\n"
@@ -63,16 +87,44 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "  if conc > 0 then\n"
     "    redis.call('ZADD', KEYS[4], now + lease, holder)\n"
     "    redis.call('PEXPIRE', KEYS[4], lease * 2) end\n"
+    "  local waited = tonumber(ARGV[9] or '0') or 0\n"
+    "  window(1, math.max(tokens, 0))\n"
+    "  redis.call('HINCRBY', KEYS[5], 'granted', 1)\n"
+    "  if waited > 0 then\n"
+    "    redis.call('HINCRBY', KEYS[5], 'waited', 1)\n"
+    "    redis.call('HINCRBY', KEYS[5], 'wait_ms', math.floor(waited)) end\n"
+    "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
     "  return 0\n"
     "elseif mode == 'correct' then\n"
     "  local tat = num(KEYS[2])\n"
     "  if tat > 0 then put(KEYS[2], tat + tonumber(ARGV[3]) * 60000 / tonumber(ARGV[2])) "
     "end\n"
+    "  window(0, tonumber(ARGV[3]))\n"
     "  return 0\n"
     "elseif mode == 'cool' then\n"
     "  local untl = now + tonumber(ARGV[2])\n"
     "  if untl > num(KEYS[3]) then put(KEYS[3], untl) end\n"
+    "  local kind = ARGV[3] == 'hold' and 'holds' or 'coolings'\n"
+    "  redis.call('HINCRBY', KEYS[5], kind, 1)\n"
+    "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
     "  return 0\n"
+    "elseif mode == 'stats' then\n"
+    "  local h = redis.call('HMGET', KEYS[5], 'granted', 'waited', 'wait_ms', "
+    "'coolings', 'm', 'rc', 'tc', 'rp', 'tp', 'holds')\n"
+    "  local v = {}\n"
+    "  for i = 1, 10 do v[i] = tonumber(h[i] or '0') or 0 end\n"
+    "  local m = math.floor(now / 60000)\n"
+    "  local rc, tc, rp, tp = v[6], v[7], v[8], v[9]\n"
+    "  if v[5] ~= m then\n"
+    "    if v[5] == m - 1 then rp, tp = rc, tc else rp, tp = 0, 0 end\n"
+    "    rc, tc = 0, 0 end\n"
+    "  local left = 1 - (now - m * 60000) / 60000\n"
+    "  local cool = num(KEYS[3])\n"
+    "  if cool <= now then cool = 0 end\n"
+    "  local inflight = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')\n"
+    "  return {v[1], v[2], v[3], v[4], math.floor(cool), inflight,\n"
+    "          math.floor(rc + rp * left + 0.5), math.max(0, math.floor(tc + tp * left + "
+    "0.5)), v[10]}\n"
     "elseif mode == 'renew' then\n"
     "  redis.call('ZADD', KEYS[4], 'XX', now + tonumber(ARGV[2]), ARGV[3])\n"
     "  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]) * 2)\n"
@@ -88,9 +140,36 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
  * (one call fewer in the first second's burst). */
 #define WIRE_MARGIN_MS 50
 
-/* The local state of one limit, for while Redis is away (lim->data). */
+/* How often each limit's fleet-wide figures are read back from Redis for
+ * /metrics (one script call per limit met), and the worker says it is one
+ * of the fleet. */
+#define STATS_EVERY_MS 1000
+
+/* A worker that has not said so for this long is no longer counted in the
+ * fleet whose size sets the shares while Redis is away. */
+#define MEMBER_TTL_MS 15000
+
+/* The workers under limits: a sorted set of worker -> when its word ends.
+ * KEYS[1] the set; ARGV: this worker, ttl_ms. Returns how many are live. */
+static struct backend_script member_script = BACKEND_SCRIPT(
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local ttl = tonumber(ARGV[2])\n"
+    "redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
+    "redis.call('PEXPIRE', KEYS[1], ttl * 2)\n"
+    "return redis.call('ZCARD', KEYS[1])\n");
+
+/* The local state of one limit, for while Redis is away, and the last
+ * figures read from Redis (lim->data). */
 struct local_limit {
     struct lim_state st;
+    struct lim_config share; /* st's limits: this worker's share of them */
+    long share_n;            /* the fleet size share was cut for */
+    struct fleet_limits *f;
+    const struct llm_limit *lim; /* borrowed: the router's, outlives us */
+    struct fleet_limit_stats stats;
+    int reading; /* a stats question is out */
     struct local_limit *next;
 };
 
@@ -113,6 +192,9 @@ struct fleet_limits {
     struct local_limit *locals;
     struct ask *asks; /* sent, unanswered */
     int alone;        /* 1: Redis away, counting alone (said once) */
+    uint64_t stats_read_ms;
+    long fleet_n;    /* workers under limits last seen in Redis (1: none seen) */
+    int members_out; /* the membership question is out */
 };
 
 static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
@@ -122,10 +204,14 @@ static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
         return &l->st;
     if (!(l = cr_calloc(1, sizeof(*l))))
         return NULL;
-    if (lim_init(&l->st, lim->cfg)) {
+    l->share_n = f->fleet_n;
+    lim_share(lim->cfg, l->share_n, &l->share);
+    if (lim_init(&l->st, &l->share)) {
         cr_free(l);
         return NULL;
     }
+    l->f = f;
+    l->lim = lim;
     l->next = f->locals;
     f->locals = l;
     lim->data = l;
@@ -134,10 +220,15 @@ static struct lim_state *local_of(struct fleet_limits *f, struct llm_limit *lim)
 
 static void set_alone(struct fleet_limits *f, int alone, const char *why)
 {
-    if (alone && !f->alone)
+    if (alone && !f->alone && f->fleet_n > 1)
         LOG(LOG_WARNING,
-            "limits: Redis away (%s): each worker applies the whole of each limit "
-            "alone until it is back",
+            "limits: Redis away (%s): this worker applies its share, 1/%ld, of each "
+            "limit (%ld workers were seen sharing them) until it is back",
+            why, f->fleet_n, f->fleet_n);
+    else if (alone && !f->alone)
+        LOG(LOG_WARNING,
+            "limits: Redis away (%s): this worker applies the whole of each limit (no "
+            "other worker was seen sharing them) until it is back",
             why);
     else if (!alone && f->alone)
         LOG(LOG_WARNING, "limits: shared across the fleet in Redis again");
@@ -165,7 +256,25 @@ static void answer_locally(struct fleet_limits *f, struct llm_client *c,
         llm_client_limit_answer(c, lim, 1, 0);
         return;
     }
-    ok = lim_try(st, lim->cfg, (int64_t)uv_now(f->loop), tokens, holder, &wait);
+    {
+        struct local_limit *l = lim->data;
+        if (l->share_n != f->fleet_n) {
+            /* The fleet seen has changed since this state was cut: cut it
+             * again for the new share (a cooling carries over; permits it
+             * held were for calls of an earlier spell alone). */
+            struct lim_state fresh;
+            struct lim_config share;
+            lim_share(lim->cfg, f->fleet_n, &share);
+            if (lim_init(&fresh, &share) == 0) {
+                fresh.cool_until_ms = l->st.cool_until_ms;
+                lim_release(&l->st);
+                l->st = fresh;
+                l->share = share;
+                l->share_n = f->fleet_n;
+            }
+        }
+        ok = lim_try(&l->st, &l->share, (int64_t)uv_now(f->loop), tokens, holder, &wait);
+    }
     llm_client_limit_answer(c, lim, ok, wait);
 }
 
@@ -184,13 +293,13 @@ static void holder_of(struct fleet_limits *f, uint64_t holder, char *out, size_t
 static int run(struct fleet_limits *f, const struct llm_limit *lim, int nargs,
                const char *const *args, backend_reply_fn *cb, void *privdata)
 {
-    char keys[4][256];
+    char keys[5][256];
     const char *argv[16];
     int argc = 0;
-    static const char *const kinds[] = {"req", "tok", "cool", "permits"};
+    static const char *const kinds[] = {"req", "tok", "cool", "permits", "stats"};
 
-    argv[argc++] = "4";
-    for (int i = 0; i < 4; i++) {
+    argv[argc++] = "5";
+    for (int i = 0; i < 5; i++) {
         key_of(f, lim, kinds[i], keys[i], sizeof(keys[i]));
         argv[argc++] = keys[i];
     }
@@ -245,6 +354,80 @@ static void on_ask_reply(struct backend *bk, int status, const redisReply *reply
     cr_free(a);
 }
 
+static double int_at(const redisReply *r, size_t i)
+{
+    const redisReply *e = i < r->elements ? r->element[i] : NULL;
+    return e && e->type == REDIS_REPLY_INTEGER ? (double)e->integer : 0;
+}
+
+static void on_stats_reply(struct backend *bk, int status, const redisReply *reply,
+                           void *privdata)
+{
+    struct local_limit *l = privdata;
+    struct fleet_limit_stats *st = &l->stats;
+    (void)bk;
+    if (status == CR_ECANCELED) /* the worker is going; l is freed after */
+        return;
+    l->reading = 0;
+    if (status || !reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 8)
+        return;
+    st->known = 1;
+    st->granted = int_at(reply, 0);
+    st->waited = int_at(reply, 1);
+    st->wait_s = int_at(reply, 2) / 1000.0;
+    st->coolings = int_at(reply, 3);
+    st->cooled_until_ms = (int64_t)int_at(reply, 4);
+    st->in_flight = int_at(reply, 5);
+    st->requests_last_min = int_at(reply, 6);
+    st->tokens_last_min = int_at(reply, 7);
+    st->holds = int_at(reply, 8);
+}
+
+/* Reads each limit's fleet-wide figures back (one question per limit out
+ * at a time; while Redis is away they stay as last read). */
+static void on_member_reply(struct backend *bk, int status, const redisReply *reply,
+                            void *privdata)
+{
+    struct fleet_limits *f = privdata;
+    (void)bk;
+    if (status == CR_ECANCELED) /* the worker is going; f is freed after */
+        return;
+    f->members_out = 0;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER &&
+        reply->integer > 0) {
+        f->fleet_n = (long)reply->integer;
+        /* Redis answers: shared again, even before the next call asks. */
+        set_alone(f, 0, NULL);
+    }
+}
+
+/* Says this worker is one of the fleet under limits, and learns its size. */
+static void say_member(struct fleet_limits *f)
+{
+    char key[320], ttl[24];
+    const char *argv[5] = {"1", key, f->holder_prefix, ttl};
+    if (f->members_out || !f->locals)
+        return;
+    snprintf(key, sizeof(key), "%sceleriac:limit-workers", backend_key_prefix(f->bk));
+    snprintf(ttl, sizeof(ttl), "%d", MEMBER_TTL_MS);
+    if (backend_eval(f->bk, &member_script, 4, argv, NULL, on_member_reply, f) == 0)
+        f->members_out = 1;
+}
+
+static void read_stats(struct fleet_limits *f)
+{
+    static const char *const args[1] = {"stats"};
+    if (!shared(f))
+        return;
+    say_member(f);
+    for (struct local_limit *l = f->locals; l; l = l->next) {
+        if (l->reading)
+            continue;
+        if (run(f, l->lim, 1, args, on_stats_reply, l) == 0)
+            l->reading = 1;
+    }
+}
+
 void fleet_limits_tick(struct fleet_limits *f)
 {
     uint64_t now = uv_now(f->loop);
@@ -254,6 +437,24 @@ void fleet_limits_tick(struct fleet_limits *f)
             set_alone(f, 1, "no answer");
             answer_locally(f, a->c, a->lim, a->tokens, a->holder);
         }
+    if (now - f->stats_read_ms >= STATS_EVERY_MS) {
+        f->stats_read_ms = now;
+        read_stats(f);
+    }
+}
+
+int fleet_limits_stats(const struct fleet_limits *f, int i, struct fleet_limit_stats *out)
+{
+    const struct local_limit *l = f ? f->locals : NULL;
+    for (; l && i > 0; i--)
+        l = l->next;
+    if (!l || i < 0)
+        return 0;
+    *out = l->stats;
+    out->key = l->lim->key;
+    out->cfg = l->lim->cfg;
+    out->shared = f->bk && !f->alone && backend_connected(f->bk);
+    return 1;
 }
 
 static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
@@ -261,10 +462,12 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
 {
     struct fleet_limits *f = data;
     const struct lim_config *cfg = lim->cfg;
-    char rpm[32], tpm[32], conc[24], lease[24], tok[24], h[200], burst[16];
-    const char *args[8] = {"try", rpm, tpm, conc, lease, tok, h, burst};
+    char rpm[32], tpm[32], conc[24], lease[24], tok[24], h[200], burst[16], waited[24];
+    const char *args[9] = {"try", rpm, tpm, conc, lease, tok, h, burst, waited};
     struct ask *a;
 
+    /* Every limit met is listed, for its figures, Redis or not. */
+    local_of(f, lim);
     if (!shared(f) || !(a = cr_calloc(1, sizeof(*a)))) {
         answer_locally(f, c, lim, tokens, holder);
         return;
@@ -275,9 +478,10 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     snprintf(lease, sizeof(lease), "%lld", (long long)cfg->lease_ms);
     snprintf(tok, sizeof(tok), "%ld", tokens);
     snprintf(burst, sizeof(burst), "%d", LIM_BURST_MS - WIRE_MARGIN_MS);
+    snprintf(waited, sizeof(waited), "%lld", (long long)lim->ask_waited_ms);
     holder_of(f, holder, h, sizeof(h));
     *a = (struct ask){f, c, lim, holder, tokens, uv_now(f->loop), 0, f->asks, NULL};
-    if (run(f, lim, 8, args, on_ask_reply, a)) {
+    if (run(f, lim, 9, args, on_ask_reply, a)) {
         cr_free(a);
         answer_locally(f, c, lim, tokens, holder);
         return;
@@ -296,7 +500,7 @@ static void op_done(struct llm_client *c, struct llm_limit *lim, uint64_t holder
     if (l) {
         lim_done(&l->st, (int64_t)uv_now(f->loop), holder);
         if (actual >= 0)
-            lim_correct(&l->st, lim->cfg, est, actual);
+            lim_correct(&l->st, &l->share, est, actual);
     }
     if (!f->bk)
         return;
@@ -335,6 +539,23 @@ static void op_cool(struct llm_client *c, struct llm_limit *lim, int64_t ms, voi
     run(f, lim, 2, args, NULL, NULL);
 }
 
+static void op_hold(struct llm_client *c, struct llm_limit *lim, int64_t ms, void *data)
+{
+    struct fleet_limits *f = data;
+    struct lim_state *st = local_of(f, lim);
+    char n[24];
+    const char *args[3] = {"cool", n, "hold"};
+    (void)c;
+    if (st)
+        lim_cool(st, (int64_t)uv_now(f->loop) + ms);
+    LOG(LOG_DEBUG, "limits: %s spent for %lld ms, by the provider's headers", lim->key,
+        (long long)ms);
+    if (!f->bk)
+        return;
+    snprintf(n, sizeof(n), "%lld", (long long)ms);
+    run(f, lim, 3, args, NULL, NULL);
+}
+
 static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holder,
                      void *data)
 {
@@ -344,7 +565,7 @@ static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holde
     const char *args[3] = {"renew", lease, h};
     (void)c;
     if (l)
-        lim_renew(&l->st, lim->cfg, (int64_t)uv_now(f->loop), holder);
+        lim_renew(&l->st, &l->share, (int64_t)uv_now(f->loop), holder);
     if (!f->bk)
         return;
     snprintf(lease, sizeof(lease), "%lld", (long long)lim->cfg->lease_ms);
@@ -352,7 +573,8 @@ static void op_renew(struct llm_client *c, struct llm_limit *lim, uint64_t holde
     run(f, lim, 3, args, NULL, NULL);
 }
 
-const struct llm_limit_ops fleet_limits_ops = {op_ask, op_done, op_cool, op_renew};
+const struct llm_limit_ops fleet_limits_ops = {op_ask, op_done, op_cool, op_renew,
+                                               op_hold};
 
 struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
                                       const char *hostname, struct cr_err *err)
@@ -364,6 +586,7 @@ struct fleet_limits *fleet_limits_new(uv_loop_t *loop, struct backend *bk,
     }
     f->loop = loop;
     f->bk = bk;
+    f->fleet_n = 1;
     /* The pid too: two workers of one host may share a name. */
     snprintf(f->holder_prefix, sizeof(f->holder_prefix),
              "%.120s:%ld:", hostname ? hostname : "", (long)getpid());

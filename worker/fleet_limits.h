@@ -1,7 +1,7 @@
 /* fleet_limits.h -- the worker's side of the shared provider limits: it
  * answers the LLM client's questions (llm_limit_ops) with one Lua script in
- * the result backend's Redis, so that every worker of a fleet counts in the
- * same state, or, while Redis is away, with llm/limiter.c on its own.
+ * the result backend's Redis (or --limits-redis's), so that every worker of a fleet
+ * counts in the same state, or, while Redis is away, with llm/limiter.c on its own.
  *
  * Keys, under the backend's key prefix, per (provider, model):
  * celeriac:limit:<provider>/<model>:req and :tok (the GCRA theoretical
@@ -9,12 +9,18 @@
  * sorted set of holder -> lease expiry). The script reads the time from
  * Redis (TIME), so the workers' clocks do not matter.
  *
+ * Each worker that has met a limit also says, once a second, that it is one
+ * of the fleet (celeriac:limit-workers, a sorted set of workers by when
+ * their word ends, 15 s on), and learns how many are.
+ *
  * While Redis is away (not connected, or a question unanswered for
- * FLEET_LIMITS_ASK_MS) each worker applies the whole of each limit by itself:
- * a fleet of N workers may then send up to N times a limit, and a provider's
- * 429s (which cool each worker alone then) do the rest. One warning says so;
- * the shared state is used again as soon as Redis answers. Not thread-safe:
- * the loop thread only. */
+ * FLEET_LIMITS_ASK_MS) each worker applies its share of each limit by
+ * itself: 1/N of it, N the fleet last seen in Redis (lim_share()), so the
+ * fleet as a whole stays within the limit as long as it keeps its size; a
+ * worker that never saw another applies the whole. A provider's 429s (which
+ * cool each worker alone then) do the rest. One warning says so; the shared
+ * state is used again as soon as Redis answers. Not thread-safe: the loop
+ * thread only. */
 #ifndef CR_WORKER_FLEET_LIMITS_H
 #define CR_WORKER_FLEET_LIMITS_H
 
@@ -43,5 +49,27 @@ void fleet_limits_free(struct fleet_limits *f);
 void fleet_limits_tick(struct fleet_limits *f);
 
 extern const struct llm_limit_ops fleet_limits_ops;
+
+/* One limit's use across the fleet, as last read from Redis (every
+ * second, while Redis answers). */
+struct fleet_limit_stats {
+    const char *key;              /* "provider/model" */
+    const struct lim_config *cfg; /* its limits */
+    int shared;                   /* 1: counted in Redis now; 0: alone */
+    int known;                    /* 0: not read from Redis yet (figures 0) */
+    double granted;               /* calls let through, ever */
+    double waited, wait_s;        /* of them, those held back, and their wait */
+    double coolings;              /* 429s (and 503/529 with a delay) */
+    double holds; /* holds by the provider's headers (remaining 0 until a reset) */
+    int64_t cooled_until_ms; /* Unix ms (Redis's clock); 0: not cooled */
+    double in_flight;        /* permits held now */
+    double requests_last_min, tokens_last_min;
+};
+
+/* The i-th (0, 1, ...) limit the worker has met: 1 with *out filled (its
+ * strings borrowed until fleet_limits_free()), or 0 past the last. NULL f
+ * has none. */
+int fleet_limits_stats(const struct fleet_limits *f, int i,
+                       struct fleet_limit_stats *out);
 
 #endif

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "events.h"
+#include "fleet_limits.h"
+#include "llm/limiter.h"
 #include "net/listener.h"
 #include "net/otlp.h"
 #include "util/log.h"
@@ -43,6 +45,10 @@ struct metrics {
     struct prom_family *broker_blocked;
     struct prom_family *broker_reconnects, *backend_reconnects, *uptime, *events_on;
     struct prom_family *otel_exported, *otel_dropped;
+    /* the providers' shared limits, fleet-wide (read from Redis) */
+    struct prom_family *lim_max, *lim_shared, *lim_granted, *lim_waited, *lim_wait_s;
+    struct prom_family *lim_coolings, *lim_cooled, *lim_cooled_until, *lim_in_flight;
+    struct prom_family *lim_req_min, *lim_tok_min, *lim_holds;
 
     uv_timer_t *timer; /* queue polls and loop liveness; heap, freed on close */
     uint64_t poll_ms;
@@ -154,6 +160,45 @@ static int add_families(struct metrics *m)
       "Trace spans dropped: the export queue was full or the collector did not take "
       "them.",
       PROM_COUNTER, NULL, 0, NULL, 0);
+    F(lim_max, "celeriac_limit_max",
+      "A provider's limit per (provider, model) and kind (rpm, tpm, concurrency), as "
+      "configured.",
+      PROM_GAUGE, provider_model_kind, 3, NULL, 0);
+    F(lim_shared, "celeriac_limit_shared",
+      "1 while the limit is counted with the fleet in Redis, 0 while this worker counts "
+      "alone (Redis away).",
+      PROM_GAUGE, provider_model, 2, NULL, 0);
+    F(lim_granted, "celeriac_limit_calls_granted_total",
+      "Calls the limit let through, fleet-wide (every worker shows the same figure).",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
+    F(lim_waited, "celeriac_limit_calls_waited_total",
+      "Calls the limit held back before letting them through, fleet-wide.", PROM_COUNTER,
+      provider_model, 2, NULL, 0);
+    F(lim_wait_s, "celeriac_limit_wait_seconds_total",
+      "Time the held-back calls waited for the limit, fleet-wide.", PROM_COUNTER,
+      provider_model, 2, NULL, 0);
+    F(lim_coolings, "celeriac_limit_coolings_total",
+      "429s (and 503/529 naming a delay) that cooled the limit, fleet-wide.",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
+    F(lim_holds, "celeriac_limit_holds_total",
+      "Responses whose rate-limit headers said a provider's limit was spent "
+      "(remaining 0) and held the limit until their reset, fleet-wide.",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
+    F(lim_cooled, "celeriac_limit_cooled",
+      "1 while the limit is cooled (no call goes before the provider's delay ends).",
+      PROM_GAUGE, provider_model, 2, NULL, 0);
+    F(lim_cooled_until, "celeriac_limit_cooled_until_seconds",
+      "Unix time the cooling ends (Redis's clock), 0 when not cooled.", PROM_GAUGE,
+      provider_model, 2, NULL, 0);
+    F(lim_in_flight, "celeriac_limit_in_flight",
+      "Concurrency permits held now across the fleet.", PROM_GAUGE, provider_model, 2,
+      NULL, 0);
+    F(lim_req_min, "celeriac_limit_requests_last_minute",
+      "Calls let through in the last 60 s across the fleet (a sliding estimate).",
+      PROM_GAUGE, provider_model, 2, NULL, 0);
+    F(lim_tok_min, "celeriac_limit_tokens_last_minute",
+      "Tokens charged in the last 60 s across the fleet (estimates corrected by usage).",
+      PROM_GAUGE, provider_model, 2, NULL, 0);
 #undef F
     return 0;
 }
@@ -407,9 +452,49 @@ static void set_gauges(struct metrics *m)
     }
 }
 
+/* The shared limits' figures, as their owner last read them from Redis. */
+static void set_limits(struct metrics *m)
+{
+    struct fleet_limit_stats st;
+    int64_t now_ms = clock_epoch_us() / 1000;
+    for (int i = 0; fleet_limits_stats(m->w->limits, i, &st); i++) {
+        char provider[192];
+        const char *slash = strchr(st.key, '/');
+        size_t n = slash ? (size_t)(slash - st.key) : strlen(st.key);
+        const char *pm[2] = {provider, slash ? slash + 1 : ""};
+        int cooled = st.cooled_until_ms > now_ms;
+        if (n >= sizeof(provider))
+            n = sizeof(provider) - 1;
+        memcpy(provider, st.key, n);
+        provider[n] = 0;
+        if (st.cfg->rpm > 0)
+            prom_set(m->lim_max, (const char *[]){provider, pm[1], "rpm"}, st.cfg->rpm);
+        if (st.cfg->tpm > 0)
+            prom_set(m->lim_max, (const char *[]){provider, pm[1], "tpm"}, st.cfg->tpm);
+        if (st.cfg->concurrency > 0)
+            prom_set(m->lim_max, (const char *[]){provider, pm[1], "concurrency"},
+                     (double)st.cfg->concurrency);
+        prom_set(m->lim_shared, pm, st.shared);
+        if (!st.known)
+            continue;
+        prom_set(m->lim_granted, pm, st.granted);
+        prom_set(m->lim_waited, pm, st.waited);
+        prom_set(m->lim_wait_s, pm, st.wait_s);
+        prom_set(m->lim_coolings, pm, st.coolings);
+        prom_set(m->lim_holds, pm, st.holds);
+        prom_set(m->lim_cooled, pm, cooled);
+        prom_set(m->lim_cooled_until, pm,
+                 cooled ? (double)st.cooled_until_ms / 1000.0 : 0);
+        prom_set(m->lim_in_flight, pm, st.in_flight);
+        prom_set(m->lim_req_min, pm, st.requests_last_min);
+        prom_set(m->lim_tok_min, pm, st.tokens_last_min);
+    }
+}
+
 int metrics_render(struct metrics *m, struct buf *out)
 {
     set_gauges(m);
+    set_limits(m);
     return prom_render(m->reg, out);
 }
 

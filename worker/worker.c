@@ -58,6 +58,7 @@ struct worker {
     /* The providers' "limits", shared by the fleet in the backend's Redis;
      * freed after the LLM client and the backend. */
     struct fleet_limits *limits;
+    struct backend *limits_bk; /* --limits-redis; NULL: the limits use backend */
     struct fleet_pools *pools; /* cooling and calls in flight of the fleet */
     /* Budgeted providers (router order): a spend count command out, and
      * when the counts were last synced (loop ms). */
@@ -709,12 +710,28 @@ static int clients_new(struct worker *w, struct cr_err *err)
     w->backend = backend_new(w->loop, &bc, err);
     if (!w->backend)
         return err->code ? err->code : CR_ENOMEM;
-    w->limits = fleet_limits_new(w->loop, w->backend, cfg->hostname, err);
+    if (cfg->limits_redis && cfg->limits_redis[0]) {
+        /* The limits' own Redis: no result is stored there, so no expiry,
+         * and its absence at start-up is only the limits' Redis being away. */
+        char shown[512];
+        memset(&bc, 0, sizeof(bc));
+        bc.url = cfg->limits_redis;
+        bc.timeout = cfg->redis_timeout;
+        bc.health_check_interval = cfg->redis_health_check_interval;
+        w->limits_bk = backend_new(w->loop, &bc, err);
+        if (!w->limits_bk)
+            return err->code ? err->code : CR_ENOMEM;
+        config_redact_url(cfg->limits_redis, shown, sizeof(shown));
+        LOG(LOG_INFO, "limits: shared by the fleet in %s", shown);
+    }
+    w->limits = fleet_limits_new(w->loop, w->limits_bk ? w->limits_bk : w->backend,
+                                 cfg->hostname, err);
     if (!w->limits)
         return err->code ? err->code : CR_ENOMEM;
     llm_client_set_limits(w->ls.client, &fleet_limits_ops, w->limits);
-    w->pools = fleet_pools_new(w->loop, w->backend, &w->ls.router, w->ls.client,
-                               cfg->hostname, err);
+    /* The pools read the limits' coolings: from the same Redis. */
+    w->pools = fleet_pools_new(w->loop, w->limits_bk ? w->limits_bk : w->backend,
+                               &w->ls.router, w->ls.client, cfg->hostname, err);
     if (!w->pools)
         return err->code ? err->code : CR_ENOMEM;
     w->bcfg.url = cfg->broker;
@@ -810,6 +827,7 @@ fail:
     broker_free(w->broker);
     llm_stack_close(&w->ls);
     backend_free(w->backend);
+    backend_free(w->limits_bk);
     fleet_limits_free(w->limits);
     fleet_pools_free(w->pools);
     engine_free(w->engine);
@@ -942,6 +960,7 @@ int worker_start(struct worker *w, struct cr_err *err)
     w->ctx.cfg = w->cfg;
     w->ctx.broker = w->broker;
     w->ctx.backend = w->backend;
+    w->ctx.limits = w->limits;
     w->ctx.engine = w->engine;
     w->ctx.bcfg = &w->bcfg;
     w->ctx.secrets = &w->ls.secrets;
@@ -1030,6 +1049,7 @@ void worker_free(struct worker *w)
     w->broker = w->ctx.broker = NULL;
     llm_stack_close(&w->ls);
     backend_free(w->backend);
+    backend_free(w->limits_bk);
     fleet_limits_free(w->limits);
     fleet_pools_free(w->pools);
     /* its handles close with the others; the spans of calls that come back

@@ -21,6 +21,7 @@
 
 struct events;
 struct otlp_exporter;
+struct fleet_limits;
 
 struct worker_ctx {
     /* read-only */
@@ -33,6 +34,7 @@ struct worker_ctx {
     const struct redact *secrets; /* config_secrets(): cut out of what is shown */
     struct events *events;        /* NULL until made, and once freed */
     struct otlp_exporter *otlp;   /* NULL unless tracing is on */
+    struct fleet_limits *limits;  /* the providers' shared limits (NULL: none) */
     uint64_t started_ms;          /* loop time at start */
     int64_t started_epoch_us;
     /* Warm shutdown, as SIGTERM. */

@@ -840,6 +840,15 @@ def t_rate_bucket(port, srv):
     time.sleep(ms / 1000.0 + 0.005)
     eq("bucket refilled", chat(port, stream=False).status, 200)
     eq("bucket empty again", chat(port, stream=False).status, 429)
+    # rl_headers=1: what is left in the bucket, and the time until it is full
+    time.sleep(1.0 * SCALE + 0.05)
+    a = chat(port, "rl_headers=1", stream=False)
+    b = chat(port, "rl_headers=1", stream=False)
+    eq("bucket headers: one left", a.headers["x-ratelimit-remaining-requests"], "1")
+    eq("bucket headers: none left", b.headers["x-ratelimit-remaining-requests"], "0")
+    check("bucket headers: full again in about a (scaled) second",
+          re.fullmatch(r"\d+ms|[\d.]+s", b.headers["x-ratelimit-reset-requests"]),
+          b.headers["x-ratelimit-reset-requests"])
     post(port, "/__reset", {})
     eq("reset: window mode", post(port, "/__config", {}).status, 200)
     eq("window after reset", [chat(port, stream=False).status for _ in range(6)], [200] * 6)

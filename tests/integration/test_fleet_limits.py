@@ -195,25 +195,166 @@ def test_waiting_call_ends_by_time_limit_revoke_and_shutdown(env):
 
 
 def test_redis_away_limits_alone_then_rejoins(env, services):
-    """Redis cut off: calls still go, limited by the worker alone, said once;
-    when Redis is back the shared state is used again."""
+    """Redis cut off: calls still go, each worker limited by itself to its
+    share of each limit (1/N, N the workers last seen in Redis), said once;
+    when Redis is back the shared state is used again. The limits of worker
+    a reach Redis through a proxy (--limits-redis), those of b directly."""
     from tcpproxy import TcpProxy
     proxy = TcpProxy(services.redis_port).start()
+    rpm = 600
     try:
         url = "redis://127.0.0.1:%d/%d" % (proxy.port, env.db)
-        w = env.worker("-c", "4", "--redis-timeout", "2", "--result-backend", url,
-                       "--llm-providers", doc({"rpm": 600}))
-        chat(env, "before").get(timeout=20)
+        a = env.worker("-c", "4", "-Q", "alone", "--redis-timeout", "2", "--limits-redis",
+                       url, "--llm-providers", doc({"rpm": rpm}))
+        b = env.worker("-c", "4", "--llm-providers", doc({"rpm": rpm}))
+        chat(env, "before a", queue="alone").get(timeout=20)
+        chat(env, "before b").get(timeout=20)
+        wait_until(lambda: env.redis.zcard("celeriac:limit-workers") == 2, 10,
+                   what="two workers under limits")
+        time.sleep(1.5)  # a has read the fleet's size since
         proxy.blackhole(True)
-        rs = [chat(env, "alone %d" % i) for i in range(4)]
-        wait_until(lambda: len(env.fake.stats()) == 5, 20, what="calls made alone")
-        w.wait_for(r"limits: Redis away \(.*\): each worker applies the whole of each "
-                   r"limit alone", timeout=10)
-        proxy.blackhole(False)
+        first = chat(env, "alone first", queue="alone")
+        a.wait_for(r"limits: Redis away \(.*\): this worker applies its share, 1/2, of "
+                   r"each limit \(2 workers were seen sharing them\)", timeout=10)
+        a.wait_for(r"connection lost", timeout=10)
+        first.get(timeout=20)
+        # its share, 300 rpm: 5 at once, then one each 200 ms (the whole
+        # limit would let 10 go at once, then one each 100 ms)
+        n0 = len(env.fake.stats())
+        rs = [chat(env, "alone %d" % i, queue="alone") for i in range(12)]
         for r in rs:
-            r.get(timeout=60)
-        chat(env, "after").get(timeout=30)
-        w.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
-        assert w.count("limits: Redis away") == 1
+            r.get(timeout=30)
+        ts = sorted(s["t"] for s in env.fake.stats()[n0:])
+        span = ts[-1] - ts[0]
+        print("alone on 1/2 of %d rpm: 12 calls over %.2f s" % (rpm, span))
+        assert len(ts) == 12 and span >= 1.0, (len(ts), span)
+        proxy.blackhole(False)
+        chat(env, "after", queue="alone").get(timeout=30)
+        a.wait_for(r"limits: shared across the fleet in Redis again", timeout=20)
+        assert a.count("limits: Redis away") == 1
+        assert b.count("limits: Redis away") == 0
     finally:
         proxy.close()
+
+
+def test_limits_redis_chooses_another_redis(env, services):
+    """--limits-redis keeps the shared state in the Redis it names (here
+    another database of the same server), not the result backend's; a bad
+    URL stops the worker at start-up with one line."""
+    import subprocess
+    import redis
+    from conftest import BIN
+    db = 40 + env.db
+    other = redis.Redis(host="127.0.0.1", port=services.redis_port, db=db)
+    other.flushdb()
+    env.worker("-c", "2", "--limits-redis", services.redis_url(db),
+               "--llm-providers", doc({"rpm": 600, "concurrency": 2}))
+    for r in [chat(env, "elsewhere %d" % i) for i in range(3)]:
+        r.get(timeout=20)
+    assert other.get("celeriac:limit:default/lim:req") is not None, other.keys()
+    assert not env.redis.keys("celeriac:limit:*"), env.redis.keys("celeriac:limit:*")
+    out = subprocess.run([BIN, "worker", "-b", env.broker, "--result-backend", env.backend,
+                          "--limits-redis", "redis://127.0.0.1:99999/0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stderr
+    said = [l for l in out.stderr.splitlines() if "limits Redis" in l]
+    assert len(said) == 1 and "invalid port" in said[0], out.stderr
+    other.flushdb()
+
+
+def test_metrics_and_top_show_the_fleet_use(env):
+    """/metrics and `celeriac top` show each limit's use across the fleet:
+    calls let through, those held back and their wait, permits in flight,
+    the last minute's calls and tokens, and a 429's cooling."""
+    import re
+    import subprocess
+    from conftest import BIN, free_port
+    from test_monitoring import scrape, sample
+    rpm, n = 600, 30  # 10 at once, then 20 paced over 2 s
+    lim = {"rpm": rpm, "tpm": 1000000, "concurrency": 20}
+    pa, pb = free_port(), free_port()
+    env.fake._req("POST", "/__config", {"rpm": rpm, "rl_mode": "bucket"})
+    env.worker("-c", "8", "--metrics-port", str(pa), "--llm-providers", doc(lim))
+    env.worker("-c", "8", "--metrics-port", str(pb), "--llm-providers", doc(lim))
+    rs = [chat(env, "seen %d" % i) for i in range(n)]
+    all_done(env, rs)
+    pm = {"provider": "default", "model": "lim"}
+
+    def settled(port):
+        s = scrape(port)
+        return s if sample(s, "celeriac_limit_calls_granted_total", **pm) == n else None
+    sa = wait_until(lambda: settled(pa), 10, 0.3, what="the fleet's figures on a")
+    sb = wait_until(lambda: settled(pb), 10, 0.3, what="the fleet's figures on b")
+    waited = sample(sa, "celeriac_limit_calls_waited_total", **pm)
+    wait_s = sample(sa, "celeriac_limit_wait_seconds_total", **pm)
+    print("%d calls at %d rpm: %d held back, %.1f s of waits; last minute %s calls, %s "
+          "tokens" % (n, rpm, waited, wait_s,
+                      sample(sa, "celeriac_limit_requests_last_minute", **pm),
+                      sample(sa, "celeriac_limit_tokens_last_minute", **pm)))
+    # fleet-wide: both workers show the same figures
+    for name in ("celeriac_limit_calls_granted_total", "celeriac_limit_calls_waited_total"):
+        assert sample(sa, name, **pm) == sample(sb, name, **pm), name
+    assert 15 <= waited <= n - 5, waited
+    assert waited * 0.2 <= wait_s <= waited * 2.5, (waited, wait_s)
+    # a sliding estimate: exact within one minute, less when the calls
+    # straddle a minute's start (the minute before counts by how much of it
+    # the last 60 s still cover)
+    assert n * 0.7 <= sample(sa, "celeriac_limit_requests_last_minute", **pm) <= n
+    assert 0 < sample(sa, "celeriac_limit_tokens_last_minute", **pm) < n * 100
+    assert sample(sa, "celeriac_limit_in_flight", **pm) == 0
+    assert sample(sa, "celeriac_limit_max", kind="rpm", **pm) == rpm
+    assert sample(sa, "celeriac_limit_max", kind="concurrency", **pm) == 20
+    assert sample(sa, "celeriac_limit_shared", **pm) == 1
+    assert sample(sa, "celeriac_limit_coolings_total", **pm) == 0
+    assert sample(sa, "celeriac_limit_cooled", **pm) == 0
+
+    # a 429 naming 5 s cools the fleet: both workers say so until it ends
+    env.fake._req("POST", "/__config", {"rpm": 0})
+    env.fake.script(["status=429;ra_ms=5000"])
+    chat(env, "refused")
+    wait_until(lambda: 429 in statuses(env), 20, what="the 429")
+    sb = wait_until(lambda: (lambda s: s if sample(s, "celeriac_limit_cooled", **pm) == 1
+                             else None)(scrape(pb)), 10, 0.3, what="cooled on b")
+    left = sample(sb, "celeriac_limit_cooled_until_seconds", **pm) - time.time()
+    assert sample(sb, "celeriac_limit_coolings_total", **pm) == 1
+    assert 2 < left <= 5.5, left
+    top = subprocess.run([BIN, "top", "--once", "-i", "0.2", "127.0.0.1:%d" % pa,
+                          "127.0.0.1:%d" % pb], capture_output=True, text=True, timeout=30)
+    print(top.stdout)
+    assert top.returncode == 0, top.stderr
+    rows = [l for l in top.stdout.splitlines() if l.startswith("default/lim ")]
+    assert len(rows) == 1, top.stdout  # the fleet's, once
+    assert re.search(r"^default/lim\s+shared\s+\d+/600\s+\d+/1000000\s+0/20\s+3\d\s+\d+\s+"
+                     r"[\d.]+s\s+1\s+[\d.]+s left$", rows[0]), rows[0]
+
+
+def test_ratelimit_headers_hold_the_fleet(env):
+    """A provider's x-ratelimit-remaining-requests 0 holds every worker until
+    its x-ratelimit-reset-requests: with a limit of ours far above the
+    provider's, the provider still refuses only calls already on the wire."""
+    from test_monitoring import scrape, sample
+    from conftest import free_port
+    n = 30
+    env.fake._req("POST", "/__config", {"rpm": 600, "rl_mode": "bucket",
+                                        "defaults": "rl_headers=1"})
+    port = free_port()
+    # one call at a time each: when one learns the provider is spent, the
+    # other worker's call may be on the wire already (refused), no more
+    env.worker("-c", "1", "--metrics-port", str(port), "--llm-providers",
+               doc({"rpm": 60000}))
+    env.worker("-c", "1", "--llm-providers", doc({"rpm": 60000}))
+    rs = [chat(env, "headers %d" % i) for i in range(n)]
+    all_done(env, rs)
+    st = statuses(env)
+    refused = st.count(429)
+    wall = provider_wall(env)
+    holds = wait_until(lambda: sample(scrape(port), "celeriac_limit_holds_total",
+                                      provider="default", model="lim"), 10, 0.3,
+                       what="holds counted")
+    print("provider at 600 rpm (10 a second), ours at 60,000: %d calls, %d refused, %d "
+          "holds, wall %.2f s" % (n, refused, holds, wall))
+    assert st.count(200) == n
+    # without the headers the refused calls' retries take over a minute
+    assert refused <= 4, st
+    assert wall <= 8, wall
+    assert holds >= 2, holds

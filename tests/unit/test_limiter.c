@@ -213,6 +213,39 @@ START_TEST(test_random_against_model)
 }
 END_TEST
 
+START_TEST(test_share)
+{
+    struct lim_config cfg = {
+        .rpm = 600, .tpm = 90000, .concurrency = 5, .lease_ms = 3000};
+    struct lim_config out;
+    struct lim_state s;
+    int64_t w;
+    int n = 0;
+    lim_share(&cfg, 3, &out);
+    ck_assert(out.rpm == 200 && out.tpm == 30000);
+    ck_assert_int_eq(out.concurrency, 1); /* 5 / 3 rounded down: 3 never hold 6 */
+    ck_assert_int_eq(out.lease_ms, 3000);
+    lim_share(&cfg, 2, &out);
+    ck_assert_int_eq(out.concurrency, 2);
+    lim_share(&cfg, 9, &out); /* more workers than permits: one each */
+    ck_assert_int_eq(out.concurrency, 1);
+    for (long k = -1; k <= 1; k++) {
+        lim_share(&cfg, k, &out);
+        ck_assert(out.rpm == 600 && out.tpm == 90000 && out.concurrency == 5);
+    }
+    cfg.concurrency = 0; /* no limit stays none */
+    lim_share(&cfg, 4, &out);
+    ck_assert_int_eq(out.concurrency, 0);
+    /* a share of 600 rpm among 4 paces at 150 rpm: a second's worth at once */
+    ck_assert_int_eq(lim_init(&s, &out), 0);
+    while (lim_try(&s, &out, 0, 0, 1, &w))
+        n++;
+    ck_assert_int_eq(n, 2);   /* 2.5 a second */
+    ck_assert_int_eq(w, 200); /* the third fits the second 200 ms later */
+    lim_release(&s);
+}
+END_TEST
+
 Suite *suite(void)
 {
     Suite *s = suite_create("limiter");
@@ -223,6 +256,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_permits_leased);
     tcase_add_test(tc, test_cooling);
     tcase_add_test(tc, test_init_oom);
+    tcase_add_test(tc, test_share);
     tcase_add_test(tc, test_random_against_model);
     suite_add_tcase(s, tc);
     return s;
