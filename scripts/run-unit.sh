@@ -11,6 +11,10 @@ out_dir=$(mktemp -d /tmp/celeriac-unit.XXXXXX)
 trap 'rm -rf "$out_dir"' EXIT
 jobs=${UNIT_JOBS:-$(nproc 2>/dev/null || echo 2)}
 export UNIT_TIMEOUT=${UNIT_TIMEOUT:-600}
+# Check's per-test timeouts (4 s unless a case sets its own) stretched threefold:
+# on a 2-core machine busy with the integration suite or a second build, an OOM
+# sweep of 4 s alone was seen cut off. A hang still ends, only later.
+export CK_TIMEOUT_MULTIPLIER=${CK_TIMEOUT_MULTIPLIER:-3}
 # Each binary writes its output and exit code under its index, so names never clash.
 i=0
 for t in "$@"; do printf '%d\0%s\0' "$i" "$t"; i=$((i + 1)); done |
