@@ -14,6 +14,7 @@ extern char **environ;
 #include "gw_msg.h"
 #include "gw_server.h"
 #include "gw_hub.h"
+#include "gw_rq.h"
 #include "gw_sub.h"
 #include "gw_trace.h"
 #include "net/broker.h"
@@ -260,15 +261,35 @@ struct status_ctx {
     char id[GW_TASK_ID_MAX + 1];
 };
 
+static void status_done(struct status_ctx *sc)
+{
+    gw_conn_unref(sc->c);
+    cr_free(sc);
+}
+
+static void on_status_rq(int status, const char *meta, size_t len, void *privdata)
+{
+    struct status_ctx *sc = privdata;
+    if (status == 0)
+        respond_obj(sc->c, 200, gw_meta_summary(sc->id, meta, len));
+    else if (status == CR_ENOMEM)
+        respond_oom(sc->c);
+    status_done(sc);
+}
+
+/* No Celery meta: an RQ job's state, if there is one (gw_rq.h). */
 static void on_status_meta(struct backend *bk, int status, const char *value, size_t len,
                            void *privdata)
 {
     struct status_ctx *sc = privdata;
-    (void)bk;
-    if (status == 0)
+    if (status == 0 && !value) {
+        if (gw_rq_read(bk, sc->id, 0, on_status_rq, sc) == 0)
+            return;
+        respond_oom(sc->c);
+    } else if (status == 0) {
         respond_obj(sc->c, 200, gw_meta_summary(sc->id, value, len));
-    gw_conn_unref(sc->c);
-    cr_free(sc);
+    }
+    status_done(sc);
 }
 
 static void status(struct gw_app *app, struct gw_conn *c, const char *id)
@@ -583,13 +604,30 @@ static int op_fetch(struct gw_hub *h, const char *id, int64_t after, uint64_t ti
     return err;
 }
 
+static void on_meta_rq(int status, const char *meta, size_t len, void *privdata)
+{
+    struct read_ctx *rc = privdata;
+    if (!rc->app->stopping) {
+        if (status == 0)
+            gw_hub_on_meta(rc->app->hub, rc->id, rc->ticket, meta, len);
+        else if (status == CR_ENOMEM)
+            gw_hub_on_meta_failed(rc->app->hub, rc->id, rc->ticket);
+    }
+    cr_free(rc);
+}
+
+/* No Celery meta: an RQ job's state, if there is one (gw_rq.h). */
 static void on_meta(struct backend *bk, int status, const char *value, size_t len,
                     void *privdata)
 {
     struct read_ctx *rc = privdata;
-    (void)bk;
-    if (status == 0 && !rc->app->stopping)
+    if (status == 0 && !value && !rc->app->stopping) {
+        if (gw_rq_read(bk, rc->id, 1, on_meta_rq, rc) == 0)
+            return;
+        gw_hub_on_meta_failed(rc->app->hub, rc->id, rc->ticket);
+    } else if (status == 0 && !rc->app->stopping) {
         gw_hub_on_meta(rc->app->hub, rc->id, rc->ticket, value, len);
+    }
     cr_free(rc);
 }
 

@@ -49,6 +49,9 @@ struct watch {
     char *final;           /* the "result" message, once the state is ready */
     int meta_pending;
     int meta_failed;
+    int meta_again; /* ask once more when the pending answer comes */
+    int read_once;  /* a read has been answered */
+    int64_t top;    /* the highest seq any read has seen */
     uint64_t meta_ticket;
     int64_t meta_at; /* when the meta was last asked for */
     int64_t fail_at; /* when a read last failed */
@@ -288,6 +291,16 @@ static void ask_meta(struct gw_hub *h, struct watch *w)
         w->meta_pending = 1;
 }
 
+/* The stored state may have changed: ask now, or right after the answer
+ * awaited (which may have been read before the change). */
+static void ask_meta_again(struct gw_hub *h, struct watch *w)
+{
+    if (w->meta_pending)
+        w->meta_again = 1;
+    else
+        ask_meta(h, w);
+}
+
 static void request_fetch(struct gw_hub *h, struct watch *w)
 {
     int64_t after = -1;
@@ -478,6 +491,7 @@ void gw_hub_on_subscribed(struct gw_hub *h, const char *task_id)
     w->sub = SUB_ACTIVE;
     request_fetch(h, w);
     w->meta_pending = 0; /* an answer to an older ask is dropped by its ticket */
+    w->meta_again = 0;
     ask_meta(h, w);
 }
 
@@ -509,10 +523,13 @@ void gw_hub_on_entries(struct gw_hub *h, const char *task_id, uint64_t ticket,
 {
     struct watch *w = find(h, task_id);
     uint64_t gen;
+    int64_t top;
+    int restate = 0;
     if (!w || !w->fetching || ticket != w->fetch_ticket)
         return;
     w->fetching = 0;
     gen = w->gen;
+    top = w->top;
     /* Only sessions whose cursor the read covers may take from it: one that
      * joined behind it (further back) would otherwise skip entries. */
     for (struct gw_session *s = w->sessions; s; s = s->next) {
@@ -534,7 +551,19 @@ void gw_hub_on_entries(struct gw_hub *h, const char *task_id, uint64_t ticket,
             w->final = stream_result_msg(task_id, &e[i]);
             w->final_gen = gen;
         }
+        /* An attempt begins or ends: the stored state follows (an RQ job's
+         * is read on each ask, nothing announces it), so the sessions'
+         * "state" comes now rather than at the next poll. Not for what the
+         * first read replays: the meta is asked with it. */
+        if (w->read_once && e[i].seq > top &&
+            (!strcmp(e[i].state, "STARTED") || !strcmp(e[i].state, "RETRY")))
+            restate = 1;
+        if (e[i].seq > w->top)
+            w->top = e[i].seq;
     }
+    w->read_once = 1;
+    if (restate && !w->final)
+        ask_meta_again(h, w);
     if (!complete)
         w->again = 1;
     if (w->again) {
@@ -612,6 +641,10 @@ void gw_hub_on_meta(struct gw_hub *h, const char *task_id, uint64_t ticket,
         return;
     w->meta_pending = 0;
     handle_meta(h, w, meta, len);
+    if (w->meta_again && !w->final) {
+        w->meta_again = 0;
+        ask_meta(h, w);
+    }
 }
 
 void gw_hub_on_meta_failed(struct gw_hub *h, const char *task_id, uint64_t ticket)
@@ -621,6 +654,7 @@ void gw_hub_on_meta_failed(struct gw_hub *h, const char *task_id, uint64_t ticke
         return;
     w->meta_pending = 0;
     w->meta_failed = 1;
+    w->meta_again = 0; /* the tick asks again */
 }
 
 void gw_hub_on_meta_published(struct gw_hub *h, const char *task_id, const char *meta,

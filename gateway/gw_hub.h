@@ -16,8 +16,11 @@
  * read that started after it drains the stream (the worker writes the final
  * entry before the meta), then each session gets the result and is closed.
  * A final entry that carries the result itself (a Celery task that ignores
- * its result, or any end of an RQ job, which has no Celery meta) does the
- * same without the meta.
+ * its result, or any end of an RQ job, whose state the glue reads from RQ's
+ * job hash, gateway/gw_rq.h) does the same without the meta.
+ * The meta is read again every GW_META_POLL_MS while waiting, and at once
+ * when a read brings a new STARTED or RETRY entry (an attempt begins or
+ * ends), since an RQ job's state is announced by no PUBLISH.
  *
  * Messages sent to a session (JSON text frames):
  *   {"type": "progress", "seq": N, "attempt": A, "state": S, "text": T,

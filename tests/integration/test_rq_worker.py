@@ -772,6 +772,89 @@ def test_gateway_follows_an_rq_job(rqenv, services):
         assert msgs[-1]["type"] == "result" and msgs[-1]["state"] == "FAILURE", msgs
         assert msgs[-1]["error"]
         assert [m["state"] for m in msgs if m["type"] == "progress"] == ["STARTED", "FAILURE"]
+        # GET tells the same ends, read from RQ's job hash and result stream
+        st, out = gw.json("GET", "/v1/tasks/" + job.id)
+        assert st == 200 and out["state"] == "SUCCESS" and out["ready"], out
+        assert out["result"] == job.result == final["result"]
+        st, out = gw.json("GET", "/v1/tasks/" + bad.id)
+        assert st == 200 and out["state"] == "FAILURE" and out["ready"], out
+        assert out["error"] == msgs[-1]["error"]
+    finally:
+        assert gw.stop() == 0, "\n".join(gw.lines[-30:])
+
+
+def gw_get(gw, job_id):
+    st, out = gw.json("GET", "/v1/tasks/" + job_id)
+    assert st == 200 and out["task_id"] == job_id, (st, out)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["1", "2"])
+def test_gateway_tells_an_rq_jobs_state(rqenv, services, layout):
+    """GET /v1/tasks/<id> and the WebSocket's "state" messages tell an RQ
+    job's status in Celery's words, in either layout: PENDING while queued,
+    STARTED while it runs, SUCCESS with its result once finished, FAILURE
+    with its error and traceback once failed; so do jobs run by RQ's own
+    worker."""
+    import json
+    import types
+    from test_gateway import Gateway, read_all
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello",
+                    model="fake/latency_ms=1500,tps=10,tokens=20")
+    env = types.SimpleNamespace(broker=services.redis_url(next_result_db()),
+                                backend=rqenv.url)
+    gw = Gateway(env)
+    try:
+        out = gw_get(gw, job.id)
+        assert out["state"] == "PENDING" and not out["ready"] and out["result"] is None
+        ws = gw.stream(job.id)
+        assert json.loads(ws.recv()) == {"type": "state", "state": "PENDING"}
+        rqenv.worker("--rq-protocol", layout, "--progress-interval", "200", "-c", "1")
+        # the LLM's latency keeps it started, with no text yet
+        out = wait_until(lambda: (lambda o: o if o["state"] != "PENDING" else None)(
+            gw_get(gw, job.id)), timeout=20, what="the job out of PENDING")
+        assert out["state"] == "STARTED" and not out["ready"], out
+        assert out["result"] is None and out["date_done"] is None
+        assert job.get_status() == "started"
+        msgs = read_all(ws)
+        kinds = [m["type"] for m in msgs]
+        assert [m["state"] for m in msgs if m["type"] == "state"] == ["STARTED"], msgs
+        # told while the text still came, not with the result
+        assert kinds.index("state") < len(kinds) - 1 - kinds[::-1].index("progress")
+        final = msgs[-1]
+        assert final["type"] == "result" and final["state"] == "SUCCESS", msgs
+        rqenv.wait_status(job, "finished")
+        out = gw_get(gw, job.id)
+        assert out["state"] == "SUCCESS" and out["ready"], out
+        assert out["result"] == job.result == final["result"]
+        assert out["date_done"].startswith(job.ended_at.strftime("%Y-%m-%dT%H:%M:%S"))
+        assert out["traceback"] is None and "error" not in out
+
+        bad = q.enqueue("mymod.llm_inference", "Bad", model="fake/status=400")
+        rqenv.wait_status(bad, "failed")
+        out = gw_get(gw, bad.id)
+        assert out["state"] == "FAILURE" and out["ready"], out
+        exc = bad.latest_result().exc_string
+        typ, _, msg = exc.rstrip("\n").splitlines()[-1].partition(": ")
+        assert out["traceback"] == exc
+        assert out["error"] == "%s: %s" % (typ.rsplit(".", 1)[-1], msg), out
+        assert out["result"]["exc_message"] == [msg]
+
+        if layout == "1":
+            # RQ's own worker, its own functions: the same words
+            pq = rqenv.queue("py")
+            ok = pq.enqueue("builtins.len", "four")
+            err = pq.enqueue("builtins.int", "x")
+            run = subprocess.run(["rq", "worker", "--burst", "--url", rqenv.url, "py"],
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+            out = gw_get(gw, ok.id)
+            assert out["state"] == "SUCCESS" and out["result"] == 4, out
+            out = gw_get(gw, err.id)
+            assert out["state"] == "FAILURE", out
+            assert out["error"].startswith("ValueError: invalid literal for int()"), out
+        assert gw_get(gw, "no-such-job")["state"] == "PENDING"
     finally:
         assert gw.stop() == 0, "\n".join(gw.lines[-30:])
 

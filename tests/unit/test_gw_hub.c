@@ -492,6 +492,64 @@ START_TEST(test_rq_job_ends_from_the_stream)
 }
 END_TEST
 
+/* An RQ job's state is announced by no PUBLISH: a new STARTED or RETRY
+ * entry asks for the meta at once (after the answer awaited, when one is),
+ * so "state" follows the job; PROGRESS entries and replays ask nothing. */
+START_TEST(test_new_attempt_rereads_the_state)
+{
+    static const char started[] = "{\"status\": \"STARTED\", \"result\": null}";
+    static const char pending[] = "{\"status\": \"PENDING\", \"result\": null}";
+    struct fake f;
+    struct gw_hub *h = hub_with(&f);
+    struct stream st = {1, 0, NULL, NULL};
+    struct gw_session *s = gw_hub_join(h, "T", 0, (void *)1, 0), *s2;
+    int metas;
+
+    gw_hub_on_subscribed(h, "T");
+    ck_assert_int_eq(f.metas, 1);
+    gw_hub_on_meta(h, "T", f.meta_ticket, NULL, 0); /* queued: PENDING */
+    answer(h, &f, &st, GW_FETCH_COUNT);             /* nothing yet */
+    ck_assert_int_eq(f.metas, 1);
+    /* the job starts: STARTED and its first text */
+    st.last = 2;
+    gw_hub_on_notify(h, "T");
+    answer(h, &f, &st, GW_FETCH_COUNT);
+    ck_assert_int_eq(f.metas, 2);
+    gw_hub_on_meta(h, "T", f.meta_ticket, started, strlen(started));
+    ck_assert_str_eq(f.sent[f.nsent - 1].text,
+                     "{\"type\": \"state\", \"state\": \"STARTED\"}");
+    /* more text asks nothing */
+    st.last = 4;
+    gw_hub_on_notify(h, "T");
+    answer(h, &f, &st, GW_FETCH_COUNT);
+    ck_assert_int_eq(f.metas, 2);
+    /* the attempt ends with RETRY while a poll is out: one more ask after it */
+    gw_hub_tick(h, GW_META_POLL_MS);
+    ck_assert_int_eq(f.metas, 3);
+    st.last = 5;
+    st.final_state = "RETRY";
+    gw_hub_on_notify(h, "T");
+    answer(h, &f, &st, GW_FETCH_COUNT);
+    ck_assert_int_eq(f.metas, 3);
+    gw_hub_on_meta(h, "T", f.meta_ticket, started, strlen(started)); /* read before */
+    ck_assert_int_eq(f.metas, 4);
+    gw_hub_on_meta(h, "T", f.meta_ticket, pending, strlen(pending));
+    ck_assert_int_eq(f.metas, 4);
+    ck_assert_str_eq(f.sent[f.nsent - 1].text,
+                     "{\"type\": \"state\", \"state\": \"PENDING\"}");
+    /* a late session's replay holds STARTED and RETRY: only its join asks */
+    s2 = gw_hub_join(h, "T", 0, (void *)2, GW_META_POLL_MS);
+    metas = f.metas;
+    ck_assert_int_eq(metas, 5);
+    answer(h, &f, &st, GW_FETCH_COUNT);
+    gw_hub_on_meta(h, "T", f.meta_ticket, pending, strlen(pending));
+    ck_assert_int_eq(f.metas, metas);
+    gw_hub_leave(h, s2);
+    gw_hub_leave(h, s);
+    gw_hub_free(h);
+}
+END_TEST
+
 START_TEST(test_entry_parse)
 {
     const char *names[] = {"seq", "attempt", "state", "text", "tokens", "run", "error"};
@@ -790,6 +848,7 @@ Suite *suite(void)
     tcase_add_test(tc, test_failures_and_reconnects);
     tcase_add_test(tc, test_ignored_result_comes_from_the_stream);
     tcase_add_test(tc, test_rq_job_ends_from_the_stream);
+    tcase_add_test(tc, test_new_attempt_rereads_the_state);
     tcase_add_test(tc, test_entry_parse);
     tcase_add_test(tc, test_total_budget_byte_by_byte);
     tcase_add_test(tc, test_budget_smaller_than_a_message);
