@@ -135,18 +135,19 @@ def test_cooled_target_skipped_by_the_fleet(env):
 
 
 def test_cooled_route_goes_to_its_fallback(env):
-    """An ordered route under a limit: after a 429 naming 4 s on its first
-    target, its calls go to the fallback at once rather than wait; a route
-    with no fallback still waits."""
+    """An ordered route under a limit: after a 429 naming 6 s on its first
+    target, its calls go to the fallback at once rather than wait (they reach
+    it before the cooling ends, whatever the machine's load); a route with no
+    fallback still waits."""
     d = json.dumps({"providers": {"default": {"limits": {"*": {"rpm": 6000}}}},
                     "models": {"chain": ["default/ca", "default/cb"],
                                "alone": ["default/ca"]}})
     w = env.worker("-c", "8", "--llm-providers", d)
-    env.fake.script(["status=429;ra=4"], model="ca")
+    env.fake.script(["status=429;ra=6"], model="ca")
     first = chat(env, "refused", model="chain")
     first.get(timeout=20)
     t429 = [s for s in env.fake.stats() if s["status"] == 429][0]["t"]
-    w.wait_for(r"cooled for 4000 ms")
+    w.wait_for(r"cooled for 6000 ms")
     t0 = time.time()
     rs = [chat(env, "next %d" % i, model="chain") for i in range(6)]
     for r in rs:
@@ -156,10 +157,10 @@ def test_cooled_route_goes_to_its_fallback(env):
     alone.get(timeout=20)
     st = env.fake.stats()
     st = st[[s["status"] for s in st].index(429) + 1:]
-    print("after a 429 on ca (4 s): %s in %.2f s; the route without fallback: %.2f s "
+    print("after a 429 on ca (6 s): %s in %.2f s; the route without fallback: %.2f s "
           "after the 429" % ([s["model"] for s in st[:-1]], wall, st[-1]["t"] - t429))
     assert [s["model"] for s in st[:-1]] == ["cb"] * 7, st  # the refused one's too
-    assert wall < 3, wall
-    assert st[-1]["model"] == "ca" and st[-1]["t"] - t429 >= 3.9, st[-1]
+    assert all(s["t"] - t429 < 5.9 for s in st[:-1]), (t429, st)
+    assert st[-1]["model"] == "ca" and st[-1]["t"] - t429 >= 5.9, st[-1]
     assert w.count("cooled by the provider for") >= 6
     clean(env.workers)
