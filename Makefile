@@ -160,7 +160,7 @@ asan-integration:
 # on a copy of it, every input bounded in time and memory (scripts/run-fuzz.sh);
 # what it finds is written as tests/fuzz/found-<target>-*.
 FUZZ_SECONDS ?= 120
-FUZZ_QUICK_SECONDS ?= 5
+FUZZ_QUICK_SECONDS ?= 3
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 # util/curl_epoll.c drives libcurl, which the fuzz targets do not link.
