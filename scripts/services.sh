@@ -196,7 +196,11 @@ stop)
     rabbit_stop
     # rabbitmq-server starts Erlang's port mapper daemon, which outlives it:
     # stop that too once no Erlang node is registered with it any more.
-    if command -v epmd >/dev/null 2>&1 && ! epmd -names 2>/dev/null | grep -q '^name '; then
+    # Not when the caller runs its own (.ci/run, for the RabbitMQ 4 tier's chroot:
+    # killed here between two nodes, the next one to start would start another,
+    # maybe the chroot's, which then keeps the chroot mounted).
+    if [ -z "${CELERIAC_KEEP_EPMD:-}" ] && command -v epmd >/dev/null 2>&1 &&
+        ! epmd -names 2>/dev/null | grep -q '^name '; then
         epmd -kill >/dev/null 2>&1 || true
     fi
     ;;
