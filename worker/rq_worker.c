@@ -1436,6 +1436,26 @@ static void on_birth(struct redis_req *req, int status, redisReply *reply)
         uv_stop(w->loop);
 }
 
+/* The providers document's "limits" and "budget" bind the Celery worker's
+ * calls (shared through its result backend); the RQ worker does not take part
+ * yet. Said once at start, so that a fleet does not believe itself bound. */
+static void warn_fleet_keys(const struct llm_registry *reg)
+{
+    int limits = reg->default_limits.n > 0, budget = reg->default_budget.usd_per_day > 0;
+    for (int i = 0; i < reg->nproviders; i++) {
+        limits |= reg->providers[i].limits.n > 0;
+        budget |= reg->providers[i].budget.usd_per_day > 0;
+    }
+    if (limits || budget)
+        LOG(LOG_WARNING,
+            "rq worker: the providers document's %s not applied to RQ jobs yet (only the "
+            "Celery worker takes part): their calls are neither paced by the fleet nor "
+            "counted against a budget",
+            limits && budget ? "limits and budgets are"
+            : limits         ? "limits are"
+                             : "budget is");
+}
+
 struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
                                 struct cr_err *err)
 {
@@ -1514,6 +1534,7 @@ struct rq_worker *rq_worker_new(const struct rq_config *cfg, uv_loop_t *loop,
     }
     if (llm_stack_open(&w->ls, loop, &cfg->base, err))
         goto fail;
+    warn_fleet_keys(&w->ls.providers);
     {
         struct redis_conn_config rc;
         memset(&rc, 0, sizeof(rc));

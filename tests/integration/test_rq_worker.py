@@ -3,6 +3,7 @@ reader: jobs enqueued by name with `Queue.enqueue("mymod.llm_inference", ...)`,
 run as the built-in LLM tasks against the fake LLM, and read back with RQ's own
 client (job.get_status(), job.result, the registries) and its `rq info` CLI.
 Each test has a Redis database of its own, flushed before and after."""
+import json
 import os
 import re
 import signal
@@ -989,3 +990,22 @@ def test_rq_protocol_2_layout(rqenv):
     rqenv.wait_status(held, "finished")
     assert not rqenv.r.exists("rq:execution:%s:%s" % (held.id, eid))
     assert rqenv.r.zcard("rq:wip:default") == 0
+
+
+def test_limits_and_budgets_are_said_not_to_bind_rq_jobs(rqenv):
+    """The providers document's limits and budget are the Celery worker's: an
+    RQ worker given them says once, at start, that its jobs' calls are
+    neither paced nor counted, and runs them."""
+    d = json.dumps({"providers": {"default": {"limits": {"*": {"rpm": 6000}},
+                                              "budget": {"usd_per_day": 5}}}})
+    q = rqenv.queue()
+    job = q.enqueue("mymod.llm_inference", "Hello")
+    w = rqenv.worker("--llm-providers", d)
+    rqenv.wait_status(job, "finished")
+    w.wait_for(r"limits and budgets are not applied to RQ jobs yet", 5)
+    assert w.count(r"not applied to RQ jobs") == 1
+    # a document without them says nothing
+    job2 = q.enqueue("mymod.llm_inference", "Hello again")
+    w2 = rqenv.worker("--llm-providers", json.dumps({"providers": {}}))
+    rqenv.wait_status(job2, "finished")
+    assert w2.count(r"not applied to RQ jobs") == 0
