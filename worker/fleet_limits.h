@@ -64,6 +64,7 @@ struct fleet_limit_stats {
     int64_t cooled_until_ms; /* Unix ms (Redis's clock); 0: not cooled */
     double in_flight;        /* permits held now */
     double requests_last_min, tokens_last_min;
+    double from_grants; /* this worker's calls served by slots charged ahead */
 };
 
 /* The i-th (0, 1, ...) limit the worker has met: 1 with *out filled (its

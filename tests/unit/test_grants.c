@@ -24,34 +24,47 @@ END_TEST
 START_TEST(test_take_lapse_drop)
 {
     struct grants g = {0};
-    ck_assert_int_eq(grants_take(&g, 0), 0);
-    grants_put(&g, 3, 1000);
+    int64_t w;
+    ck_assert_int_eq(grants_take(&g, 0, &w), 0);
+    ck_assert_int_eq(w, 0);
+    /* three due at once (first due in the past), asked at 990, answered at 1000 */
+    grants_put(&g, 3, -40, 60000, 990, 1000);
     ck_assert_int_eq(grants_held(&g, 1000), 3);
-    ck_assert_int_eq(grants_take(&g, 1010), 1);
+    ck_assert_int_eq(grants_take(&g, 1010, &w), 1);
     ck_assert_int_eq(grants_held(&g, 1010), 2);
-    /* they lapse GRANTS_LIFE_MS after they were charged */
-    ck_assert_int_eq(grants_held(&g, 1000 + GRANTS_LIFE_MS - 1), 2);
-    ck_assert_int_eq(grants_take(&g, 1000 + GRANTS_LIFE_MS), 0);
+    /* lapsing GRANTS_LIFE_MS after their time, counted from the question */
+    ck_assert_int_eq(grants_held(&g, 990 + GRANTS_LIFE_MS - 1), 2);
+    ck_assert_int_eq(grants_take(&g, 990 + GRANTS_LIFE_MS, &w), 0);
+    ck_assert_int_eq(w, 0);
     ck_assert_int_eq(g.n, 0);
-    /* a later batch beside an older one: the older goes first */
-    grants_put(&g, 1, 2000);
-    grants_put(&g, 2, 2100);
-    ck_assert_int_eq(grants_held(&g, 2000 + GRANTS_LIFE_MS), 2);
-    ck_assert_int_eq(grants_take(&g, 2100), 1);
-    ck_assert_int_eq(grants_held(&g, 2100), 2);
-    ck_assert_int_eq(grants_take(&g, 2000 + GRANTS_LIFE_MS), 1);
-    ck_assert_int_eq(grants_held(&g, 2000 + GRANTS_LIFE_MS), 1);
+    /* due later (the burst spent): 1,200 rpm, the first in 100 ms, the
+     * second 50 ms after it; each waits for its time */
+    grants_put(&g, 2, 100, 1200, 2000, 2000);
+    ck_assert_int_eq(grants_take(&g, 2000, &w), 0);
+    ck_assert_int_eq(w, 100);
+    ck_assert_int_eq(grants_take(&g, 2099, &w), 0);
+    ck_assert_int_eq(w, 1);
+    ck_assert_int_eq(grants_take(&g, 2100, &w), 1);
+    ck_assert_int_eq(grants_take(&g, 2100, &w), 0);
+    ck_assert_int_eq(w, 50);
+    ck_assert_int_eq(grants_held(&g, 2150 + GRANTS_LIFE_MS - 1), 1);
+    ck_assert_int_eq(grants_take(&g, 2150 + GRANTS_LIFE_MS, &w), 0);
+    ck_assert_int_eq(w, 0);
+    /* an answer that came after its slots lapsed holds nothing */
+    grants_put(&g, 2, -10, 1200, 3000, 3000 + GRANTS_LIFE_MS + 100);
+    ck_assert_int_eq(g.n, 0);
     /* a cooling drops them all */
-    grants_put(&g, 5, 3000);
+    grants_put(&g, 5, 0, 6000, 4000, 4000);
     grants_drop(&g);
-    ck_assert_int_eq(grants_take(&g, 3000), 0);
+    ck_assert_int_eq(grants_take(&g, 4000, &w), 0);
+    ck_assert_int_eq(w, 0);
     /* never more than GRANTS_MAX held; nonsense counts hold nothing */
-    grants_put(&g, 100, 4000);
-    ck_assert_int_eq(grants_held(&g, 4000), GRANTS_MAX);
+    grants_put(&g, 100, 0, 60000, 5000, 5000);
+    ck_assert_int_eq(grants_held(&g, 5000), GRANTS_MAX);
     grants_drop(&g);
-    grants_put(&g, -3, 4000);
-    grants_put(&g, 0, 4000);
-    ck_assert_int_eq(grants_held(&g, 4000), 0);
+    grants_put(&g, -3, 0, 1200, 5000, 5000);
+    grants_put(&g, 0, 0, 1200, 5000, 5000);
+    ck_assert_int_eq(grants_held(&g, 5000), 0);
 }
 END_TEST
 
@@ -70,7 +83,7 @@ START_TEST(test_batch_rule)
     ck_assert_int_eq(grants_batch(&g, 3000, 21), 5);
     ck_assert_int_eq(grants_batch(&g, 60000, 21), GRANTS_MAX);
     /* the stock not spent: nothing more */
-    grants_put(&g, 1, 21);
+    grants_put(&g, 1, 0, 1200, 21, 21);
     ck_assert_int_eq(grants_batch(&g, 60000, 21), 0);
     ck_assert_int_eq(grants_batch(&g, 60000, 21 + GRANTS_LIFE_MS), GRANTS_MAX);
     /* three asking in the window: two extra at most */
@@ -89,14 +102,21 @@ END_TEST
 
 START_TEST(test_fit)
 {
-    /* 1,200 rpm: 50 ms a slot; burst 950 ms, life 150 ms: room for 800 ms */
-    ck_assert_int_eq(grants_fit(0 + 50, 0, 1200, 950, 150, 8), 8);
-    ck_assert_int_eq(grants_fit(0 + 50, 0, 1200, 950, 150, 2), 2);
-    ck_assert_int_eq(grants_fit(700, 0, 1200, 950, 150, 8), 2);
-    ck_assert_int_eq(grants_fit(751, 0, 1200, 950, 150, 8), 0);
-    ck_assert_int_eq(grants_fit(800, 0, 1200, 950, 150, 8), 0);
-    ck_assert_int_eq(grants_fit(0, 0, 1200, 950, 150, 0), 0);
-    ck_assert_int_eq(grants_fit(0, 0, 0, 950, 150, 3), 0);
+    int64_t first;
+    /* 1,200 rpm: 50 ms a slot; burst 950 ms, life 150 ms. An empty bucket:
+     * all 8 due at once (their time is past) */
+    ck_assert_int_eq(grants_fit(50, 0, 1200, 950, 150, 8, &first), 8);
+    ck_assert_int_lt(first, 0);
+    ck_assert_int_eq(grants_fit(50, 0, 1200, 950, 150, 2, &first), 2);
+    /* the burst spent (the call just fit it): the next slots are due once a
+     * call could go with a burst of 800 ms, only those within 250 ms */
+    ck_assert_int_eq(grants_fit(950, 0, 1200, 950, 150, 8, &first), 2);
+    ck_assert_int_eq(first, 200);
+    ck_assert_int_eq(grants_fit(1000, 0, 1200, 950, 150, 8, &first), 1);
+    ck_assert_int_eq(first, 250);
+    ck_assert_int_eq(grants_fit(1001, 0, 1200, 950, 150, 8, &first), 0);
+    ck_assert_int_eq(grants_fit(0, 0, 1200, 950, 150, 0, &first), 0);
+    ck_assert_int_eq(grants_fit(0, 0, 0, 950, 150, 3, &first), 0);
 }
 END_TEST
 
@@ -109,8 +129,8 @@ struct shared {
 #define BURST (LIM_BURST_MS - 50) /* the shared check's burst, as the worker asks */
 
 /* One try on the shared state, with k extras asked: -1 refused, else the
- * extras granted (charged). */
-static int shared_try(struct shared *s, double rpm, int64_t now, int k)
+ * extras granted (charged), the first due in *first ms. */
+static int shared_try(struct shared *s, double rpm, int64_t now, int k, int64_t *first)
 {
     double t = 60000.0 / rpm, base = s->tat > (double)now ? s->tat : (double)now;
     int extra;
@@ -119,7 +139,7 @@ static int shared_try(struct shared *s, double rpm, int64_t now, int k)
     if (base + t - (double)now - BURST > 0 && s->tat > (double)now)
         return -1;
     s->tat = base + t;
-    extra = grants_fit(s->tat, now, rpm, BURST, GRANTS_LIFE_MS, k);
+    extra = grants_fit(s->tat, now, rpm, BURST, GRANTS_LIFE_MS, k, first);
     s->tat += extra * t;
     return extra;
 }
@@ -154,13 +174,17 @@ START_TEST(test_random_against_limiter)
                 continue;
             }
             grants_note_ask(&g[w], now);
-            if (grants_take(&g[w], now)) {
+            if (grants_take(&g[w], now, &wait)) {
                 cached++;
+            } else if (wait > 0) {
+                continue; /* a slot held is due later: the call waits for it */
             } else {
-                int extra = shared_try(&sh, rpm, now, grants_batch(&g[w], rpm, now));
+                int64_t due;
+                int extra =
+                    shared_try(&sh, rpm, now, grants_batch(&g[w], rpm, now), &due);
                 if (extra < 0)
                     continue;
-                grants_put(&g[w], extra, now);
+                grants_put(&g[w], extra, due, rpm, now, now);
             }
             /* every call sent passes the limit as a provider applies it */
             ck_assert_msg(lim_try(&oracle, &cfg, now, 0, 1, &wait) == 1,
