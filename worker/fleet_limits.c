@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm/grants.h"
 #include "llm/limiter.h"
 #include "util/alloc.h"
 #include "util/log.h"
@@ -13,7 +14,11 @@
 /* llm/limiter.c's arithmetic, run in Redis. KEYS: req, tok, cool, permits,
  * stats. ARGV[1] is the mode:
  *   try rpm tpm concurrency lease_ms tokens holder burst_ms waited_ms
- *       -> 0 granted (charged), or the wait in ms before asking again
+ *       [extras life_ms span_ms]
+ *       -> 0 granted (charged), or the wait in ms before asking again, or
+ *          {n, first_ms}: granted with n extra request slots of the GCRA
+ *          charged too, the first due in first_ms (llm/grants.h's
+ *          grants_fit(): asked for extras, an rpm-only limit)
  *   correct tpm delta_tokens   (the usage came: move the token tat)
  *   cool ms [hold]             (nothing before now + ms; a later one wins;
  *                               "hold": the provider's headers said so, not
@@ -81,19 +86,28 @@ static struct backend_script limit_script = BACKEND_SCRIPT(
     "    end\n"
     "  end\n"
     "  if w > 0 then return math.max(1, math.ceil(w)) end\n"
-    "  if rpm > 0 then put(KEYS[1], math.max(rtat, now) + 60000 / rpm) end\n"
+    "  local extra, first, k = 0, 0, tonumber(ARGV[10] or '0') or 0\n"
+    "  if rpm > 0 and k > 0 and tpm <= 0 and conc <= 0 then\n"
+    "    local slot = 60000 / rpm\n"
+    "    local after = math.max(rtat, now) + slot\n"
+    "    first = math.ceil(after + slot - (burst - tonumber(ARGV[11])) - now)\n"
+    "    local room = now + burst + tonumber(ARGV[12]) - after\n"
+    "    extra = math.max(0, math.min(k, math.floor(room / slot))) end\n"
+    "  if rpm > 0 then put(KEYS[1], math.max(rtat, now) + (1 + extra) * 60000 / rpm) "
+    "end\n"
     "  if tpm > 0 and tokens > 0 then\n"
     "    put(KEYS[2], math.max(ttat, now) + tokens * 60000 / tpm) end\n"
     "  if conc > 0 then\n"
     "    redis.call('ZADD', KEYS[4], now + lease, holder)\n"
     "    redis.call('PEXPIRE', KEYS[4], lease * 2) end\n"
     "  local waited = tonumber(ARGV[9] or '0') or 0\n"
-    "  window(1, math.max(tokens, 0))\n"
-    "  redis.call('HINCRBY', KEYS[5], 'granted', 1)\n"
+    "  window(1 + extra, math.max(tokens, 0))\n"
+    "  redis.call('HINCRBY', KEYS[5], 'granted', 1 + extra)\n"
     "  if waited > 0 then\n"
     "    redis.call('HINCRBY', KEYS[5], 'waited', 1)\n"
     "    redis.call('HINCRBY', KEYS[5], 'wait_ms', math.floor(waited)) end\n"
     "  redis.call('PEXPIRE', KEYS[5], STATS_TTL_MS)\n"
+    "  if extra > 0 then return {extra, first} end\n"
     "  return 0\n"
     "elseif mode == 'correct' then\n"
     "  local tat = num(KEYS[2])\n"
@@ -170,6 +184,10 @@ struct local_limit {
     const struct llm_limit *lim; /* borrowed: the router's, outlives us */
     struct fleet_limit_stats stats;
     int reading; /* a stats question is out */
+    /* request slots Redis charged ahead for this worker's next calls (an
+     * rpm-only limit of GRANTS_MIN_RPM or more), and the calls they served */
+    struct grants grants;
+    double from_grants;
     struct local_limit *next;
 };
 
@@ -294,7 +312,7 @@ static int run(struct fleet_limits *f, const struct llm_limit *lim, int nargs,
                const char *const *args, backend_reply_fn *cb, void *privdata)
 {
     char keys[5][256];
-    const char *argv[16];
+    const char *argv[24];
     int argc = 0;
     static const char *const kinds[] = {"req", "tok", "cool", "permits", "stats"};
 
@@ -303,7 +321,7 @@ static int run(struct fleet_limits *f, const struct llm_limit *lim, int nargs,
         key_of(f, lim, kinds[i], keys[i], sizeof(keys[i]));
         argv[argc++] = keys[i];
     }
-    for (int i = 0; i < nargs && argc < 16; i++)
+    for (int i = 0; i < nargs && argc < 24; i++)
         argv[argc++] = args[i];
     return backend_eval(f->bk, &limit_script, argc, argv, NULL, cb, privdata);
 }
@@ -319,12 +337,22 @@ static void ask_unlink(struct fleet_limits *f, struct ask *a)
     a->next = a->prev = NULL;
 }
 
+static double int_at(const redisReply *r, size_t i)
+{
+    const redisReply *e = i < r->elements ? r->element[i] : NULL;
+    return e && e->type == REDIS_REPLY_INTEGER ? (double)e->integer : 0;
+}
+
 static void on_ask_reply(struct backend *bk, int status, const redisReply *reply,
                          void *privdata)
 {
     struct ask *a = privdata;
     struct fleet_limits *f = a->f;
-    int ok = status == 0 && reply && reply->type == REDIS_REPLY_INTEGER;
+    int ok = status == 0 && reply &&
+             (reply->type == REDIS_REPLY_INTEGER ||
+              (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2));
+    /* granted: 0, or {extra slots, the first one's due time} */
+    long long wait = ok && reply->type == REDIS_REPLY_INTEGER ? reply->integer : 0;
     (void)bk;
     if (status == CR_ECANCELED) { /* backend_free(): the worker is going */
         cr_free(a);
@@ -333,7 +361,7 @@ static void on_ask_reply(struct backend *bk, int status, const redisReply *reply
     ask_unlink(f, a);
     if (a->answered) {
         /* Answered locally meanwhile: a permit Redis granted is handed back. */
-        if (ok && reply->integer == 0 && a->lim->cfg->concurrency > 0) {
+        if (ok && wait == 0 && a->lim->cfg->concurrency > 0) {
             char h[200], k[256];
             const char *argv[3] = {"ZREM", k, h};
             key_of(f, a->lim, "permits", k, sizeof(k));
@@ -348,16 +376,14 @@ static void on_ask_reply(struct backend *bk, int status, const redisReply *reply
                   reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "no reply");
         answer_locally(f, a->c, a->lim, a->tokens, a->holder);
     } else {
+        struct local_limit *l = a->lim->data;
         set_alone(f, 0, NULL);
-        llm_client_limit_answer(a->c, a->lim, reply->integer == 0, reply->integer);
+        if (reply->type == REDIS_REPLY_ARRAY && l)
+            grants_put(&l->grants, (int)int_at(reply, 0), (int64_t)int_at(reply, 1),
+                       a->lim->cfg->rpm, (int64_t)a->sent_ms, (int64_t)uv_now(f->loop));
+        llm_client_limit_answer(a->c, a->lim, wait == 0, wait);
     }
     cr_free(a);
-}
-
-static double int_at(const redisReply *r, size_t i)
-{
-    const redisReply *e = i < r->elements ? r->element[i] : NULL;
-    return e && e->type == REDIS_REPLY_INTEGER ? (double)e->integer : 0;
 }
 
 static void on_stats_reply(struct backend *bk, int status, const redisReply *reply,
@@ -381,6 +407,10 @@ static void on_stats_reply(struct backend *bk, int status, const redisReply *rep
     st->requests_last_min = int_at(reply, 6);
     st->tokens_last_min = int_at(reply, 7);
     st->holds = int_at(reply, 8);
+    /* Cooled in Redis (another worker's 429, or a hold): the grants held
+     * here go too. */
+    if (st->cooled_until_ms > 0)
+        grants_drop(&l->grants);
 }
 
 /* Reads each limit's fleet-wide figures back (one question per limit out
@@ -453,6 +483,7 @@ int fleet_limits_stats(const struct fleet_limits *f, int i, struct fleet_limit_s
     *out = l->stats;
     out->key = l->lim->key;
     out->cfg = l->lim->cfg;
+    out->from_grants = l->from_grants;
     out->shared = f->bk && !f->alone && backend_connected(f->bk);
     return 1;
 }
@@ -463,12 +494,37 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     struct fleet_limits *f = data;
     const struct lim_config *cfg = lim->cfg;
     char rpm[32], tpm[32], conc[24], lease[24], tok[24], h[200], burst[16], waited[24];
-    const char *args[9] = {"try", rpm, tpm, conc, lease, tok, h, burst, waited};
+    char extras[16], life[16], span[16];
+    const char *args[12] = {"try", rpm,   tpm,    conc,   lease, tok,
+                            h,     burst, waited, extras, life,  span};
+    struct local_limit *l;
+    int64_t now = (int64_t)uv_now(f->loop);
+    int k = 0;
     struct ask *a;
 
     /* Every limit met is listed, for its figures, Redis or not. */
     local_of(f, lim);
-    if (!shared(f) || !(a = cr_calloc(1, sizeof(*a)))) {
+    l = lim->data;
+    if (!shared(f)) {
+        answer_locally(f, c, lim, tokens, holder);
+        return;
+    }
+    if (l && grants_apply(cfg->rpm, cfg->tpm, cfg->concurrency)) {
+        /* A slot Redis charged ahead serves this call without asking. */
+        int64_t due;
+        grants_note_ask(&l->grants, now);
+        if (grants_take(&l->grants, now, &due)) {
+            l->from_grants++;
+            llm_client_limit_answer(c, lim, 1, 0);
+            return;
+        }
+        if (due > 0) { /* a slot held is due soon: wait for it, not Redis */
+            llm_client_limit_answer(c, lim, 0, due);
+            return;
+        }
+        k = grants_batch(&l->grants, cfg->rpm, now);
+    }
+    if (!(a = cr_calloc(1, sizeof(*a)))) {
         answer_locally(f, c, lim, tokens, holder);
         return;
     }
@@ -479,9 +535,12 @@ static void op_ask(struct llm_client *c, struct llm_limit *lim, long tokens,
     snprintf(tok, sizeof(tok), "%ld", tokens);
     snprintf(burst, sizeof(burst), "%d", LIM_BURST_MS - WIRE_MARGIN_MS);
     snprintf(waited, sizeof(waited), "%lld", (long long)lim->ask_waited_ms);
+    snprintf(extras, sizeof(extras), "%d", k);
+    snprintf(life, sizeof(life), "%d", GRANTS_LIFE_MS);
+    snprintf(span, sizeof(span), "%d", GRANTS_SPAN_MS);
     holder_of(f, holder, h, sizeof(h));
-    *a = (struct ask){f, c, lim, holder, tokens, uv_now(f->loop), 0, f->asks, NULL};
-    if (run(f, lim, 9, args, on_ask_reply, a)) {
+    *a = (struct ask){f, c, lim, holder, tokens, (uint64_t)now, 0, f->asks, NULL};
+    if (run(f, lim, 12, args, on_ask_reply, a)) {
         cr_free(a);
         answer_locally(f, c, lim, tokens, holder);
         return;
@@ -529,8 +588,10 @@ static void op_cool(struct llm_client *c, struct llm_limit *lim, int64_t ms, voi
     (void)c;
     if (ms < 1)
         ms = 1;
-    if (st)
+    if (st) {
         lim_cool(st, (int64_t)uv_now(f->loop) + ms);
+        grants_drop(&((struct local_limit *)lim->data)->grants);
+    }
     LOG(LOG_INFO, "limits: %s cooled for %lld ms by the provider", lim->key,
         (long long)ms);
     if (!f->bk)
@@ -546,8 +607,10 @@ static void op_hold(struct llm_client *c, struct llm_limit *lim, int64_t ms, voi
     char n[24];
     const char *args[3] = {"cool", n, "hold"};
     (void)c;
-    if (st)
+    if (st) {
         lim_cool(st, (int64_t)uv_now(f->loop) + ms);
+        grants_drop(&((struct local_limit *)lim->data)->grants);
+    }
     LOG(LOG_DEBUG, "limits: %s spent for %lld ms, by the provider's headers", lim->key,
         (long long)ms);
     if (!f->bk)

@@ -7,7 +7,10 @@
  * celeriac:limit:<provider>/<model>:req and :tok (the GCRA theoretical
  * arrival times, ms), :cool (no call before this time, ms) and :permits (a
  * sorted set of holder -> lease expiry). The script reads the time from
- * Redis (TIME), so the workers' clocks do not matter.
+ * Redis (TIME), so the workers' clocks do not matter. Under an rpm-only
+ * limit of GRANTS_MIN_RPM or more, a call let through may bring a few more
+ * request slots charged at once, which this worker's next calls use without
+ * asking (llm/grants.h); a cooling drops them.
  *
  * Each worker that has met a limit also says, once a second, that it is one
  * of the fleet (celeriac:limit-workers, a sorted set of workers by when
@@ -64,6 +67,7 @@ struct fleet_limit_stats {
     int64_t cooled_until_ms; /* Unix ms (Redis's clock); 0: not cooled */
     double in_flight;        /* permits held now */
     double requests_last_min, tokens_last_min;
+    double from_grants; /* this worker's calls served by slots charged ahead */
 };
 
 /* The i-th (0, 1, ...) limit the worker has met: 1 with *out filled (its

@@ -47,6 +47,7 @@ struct metrics {
     struct prom_family *otel_exported, *otel_dropped;
     /* the providers' shared limits, fleet-wide (read from Redis) */
     struct prom_family *lim_max, *lim_shared, *lim_granted, *lim_waited, *lim_wait_s;
+    struct prom_family *lim_from_grants;
     struct prom_family *lim_coolings, *lim_cooled, *lim_cooled_until, *lim_in_flight;
     struct prom_family *lim_req_min, *lim_tok_min, *lim_holds;
 
@@ -170,6 +171,10 @@ static int add_families(struct metrics *m)
       PROM_GAUGE, provider_model, 2, NULL, 0);
     F(lim_granted, "celeriac_limit_calls_granted_total",
       "Calls the limit let through, fleet-wide (every worker shows the same figure).",
+      PROM_COUNTER, provider_model, 2, NULL, 0);
+    F(lim_from_grants, "celeriac_limit_calls_from_grants_total",
+      "Calls this worker let through on request slots Redis charged ahead, without "
+      "a round trip (rpm-only limits of 600 rpm or more).",
       PROM_COUNTER, provider_model, 2, NULL, 0);
     F(lim_waited, "celeriac_limit_calls_waited_total",
       "Calls the limit held back before letting them through, fleet-wide.", PROM_COUNTER,
@@ -475,6 +480,7 @@ static void set_limits(struct metrics *m)
             prom_set(m->lim_max, (const char *[]){provider, pm[1], "concurrency"},
                      (double)st.cfg->concurrency);
         prom_set(m->lim_shared, pm, st.shared);
+        prom_set(m->lim_from_grants, pm, st.from_grants);
         if (!st.known)
             continue;
         prom_set(m->lim_granted, pm, st.granted);

@@ -358,3 +358,32 @@ def test_ratelimit_headers_hold_the_fleet(env):
     assert refused <= 4, st
     assert wall <= 8, wall
     assert holds >= 2, holds
+
+
+def test_fast_limit_served_from_local_grants(env):
+    """At 1,200 rpm a round trip to Redis per call matters: a call Redis lets
+    through may bring a few more request slots, charged at once, which the
+    worker's next calls use without asking. The provider still refuses
+    nothing and the pace holds."""
+    from conftest import free_port
+    from test_monitoring import scrape, sample
+    rpm, n = 1200, 60  # 20 a second: 20 at once, then 40 paced over 2 s
+    env.fake._req("POST", "/__config", {"rpm": rpm, "rl_mode": "bucket"})
+    ports = [free_port() for _ in range(3)]
+    ws = [env.worker("-c", "8", "--metrics-port", str(p), "--llm-providers",
+                     doc({"rpm": rpm})) for p in ports]
+    rs = [chat(env, "fast %d" % i) for i in range(n)]
+    all_done(env, rs)
+    wall = provider_wall(env)
+    st = statuses(env)
+    pm = {"provider": "default", "model": "lim"}
+    served = sum(sample(scrape(p), "celeriac_limit_calls_from_grants_total", **pm) or 0
+                 for p in ports)
+    ideal = (n - rpm / 60) / (rpm / 60)
+    print("rpm %d, %d calls, 3 workers: %d from local grants, %d refused, wall %.2f s "
+          "(ideal %.1f s)" % (rpm, n, served, st.count(429), wall, ideal))
+    assert st.count(200) == n
+    assert st.count(429) == 0, st
+    assert ideal * 0.9 <= wall <= ideal * 1.15 + 1.5, (wall, ideal)
+    assert served > n / 2, served
+    assert all(w.count("Redis away") == 0 for w in ws)
