@@ -385,5 +385,8 @@ def test_fast_limit_served_from_local_grants(env):
     assert st.count(200) == n
     assert st.count(429) == 0, st
     assert ideal * 0.9 <= wall <= ideal * 1.15 + 1.5, (wall, ideal)
-    assert served > n / 2, served
+    # Of the 40 paced calls (the first second's 20 go at once, each its own
+    # question) most came from slots charged ahead: 33 to 36 in quiet runs,
+    # at most 40; half is asked, for a loaded machine's margin.
+    assert served >= (n - rpm / 60) / 2, served
     assert all(w.count("Redis away") == 0 for w in ws)
