@@ -812,6 +812,8 @@ def test_predefined_queues_are_taken_as_given(env, sqs_emu):
                "-Q", name, "--dead-letter-queue", name + "-dead")
     r = app.send_task("llm.generate", args=["predefined"], queue=name)
     assert r.get(timeout=20) == env.fake.expected_text("predefined")
+    # the ack goes in the next batch, after the result is stored
+    wait_until(lambda: sqs_emu.requests("DeleteMessageBatch", mark), 5, what="the ack")
     ours = [e["action"] for e in sqs_emu.requests(since=mark) if e["json"]]
     assert "ReceiveMessage" in ours and "DeleteMessageBatch" in ours, ours
     assert not set(ours) & {"ListQueues", "CreateQueue", "GetQueueUrl"}, ours
