@@ -28,10 +28,11 @@ ENDPOINTS
                               -> {"text": .., "tokens": [..]}
   POST /__release             {"name": NAME}: lets the requests held by hold=NAME go on
   GET  /__concurrency         {"inflight": N, "peak": N, "held": {NAME: N}}: API requests
-                              being served now, and the most at once since the last
-                              /__reset (which sets peak to those still in flight); a
-                              request counts from its headers read to its response's last
-                              byte written. "held" counts the requests waiting on each
+                              being served now, and the most at once among those begun
+                              since the last /__reset (a call an earlier test left in
+                              flight does not count in a later test's peak); a request
+                              counts from its headers read to its response's last byte
+                              written. "held" counts the requests waiting on each
                               hold name now, so a test can wait for its own call rather
                               than for any call a previous test left behind
   Control paths (/__*) are not recorded in the stats.
@@ -685,6 +686,8 @@ class Server:
         self.cli_rl_mode = args.rl_mode
         self.conn_seq = 0
         self.inflight = 0  # API requests being served (a reset leaves it alone)
+        self.gen = 0  # resets so far: a request counts in the peak of its own
+        self.gen_inflight = 0  # requests of this generation being served
         self.held = {}  # hold name -> requests waiting on it now
         self.reset()
 
@@ -697,7 +700,9 @@ class Server:
         self.tpm = self.cli_tpm
         self.stats = []
         self.seq = 0
-        self.peak = getattr(self, "inflight", 0)
+        self.gen = getattr(self, "gen", 0) + 1
+        self.gen_inflight = 0
+        self.peak = 0
         self.scripts = {}
         self.rl_q = deque()  # (loop time, tokens)
         self.rl_tokens = 0
@@ -740,7 +745,9 @@ class Server:
                  "text": None, "tokens": None, "text_sent": "", "ended": "in_progress"}
         self.stats.append(entry)
         self.inflight += 1
-        self.peak = max(self.peak, self.inflight)
+        gen = self.gen
+        self.gen_inflight += 1
+        self.peak = max(self.peak, self.gen_inflight)
         try:
             await self.api(conn, req, entry, p)
             if entry["ended"] == "in_progress":
@@ -765,6 +772,8 @@ class Server:
             raise
         finally:
             self.inflight -= 1
+            if gen == self.gen:
+                self.gen_inflight -= 1
             entry["t_end"] = time.time()
             if VERBOSE:
                 log(entry["seq"], req.method, req.path, entry["scenario_src"],

@@ -414,6 +414,8 @@ class LineReader:
     def read_lines(self, proc):
         self.lines = []
         self._cv = threading.Condition()
+        self._eof = False
+        self._drained = False
         self.proc = proc
         threading.Thread(target=self._pump_lines, daemon=True).start()
 
@@ -423,7 +425,21 @@ class LineReader:
                 self.lines.append(line.rstrip("\n"))
                 self._cv.notify_all()
         with self._cv:
+            self._eof = True
             self._cv.notify_all()
+
+    def _drain(self, timeout=5):
+        """Once the process has exited, waits (bounded) until its last lines
+        are read: the exit is seen before the reader thread reaches the end
+        of the pipe, and a check of the log in between would miss them."""
+        if self.proc is None or self.proc.poll() is None or getattr(self, "_drained", False):
+            return
+        deadline = time.time() + timeout
+        with self._cv:
+            while not getattr(self, "_eof", True) and time.time() < deadline:
+                self._cv.wait(0.1)
+            # once only: a pipe some child of the process keeps open never ends
+            self._drained = True
 
     def wait_for(self, pattern, timeout=20):
         rx = re.compile(pattern)
@@ -470,6 +486,7 @@ class Worker(LineReader):
         return self
 
     def log(self):
+        self._drain()
         with self._cv:
             return "\n".join(self.lines)
 
@@ -491,10 +508,12 @@ class Worker(LineReader):
                 self._cv.wait(min(left, 0.2))
 
     def _alive_reader(self):
-        return False
+        # the process has exited: its last lines may still be in the pipe
+        return not getattr(self, "_eof", True)
 
     def count(self, pattern):
         rx = re.compile(pattern)
+        self._drain()
         with self._cv:
             return sum(1 for l in self.lines if rx.search(l))
 
@@ -502,7 +521,9 @@ class Worker(LineReader):
         self.proc.send_signal(sig)
 
     def wait(self, timeout=60):
-        return self.proc.wait(timeout=timeout)
+        rc = self.proc.wait(timeout=timeout)
+        self._drain()
+        return rc
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

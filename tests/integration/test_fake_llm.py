@@ -1051,7 +1051,7 @@ def t_concurrency(port, srv):
         time.sleep(0.02)
     eq("three in flight", call(port, "GET", "/__concurrency").json,
        {"inflight": 3, "peak": 3, "held": {"cc": 3}})
-    post(port, "/__reset", {})  # releases them; peak restarts from those still in
+    post(port, "/__reset", {})  # releases them; the peak counts only later calls
     for c in cs:
         eq("held answer", c.read_response().status, 200)
         c.close()
